@@ -1,0 +1,268 @@
+//! The file subcommands: `inspect`, `verify`, `cat` and `convert`. Each takes paths and
+//! writers so tests drive them directly; `main.rs` only parses arguments and sets exit codes.
+
+use std::borrow::Cow;
+use std::io::{self, Write};
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::json;
+
+use crate::format::decode::{decode_component, decode_with, stored_bytes, verify_digest};
+use crate::format::validate::check_content;
+use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
+use crate::format::{self, DType, FormatError, Limits, Manifest, Value};
+use crate::json::{cbor_to_json, manifest_json};
+use crate::storage::local::MappedFile;
+
+fn open(path: &Path, limits: &Limits) -> anyhow::Result<(MappedFile, Manifest)> {
+    let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let manifest = format::parse_file(&file, limits).with_context(|| format!("{} is not a valid .zt file", path.display()))?;
+    Ok((file, manifest))
+}
+
+/// Escapes control characters so hostile names cannot rewrite the terminal.
+fn shown(name: &str) -> String {
+    if name.chars().any(|c| c.is_control()) || name.is_empty() { format!("{name:?}") } else { name.to_owned() }
+}
+
+/// `inspect`: version, attributes and a table of objects.
+pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<()> {
+    let (_file, manifest) = open(path, limits)?;
+    if as_json {
+        serde_json::to_writer_pretty(&mut *out, &manifest_json(&manifest))?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "file:       {}", path.display())?;
+    writeln!(out, "container:  {}", manifest.container)?;
+    writeln!(out, "version:    {}", manifest.version.as_deref().unwrap_or("(none: 0.1 files carry no version)"))?;
+    let attributes = manifest.attributes.as_ref().map_or("(none)".to_owned(), |a| cbor_to_json(a).to_string());
+    writeln!(out, "attributes: {attributes}")?;
+    writeln!(out, "objects:    {}", manifest.objects.len())?;
+    let mut rows = vec![["NAME", "FORMAT", "SHAPE", "COMPONENT", "DTYPE", "TYPE", "ENCODING", "STORED", "DECODED"].map(String::from)];
+    for object in &manifest.objects {
+        for (i, c) in object.components.iter().enumerate() {
+            let first = i == 0;
+            rows.push([
+                if first { shown(&object.name) } else { String::new() },
+                if first { shown(&object.format) } else { String::new() },
+                if first { format!("{:?}", object.shape) } else { String::new() },
+                shown(&c.role),
+                c.dtype.name().to_owned(),
+                c.logical_type.as_deref().map_or("-".to_owned(), shown),
+                c.encoding.name().to_owned(),
+                c.stored_length.to_string(),
+                c.decoded_length.to_string(),
+            ]);
+        }
+        if object.components.is_empty() {
+            rows.push([shown(&object.name), shown(&object.format), format!("{:?}", object.shape), "-".into(), "".into(), "".into(), "".into(), "0".into(), "0".into()]);
+        }
+    }
+    let widths: Vec<usize> = (0..9).map(|col| rows.iter().map(|r| r[col].chars().count()).max().unwrap_or(0)).collect();
+    for row in &rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        writeln!(out, "{}", line.join("  ").trim_end())?;
+    }
+    Ok(())
+}
+
+/// What `verify` found.
+pub struct VerifyReport {
+    pub objects: usize,
+    pub components: usize,
+    pub digests_checked: usize,
+    /// Every failure: one structural one, or each failing component.
+    pub errors: Vec<FormatError>,
+}
+
+impl VerifyReport {
+    pub fn is_valid(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Runs every structural, decoding, digest and content check over a file's bytes.
+pub fn verify_bytes(file: &[u8], limits: &Limits) -> VerifyReport {
+    let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, errors: Vec::new() };
+    let manifest = match format::parse_file(file, limits) {
+        Ok(m) => m,
+        Err(e) => {
+            report.errors.push(e);
+            return report;
+        }
+    };
+    let mut scratch = vec![0u8; 1 << 20];
+    for object in &manifest.objects {
+        report.objects += 1;
+        let mut object_ok = true;
+        for component in &object.components {
+            report.components += 1;
+            let result = stored_bytes(file, &object.name, component).and_then(|stored| {
+                if component.digest.is_some() {
+                    report.digests_checked += 1;
+                    verify_digest(&object.name, component, stored)?;
+                }
+                decode_with::<FormatError>(&object.name, component, stored, &mut scratch, |_| Ok(()))
+            });
+            if let Err(e) = result {
+                object_ok = false;
+                report.errors.push(e);
+            }
+        }
+        if object_ok {
+            let content = check_content(object, |c| -> format::Result<Cow<'_, [u8]>> {
+                decode_component(&object.name, c, stored_bytes(file, &object.name, c)?)
+            });
+            if let Err(e) = content {
+                report.errors.push(e);
+            }
+        }
+    }
+    report
+}
+
+/// `verify`: returns whether the file is valid, after printing the report.
+pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
+    let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let report = verify_bytes(&file, limits);
+    if as_json {
+        let errors: Vec<_> = report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();
+        let body = json!({
+            "file": path.display().to_string(),
+            "valid": report.is_valid(),
+            "objects": report.objects,
+            "components": report.components,
+            "digests_checked": report.digests_checked,
+            "errors": errors,
+        });
+        serde_json::to_writer_pretty(&mut *out, &body)?;
+        writeln!(out)?;
+    } else if report.is_valid() {
+        writeln!(
+            out,
+            "valid: {} objects, {} components decoded, {} digests verified",
+            report.objects, report.components, report.digests_checked
+        )?;
+    } else {
+        for e in &report.errors {
+            writeln!(out, "invalid [{}]: {e}", e.code())?;
+        }
+    }
+    Ok(report.is_valid())
+}
+
+/// `cat`: the decoded little-endian bytes of one component, after checking its digest.
+pub fn cat(path: &Path, object_name: &str, role: Option<&str>, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<()> {
+    let (file, manifest) = open(path, limits)?;
+    let object = manifest.object(object_name).ok_or_else(|| anyhow!("no object named {object_name:?} in {}", path.display()))?;
+    let roles = || object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", ");
+    let component = match role {
+        Some(role) => object
+            .component(role)
+            .ok_or_else(|| anyhow!("object {object_name:?} has no component {role:?}; its components are {}", roles()))?,
+        None => match &object.components[..] {
+            [only] => only,
+            [] => bail!("object {object_name:?} has no components"),
+            _ => bail!("object {object_name:?} has several components ({}): choose one with --component", roles()),
+        },
+    };
+    let stored = stored_bytes(&file, &object.name, component)?;
+    verify_digest(&object.name, component, stored)?;
+    if component.is_verbatim() {
+        out.write_all(stored)?;
+    } else {
+        let mut buffer = vec![0u8; 1 << 20];
+        decode_with::<anyhow::Error>(&object.name, component, stored, &mut buffer, |piece| Ok(out.write_all(piece)?))?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `--compress` and `--digest` of `convert`.
+pub fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {
+    match text.split_once(':') {
+        None if text == "none" || text == "raw" => Ok(None),
+        None if text == "zstd" => Ok(Some(3)),
+        Some(("zstd", level)) => {
+            let level: i32 = level.parse().with_context(|| format!("zstd level {level:?} is not a number"))?;
+            let range = zstd::compression_level_range();
+            if !range.contains(&level) {
+                bail!("zstd level {level} is outside {}..={}", range.start(), range.end());
+            }
+            Ok(Some(level))
+        }
+        _ => bail!("--compress takes none, zstd or zstd:LEVEL, not {text:?}"),
+    }
+}
+
+pub fn parse_digest(text: &str) -> anyhow::Result<Option<DigestAlgorithm>> {
+    match text {
+        "none" => Ok(None),
+        "sha256" => Ok(Some(DigestAlgorithm::Sha256)),
+        "crc32c" => Ok(Some(DigestAlgorithm::Crc32c)),
+        _ => bail!("--digest takes none, sha256 or crc32c, not {text:?}"),
+    }
+}
+
+/// Maps a safetensors dtype to a storage dtype and logical type.
+fn safetensors_dtype(dtype: safetensors::Dtype) -> anyhow::Result<(DType, Option<&'static str>)> {
+    use safetensors::Dtype as S;
+    Ok(match dtype {
+        S::BOOL => (DType::Bool, None),
+        S::U8 => (DType::U8, None),
+        S::I8 => (DType::I8, None),
+        S::U16 => (DType::U16, None),
+        S::I16 => (DType::I16, None),
+        S::F16 => (DType::F16, None),
+        S::BF16 => (DType::BF16, None),
+        S::U32 => (DType::U32, None),
+        S::I32 => (DType::I32, None),
+        S::F32 => (DType::F32, None),
+        S::U64 => (DType::U64, None),
+        S::I64 => (DType::I64, None),
+        S::F64 => (DType::F64, None),
+        S::F8_E4M3 => (DType::U8, Some("f8_e4m3fn")),
+        S::F8_E5M2 => (DType::U8, Some("f8_e5m2")),
+        other => bail!("safetensors dtype {other:?} has no zTensor equivalent"),
+    })
+}
+
+/// `convert`: a safetensors file to a 1.2 `.zt` file, written atomically (a temporary file
+/// beside the output, renamed into place only when complete). Tensors are written in name
+/// order so the output depends only on the input's content; `__metadata__` becomes the file's
+/// attributes.
+pub fn convert(input: &Path, output: &Path, options: &WriteOptions) -> anyhow::Result<usize> {
+    let file = MappedFile::open(input).with_context(|| format!("cannot open {}", input.display()))?;
+    let tensors = safetensors::SafeTensors::deserialize(&file)
+        .map_err(|e| anyhow!("{} is not a valid safetensors file: {e}", input.display()))?;
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(&file).map_err(|e| anyhow!("{e}"))?;
+    let mut names: Vec<String> = tensors.names().into_iter().map(str::to_owned).collect();
+    names.sort();
+    let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let temp = tempfile::Builder::new().prefix(".ztserve-convert").tempfile_in(dir)?;
+    let mut writer = Writer::new(io::BufWriter::with_capacity(1 << 20, temp))?;
+    for name in &names {
+        let view = tensors.tensor(name).map_err(|e| anyhow!("tensor {name:?}: {e}"))?;
+        let (dtype, logical_type) = safetensors_dtype(view.dtype()).with_context(|| format!("tensor {name:?}"))?;
+        let shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
+        let object = ObjectInput {
+            name,
+            shape: &shape,
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype, logical_type, bytes: view.data() }],
+        };
+        writer.add(&object, options).with_context(|| format!("tensor {name:?}"))?;
+    }
+    let attributes = metadata.metadata().as_ref().map(|m| {
+        let mut entries: Vec<_> = m.iter().collect();
+        entries.sort();
+        Value::Map(entries.into_iter().map(|(k, v)| (Value::Text(k.clone()), Value::Text(v.clone()))).collect())
+    });
+    let temp = writer.finish(attributes)?.into_inner().map_err(|e| e.into_error())?;
+    temp.as_file().sync_all()?;
+    temp.persist(output).map_err(|e| e.error).with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(names.len())
+}

@@ -1,0 +1,263 @@
+//! Turning stored bytes into served bytes, incrementally and within bounds: zstd frames are
+//! decoded into caller-provided buffers a piece at a time and may produce exactly the declared
+//! size (never more, never less, never zero-padded); legacy big-endian data is byte-swapped to
+//! little-endian; digests over the stored bytes are computed as the bytes pass.
+
+use std::borrow::Cow;
+
+use sha2::Digest as _;
+use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+
+use super::{ByteOrder, Component, Digest, Encoding, FormatError, Location, Result};
+
+/// How far one [`Decoder::decode`] call got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Stored bytes taken from the input.
+    pub consumed: usize,
+    /// Decoded bytes written to the start of the output.
+    pub written: usize,
+}
+
+enum Stage {
+    Copy,
+    Zstd { context: Box<zstd::stream::raw::Decoder<'static>>, in_frame: bool },
+}
+
+/// An incremental decoder for one component's stored bytes.
+pub struct Decoder {
+    at: Location,
+    stage: Stage,
+    declared: u64,
+    produced: u64,
+    /// Element width to byte-swap, for big-endian legacy data.
+    swap_width: Option<usize>,
+    /// Decoded bytes of an element not yet complete, held back until it is (swapping only).
+    carry: [u8; 8],
+    carry_len: usize,
+}
+
+impl Decoder {
+    pub fn new(object: &str, component: &Component) -> Result<Decoder> {
+        let at = Location::component(object, &component.role);
+        let stage = match component.encoding {
+            Encoding::Raw => Stage::Copy,
+            Encoding::Zstd => {
+                let context = zstd::stream::raw::Decoder::new()
+                    .map_err(|e| FormatError::ZstdCorrupt { at: at.clone(), detail: e.to_string() })?;
+                // Until a frame completes, the input is not a valid encoding (empty input included).
+                Stage::Zstd { context: Box::new(context), in_frame: true }
+            }
+        };
+        let width = component.dtype.width() as usize;
+        let swap_width = (component.byte_order == ByteOrder::Big && width > 1).then_some(width);
+        Ok(Decoder { at, stage, declared: component.decoded_length, produced: 0, swap_width, carry: [0; 8], carry_len: 0 })
+    }
+
+    /// Decoded bytes produced so far.
+    pub fn produced(&self) -> u64 {
+        self.produced
+    }
+
+    /// Decodes from `input` into `output` (at least 16 bytes). Call again with the unconsumed
+    /// input (or with none, to drain) until it writes nothing and consumes everything.
+    pub fn decode(&mut self, input: &[u8], output: &mut [u8]) -> Result<Progress> {
+        debug_assert!(output.len() >= 16, "output buffer too small for carrying an element");
+        let carried = self.carry_len;
+        output[..carried].copy_from_slice(&self.carry[..carried]);
+        self.carry_len = 0;
+        let room = &mut output[carried..];
+        // Bound the room so a frame that inflates past its declaration is caught one byte past
+        // it, not after filling a whole buffer.
+        let left = self.declared - self.produced;
+        let limit = room.len().min(usize::try_from(left.saturating_add(1)).unwrap_or(usize::MAX));
+        let (consumed, written) = match &mut self.stage {
+            Stage::Copy => {
+                let n = input.len().min(limit);
+                room[..n].copy_from_slice(&input[..n]);
+                (n, n)
+            }
+            Stage::Zstd { context, in_frame } => {
+                let mut src = InBuffer::around(input);
+                let mut dst = OutBuffer::around(&mut room[..limit]);
+                let hint = context.run(&mut src, &mut dst).map_err(|e| zstd_error(&self.at, e))?;
+                // A hint of 0 means a frame ended and everything was flushed. A call that
+                // moved nothing (the final drain) says nothing about frame state.
+                if src.pos() > 0 || dst.pos() > 0 {
+                    *in_frame = hint != 0;
+                }
+                (src.pos(), dst.pos())
+            }
+        };
+        self.produced += written as u64;
+        if self.produced > self.declared {
+            return Err(match self.stage {
+                Stage::Zstd { .. } => FormatError::ZstdTooLong { at: self.at.clone(), declared: self.declared },
+                Stage::Copy => FormatError::StoredLengthMismatch {
+                    at: self.at.clone(),
+                    expected: self.declared,
+                    actual: self.produced,
+                },
+            });
+        }
+        let total = carried + written;
+        let complete = match self.swap_width {
+            None => total,
+            Some(width) => {
+                let whole = total / width * width;
+                for element in output[..whole].chunks_exact_mut(width) {
+                    element.reverse();
+                }
+                self.carry_len = total - whole;
+                self.carry[..self.carry_len].copy_from_slice(&output[whole..total]);
+                whole
+            }
+        };
+        Ok(Progress { consumed, written: complete })
+    }
+
+    /// Confirms that all input was a complete encoding of exactly the declared size.
+    pub fn finish(&self) -> Result<()> {
+        if let Stage::Zstd { in_frame: true, .. } = self.stage {
+            return Err(FormatError::ZstdTruncated { at: self.at.clone() });
+        }
+        if self.produced < self.declared {
+            return Err(match self.stage {
+                Stage::Zstd { .. } => {
+                    FormatError::ZstdTooShort { at: self.at.clone(), produced: self.produced, declared: self.declared }
+                }
+                Stage::Copy => FormatError::StoredLengthMismatch {
+                    at: self.at.clone(),
+                    expected: self.declared,
+                    actual: self.produced,
+                },
+            });
+        }
+        debug_assert_eq!(self.carry_len, 0, "a complete decode leaves no partial element");
+        Ok(())
+    }
+}
+
+fn zstd_error(at: &Location, error: std::io::Error) -> FormatError {
+    FormatError::ZstdCorrupt { at: at.clone(), detail: error.to_string() }
+}
+
+/// Feeds all of `stored` through a decoder, handing each decoded piece to `sink`. `buffer` is
+/// the scratch the pieces are decoded into; its size sets the piece size.
+pub fn decode_with<E>(
+    object: &str,
+    component: &Component,
+    stored: &[u8],
+    buffer: &mut [u8],
+    mut sink: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E>
+where
+    E: From<FormatError>,
+{
+    let mut decoder = Decoder::new(object, component)?;
+    let mut input = stored;
+    loop {
+        let progress = decoder.decode(input, buffer)?;
+        input = &input[progress.consumed..];
+        if progress.written > 0 {
+            sink(&buffer[..progress.written])?;
+        }
+        if input.is_empty() && progress.written == 0 && progress.consumed == 0 {
+            break;
+        }
+    }
+    decoder.finish()?;
+    Ok(())
+}
+
+/// The decoded little-endian bytes of a component, borrowed when no decoding is needed.
+pub fn decode_component<'a>(object: &str, component: &Component, stored: &'a [u8]) -> Result<Cow<'a, [u8]>> {
+    check_stored_len(object, component, stored)?;
+    if component.is_verbatim() {
+        return Ok(Cow::Borrowed(stored));
+    }
+    // The declared size was checked against the limit at parse time.
+    let mut out = Vec::with_capacity(component.decoded_length as usize);
+    let mut buffer = vec![0u8; 1 << 20];
+    decode_with::<FormatError>(object, component, stored, &mut buffer, |piece| {
+        out.extend_from_slice(piece);
+        Ok(())
+    })?;
+    Ok(Cow::Owned(out))
+}
+
+fn check_stored_len(object: &str, component: &Component, stored: &[u8]) -> Result<()> {
+    if stored.len() as u64 != component.stored_length {
+        return Err(FormatError::StoredLengthMismatch {
+            at: Location::component(object, &component.role),
+            expected: component.stored_length,
+            actual: stored.len() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// A digest being computed over stored bytes as they pass.
+pub enum Hasher {
+    Crc32c(u32),
+    Sha256(Box<sha2::Sha256>),
+}
+
+impl Hasher {
+    /// A hasher for the same algorithm as `digest`.
+    pub fn for_digest(digest: &Digest) -> Hasher {
+        match digest {
+            Digest::Crc32c(_) => Hasher::Crc32c(0),
+            Digest::Sha256(_) => Hasher::Sha256(Box::default()),
+        }
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Hasher::Crc32c(crc) => *crc = crc32c::crc32c_append(*crc, bytes),
+            Hasher::Sha256(h) => h.update(bytes),
+        }
+    }
+
+    pub fn finish(self) -> Digest {
+        match self {
+            Hasher::Crc32c(crc) => Digest::Crc32c(crc),
+            Hasher::Sha256(h) => Digest::Sha256(h.finalize().into()),
+        }
+    }
+}
+
+/// Computes `digest`'s algorithm over `stored` and compares.
+pub fn verify_digest(object: &str, component: &Component, stored: &[u8]) -> Result<()> {
+    let Some(expected) = &component.digest else { return Ok(()) };
+    let mut hasher = Hasher::for_digest(expected);
+    hasher.update(stored);
+    check_digest(object, component, hasher.finish())
+}
+
+/// Compares a computed digest with the declared one.
+pub fn check_digest(object: &str, component: &Component, actual: Digest) -> Result<()> {
+    match &component.digest {
+        Some(expected) if *expected != actual => Err(FormatError::DigestMismatch {
+            at: Location::component(object, &component.role),
+            algorithm: expected.algorithm(),
+            expected: expected.to_string(),
+            actual: actual.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The stored bytes of a component within a whole file.
+pub fn stored_bytes<'a>(file: &'a [u8], object: &str, component: &Component) -> Result<&'a [u8]> {
+    let range = component.stored_range();
+    let at = || Location::component(object, &component.role);
+    usize::try_from(range.end)
+        .ok()
+        .and_then(|end| file.get(range.start as usize..end))
+        .ok_or_else(|| FormatError::StoredLengthMismatch {
+            at: at(),
+            expected: range.end,
+            actual: file.len() as u64,
+        })
+}

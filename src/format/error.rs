@@ -1,0 +1,191 @@
+//! `FormatError`: every way a `.zt` file can be malformed, one variant per rule, each naming
+//! the object and component it concerns so a user can find the fault without a hex editor.
+
+use std::fmt;
+
+/// Where in a manifest a fault was found: an object, optionally one of its components.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub object: String,
+    pub component: Option<String>,
+}
+
+impl Location {
+    pub fn object(name: &str) -> Self {
+        Location { object: name.to_owned(), component: None }
+    }
+    pub fn component(object: &str, role: &str) -> Self {
+        Location { object: object.to_owned(), component: Some(role.to_owned()) }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "object {:?}", self.object)?;
+        if let Some(role) = &self.component {
+            write!(f, ", component {role:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A `.zt` file, manifest or component that breaks a rule of the format.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FormatError {
+    // --- container ---------------------------------------------------------------------
+    #[error("file is {len} bytes, shorter than the {min}-byte minimum of its container")]
+    Truncated { len: u64, min: u64 },
+    #[error("bad header magic {found:?}: not a zTensor file")]
+    BadHeaderMagic { found: String },
+    #[error("container {found:?} is not supported (zTensor 2.x \"v2\" files are not read yet)")]
+    UnsupportedContainer { found: String },
+    #[error("bad footer magic {found:?}: the file is truncated or was not finished by its writer")]
+    BadFooterMagic { found: String },
+    #[error("manifest size is zero")]
+    ManifestEmpty,
+    #[error("manifest size {size} is over the limit of {limit} bytes")]
+    ManifestTooLarge { size: u64, limit: u64 },
+    #[error("manifest size {size} runs beyond the file ({available} bytes available before the trailer)")]
+    ManifestBeyondFile { size: u64, available: u64 },
+    #[error("manifest version {version:?} is not supported in a ZTEN1000 container (major must be 1)")]
+    UnsupportedVersion { version: String },
+
+    // --- CBOR --------------------------------------------------------------------------
+    #[error("manifest CBOR is invalid at byte {offset}: {detail}")]
+    CborInvalid { offset: usize, detail: String },
+    #[error("manifest CBOR nests deeper than {limit} levels")]
+    CborTooDeep { limit: usize },
+    #[error("manifest CBOR holds more than {limit} items")]
+    CborTooManyItems { limit: u64 },
+    #[error("manifest CBOR at byte {offset} declares {declared} bytes or items but only {remaining} bytes remain")]
+    CborLengthBeyondInput { offset: usize, declared: u64, remaining: u64 },
+    #[error("manifest CBOR is followed by {count} trailing bytes")]
+    CborTrailingBytes { count: usize },
+    #[error("{context}: duplicate key {key}")]
+    DuplicateKey { context: String, key: String },
+    #[error("{context}: expected {expected}")]
+    WrongShape { context: String, expected: &'static str },
+    #[error("{context}: missing required field {field:?}")]
+    MissingField { context: String, field: &'static str },
+    #[error("{context}: field {field:?} must be an unsigned integer, found {found}")]
+    NotUnsigned { context: String, field: &'static str, found: &'static str },
+    #[error("object name {name:?} appears twice")]
+    DuplicateObject { name: String },
+
+    // --- manifest semantics --------------------------------------------------------------
+    #[error("{at}: unknown dtype {dtype:?}")]
+    UnknownDtype { at: Location, dtype: String },
+    #[error("{at}: unknown encoding {encoding:?}")]
+    UnknownEncoding { at: Location, encoding: String },
+    #[error("{at}: unknown data_endianness {value:?} (expected \"little\" or \"big\")")]
+    UnknownEndianness { at: Location, value: String },
+    #[error("{at}: digest {digest:?} is not \"crc32c:0x<8 hex>\" or \"sha256:<64 hex>\"")]
+    BadDigest { at: Location, digest: String },
+    #[error("{at}: logical type {logical_type:?} needs dtype {expected}, found {found}")]
+    LogicalTypeMismatch { at: Location, logical_type: String, expected: &'static str, found: &'static str },
+    #[error("{at}: shape {shape:?} has an element count that overflows 64 bits")]
+    ShapeOverflow { at: Location, shape: Vec<u64> },
+    #[error("{at}: offset {offset} is not a multiple of 64")]
+    Misaligned { at: Location, offset: u64 },
+    #[error("{at}: offset {offset} + length {length} overflows 64 bits")]
+    RangeOverflow { at: Location, offset: u64, length: u64 },
+    #[error("{at}: bytes {start}..{end} overlap the {header}-byte header")]
+    RangeIntoHeader { at: Location, start: u64, end: u64, header: u64 },
+    #[error("{at}: bytes {start}..{end} run past the data region, which ends at {data_end} where the manifest begins")]
+    RangeIntoManifest { at: Location, start: u64, end: u64, data_end: u64 },
+    #[error("{first} (bytes {first_start}..{first_end}) partially overlaps {second} (bytes {second_start}..{second_end})")]
+    Overlap {
+        first: Location,
+        first_start: u64,
+        first_end: u64,
+        second: Location,
+        second_start: u64,
+        second_end: u64,
+    },
+    #[error("{at}: {what} is {actual} bytes but {expected} were expected")]
+    LengthMismatch { at: Location, what: &'static str, expected: u64, actual: u64 },
+    #[error("{at}: length {length} is not a multiple of the {width}-byte dtype width")]
+    LengthNotMultiple { at: Location, length: u64, width: u64 },
+    #[error("{at}: zstd component has no uncompressed_length and its size cannot be derived from the shape")]
+    UnknownDecodedLength { at: Location },
+    #[error("{at}: decoded size {size} is over the limit of {limit} bytes")]
+    DecodedTooLarge { at: Location, size: u64, limit: u64 },
+    #[error("{at}: format {format:?} requires a {role:?} component")]
+    MissingComponent { at: Location, format: String, role: &'static str },
+    #[error("{at}: sparse index component must have dtype u64, found {found}")]
+    SparseIndexDtype { at: Location, found: &'static str },
+
+    // --- content checks ----------------------------------------------------------------
+    #[error("{at}: bool element {index} is {value:#04x}, not 0 or 1")]
+    BoolByte { at: Location, index: u64, value: u8 },
+    #[error("{at}: {detail}")]
+    SparseStructure { at: Location, detail: String },
+
+    // --- decoding and digests -------------------------------------------------------------
+    #[error("{at}: zstd data inflates past its declared {declared} bytes")]
+    ZstdTooLong { at: Location, declared: u64 },
+    #[error("{at}: zstd data stops at {produced} of its declared {declared} bytes")]
+    ZstdTooShort { at: Location, produced: u64, declared: u64 },
+    #[error("{at}: zstd frame is truncated")]
+    ZstdTruncated { at: Location },
+    #[error("{at}: zstd data is corrupt: {detail}")]
+    ZstdCorrupt { at: Location, detail: String },
+    #[error("{at}: {algorithm} digest mismatch: declared {expected}, computed {actual}")]
+    DigestMismatch { at: Location, algorithm: &'static str, expected: String, actual: String },
+    #[error("{at}: stored bytes are {actual} long, expected {expected}")]
+    StoredLengthMismatch { at: Location, expected: u64, actual: u64 },
+}
+
+impl FormatError {
+    /// A short stable identifier for the rule that failed (used in JSON reports and metrics).
+    pub fn code(&self) -> &'static str {
+        use FormatError::*;
+        match self {
+            Truncated { .. } => "truncated",
+            BadHeaderMagic { .. } => "bad_header_magic",
+            UnsupportedContainer { .. } => "unsupported_container",
+            BadFooterMagic { .. } => "bad_footer_magic",
+            ManifestEmpty => "manifest_empty",
+            ManifestTooLarge { .. } => "manifest_too_large",
+            ManifestBeyondFile { .. } => "manifest_beyond_file",
+            UnsupportedVersion { .. } => "unsupported_version",
+            CborInvalid { .. } => "cbor_invalid",
+            CborTooDeep { .. } => "cbor_too_deep",
+            CborTooManyItems { .. } => "cbor_too_many_items",
+            CborLengthBeyondInput { .. } => "cbor_length_beyond_input",
+            CborTrailingBytes { .. } => "cbor_trailing_bytes",
+            DuplicateKey { .. } => "duplicate_key",
+            WrongShape { .. } => "wrong_shape",
+            MissingField { .. } => "missing_field",
+            NotUnsigned { .. } => "not_unsigned",
+            DuplicateObject { .. } => "duplicate_object",
+            UnknownDtype { .. } => "unknown_dtype",
+            UnknownEncoding { .. } => "unknown_encoding",
+            UnknownEndianness { .. } => "unknown_endianness",
+            BadDigest { .. } => "bad_digest",
+            LogicalTypeMismatch { .. } => "logical_type_mismatch",
+            ShapeOverflow { .. } => "shape_overflow",
+            Misaligned { .. } => "misaligned",
+            RangeOverflow { .. } => "range_overflow",
+            RangeIntoHeader { .. } => "range_into_header",
+            RangeIntoManifest { .. } => "range_into_manifest",
+            Overlap { .. } => "overlap",
+            LengthMismatch { .. } => "length_mismatch",
+            LengthNotMultiple { .. } => "length_not_multiple",
+            UnknownDecodedLength { .. } => "unknown_decoded_length",
+            DecodedTooLarge { .. } => "decoded_too_large",
+            MissingComponent { .. } => "missing_component",
+            SparseIndexDtype { .. } => "sparse_index_dtype",
+            BoolByte { .. } => "bool_byte",
+            SparseStructure { .. } => "sparse_structure",
+            ZstdTooLong { .. } => "zstd_too_long",
+            ZstdTooShort { .. } => "zstd_too_short",
+            ZstdTruncated { .. } => "zstd_truncated",
+            ZstdCorrupt { .. } => "zstd_corrupt",
+            DigestMismatch { .. } => "digest_mismatch",
+            StoredLengthMismatch { .. } => "stored_length_mismatch",
+        }
+    }
+}
+
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;

@@ -1,0 +1,438 @@
+//! The zTensor byte layout, and nothing else: bytes in, typed values out. This module owns the
+//! container framing of every supported generation (`ZTEN0001` legacy, `ZTEN1000` 1.x), turns
+//! each into one generation-neutral [`Manifest`], validates it, decodes components and writes
+//! files. It does no IO and never touches async code, so the server, the CLI and the fuzzer all
+//! share exactly the same rules.
+//!
+//! Reading is split so that a remote reader can fetch only what it needs: [`Container::sniff`]
+//! on the first 8 bytes, [`manifest_span`] on the last 16, then [`parse_manifest`] on the
+//! manifest bytes. [`parse_file`] does all three over a whole file in memory.
+
+mod cbor;
+pub mod decode;
+mod error;
+mod legacy;
+mod v1;
+pub mod validate;
+pub mod write;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+
+pub use ciborium::Value;
+pub use error::{FormatError, Location, Result};
+
+/// The magic of the 0.1 container (`ZTEN0001`): no footer, a CBOR array index.
+pub const LEGACY_MAGIC: &[u8; 8] = b"ZTEN0001";
+/// The magic of the 1.x container (`ZTEN1000`), repeated as the footer.
+pub const V1_MAGIC: &[u8; 8] = b"ZTEN1000";
+/// The magic of the zTensor 2.x container, recognised only to refuse it clearly.
+pub const V2_MAGIC: &[u8; 8] = b"\x89ZT2\r\n\x1a\n";
+/// Size of the magic header every container starts with.
+pub const HEADER_LEN: u64 = 8;
+/// Every component blob starts at a multiple of this.
+pub const ALIGNMENT: u64 = 64;
+
+/// Which container generation a file uses. New generations add a variant here and a parser
+/// module producing the same [`Manifest`]; callers do not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Container {
+    /// zTensor 0.1: `ZTEN0001`, CBOR array index, u64 LE index size at EOF.
+    Legacy01,
+    /// zTensor 1.x: `ZTEN1000` header and footer, CBOR map manifest.
+    V1,
+}
+
+impl Container {
+    /// Identifies the container from the first 8 bytes of a file.
+    pub fn sniff(head: &[u8]) -> Result<Container> {
+        let magic = head.get(..8).ok_or(FormatError::Truncated { len: head.len() as u64, min: 8 })?;
+        match magic {
+            m if m == LEGACY_MAGIC => Ok(Container::Legacy01),
+            m if m == V1_MAGIC => Ok(Container::V1),
+            m if m == V2_MAGIC => Err(FormatError::UnsupportedContainer { found: "zTensor 2.x (v2)".into() }),
+            m => Err(FormatError::BadHeaderMagic { found: printable(m) }),
+        }
+    }
+
+    /// Bytes after the manifest: the size field, plus the footer magic for 1.x.
+    pub fn trailer_len(self) -> u64 {
+        match self {
+            Container::Legacy01 => 8,
+            Container::V1 => 16,
+        }
+    }
+
+    /// The smallest file this container can describe.
+    pub fn min_file_len(self) -> u64 {
+        // Header, at least one manifest byte, trailer.
+        HEADER_LEN + 1 + self.trailer_len()
+    }
+}
+
+impl fmt::Display for Container {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Container::Legacy01 => "ZTEN0001 (0.1)",
+            Container::V1 => "ZTEN1000 (1.x)",
+        })
+    }
+}
+
+/// Limits that bound the work and memory a hostile file can cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest manifest accepted, in bytes.
+    pub max_manifest_bytes: u64,
+    /// Largest decoded size of one component, in bytes.
+    pub max_decoded_bytes: u64,
+    /// Deepest CBOR nesting accepted in a manifest.
+    pub max_cbor_depth: usize,
+    /// Most CBOR items (every scalar, string, array and map) in one manifest; bounds the
+    /// memory of the decoded tree, which is larger per item than the encoded bytes.
+    pub max_cbor_items: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_manifest_bytes: 1 << 30,
+            max_decoded_bytes: 64 << 30,
+            max_cbor_depth: 64,
+            max_cbor_items: 8_000_000,
+        }
+    }
+}
+
+/// The 13 storage types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F64,
+    F32,
+    F16,
+    BF16,
+    I64,
+    I32,
+    I16,
+    I8,
+    U64,
+    U32,
+    U16,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub const ALL: [DType; 13] = [
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::I16,
+        DType::I8,
+        DType::U64,
+        DType::U32,
+        DType::U16,
+        DType::U8,
+        DType::Bool,
+    ];
+
+    /// Bytes per element.
+    pub fn width(self) -> u64 {
+        match self {
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// The 1.x name (`f32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "f64",
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::I16 => "i16",
+            DType::I8 => "i8",
+            DType::U64 => "u64",
+            DType::U32 => "u32",
+            DType::U16 => "u16",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// The 0.1 name (`float32`).
+    pub fn legacy_name(self) -> &'static str {
+        match self {
+            DType::F64 => "float64",
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::I16 => "int16",
+            DType::I8 => "int8",
+            DType::U64 => "uint64",
+            DType::U32 => "uint32",
+            DType::U16 => "uint16",
+            DType::U8 => "uint8",
+            DType::Bool => "bool",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    pub fn from_legacy_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.legacy_name() == name)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a component's bytes are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    Raw,
+    Zstd,
+}
+
+impl Encoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Raw => "raw",
+            Encoding::Zstd => "zstd",
+        }
+    }
+}
+
+/// Byte order of the stored elements. Only legacy files can say `Big`; every byte this crate
+/// hands out is little-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ByteOrder {
+    Little,
+    Big,
+}
+
+/// A declared checksum of a component's stored bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Digest {
+    Crc32c(u32),
+    Sha256([u8; 32]),
+}
+
+impl Digest {
+    pub fn algorithm(&self) -> &'static str {
+        match self {
+            Digest::Crc32c(_) => "crc32c",
+            Digest::Sha256(_) => "sha256",
+        }
+    }
+
+    /// Parses `crc32c:0x1234ABCD` (hex in either case) or `sha256:<64 hex digits>`.
+    pub fn parse(text: &str) -> Option<Digest> {
+        let (algorithm, value) = text.split_once(':')?;
+        match algorithm {
+            "crc32c" => {
+                let hex = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X"))?;
+                if hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+                u32::from_str_radix(hex, 16).ok().map(Digest::Crc32c)
+            }
+            "sha256" => {
+                let mut out = [0u8; 32];
+                hex::decode_to_slice(value, &mut out).ok()?;
+                Some(Digest::Sha256(out))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Digest {
+    /// The canonical form the official writers emit.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Digest::Crc32c(v) => write!(f, "crc32c:0x{v:08X}"),
+            Digest::Sha256(v) => write!(f, "sha256:{}", hex::encode(v)),
+        }
+    }
+}
+
+/// The logical types whose size rule and storage dtype the spec defines. Any other `type`
+/// string is kept as is and its bytes are served by their dtype.
+pub fn known_logical_type(name: &str) -> Option<(DType, u64)> {
+    match name {
+        "f8_e4m3fn" | "f8_e5m2" | "f8_e4m3fnuz" | "f8_e5m2fnuz" => Some((DType::U8, 1)),
+        "complex64" => Some((DType::F32, 2)),
+        "complex128" => Some((DType::F64, 2)),
+        _ => None,
+    }
+}
+
+/// One contiguous blob of an object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Component {
+    /// Role name within its object (`data`, `values`, `scales`, …).
+    pub role: String,
+    pub dtype: DType,
+    /// Logical type (`type`), when declared.
+    pub logical_type: Option<String>,
+    /// Absolute offset of the stored bytes in the file.
+    pub offset: u64,
+    /// Stored bytes (compressed size for zstd).
+    pub stored_length: u64,
+    pub encoding: Encoding,
+    /// Bytes after decoding, declared or derived from the shape.
+    pub decoded_length: u64,
+    pub digest: Option<Digest>,
+    pub byte_order: ByteOrder,
+}
+
+impl Component {
+    /// The stored bytes' range in the file.
+    pub fn stored_range(&self) -> Range<u64> {
+        self.offset..self.offset + self.stored_length
+    }
+
+    /// Storage elements per logical element (2 for complex types, 1 otherwise).
+    pub fn logical_ratio(&self) -> u64 {
+        self.logical_type.as_deref().and_then(known_logical_type).map_or(1, |(_, ratio)| ratio)
+    }
+
+    /// Whether the served bytes are exactly the stored bytes (no decoding, no byte swap).
+    pub fn is_verbatim(&self) -> bool {
+        self.encoding == Encoding::Raw && (self.byte_order == ByteOrder::Little || self.dtype.width() == 1)
+    }
+}
+
+/// A named tensor: a shape, a format and its components.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    pub name: String,
+    pub shape: Vec<u64>,
+    /// `dense`, `sparse_csr`, `sparse_coo`, `quantized_group`, or any custom string.
+    pub format: String,
+    pub attributes: Option<Value>,
+    /// In manifest order.
+    pub components: Vec<Component>,
+}
+
+impl Object {
+    pub fn component(&self, role: &str) -> Option<&Component> {
+        self.components.iter().find(|c| c.role == role)
+    }
+
+    /// Product of the shape (1 for a scalar), or `None` on overflow.
+    pub fn element_count(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    }
+}
+
+/// A parsed, structurally validated manifest, independent of the container generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    pub container: Container,
+    /// The manifest's `version` string; `None` for legacy files, which have none.
+    pub version: Option<String>,
+    pub attributes: Option<Value>,
+    /// In manifest order.
+    pub objects: Vec<Object>,
+    /// Where the manifest sits in the file; component bytes all lie before it.
+    pub manifest_span: Range<u64>,
+    pub file_len: u64,
+    by_name: HashMap<String, usize>,
+}
+
+impl Manifest {
+    pub(crate) fn new(
+        container: Container,
+        version: Option<String>,
+        attributes: Option<Value>,
+        objects: Vec<Object>,
+        manifest_span: Range<u64>,
+        file_len: u64,
+    ) -> Result<Manifest> {
+        let mut by_name = HashMap::with_capacity(objects.len());
+        for (index, object) in objects.iter().enumerate() {
+            if by_name.insert(object.name.clone(), index).is_some() {
+                return Err(FormatError::DuplicateObject { name: object.name.clone() });
+            }
+        }
+        Ok(Manifest { container, version, attributes, objects, manifest_span, file_len, by_name })
+    }
+
+    pub fn object(&self, name: &str) -> Option<&Object> {
+        self.by_name.get(name).map(|&i| &self.objects[i])
+    }
+}
+
+/// Finds the manifest from the file length and the file's last bytes (at least 16, or the
+/// whole file when shorter). Checks the footer magic, the size field and the size limit.
+pub fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &Limits) -> Result<Range<u64>> {
+    if file_len < container.min_file_len() {
+        return Err(FormatError::Truncated { len: file_len, min: container.min_file_len() });
+    }
+    let trailer_len = container.trailer_len() as usize;
+    let trailer = tail
+        .len()
+        .checked_sub(trailer_len)
+        .map(|start| &tail[start..])
+        .ok_or(FormatError::Truncated { len: tail.len() as u64, min: trailer_len as u64 })?;
+    if container == Container::V1 && &trailer[8..16] != V1_MAGIC {
+        return Err(FormatError::BadFooterMagic { found: printable(&trailer[8..16]) });
+    }
+    let size = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes"));
+    if size == 0 {
+        return Err(FormatError::ManifestEmpty);
+    }
+    if size > limits.max_manifest_bytes {
+        return Err(FormatError::ManifestTooLarge { size, limit: limits.max_manifest_bytes });
+    }
+    let available = file_len - HEADER_LEN - trailer_len as u64;
+    if size > available {
+        return Err(FormatError::ManifestBeyondFile { size, available });
+    }
+    let end = file_len - trailer_len as u64;
+    Ok(end - size..end)
+}
+
+/// Decodes and structurally validates a manifest found at `span` in a file of `file_len` bytes.
+pub fn parse_manifest(container: Container, bytes: &[u8], span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {
+    let value = cbor::decode(bytes, limits)?;
+    let manifest = match container {
+        Container::Legacy01 => legacy::parse(value, span, file_len, limits)?,
+        Container::V1 => v1::parse(value, span, file_len, limits)?,
+    };
+    validate::check_structure(&manifest, limits)?;
+    Ok(manifest)
+}
+
+/// Parses and validates a whole file held in memory (or mapped).
+pub fn parse_file(file: &[u8], limits: &Limits) -> Result<Manifest> {
+    let container = Container::sniff(file)?;
+    let file_len = file.len() as u64;
+    let tail = &file[file.len().saturating_sub(16)..];
+    let span = manifest_span(container, file_len, tail, limits)?;
+    parse_manifest(container, &file[span.start as usize..span.end as usize], span, file_len, limits)
+}
+
+/// Renders bytes for an error message: ASCII kept, everything else escaped.
+fn printable(bytes: &[u8]) -> String {
+    bytes.escape_ascii().to_string()
+}

@@ -1,0 +1,149 @@
+//! The `ZTEN1000` manifest: a CBOR map of `version`, `attributes` and `objects`, read into the
+//! generation-neutral model. Accepts what the official 1.1.1 and 1.2.3 writers emit, including
+//! omitted `encoding` and `uncompressed_length`, and 1.1's compound dtype names.
+
+use std::ops::Range;
+
+use super::cbor::Fields;
+use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Limits, Location, Manifest, Object, Result, Value};
+
+pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {
+    let fields = Fields::of(&root, "manifest")?;
+    let version = fields.required_text("version")?;
+    let major = version.split('.').next().unwrap_or("");
+    if major != "1" {
+        return Err(FormatError::UnsupportedVersion { version: version.to_owned() });
+    }
+    let attributes = attributes(&fields)?;
+    let objects_value = fields.require("objects")?;
+    let object_map = Fields::of(objects_value, "manifest.objects")?;
+    let Value::Map(raw_entries) = objects_value else { unreachable!("Fields::of checked the map") };
+    if object_map.entries().count() != raw_entries.len() {
+        return Err(object_map.wrong("<key>", "text object names"));
+    }
+    let objects = object_map
+        .entries()
+        .map(|(name, value)| object(name, value, limits))
+        .collect::<Result<Vec<_>>>()?;
+    Manifest::new(Container::V1, Some(version.to_owned()), attributes, objects, span, file_len)
+}
+
+/// `attributes` of the file or an object: a map whose values may be any CBOR.
+pub(super) fn attributes(fields: &Fields<'_>) -> Result<Option<Value>> {
+    match fields.get("attributes") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Map(_)) => Ok(Some(v.clone())),
+        Some(_) => Err(fields.wrong("attributes", "a map")),
+    }
+}
+
+fn object(name: &str, value: &Value, limits: &Limits) -> Result<Object> {
+    let fields = Fields::of(value, format!("object {name:?}"))?;
+    let shape = fields.uint_array("shape")?;
+    let format = fields.required_text("format")?.to_owned();
+    let attributes = attributes(&fields)?;
+    let components_value = fields.require("components")?;
+    let component_map = Fields::of(components_value, format!("object {name:?}.components"))?;
+    let mut object = Object { name: name.to_owned(), shape, format, attributes, components: Vec::new() };
+    let elements = object.element_count();
+    for (role, value) in component_map.entries() {
+        let component = component(&object, elements, role, value, limits)?;
+        object.components.push(component);
+    }
+    Ok(object)
+}
+
+fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value, limits: &Limits) -> Result<Component> {
+    let at = Location::component(&object.name, role);
+    let fields = Fields::of(value, at.to_string())?;
+    let dtype_name = fields.required_text("dtype")?;
+    let (dtype, implied_type) = parse_dtype(dtype_name).ok_or_else(|| FormatError::UnknownDtype {
+        at: at.clone(),
+        dtype: dtype_name.to_owned(),
+    })?;
+    let logical_type = fields.text("type")?.map(str::to_owned).or(implied_type.map(str::to_owned));
+    let offset = fields.required_uint("offset")?;
+    let stored_length = fields.required_uint("length")?;
+    let encoding = match fields.text("encoding")? {
+        None | Some("raw") => Encoding::Raw,
+        Some("zstd") => Encoding::Zstd,
+        Some(other) => return Err(FormatError::UnknownEncoding { at, encoding: other.to_owned() }),
+    };
+    let digest = match fields.text("digest")? {
+        None => None,
+        Some(text) => Some(Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?),
+    };
+    let declared = fields.uint("uncompressed_length")?;
+    let mut component = Component {
+        role: role.to_owned(),
+        dtype,
+        logical_type,
+        offset,
+        stored_length,
+        encoding,
+        decoded_length: 0,
+        digest,
+        byte_order: ByteOrder::Little,
+    };
+    component.decoded_length = decoded_length(object, elements, &component, declared, &at, limits)?;
+    Ok(component)
+}
+
+/// 1.x short names, plus the 1.1.0 spec's compound and FP8 dtype names, which are normalised
+/// to their 1.2 storage dtype and logical type (the byte layout is identical).
+fn parse_dtype(name: &str) -> Option<(DType, Option<&'static str>)> {
+    if let Some(dtype) = DType::from_name(name) {
+        return Some((dtype, None));
+    }
+    match name {
+        "f8_e4m3" => Some((DType::U8, Some("f8_e4m3fn"))),
+        "f8_e5m2" => Some((DType::U8, Some("f8_e5m2"))),
+        "complex64" => Some((DType::F32, Some("complex64"))),
+        "complex128" => Some((DType::F64, Some("complex128"))),
+        _ => None,
+    }
+}
+
+/// The decoded size of a component: declared, or for a raw component its stored length, or
+/// for a zstd dense `data` component without a declaration (1.1.1 files) the shape's size.
+pub(super) fn decoded_length(
+    object: &Object,
+    elements: Option<u64>,
+    component: &Component,
+    declared: Option<u64>,
+    at: &Location,
+    limits: &Limits,
+) -> Result<u64> {
+    let size = match (component.encoding, declared) {
+        (Encoding::Raw, Some(declared)) if declared != component.stored_length => {
+            return Err(FormatError::LengthMismatch {
+                at: at.clone(),
+                what: "uncompressed_length of a raw component",
+                expected: component.stored_length,
+                actual: declared,
+            });
+        }
+        (Encoding::Raw, _) => component.stored_length,
+        (Encoding::Zstd, Some(declared)) => declared,
+        (Encoding::Zstd, None) if is_dense_data(object, component) => {
+            dense_size(object, elements, component, at)?
+        }
+        (Encoding::Zstd, None) => return Err(FormatError::UnknownDecodedLength { at: at.clone() }),
+    };
+    if size > limits.max_decoded_bytes {
+        return Err(FormatError::DecodedTooLarge { at: at.clone(), size, limit: limits.max_decoded_bytes });
+    }
+    Ok(size)
+}
+
+pub(super) fn is_dense_data(object: &Object, component: &Component) -> bool {
+    object.format == "dense" && component.role == "data"
+}
+
+/// `product(shape) × ratio × width`, the size a dense `data` component must have.
+pub(super) fn dense_size(object: &Object, elements: Option<u64>, component: &Component, at: &Location) -> Result<u64> {
+    elements
+        .and_then(|n| n.checked_mul(component.logical_ratio()))
+        .and_then(|n| n.checked_mul(component.dtype.width()))
+        .ok_or_else(|| FormatError::ShapeOverflow { at: at.clone(), shape: object.shape.clone() })
+}

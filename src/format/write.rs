@@ -1,0 +1,226 @@
+//! Writing 1.2 files that the official `ztensor==1.2.3` reader opens: blobs in call order at
+//! 64-byte boundaries with zero padding, then the CBOR manifest, its size and the footer.
+//! Output is a pure function of the input: identical calls give identical bytes.
+
+use std::collections::HashSet;
+use std::io::Write;
+
+use super::decode::Hasher;
+use super::validate::required_roles;
+use super::{known_logical_type, DType, Digest, Encoding, Value, ALIGNMENT, V1_MAGIC};
+
+/// The manifest version this writer emits.
+pub const WRITTEN_VERSION: &str = "1.2.0";
+
+/// Which digest to record for each component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestAlgorithm {
+    Crc32c,
+    Sha256,
+}
+
+impl DigestAlgorithm {
+    fn hasher(self) -> Hasher {
+        match self {
+            DigestAlgorithm::Crc32c => Hasher::for_digest(&Digest::Crc32c(0)),
+            DigestAlgorithm::Sha256 => Hasher::for_digest(&Digest::Sha256([0; 32])),
+        }
+    }
+}
+
+/// How components are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteOptions {
+    /// `None` for raw; `Some(level)` for zstd at that level.
+    pub zstd_level: Option<i32>,
+    pub digest: Option<DigestAlgorithm>,
+}
+
+/// One component to write: its role, types and decoded little-endian bytes.
+#[derive(Debug, Clone)]
+pub struct ComponentInput<'a> {
+    pub role: &'a str,
+    pub dtype: DType,
+    pub logical_type: Option<&'a str>,
+    pub bytes: &'a [u8],
+}
+
+/// One object to write.
+#[derive(Debug, Clone)]
+pub struct ObjectInput<'a> {
+    pub name: &'a str,
+    pub shape: &'a [u64],
+    pub format: &'a str,
+    pub attributes: Option<Value>,
+    pub components: Vec<ComponentInput<'a>>,
+}
+
+/// Why a write was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("object {0:?} was already written")]
+    DuplicateObject(String),
+    #[error("object {object:?}: component {role:?} appears twice")]
+    DuplicateComponent { object: String, role: String },
+    #[error("object {object:?}: format {format:?} requires a {role:?} component")]
+    MissingComponent { object: String, format: String, role: &'static str },
+    #[error("object {object:?}, component {role:?}: {detail}")]
+    BadComponent { object: String, role: String, detail: String },
+    #[error("attributes must be a CBOR map")]
+    AttributesNotMap,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Streams a 1.2 file to `out`.
+pub struct Writer<W: Write> {
+    out: W,
+    position: u64,
+    names: HashSet<String>,
+    objects: Vec<(Value, Value)>,
+}
+
+fn text(s: &str) -> Value {
+    Value::Text(s.to_owned())
+}
+
+fn uint(n: u64) -> Value {
+    Value::Integer(n.into())
+}
+
+impl<W: Write> Writer<W> {
+    /// Starts a file by writing the header magic.
+    pub fn new(mut out: W) -> Result<Writer<W>, WriteError> {
+        out.write_all(V1_MAGIC)?;
+        Ok(Writer { out, position: V1_MAGIC.len() as u64, names: HashSet::new(), objects: Vec::new() })
+    }
+
+    /// Writes an object's blobs and records it for the manifest.
+    pub fn add(&mut self, object: &ObjectInput<'_>, options: &WriteOptions) -> Result<(), WriteError> {
+        if self.names.contains(object.name) {
+            return Err(WriteError::DuplicateObject(object.name.to_owned()));
+        }
+        check_object(object)?;
+        if let Some(attributes) = &object.attributes
+            && !matches!(attributes, Value::Map(_))
+        {
+            return Err(WriteError::AttributesNotMap);
+        }
+        let mut components = Vec::with_capacity(object.components.len());
+        for component in &object.components {
+            let entry = self.write_component(component, options)?;
+            components.push((text(component.role), entry));
+        }
+        let mut fields = vec![
+            (text("shape"), Value::Array(object.shape.iter().map(|&d| uint(d)).collect())),
+            (text("format"), text(object.format)),
+        ];
+        if let Some(attributes) = &object.attributes {
+            fields.push((text("attributes"), attributes.clone()));
+        }
+        fields.push((text("components"), Value::Map(components)));
+        self.names.insert(object.name.to_owned());
+        self.objects.push((text(object.name), Value::Map(fields)));
+        Ok(())
+    }
+
+    fn write_component(&mut self, component: &ComponentInput<'_>, options: &WriteOptions) -> Result<Value, WriteError> {
+        let compressed;
+        let (stored, encoding) = match options.zstd_level {
+            None => (component.bytes, Encoding::Raw),
+            Some(level) => {
+                let mut compressor = zstd::bulk::Compressor::new(level)?;
+                // A checksum lets any reader catch corruption of the frame itself.
+                compressor.include_checksum(true)?;
+                compressor.include_contentsize(true)?;
+                compressed = compressor.compress(component.bytes)?;
+                (compressed.as_slice(), Encoding::Zstd)
+            }
+        };
+        let padding = self.position.next_multiple_of(ALIGNMENT) - self.position;
+        self.out.write_all(&[0u8; ALIGNMENT as usize][..padding as usize])?;
+        self.position += padding;
+        let offset = self.position;
+        self.out.write_all(stored)?;
+        self.position += stored.len() as u64;
+
+        let mut fields = vec![(text("dtype"), text(component.dtype.name()))];
+        if let Some(logical) = component.logical_type {
+            fields.push((text("type"), text(logical)));
+        }
+        fields.push((text("offset"), uint(offset)));
+        fields.push((text("length"), uint(stored.len() as u64)));
+        if encoding == Encoding::Zstd {
+            fields.push((text("uncompressed_length"), uint(component.bytes.len() as u64)));
+            fields.push((text("encoding"), text("zstd")));
+        }
+        if let Some(algorithm) = options.digest {
+            let mut hasher = algorithm.hasher();
+            hasher.update(stored);
+            fields.push((text("digest"), text(&hasher.finish().to_string())));
+        }
+        Ok(Value::Map(fields))
+    }
+
+    /// Writes the manifest, its size and the footer; returns the sink.
+    pub fn finish(mut self, attributes: Option<Value>) -> Result<W, WriteError> {
+        let mut root = vec![(text("version"), text(WRITTEN_VERSION))];
+        if let Some(attributes) = attributes {
+            if !matches!(attributes, Value::Map(_)) {
+                return Err(WriteError::AttributesNotMap);
+            }
+            root.push((text("attributes"), attributes));
+        }
+        root.push((text("objects"), Value::Map(std::mem::take(&mut self.objects))));
+        let mut manifest = Vec::new();
+        ciborium::ser::into_writer(&Value::Map(root), &mut manifest).map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.out.write_all(&manifest)?;
+        self.out.write_all(&(manifest.len() as u64).to_le_bytes())?;
+        self.out.write_all(V1_MAGIC)?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// Refuses objects the reader would refuse, so this writer never produces a broken file.
+fn check_object(object: &ObjectInput<'_>) -> Result<(), WriteError> {
+    let mut roles = HashSet::new();
+    for component in &object.components {
+        if !roles.insert(component.role) {
+            return Err(WriteError::DuplicateComponent { object: object.name.to_owned(), role: component.role.to_owned() });
+        }
+        let bad = |detail: String| WriteError::BadComponent {
+            object: object.name.to_owned(),
+            role: component.role.to_owned(),
+            detail,
+        };
+        let ratio = match component.logical_type.and_then(known_logical_type) {
+            Some((expected, _)) if expected != component.dtype => {
+                return Err(bad(format!("logical type needs dtype {expected}, found {}", component.dtype)));
+            }
+            Some((_, ratio)) => ratio,
+            None => 1,
+        };
+        let unit = component.dtype.width() * ratio;
+        let len = component.bytes.len() as u64;
+        if len % unit != 0 {
+            return Err(bad(format!("{len} bytes is not a multiple of the {unit}-byte element")));
+        }
+        if object.format == "dense" && component.role == "data" {
+            let elements = object.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+            if elements.and_then(|n| n.checked_mul(unit)) != Some(len) {
+                return Err(bad(format!("{len} bytes does not fit shape {:?} of {unit}-byte elements", object.shape)));
+            }
+        }
+        let is_index = matches!((object.format, component.role), ("sparse_csr", "indices" | "indptr") | ("sparse_coo", "coords"));
+        if is_index && component.dtype != DType::U64 {
+            return Err(bad(format!("sparse index components must be u64, found {}", component.dtype)));
+        }
+    }
+    for &role in required_roles(object.format) {
+        if !roles.contains(role) {
+            return Err(WriteError::MissingComponent { object: object.name.to_owned(), format: object.format.to_owned(), role });
+        }
+    }
+    Ok(())
+}

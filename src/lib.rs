@@ -1,0 +1,12 @@
+//! ztserve: serve tensors stored in zTensor (`.zt`) files.
+//!
+//! Module map (data flows one way, each layer knows only the one below it):
+//! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
+//! - [`storage`]: where bytes come from (memory-mapped local files).
+//! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
+//! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
+
+pub mod cli;
+pub mod json;
+pub mod format;
+pub mod storage;
