@@ -1,7 +1,8 @@
-//! Bounded CBOR decoding and strict field access. A pre-scan walks the item headers with
-//! `ciborium-ll` before any tree is built, so a hostile manifest is refused for its depth, item
-//! count, declared lengths or trailing bytes without allocating for what it merely claims;
-//! only then does `ciborium` build the `Value` tree, whose maps are checked for duplicate keys.
+//! Bounded CBOR decoding and strict field access. The `Value` tree is built from item headers
+//! pulled with `ciborium-ll`, iteratively, so a hostile manifest is refused for its depth, item
+//! count, declared lengths or trailing bytes without recursing or allocating for what it merely
+//! claims; maps are then checked for duplicate keys. Tags stay tags: `ciborium`'s serde path
+//! would turn a bignum into a plain integer and let it pass where an unsigned integer belongs.
 
 use std::collections::HashSet;
 
@@ -10,37 +11,29 @@ use ciborium_ll::{Decoder, Header};
 
 use super::{FormatError, Limits, Result};
 
-/// Decodes exactly one CBOR item filling `bytes`, within `limits`.
+/// Decodes exactly one CBOR item filling `bytes`, within `limits`. Tags are kept as tags
+/// (bignums are not turned into integers), so a tagged value is never mistaken for a plain one.
 pub(super) fn decode(bytes: &[u8], limits: &Limits) -> Result<Value> {
-    prescan(bytes, limits)?;
-    let value: Value = ciborium::de::from_reader_with_recursion_limit(bytes, limits.max_cbor_depth + 1)
-        .map_err(|e| match e {
-            ciborium::de::Error::RecursionLimitExceeded => FormatError::CborTooDeep { limit: limits.max_cbor_depth },
-            ciborium::de::Error::Syntax(offset) => FormatError::CborInvalid { offset, detail: "syntax error".into() },
-            ciborium::de::Error::Semantic(offset, detail) => {
-                FormatError::CborInvalid { offset: offset.unwrap_or(0), detail }
-            }
-            ciborium::de::Error::Io(e) => FormatError::CborInvalid { offset: 0, detail: format!("{e:?}") },
-        })?;
+    let value = build(bytes, limits)?;
     check_duplicate_keys(&value, "manifest")?;
     Ok(value)
 }
 
-/// What an open container still expects.
+/// A container being filled.
 enum Open {
-    /// A definite array or map (maps count keys and values separately), or a tag's one item.
-    Items(u64),
-    /// An indefinite array or map, closed by a break.
-    Indefinite,
+    Array { items: Vec<Value>, left: Option<u64> },
+    Map { entries: Vec<(Value, Value)>, key: Option<Value>, left: Option<u64> },
+    Tag(u64),
     /// An indefinite byte or text string: definite chunks of the same major type, then a break.
-    Chunks { text: bool },
+    Chunks { text: bool, bytes: Vec<u8> },
 }
 
-fn prescan(bytes: &[u8], limits: &Limits) -> Result<()> {
+/// Walks the item headers iteratively (depth never reaches the call stack), checking every
+/// declared length against the remaining input before reading or allocating for it.
+fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
     let mut decoder = Decoder::from(bytes);
     let mut open: Vec<Open> = Vec::new();
     let mut items: u64 = 0;
-    let mut scratch = [0u8; 4096];
     loop {
         let offset = decoder.offset();
         let remaining = (bytes.len() - offset) as u64;
@@ -49,116 +42,172 @@ fn prescan(bytes: &[u8], limits: &Limits) -> Result<()> {
         if items > limits.max_cbor_items {
             return Err(FormatError::CborTooManyItems { limit: limits.max_cbor_items });
         }
-        if let Some(Open::Chunks { text }) = open.last() {
-            let text = *text;
-            match header {
-                Header::Break => {
-                    open.pop();
-                    if finish_item(&mut open) {
-                        break;
-                    }
-                    continue;
-                }
-                Header::Bytes(Some(len)) if !text => skip(&mut decoder, len, offset, bytes.len(), &mut scratch)?,
-                Header::Text(Some(len)) if text => skip(&mut decoder, len, offset, bytes.len(), &mut scratch)?,
+        if let Some(Open::Chunks { text, bytes: chunks }) = open.last_mut() {
+            let chunk = match (header, *text) {
+                (Header::Break, _) => None,
+                (Header::Bytes(Some(len)), false) | (Header::Text(Some(len)), true) => Some(len),
                 _ => {
                     return Err(FormatError::CborInvalid {
                         offset,
                         detail: "indefinite string holds something other than a definite chunk".into(),
                     });
                 }
+            };
+            match chunk {
+                Some(len) => chunks.extend_from_slice(&read_payload(&mut decoder, len, offset, bytes.len())?),
+                None => {
+                    let Some(Open::Chunks { text, bytes: whole }) = open.pop() else { unreachable!() };
+                    let value = if text { Value::Text(utf8(whole, offset)?) } else { Value::Bytes(whole) };
+                    if let Some(root) = complete(&mut open, value, offset)? {
+                        return finish(root, &mut decoder, bytes.len());
+                    }
+                }
             }
             continue;
         }
-        let completes = match header {
-            Header::Positive(_) | Header::Negative(_) | Header::Float(_) | Header::Simple(_) => true,
-            Header::Tag(_) => {
-                open.push(Open::Items(1));
-                false
+        let value = match header {
+            Header::Positive(n) => Value::Integer(n.into()),
+            Header::Negative(n) => Value::Integer(
+                ciborium::value::Integer::try_from(-1 - i128::from(n)).expect("CBOR negatives fit in 65 bits"),
+            ),
+            Header::Float(f) => Value::Float(f),
+            Header::Simple(20) => Value::Bool(false),
+            Header::Simple(21) => Value::Bool(true),
+            Header::Simple(22) | Header::Simple(23) => Value::Null,
+            Header::Simple(n) => {
+                return Err(FormatError::CborInvalid { offset, detail: format!("unassigned simple value {n}") });
             }
             Header::Break => match open.last() {
-                Some(Open::Indefinite) => {
-                    open.pop();
-                    true
+                Some(Open::Array { left: None, .. }) => {
+                    let Some(Open::Array { items, .. }) = open.pop() else { unreachable!() };
+                    Value::Array(items)
+                }
+                Some(Open::Map { left: None, key: None, .. }) => {
+                    let Some(Open::Map { entries, .. }) = open.pop() else { unreachable!() };
+                    Value::Map(entries)
                 }
                 _ => return Err(FormatError::CborInvalid { offset, detail: "unexpected break".into() }),
             },
-            Header::Bytes(Some(len)) | Header::Text(Some(len)) => {
-                skip(&mut decoder, len, offset, bytes.len(), &mut scratch)?;
-                true
+            Header::Bytes(Some(len)) => Value::Bytes(read_payload(&mut decoder, len, offset, bytes.len())?),
+            Header::Text(Some(len)) => Value::Text(utf8(read_payload(&mut decoder, len, offset, bytes.len())?, offset)?),
+            Header::Bytes(None) | Header::Text(None) => {
+                open.push(Open::Chunks { text: matches!(header, Header::Text(_)), bytes: Vec::new() });
+                check_depth(&open, limits)?;
+                continue;
             }
-            Header::Bytes(None) => {
-                open.push(Open::Chunks { text: false });
-                false
+            Header::Tag(tag) => {
+                open.push(Open::Tag(tag));
+                check_depth(&open, limits)?;
+                continue;
             }
-            Header::Text(None) => {
-                open.push(Open::Chunks { text: true });
-                false
-            }
-            Header::Array(Some(n)) | Header::Map(Some(n)) => {
-                let per_entry = if matches!(header, Header::Map(_)) { 2 } else { 1 };
-                let count = (n as u64).checked_mul(per_entry).unwrap_or(u64::MAX);
-                // Every item takes at least one byte, so a count above what remains is a lie.
-                if count > remaining {
-                    return Err(FormatError::CborLengthBeyondInput { offset, declared: n as u64, remaining });
-                }
-                if count == 0 {
-                    true
+            Header::Array(len) | Header::Map(len) => {
+                let is_map = matches!(header, Header::Map(_));
+                let left = match len {
+                    None => None,
+                    Some(n) => {
+                        let count = (n as u64).checked_mul(if is_map { 2 } else { 1 }).unwrap_or(u64::MAX);
+                        // Every item takes at least one byte, so a count above what remains is a lie.
+                        if count > remaining {
+                            return Err(FormatError::CborLengthBeyondInput { offset, declared: n as u64, remaining });
+                        }
+                        Some(count)
+                    }
+                };
+                if left == Some(0) {
+                    if is_map { Value::Map(Vec::new()) } else { Value::Array(Vec::new()) }
                 } else {
-                    open.push(Open::Items(count));
-                    false
+                    open.push(if is_map {
+                        Open::Map { entries: Vec::new(), key: None, left }
+                    } else {
+                        Open::Array { items: Vec::new(), left }
+                    });
+                    check_depth(&open, limits)?;
+                    continue;
                 }
-            }
-            Header::Array(None) | Header::Map(None) => {
-                open.push(Open::Indefinite);
-                false
             }
         };
-        if open.len() > limits.max_cbor_depth {
-            return Err(FormatError::CborTooDeep { limit: limits.max_cbor_depth });
-        }
-        if completes && finish_item(&mut open) {
-            break;
+        if let Some(root) = complete(&mut open, value, offset)? {
+            return finish(root, &mut decoder, bytes.len());
         }
     }
-    let trailing = bytes.len() - decoder.offset();
-    if trailing > 0 {
-        return Err(FormatError::CborTrailingBytes { count: trailing });
+}
+
+fn check_depth(open: &[Open], limits: &Limits) -> Result<()> {
+    if open.len() > limits.max_cbor_depth {
+        return Err(FormatError::CborTooDeep { limit: limits.max_cbor_depth });
     }
     Ok(())
 }
 
-/// Records that one item finished inside the innermost open container, closing every
-/// container this completes. Returns true when the top-level item is complete.
-fn finish_item(open: &mut Vec<Open>) -> bool {
+/// Places a finished value in the innermost open container, closing every container this
+/// completes. Returns the root once the top-level item is complete.
+fn complete(open: &mut Vec<Open>, mut value: Value, offset: usize) -> Result<Option<Value>> {
     loop {
-        match open.last_mut() {
-            None => return true,
-            Some(Open::Items(left)) => {
-                *left -= 1;
-                if *left > 0 {
-                    return false;
-                }
+        let done = match open.last_mut() {
+            None => return Ok(Some(value)),
+            Some(Open::Tag(tag)) => {
+                value = Value::Tag(*tag, Box::new(value));
                 open.pop();
+                continue;
             }
-            Some(Open::Indefinite) | Some(Open::Chunks { .. }) => return false,
+            Some(Open::Array { items, left }) => {
+                items.push(value);
+                decrement(left)
+            }
+            Some(Open::Map { entries, key, left }) => {
+                match key.take() {
+                    None => *key = Some(value),
+                    Some(k) => entries.push((k, value)),
+                }
+                decrement(left)
+            }
+            Some(Open::Chunks { .. }) => {
+                return Err(FormatError::CborInvalid { offset, detail: "item inside an indefinite string".into() });
+            }
+        };
+        if !done {
+            return Ok(None);
         }
+        value = match open.pop() {
+            Some(Open::Array { items, .. }) => Value::Array(items),
+            Some(Open::Map { entries, .. }) => Value::Map(entries),
+            _ => unreachable!("only arrays and maps count down"),
+        };
     }
 }
 
-fn skip(decoder: &mut Decoder<&[u8]>, len: usize, offset: usize, total: usize, scratch: &mut [u8]) -> Result<()> {
+/// Counts one item of a definite container; true when it is full.
+fn decrement(left: &mut Option<u64>) -> bool {
+    match left {
+        Some(n) => {
+            *n -= 1;
+            *n == 0
+        }
+        None => false,
+    }
+}
+
+fn finish(root: Value, decoder: &mut Decoder<&[u8]>, total: usize) -> Result<Value> {
+    let trailing = total - decoder.offset();
+    if trailing > 0 {
+        return Err(FormatError::CborTrailingBytes { count: trailing });
+    }
+    Ok(root)
+}
+
+fn utf8(bytes: Vec<u8>, offset: usize) -> Result<String> {
+    String::from_utf8(bytes).map_err(|_| FormatError::CborInvalid { offset, detail: "text string is not UTF-8".into() })
+}
+
+fn read_payload(decoder: &mut Decoder<&[u8]>, len: usize, offset: usize, total: usize) -> Result<Vec<u8>> {
     let remaining = total - decoder.offset();
     if len > remaining {
         return Err(FormatError::CborLengthBeyondInput { offset, declared: len as u64, remaining: remaining as u64 });
     }
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(scratch.len());
-        ciborium_io::Read::read_exact(decoder, &mut scratch[..n])
-            .map_err(|_| FormatError::CborInvalid { offset, detail: "unexpected end of input".into() })?;
-        left -= n;
-    }
-    Ok(())
+    let mut payload = vec![0u8; len];
+    ciborium_io::Read::read_exact(decoder, &mut payload)
+        .map_err(|_| FormatError::CborInvalid { offset, detail: "unexpected end of input".into() })?;
+    Ok(payload)
 }
 
 fn cbor_error<E: std::fmt::Debug>(error: ciborium_ll::Error<E>, offset: usize) -> FormatError {
@@ -328,6 +377,17 @@ mod tests {
     #[test]
     fn trailing_bytes_after_the_item_are_refused() {
         assert_eq!(decode(&[0x80, 0x00], &limits()), Err(FormatError::CborTrailingBytes { count: 1 }));
+    }
+
+    #[test]
+    fn bignum_tags_stay_tagged() {
+        assert_eq!(decode(&[0xc2, 0x41, 0x40], &limits()).unwrap(), Value::Tag(2, Box::new(Value::Bytes(vec![0x40]))));
+    }
+
+    #[test]
+    fn odd_indefinite_maps_and_bad_utf8_are_refused() {
+        assert!(matches!(decode(&[0xbf, 0x01, 0xff], &limits()), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[0x62, 0xff, 0xfe], &limits()), Err(FormatError::CborInvalid { .. })));
     }
 
     #[test]

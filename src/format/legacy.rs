@@ -7,24 +7,24 @@ use std::ops::Range;
 
 use super::cbor::Fields;
 use super::v1::decoded_length;
-use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Limits, Location, Manifest, Object, Result, Value};
+use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value};
 
 /// Fields the model represents directly; all others go to the object's attributes.
 const KNOWN_FIELDS: [&str; 9] = ["name", "offset", "size", "dtype", "shape", "encoding", "data_endianness", "checksum", "layout"];
 
-pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {
+pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Manifest> {
     let Value::Array(entries) = &root else {
         return Err(FormatError::WrongShape { context: "index".into(), expected: "an array of tensor maps" });
     };
     let objects = entries
         .iter()
         .enumerate()
-        .map(|(i, entry)| object(i, entry, limits))
+        .map(|(i, entry)| object(i, entry))
         .collect::<Result<Vec<_>>>()?;
     Manifest::new(Container::Legacy01, None, None, objects, span, file_len)
 }
 
-fn object(index: usize, entry: &Value, limits: &Limits) -> Result<Object> {
+fn object(index: usize, entry: &Value) -> Result<Object> {
     let fields = Fields::of(entry, format!("index[{index}]"))?;
     let name = fields.required_text("name")?;
     let fields = Fields::of(entry, format!("index[{index}] (tensor {name:?})"))?;
@@ -68,7 +68,7 @@ fn object(index: usize, entry: &Value, limits: &Limits) -> Result<Object> {
         digest,
         byte_order,
     };
-    component.decoded_length = decoded_length(&object, object.element_count(), &component, None, &at, limits)?;
+    component.decoded_length = decoded_length(&object, object.element_count(), &component, None, &at)?;
     object.components.push(component);
     Ok(object)
 }

@@ -416,8 +416,8 @@ pub fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &
 pub fn parse_manifest(container: Container, bytes: &[u8], span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {
     let value = cbor::decode(bytes, limits)?;
     let manifest = match container {
-        Container::Legacy01 => legacy::parse(value, span, file_len, limits)?,
-        Container::V1 => v1::parse(value, span, file_len, limits)?,
+        Container::Legacy01 => legacy::parse(value, span, file_len)?,
+        Container::V1 => v1::parse(value, span, file_len)?,
     };
     validate::check_structure(&manifest, limits)?;
     Ok(manifest)

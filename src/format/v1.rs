@@ -5,9 +5,9 @@
 use std::ops::Range;
 
 use super::cbor::Fields;
-use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Limits, Location, Manifest, Object, Result, Value};
+use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value};
 
-pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {
+pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Manifest> {
     let fields = Fields::of(&root, "manifest")?;
     let version = fields.required_text("version")?;
     let major = version.split('.').next().unwrap_or("");
@@ -23,7 +23,7 @@ pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64, limits: &Limit
     }
     let objects = object_map
         .entries()
-        .map(|(name, value)| object(name, value, limits))
+        .map(|(name, value)| object(name, value))
         .collect::<Result<Vec<_>>>()?;
     Manifest::new(Container::V1, Some(version.to_owned()), attributes, objects, span, file_len)
 }
@@ -37,7 +37,7 @@ pub(super) fn attributes(fields: &Fields<'_>) -> Result<Option<Value>> {
     }
 }
 
-fn object(name: &str, value: &Value, limits: &Limits) -> Result<Object> {
+fn object(name: &str, value: &Value) -> Result<Object> {
     let fields = Fields::of(value, format!("object {name:?}"))?;
     let shape = fields.uint_array("shape")?;
     let format = fields.required_text("format")?.to_owned();
@@ -47,13 +47,13 @@ fn object(name: &str, value: &Value, limits: &Limits) -> Result<Object> {
     let mut object = Object { name: name.to_owned(), shape, format, attributes, components: Vec::new() };
     let elements = object.element_count();
     for (role, value) in component_map.entries() {
-        let component = component(&object, elements, role, value, limits)?;
+        let component = component(&object, elements, role, value)?;
         object.components.push(component);
     }
     Ok(object)
 }
 
-fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value, limits: &Limits) -> Result<Component> {
+fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value) -> Result<Component> {
     let at = Location::component(&object.name, role);
     let fields = Fields::of(value, at.to_string())?;
     let dtype_name = fields.required_text("dtype")?;
@@ -85,7 +85,7 @@ fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value, 
         digest,
         byte_order: ByteOrder::Little,
     };
-    component.decoded_length = decoded_length(object, elements, &component, declared, &at, limits)?;
+    component.decoded_length = decoded_length(object, elements, &component, declared, &at)?;
     Ok(component)
 }
 
@@ -106,13 +106,13 @@ fn parse_dtype(name: &str) -> Option<(DType, Option<&'static str>)> {
 
 /// The decoded size of a component: declared, or for a raw component its stored length, or
 /// for a zstd dense `data` component without a declaration (1.1.1 files) the shape's size.
+/// Its limit is checked with the other structural rules, after the bounds.
 pub(super) fn decoded_length(
     object: &Object,
     elements: Option<u64>,
     component: &Component,
     declared: Option<u64>,
     at: &Location,
-    limits: &Limits,
 ) -> Result<u64> {
     let size = match (component.encoding, declared) {
         (Encoding::Raw, Some(declared)) if declared != component.stored_length => {
@@ -130,9 +130,6 @@ pub(super) fn decoded_length(
         }
         (Encoding::Zstd, None) => return Err(FormatError::UnknownDecodedLength { at: at.clone() }),
     };
-    if size > limits.max_decoded_bytes {
-        return Err(FormatError::DecodedTooLarge { at: at.clone(), size, limit: limits.max_decoded_bytes });
-    }
     Ok(size)
 }
 
