@@ -36,8 +36,8 @@ fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
     let mut items: u64 = 0;
     loop {
         let offset = decoder.offset();
-        let remaining = (bytes.len() - offset) as u64;
         let header = decoder.pull().map_err(|e| cbor_error(e, offset))?;
+        let remaining = (bytes.len() - decoder.offset()) as u64;
         items += 1;
         if items > limits.max_cbor_items {
             return Err(FormatError::CborTooManyItems { limit: limits.max_cbor_items });
