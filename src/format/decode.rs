@@ -170,14 +170,18 @@ where
     Ok(())
 }
 
+/// Most bytes reserved up front for a decode, whatever the manifest declares.
+const PREALLOCATE_AT_MOST: u64 = 64 << 20;
+
 /// The decoded little-endian bytes of a component, borrowed when no decoding is needed.
 pub fn decode_component<'a>(object: &str, component: &Component, stored: &'a [u8]) -> Result<Cow<'a, [u8]>> {
     check_stored_len(object, component, stored)?;
     if component.is_verbatim() {
         return Ok(Cow::Borrowed(stored));
     }
-    // The declared size was checked against the limit at parse time.
-    let mut out = Vec::with_capacity(component.decoded_length as usize);
+    // The declared size is within the limit, but it is only a claim until the frame proves it:
+    // reserve a bounded amount and let real output grow the buffer.
+    let mut out = Vec::with_capacity(component.decoded_length.min(PREALLOCATE_AT_MOST) as usize);
     let mut buffer = vec![0u8; 1 << 20];
     decode_with::<FormatError>(object, component, stored, &mut buffer, |piece| {
         out.extend_from_slice(piece);

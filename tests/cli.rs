@@ -1,0 +1,161 @@
+//! The `ztserve` binary's file subcommands, run as a user would.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ztserve::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
+use ztserve::format::{parse_file, DType, Encoding, Limits};
+
+fn ztserve(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ztserve")).args(args.iter().map(|a| a.as_ref())).output().unwrap()
+}
+
+fn sample(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("sample.zt");
+    let mut w = Writer::new(Vec::new()).unwrap();
+    let data: Vec<u8> = (0..24u8).collect();
+    w.add(
+        &ObjectInput {
+            name: "w",
+            shape: &[2, 3],
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &data }],
+        },
+        &WriteOptions { zstd_level: Some(3), digest: Some(ztserve::format::write::DigestAlgorithm::Sha256) },
+    )
+    .unwrap();
+    w.add(
+        &ObjectInput {
+            name: "q\nname",
+            shape: &[4],
+            format: "quantized_group",
+            attributes: None,
+            components: vec![
+                ComponentInput { role: "packed_weight", dtype: DType::I32, logical_type: None, bytes: &data[..8] },
+                ComponentInput { role: "scales", dtype: DType::F16, logical_type: None, bytes: &data[..2] },
+                ComponentInput { role: "zeros", dtype: DType::F16, logical_type: None, bytes: &data[2..4] },
+            ],
+        },
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    fs::write(&path, w.finish(None).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn inspect_prints_version_and_a_table_of_objects_with_control_characters_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ztserve(&[&"inspect", &sample(dir.path())]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("version:    1.2.0"), "{text}");
+    assert!(text.contains("\"q\\nname\""), "names with newlines are escaped: {text}");
+    assert!(text.contains("zstd") && text.contains("packed_weight"));
+}
+
+#[test]
+fn inspect_json_is_the_whole_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ztserve(&[&"inspect", &sample(dir.path()), &"--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["version"], "1.2.0");
+    assert_eq!(json["objects"][0]["components"][0]["decoded_length"], 24);
+    assert!(json["objects"][0]["components"][0]["digest"].as_str().unwrap().starts_with("sha256:"));
+}
+
+#[test]
+fn verify_exits_0_for_a_valid_file_and_1_with_the_reason_for_a_corrupt_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path());
+    let ok = ztserve(&[&"verify", &path]);
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stdout));
+    let mut bytes = fs::read(&path).unwrap();
+    let m = parse_file(&bytes, &Limits::default()).unwrap();
+    bytes[m.objects[0].components[0].offset as usize + 5] ^= 0x40;
+    let bad = dir.path().join("bad.zt");
+    fs::write(&bad, &bytes).unwrap();
+    let out = ztserve(&[&"verify", &bad, &"--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["valid"], false);
+    assert_eq!(json["errors"][0]["code"], "digest_mismatch");
+    assert!(json["errors"][0]["message"].as_str().unwrap().contains("object \"w\""));
+}
+
+#[test]
+fn verify_of_a_file_that_is_not_zt_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("junk.zt");
+    fs::write(&path, b"hello world, not a tensor file").unwrap();
+    let out = ztserve(&[&"verify", &path]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("bad_header_magic"));
+}
+
+#[test]
+fn cat_writes_decoded_bytes_and_names_the_roles_when_the_component_is_ambiguous() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path());
+    let out = ztserve(&[&"cat", &path, &"w"]);
+    assert!(out.status.success());
+    assert_eq!(out.stdout, (0..24u8).collect::<Vec<_>>());
+    let out = ztserve(&[&"cat", &path, &"q\nname"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"packed_weight\", \"scales\", \"zeros\""), "{err}");
+    let out = ztserve(&[&"cat", &path, &"q\nname", &"--component", &"zeros"]);
+    assert_eq!(out.stdout, vec![2u8, 3]);
+    let out = ztserve(&[&"cat", &path, &"missing"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn convert_turns_safetensors_into_a_file_with_the_same_tensors() {
+    use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
+    let dir = tempfile::tempdir().unwrap();
+    let f32s: Vec<u8> = (0..12).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let bf16: Vec<u8> = (0..8u8).collect();
+    let fp8: Vec<u8> = (0..5u8).collect();
+    let tensors = vec![
+        ("b.weight", TensorView::new(Dtype::F32, vec![3, 4], &f32s).unwrap()),
+        ("a.bf16", TensorView::new(Dtype::BF16, vec![4], &bf16).unwrap()),
+        ("c.fp8", TensorView::new(Dtype::F8_E4M3, vec![5], &fp8).unwrap()),
+    ];
+    let input = dir.path().join("model.safetensors");
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    serialize_to_file(tensors, Some(metadata), &input).unwrap();
+    let output = dir.path().join("model.zt");
+    let out = ztserve(&[&"convert", &input, &output, &"--compress", &"zstd:5", &"--digest", &"crc32c"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = fs::read(&output).unwrap();
+    let m = parse_file(&bytes, &Limits::default()).unwrap();
+    let names: Vec<_> = m.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["a.bf16", "b.weight", "c.fp8"]);
+    let fp8_component = m.object("c.fp8").unwrap().component("data").unwrap();
+    assert_eq!(fp8_component.logical_type.as_deref(), Some("f8_e4m3fn"));
+    assert_eq!(fp8_component.encoding, Encoding::Zstd);
+    assert_eq!(ztserve::json::cbor_to_json(m.attributes.as_ref().unwrap()), serde_json::json!({"format": "pt"}));
+    let cat = ztserve(&[&"cat", &output, &"b.weight"]);
+    assert_eq!(cat.stdout, f32s);
+    assert_eq!(ztserve(&[&"verify", &output]).status.code(), Some(0));
+    // Same input, same bytes.
+    let again = dir.path().join("again.zt");
+    ztserve(&[&"convert", &input, &again, &"--compress", &"zstd:5", &"--digest", &"crc32c"]);
+    assert_eq!(fs::read(&again).unwrap(), bytes);
+}
+
+#[test]
+fn convert_refuses_bad_options_and_inputs_without_leaving_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("x.safetensors");
+    fs::write(&input, b"not safetensors").unwrap();
+    let output = dir.path().join("x.zt");
+    assert_eq!(ztserve(&[&"convert", &input, &output]).status.code(), Some(1));
+    assert_eq!(ztserve(&[&"convert", &input, &output, &"--compress", &"zstd:99"]).status.code(), Some(1));
+    assert!(!output.exists());
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left behind");
+}

@@ -1,0 +1,105 @@
+//! Hostile files: random mutations of valid files, from the official writers (the fuzz seeds)
+//! and ours, must give errors or valid results — never a panic, a hang or an allocation
+//! beyond the limits.
+
+use std::fs;
+use std::path::Path;
+
+use proptest::prelude::*;
+use ztserve::cli::verify_bytes;
+use ztserve::format::Limits;
+
+fn limits() -> Limits {
+    Limits { max_manifest_bytes: 1 << 20, max_decoded_bytes: 16 << 20, ..Limits::default() }
+}
+
+fn seeds() -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let mut seeds: Vec<Vec<u8>> = fs::read_dir(dir).unwrap().map(|e| fs::read(e.unwrap().path()).unwrap()).collect();
+    assert!(seeds.len() >= 4, "fuzz/seeds lost its files");
+    seeds.sort();
+    seeds
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip { at: usize, bit: u8 },
+    Set { at: usize, byte: u8 },
+    Truncate { len: usize },
+    Insert { at: usize, bytes: Vec<u8> },
+    Remove { at: usize, len: usize },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+        (any::<usize>(), prop::sample::select(vec![0u8, 1, 0x17, 0x18, 0x1b, 0x3f, 0x40, 0x7f, 0x80, 0x9f, 0xa0, 0xbf, 0xc2, 0xf9, 0xff]))
+            .prop_map(|(at, byte)| Mutation::Set { at, byte }),
+        any::<usize>().prop_map(|len| Mutation::Truncate { len }),
+        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+        (any::<usize>(), 1usize..32).prop_map(|(at, len)| Mutation::Remove { at, len }),
+    ]
+}
+
+fn apply(file: &mut Vec<u8>, m: &Mutation) {
+    if file.is_empty() {
+        return;
+    }
+    let n = file.len();
+    match m {
+        Mutation::Flip { at, bit } => file[at % n] ^= 1 << bit,
+        Mutation::Set { at, byte } => file[at % n] = *byte,
+        Mutation::Truncate { len } => file.truncate(len % n),
+        Mutation::Insert { at, bytes } => {
+            let at = at % n;
+            file.splice(at..at, bytes.iter().copied());
+        }
+        Mutation::Remove { at, len } => {
+            let at = at % n;
+            file.drain(at..(at + len).min(n));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_files_give_errors_never_panics(seed in 0usize..64, mutations in prop::collection::vec(mutation(), 1..4)) {
+        let seeds = seeds();
+        let mut file = seeds[seed % seeds.len()].clone();
+        for m in &mutations {
+            apply(&mut file, m);
+        }
+        let report = verify_bytes(&file, &limits());
+        for e in &report.errors {
+            prop_assert!(!e.to_string().is_empty());
+        }
+    }
+}
+
+#[test]
+fn every_fuzz_seed_and_regression_input_is_handled_without_panic() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let mut count = 0;
+    for dir in ["seeds", "regressions"] {
+        let Ok(entries) = fs::read_dir(root.join(dir)) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n == "README.md") {
+                continue;
+            }
+            let _ = verify_bytes(&fs::read(&path).unwrap(), &limits());
+            count += 1;
+        }
+    }
+    assert!(count >= 4);
+}
+
+#[test]
+fn every_official_seed_is_valid() {
+    for seed in seeds() {
+        let report = verify_bytes(&seed, &Limits::default());
+        assert!(report.is_valid(), "{:?}", report.errors);
+    }
+}
