@@ -1,0 +1,90 @@
+//! Inputs and timings for `bench/format`:
+//!   bench_format manifest N          time parse + validate of a 1.2 manifest of N objects
+//!   bench_format raw PATH BYTES      write a file with one raw u8 component named "blob"
+//!   bench_format zstd PATH BYTES     write a file with one zstd component named "blob", and
+//!                                    its bare frame to PATH.zst (for `zstd -d`)
+
+use std::fs;
+use std::time::Instant;
+
+use ztserve::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
+use ztserve::format::{parse_file, DType, Limits, Value};
+
+/// Bytes that compress like real weights do (about 2-3×), deterministically.
+fn weights_like(len: usize) -> Vec<u8> {
+    let mut state = 0x9E3779B97F4A7C15u64;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        // bf16-ish values: a narrow exponent band and a noisy mantissa.
+        let v = (0x3C00 | (state & 0x03FF)) as u16;
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn one_blob(path: &str, bytes: &[u8], zstd_level: Option<i32>) {
+    let mut w = Writer::new(std::io::BufWriter::new(fs::File::create(path).unwrap())).unwrap();
+    w.add(
+        &ObjectInput {
+            name: "blob",
+            shape: &[bytes.len() as u64],
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype: DType::U8, logical_type: None, bytes }],
+        },
+        &WriteOptions { zstd_level, digest: None },
+    )
+    .unwrap();
+    w.finish(None).unwrap();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args[1].as_str() {
+        "manifest" => {
+            let n: usize = args[2].parse().unwrap();
+            let mut w = Writer::new(Vec::new()).unwrap();
+            let data = [0u8; 16];
+            let attributes = Value::Map(vec![(Value::Text("layer".into()), Value::Integer(3.into()))]);
+            for i in 0..n {
+                let name = format!("model.layers.{}.self_attn.q_proj.weight", i);
+                w.add(
+                    &ObjectInput {
+                        name: &name,
+                        shape: &[2, 2],
+                        format: "dense",
+                        attributes: Some(attributes.clone()),
+                        components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &data }],
+                    },
+                    &WriteOptions { zstd_level: None, digest: Some(ztserve::format::write::DigestAlgorithm::Crc32c) },
+                )
+                .unwrap();
+            }
+            let file = w.finish(None).unwrap();
+            let mut times = Vec::new();
+            for _ in 0..30 {
+                let start = Instant::now();
+                let m = parse_file(&file, &Limits::default()).unwrap();
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+                assert_eq!(m.objects.len(), n);
+            }
+            times.sort_by(f64::total_cmp);
+            let span = ztserve::format::parse_file(&file, &Limits::default()).unwrap().manifest_span;
+            println!("{:.3} {:.3} {}", times[times.len() / 2], times[times.len() * 9 / 10], span.end - span.start);
+        }
+        "raw" => one_blob(&args[2], &weights_like(args[3].parse().unwrap()), None),
+        "zstd" => {
+            let bytes = weights_like(args[3].parse().unwrap());
+            one_blob(&args[2], &bytes, Some(3));
+            let file = fs::read(&args[2]).unwrap();
+            let m = parse_file(&file, &Limits::default()).unwrap();
+            let c = &m.objects[0].components[0];
+            fs::write(format!("{}.zst", args[2]), &file[c.stored_range().start as usize..c.stored_range().end as usize]).unwrap();
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
