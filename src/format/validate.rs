@@ -18,7 +18,7 @@ pub fn required_roles(format: &str) -> &'static [&'static str] {
 }
 
 /// Roles that hold sparse indices, which must be `u64`.
-fn is_sparse_index(format: &str, role: &str) -> bool {
+pub fn is_sparse_index(format: &str, role: &str) -> bool {
     matches!((format, role), ("sparse_csr", "indices" | "indptr") | ("sparse_coo", "coords"))
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::io::Write;
 
 use super::decode::Hasher;
-use super::validate::required_roles;
+use super::validate::{is_sparse_index, required_roles};
 use super::{known_logical_type, DType, Digest, Encoding, Value, ALIGNMENT, V1_MAGIC};
 
 /// The manifest version this writer emits.
@@ -212,8 +212,7 @@ fn check_object(object: &ObjectInput<'_>) -> Result<(), WriteError> {
                 return Err(bad(format!("{len} bytes does not fit shape {:?} of {unit}-byte elements", object.shape)));
             }
         }
-        let is_index = matches!((object.format, component.role), ("sparse_csr", "indices" | "indptr") | ("sparse_coo", "coords"));
-        if is_index && component.dtype != DType::U64 {
+        if is_sparse_index(object.format, component.role) && component.dtype != DType::U64 {
             return Err(bad(format!("sparse index components must be u64, found {}", component.dtype)));
         }
     }
