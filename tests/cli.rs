@@ -159,3 +159,41 @@ fn convert_refuses_bad_options_and_inputs_without_leaving_a_file() {
     assert!(!output.exists());
     assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left behind");
 }
+
+/// A file with one zstd u8 object "z" holding `data`.
+fn zstd_object_file(data: &[u8]) -> Vec<u8> {
+    let mut w = Writer::new(Vec::new()).unwrap();
+    w.add(
+        &ObjectInput {
+            name: "z",
+            shape: &[data.len() as u64],
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype: DType::U8, logical_type: None, bytes: data }],
+        },
+        &WriteOptions { zstd_level: Some(1), digest: None },
+    )
+    .unwrap();
+    w.finish(None).unwrap()
+}
+
+#[test]
+fn cat_streams_a_multi_piece_zstd_component_and_fails_on_a_corrupt_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let good = dir.path().join("good.zt");
+    fs::write(&good, zstd_object_file(&data)).unwrap();
+    assert_eq!(ztserve(&[&"cat", &good, &"z"]).stdout, data);
+
+    let mut bytes = zstd_object_file(&data);
+    let m = parse_file(&bytes, &Limits::default()).unwrap();
+    let c = &m.objects[0].components[0];
+    // Damage the frame's tail: its checksum no longer matches.
+    bytes[(c.offset + c.stored_length - 2) as usize] ^= 0xff;
+    let corrupt = dir.path().join("corrupt.zt");
+    fs::write(&corrupt, &bytes).unwrap();
+    let out = ztserve(&[&"cat", &corrupt, &"z"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("zstd"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.len() <= data.len());
+}
