@@ -3,10 +3,12 @@
 //! Module map (data flows one way, each layer knows only the one below it):
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
 //! - [`storage`]: where bytes come from (memory-mapped local files).
+//! - [`http`]: the HTTP contract; so far the pure `Range`/`If-Range`/`If-None-Match` logic.
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
 
 pub mod cli;
 pub mod json;
 pub mod format;
+pub mod http;
 pub mod storage;
