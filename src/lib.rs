@@ -1,6 +1,7 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files.
 //!
 //! Module map (data flows one way, each layer knows only the one below it):
+//! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
 //! - [`storage`]: where bytes come from (memory-mapped local files).
 //! - [`http`]: the HTTP contract; so far the pure `Range`/`If-Range`/`If-None-Match` logic.
@@ -8,6 +9,7 @@
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
 
 pub mod cli;
+pub mod config;
 pub mod json;
 pub mod format;
 pub mod http;

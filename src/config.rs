@@ -1,0 +1,247 @@
+//! One typed [`Config`], merged in a fixed order: built-in defaults < the TOML file <
+//! `ZTSERVE_*` environment variables < command-line flags, then validated. Every key has the
+//! same name everywhere: `rescan_interval_secs` in the file is `ZTSERVE_RESCAN_INTERVAL_SECS` in
+//! the environment. An unknown key, a value of the wrong type or an impossible value stops the
+//! start with a message naming the key and where it came from.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::Limits;
+
+/// Every setting. `config/ztserve.toml` documents each key with its default; a test keeps the
+/// two identical.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: String,
+    /// Directories whose `*.zt` files are served (recursively).
+    pub sources: Vec<String>,
+    /// Seconds between rescans of the sources.
+    pub rescan_interval_secs: u64,
+    /// Seconds a request may take before it is answered 503 (0: no limit).
+    pub request_timeout_secs: u64,
+    /// Requests handled at once; further ones wait.
+    pub max_concurrent_requests: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM or SIGINT.
+    pub shutdown_drain_secs: u64,
+    /// Log format: `text` or `json`.
+    pub log_format: String,
+    /// Ranges one request may ask for.
+    pub max_ranges: usize,
+    /// Largest manifest accepted, in bytes.
+    pub max_manifest_bytes: u64,
+    /// Largest decoded size of one component, in bytes.
+    pub max_decoded_bytes: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Config {
+            listen: "127.0.0.1:8080".into(),
+            sources: vec!["models".into()],
+            rescan_interval_secs: 30,
+            request_timeout_secs: 300,
+            max_concurrent_requests: 1024,
+            shutdown_drain_secs: 30,
+            log_format: "text".into(),
+            max_ranges: 64,
+            max_manifest_bytes: limits.max_manifest_bytes,
+            max_decoded_bytes: limits.max_decoded_bytes,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("environment variable {var}={value:?}: {message}")]
+    Env { var: String, value: String, message: String },
+    #[error("{origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+/// Where the merged value of a key came from, for error messages.
+fn env_name(key: &str) -> String {
+    format!("ZTSERVE_{}", key.to_ascii_uppercase())
+}
+
+impl Config {
+    /// Merges the layers. `env` is the process environment (or a test's); `flags` are the
+    /// command-line overrides as TOML values keyed like the file.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: BTreeMap<String, toml::Value>,
+    ) -> Result<Config, ConfigError> {
+        let defaults = toml::Table::try_from(Config::default()).expect("the defaults serialize");
+        let mut merged = defaults.clone();
+        let mut origin: BTreeMap<String, String> = defaults.keys().map(|k| (k.clone(), "default".to_owned())).collect();
+
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+            let table: toml::Table =
+                toml::from_str(&text).map_err(|e| ConfigError::File { path: path.to_owned(), message: e.to_string() })?;
+            for (key, value) in table {
+                if !defaults.contains_key(&key) {
+                    return Err(ConfigError::File { path: path.to_owned(), message: format!("unknown key {key:?}") });
+                }
+                origin.insert(key.clone(), format!("config file {}", path.display()));
+                merged.insert(key, value);
+            }
+        }
+
+        let env: BTreeMap<String, String> = env.into_iter().filter(|(k, _)| k.starts_with("ZTSERVE_")).collect();
+        for (key, default) in &defaults {
+            let var = env_name(key);
+            if let Some(text) = env.get(&var) {
+                let value = parse_env(default, text)
+                    .map_err(|message| ConfigError::Env { var: var.clone(), value: text.clone(), message })?;
+                origin.insert(key.clone(), format!("environment variable {var}"));
+                merged.insert(key.clone(), value);
+            }
+        }
+
+        for (key, value) in flags {
+            debug_assert!(defaults.contains_key(&key), "flag {key} has no config key");
+            origin.insert(key.clone(), format!("flag --{}", key.replace('_', "-")));
+            merged.insert(key, value);
+        }
+
+        let config: Config = toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
+            origin: "configuration".into(),
+            message: e.to_string(),
+        })?;
+        config.validate(&origin)?;
+        Ok(config)
+    }
+
+    fn validate(&self, origin: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        let fail = |key: &str, message: String| ConfigError::Invalid {
+            origin: format!("{key} (from {})", origin.get(key).map_or("default", String::as_str)),
+            message,
+        };
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|e| fail("listen", format!("{:?} is not an address like 127.0.0.1:8080 ({e})", self.listen)))?;
+        if self.sources.is_empty() {
+            return Err(fail("sources", "at least one source directory is needed".into()));
+        }
+        if self.sources.iter().any(|s| s.trim().is_empty()) {
+            return Err(fail("sources", "a source is empty".into()));
+        }
+        if self.rescan_interval_secs == 0 {
+            return Err(fail("rescan_interval_secs", "must be at least 1".into()));
+        }
+        if self.max_concurrent_requests == 0 {
+            return Err(fail("max_concurrent_requests", "must be at least 1".into()));
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            return Err(fail("log_format", format!("{:?} is not text or json", self.log_format)));
+        }
+        if self.max_ranges == 0 {
+            return Err(fail("max_ranges", "must be at least 1".into()));
+        }
+        if self.max_manifest_bytes == 0 {
+            return Err(fail("max_manifest_bytes", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen.parse().expect("validated at load")
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits { max_manifest_bytes: self.max_manifest_bytes, max_decoded_bytes: self.max_decoded_bytes, ..Limits::default() }
+    }
+}
+
+/// Parses an environment value as the type of the key's default: integers, booleans, strings,
+/// and comma-separated lists for arrays.
+fn parse_env(default: &toml::Value, text: &str) -> Result<toml::Value, String> {
+    match default {
+        toml::Value::Integer(_) => text.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| "expected an integer".into()),
+        toml::Value::Boolean(_) => text.trim().parse::<bool>().map(toml::Value::Boolean).map_err(|_| "expected true or false".into()),
+        toml::Value::Array(_) => Ok(toml::Value::Array(
+            text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+        )),
+        _ => Ok(toml::Value::String(text.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_load_without_a_file() {
+        assert_eq!(Config::load(None, env(&[]), BTreeMap::new()).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn layers_override_in_order_defaults_file_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "listen = \"0.0.0.0:9000\"\nmax_ranges = 5\nrescan_interval_secs = 7\n").unwrap();
+        let flags = BTreeMap::from([("listen".to_string(), toml::Value::String("127.0.0.1:9100".into()))]);
+        let c = Config::load(
+            Some(&path),
+            env(&[("ZTSERVE_MAX_RANGES", "9"), ("ZTSERVE_SOURCES", "a, b"), ("ZTSERVE_LISTEN", "127.0.0.1:9050")]),
+            flags,
+        )
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9100", "flag beats env and file");
+        assert_eq!(c.max_ranges, 9, "env beats file");
+        assert_eq!(c.rescan_interval_secs, 7, "file beats default");
+        assert_eq!(c.sources, ["a", "b"]);
+        assert_eq!(c.max_concurrent_requests, Config::default().max_concurrent_requests);
+    }
+
+    #[test]
+    fn invalid_configuration_fails_with_the_key_and_its_origin() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "lisen = \"x\"\n").unwrap();
+        let e = Config::load(Some(&path), env(&[]), BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("unknown key \"lisen\""), "{e}");
+        std::fs::write(&path, "max_ranges = \"many\"\n").unwrap();
+        assert!(Config::load(Some(&path), env(&[]), BTreeMap::new()).is_err());
+        let e = Config::load(None, env(&[("ZTSERVE_MAX_RANGES", "lots")]), BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("ZTSERVE_MAX_RANGES") && e.contains("integer"), "{e}");
+        let e = Config::load(None, env(&[("ZTSERVE_LISTEN", "nowhere")]), BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("listen (from environment variable ZTSERVE_LISTEN)"), "{e}");
+        let e = Config::load(None, env(&[("ZTSERVE_LOG_FORMAT", "xml")]), BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("log_format"), "{e}");
+        let e = Config::load(None, env(&[("ZTSERVE_MAX_RANGES", "-1")]), BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("max_ranges") || e.contains("configuration"), "{e}");
+        assert!(Config::load(Some(Path::new("/nonexistent/ztserve.toml")), env(&[]), BTreeMap::new()).is_err());
+    }
+
+    #[test]
+    fn the_documented_config_file_lists_every_key_with_its_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/ztserve.toml");
+        let documented: toml::Table = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let defaults = toml::Table::try_from(Config::default()).unwrap();
+        assert_eq!(documented, defaults, "config/ztserve.toml must show every key at its default");
+        let text = std::fs::read_to_string(&path).unwrap();
+        for key in defaults.keys() {
+            let line = text.lines().position(|l| l.starts_with(&format!("{key} ="))).unwrap();
+            let comment = text.lines().nth(line.wrapping_sub(1)).unwrap_or("");
+            assert!(comment.starts_with('#'), "{key} needs a comment line above it");
+        }
+    }
+}
