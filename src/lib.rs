@@ -4,10 +4,12 @@
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
 //! - [`storage`]: where bytes come from (memory-mapped local files).
+//! - [`catalog`]: which models exist under the sources, their parsed manifests, broken files.
 //! - [`http`]: the HTTP contract; so far the pure `Range`/`If-Range`/`If-None-Match` logic.
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
 
+pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod json;

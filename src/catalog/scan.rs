@@ -1,0 +1,138 @@
+//! Finding `*.zt` files under a local source directory, and naming them: a model's id is its
+//! path relative to the source, `/`-separated, without `.zt`. Symlinks are followed only while
+//! they stay inside the source; anything that would leave it is skipped and reported.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// What identifies one version of a file: a rename or rewrite changes at least one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub inode: u64,
+    pub device: u64,
+}
+
+impl FileIdentity {
+    pub fn of(metadata: &fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            size: metadata.len(),
+            mtime_ns: i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec()),
+            inode: metadata.ino(),
+            device: metadata.dev(),
+        }
+    }
+}
+
+/// A `.zt` file found under a source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundFile {
+    pub id: String,
+    pub path: PathBuf,
+    pub identity: FileIdentity,
+}
+
+/// Something under a source that was not listed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Walks `root` (iteratively: depth never reaches the stack) for regular `*.zt` files.
+pub fn scan_local(root: &Path) -> io::Result<(Vec<FoundFile>, Vec<Skipped>)> {
+    let canonical_root = root.canonicalize()?;
+    let mut found = Vec::new();
+    let mut skipped = Vec::new();
+    let mut pending = vec![canonical_root.clone()];
+    while let Some(dir) = pending.pop() {
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                skipped.push(Skipped { path: dir, reason: format!("cannot list: {e}") });
+                continue;
+            }
+        };
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let path = entry.path();
+            let Ok(file_type) = entry.file_type() else { continue };
+            // Resolve symlinks and keep only targets inside the source.
+            let (target, metadata) = if file_type.is_symlink() {
+                match path.canonicalize() {
+                    Ok(target) if target.starts_with(&canonical_root) => match fs::metadata(&target) {
+                        Ok(m) => (target, m),
+                        Err(_) => continue,
+                    },
+                    Ok(_) => {
+                        skipped.push(Skipped { path, reason: "symlink leads outside the source".into() });
+                        continue;
+                    }
+                    Err(_) => {
+                        skipped.push(Skipped { path, reason: "dangling symlink".into() });
+                        continue;
+                    }
+                }
+            } else {
+                match entry.metadata() {
+                    Ok(m) => (path.clone(), m),
+                    Err(_) => continue,
+                }
+            };
+            if metadata.is_dir() {
+                // A symlinked directory is walked under its link's name only if it is not an
+                // ancestor (which would loop).
+                if file_type.is_symlink() && canonical_root.starts_with(&target) {
+                    skipped.push(Skipped { path, reason: "symlink loops back to an ancestor".into() });
+                } else if !file_type.is_symlink() {
+                    pending.push(path);
+                }
+                continue;
+            }
+            if !metadata.is_file() || path.extension().is_none_or(|e| e != "zt") {
+                continue;
+            }
+            match model_id(&canonical_root, &path) {
+                Some(id) => found.push(FoundFile { id, path: target, identity: FileIdentity::of(&metadata) }),
+                None => skipped.push(Skipped { path, reason: "path is not UTF-8".into() }),
+            }
+        }
+    }
+    found.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok((found, skipped))
+}
+
+/// `org/llama` for `ROOT/org/llama.zt`.
+fn model_id(root: &Path, path: &Path) -> Option<String> {
+    let relative = path.strip_prefix(root).ok()?.with_extension("");
+    let parts: Option<Vec<&str>> = relative.components().map(|c| c.as_os_str().to_str()).collect();
+    Some(parts?.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_relative_paths_without_the_extension_and_symlinks_stay_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("models");
+        fs::create_dir_all(root.join("org/sub")).unwrap();
+        fs::write(root.join("top.zt"), b"x").unwrap();
+        fs::write(root.join("org/sub/llama v1.zt"), b"x").unwrap();
+        fs::write(root.join("org/readme.txt"), b"x").unwrap();
+        fs::write(dir.path().join("outside.zt"), b"x").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside.zt"), root.join("escape.zt")).unwrap();
+        std::os::unix::fs::symlink(root.join("top.zt"), root.join("alias.zt")).unwrap();
+        std::os::unix::fs::symlink(&root, root.join("org/loop")).unwrap();
+        let (found, skipped) = scan_local(&root).unwrap();
+        let ids: Vec<&str> = found.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["alias", "org/sub/llama v1", "top"]);
+        let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert!(reasons.contains(&"symlink leads outside the source"), "{reasons:?}");
+        assert!(reasons.contains(&"symlink loops back to an ancestor"), "{reasons:?}");
+    }
+}
