@@ -5,8 +5,9 @@
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
 //! - [`storage`]: where bytes come from (memory-mapped local files).
 //! - [`catalog`]: which models exist under the sources, their parsed manifests, broken files.
-//! - [`http`]: the HTTP contract; so far the pure `Range`/`If-Range`/`If-None-Match` logic.
+//! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, errors, serving.
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
+//! - [`telemetry`]: the tracing subscriber (text or JSON logs).
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
 
 pub mod catalog;
@@ -16,3 +17,4 @@ pub mod json;
 pub mod format;
 pub mod http;
 pub mod storage;
+pub mod telemetry;

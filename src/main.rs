@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use std::collections::BTreeMap;
+
 use ztserve::cli;
+use ztserve::config::Config;
 use ztserve::format::write::WriteOptions;
 use ztserve::format::Limits;
 
@@ -20,6 +23,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve every *.zt under the sources over HTTP (by default: models/ on 127.0.0.1:8080).
+    Serve {
+        /// A directory of .zt files; repeat for several. Overrides `sources`.
+        #[arg(long = "source", value_name = "DIR")]
+        sources: Vec<String>,
+        /// Address to listen on. Overrides `listen`.
+        #[arg(long)]
+        listen: Option<String>,
+        /// A TOML configuration file (see config/ztserve.toml).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// text or json. Overrides `log_format`.
+        #[arg(long)]
+        log_format: Option<String>,
+    },
+    /// Write the demo models (every format, zstd, digests, attributes) into DIR.
+    WriteDemo { dir: PathBuf },
     /// Print a file's version, attributes and objects.
     Inspect {
         file: PathBuf,
@@ -85,7 +105,39 @@ fn raw_stdout() -> io::Result<io::BufWriter<File>> {
     Ok(io::BufWriter::with_capacity(64 << 10, File::from(fd)))
 }
 
+fn serve(sources: Vec<String>, listen: Option<String>, config: Option<PathBuf>, log_format: Option<String>) -> anyhow::Result<ExitCode> {
+    let mut flags = BTreeMap::new();
+    if !sources.is_empty() {
+        flags.insert("sources".to_owned(), toml::Value::Array(sources.into_iter().map(toml::Value::String).collect()));
+    }
+    if let Some(listen) = listen {
+        flags.insert("listen".to_owned(), toml::Value::String(listen));
+    }
+    if let Some(format) = log_format {
+        flags.insert("log_format".to_owned(), toml::Value::String(format));
+    }
+    let config = Config::load(config.as_deref(), std::env::vars(), flags)?;
+    ztserve::telemetry::init(&config.log_format);
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(ztserve::http::serve(ztserve::http::AppState::new(config)))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve { sources, listen, config, log_format } => return serve(sources, listen, config, log_format),
+        Command::WriteDemo { dir } => {
+            let written = cli::write_demo(&dir)?;
+            for path in written {
+                eprintln!("wrote {}", path.display());
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        command => run_file_command(command),
+    }
+}
+
+fn run_file_command(command: Command) -> anyhow::Result<ExitCode> {
     let mut out = raw_stdout()?;
     let code = run_with(command, &mut out)?;
     out.flush()?;
@@ -103,6 +155,7 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
         Command::Cat { file, object, component, limits } => {
             cli::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
         }
+        Command::Serve { .. } | Command::WriteDemo { .. } => unreachable!("handled by run"),
         Command::Convert { input, output, compress, digest } => {
             let options = WriteOptions { zstd_level: cli::parse_compress(&compress)?, digest: cli::parse_digest(&digest)? };
             let count = cli::convert(&input, &output, &options)?;

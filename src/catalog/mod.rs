@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::format::{self, Container, FormatError, Limits, Manifest};
+use crate::storage::local::MappedFile;
 use scan::{scan_local, FileIdentity};
 
 /// Why a model cannot be served.
@@ -44,6 +45,11 @@ pub struct Model {
     pub path: PathBuf,
     pub identity: FileIdentity,
     pub state: Result<Arc<Manifest>, CatalogError>,
+    /// Filled on first use by the serving layer and kept while the file is unchanged: the
+    /// file's bytes, mapped once and shared by every response.
+    pub mapping: OnceLock<Arc<MappedFile>>,
+    /// The manifest rendered as JSON once, not per request.
+    pub manifest_json: OnceLock<bytes::Bytes>,
 }
 
 /// An immutable snapshot of every source; the server swaps in a new one after each rescan.
@@ -121,7 +127,15 @@ fn load(id: &str, source: &str, path: &Path, limits: &Limits) -> Model {
     if let Err(e) = &state {
         tracing::warn!(model = id, source, code = e.code(), error = %e, "model is broken");
     }
-    Model { id: id.to_owned(), source: source.to_owned(), path: path.to_owned(), identity, state }
+    Model {
+        id: id.to_owned(),
+        source: source.to_owned(),
+        path: path.to_owned(),
+        identity,
+        state,
+        mapping: OnceLock::new(),
+        manifest_json: OnceLock::new(),
+    }
 }
 
 enum ReadError {

@@ -1,3 +1,217 @@
-//! The HTTP layer. So far the pure range and conditional-request logic the routes will use.
+//! The HTTP contract of ARCHITECTURE.md over the catalog: the router and its layers (tracing,
+//! timeout, concurrency limit, panic catching), the shared state, the rescan loop and graceful
+//! shutdown. `app(state)` is the test seam.
 
+mod error;
+mod models;
+mod objects;
+mod ops;
 pub mod range;
+mod respond;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::{RawPathParams, Request};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+pub use error::ApiError;
+
+use crate::catalog::{Catalog, Model};
+use crate::config::Config;
+
+/// What every handler shares.
+pub struct AppState {
+    pub config: Config,
+    catalog: RwLock<Arc<Catalog>>,
+    ready: AtomicBool,
+}
+
+impl AppState {
+    /// A state with an empty catalog, not yet ready.
+    pub fn new(config: Config) -> Arc<AppState> {
+        Arc::new(AppState { config, catalog: RwLock::new(Arc::new(Catalog::default())), ready: AtomicBool::new(false) })
+    }
+
+    /// The current catalog snapshot.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(&self.catalog.read().expect("catalog lock is never poisoned"))
+    }
+
+    /// Rescans every source (off the async runtime) and swaps in the new catalog; the first
+    /// completed rescan makes the service ready.
+    pub async fn rescan(self: &Arc<Self>) {
+        let state = Arc::clone(self);
+        let previous = self.catalog();
+        let built = tokio::task::spawn_blocking(move || {
+            Catalog::build(&state.config.sources, &previous, &state.config.limits())
+        })
+        .await;
+        match built {
+            Ok(catalog) => {
+                for (source, reason) in &catalog.unreadable_sources {
+                    tracing::warn!(source, reason, "source cannot be scanned");
+                }
+                let total = catalog.models().count();
+                let broken = catalog.models().filter(|m| m.state.is_err()).count();
+                tracing::debug!(models = total, broken, "catalog rescanned");
+                *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
+                self.ready.store(true, Ordering::Release);
+            }
+            Err(e) => tracing::error!(error = %e, "rescan task failed"),
+        }
+    }
+
+    /// Rescans on the configured interval, forever.
+    pub async fn rescan_forever(self: Arc<Self>) {
+        let mut interval = tokio::time::interval(Duration::from_secs(self.config.rescan_interval_secs));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            self.rescan().await;
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// The router with every route and layer.
+pub fn app(state: Arc<AppState>) -> Router {
+    let timeout = state.config.request_timeout_secs;
+    let concurrency = state.config.max_concurrent_requests;
+    let router = Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/models", get(models::list))
+        .route("/models/{model}", get(models::manifest))
+        .route("/models/{model}/file", get(models::file))
+        .route("/models/{model}/objects/{object}", get(objects::object))
+        .route("/models/{model}/objects/{object}/components/{role}", get(objects::component))
+        .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state);
+    let layers = ServiceBuilder::new()
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
+            ApiError::Internal("a handler panicked".into()).into_response()
+        }))
+        .option_layer((timeout > 0).then(|| {
+            TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(timeout))
+        }))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency));
+    router.layer(layers)
+}
+
+async fn fallback(request: Request) -> ApiError {
+    ApiError::RouteNotFound(request.uri().path().to_owned())
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::MethodNotAllowed(request.method().to_string())
+}
+
+/// Path parameters by name, percent-decoded; invalid UTF-8 is a 400 in our JSON shape.
+pub(crate) fn path_params(params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>) -> Result<Vec<(String, String)>, ApiError> {
+    let params = params.map_err(|e| ApiError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
+    Ok(params.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
+}
+
+pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
+    params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).expect("route declares the parameter")
+}
+
+/// Looks a model up, refusing when not ready, unknown or broken.
+pub(crate) fn ready_model(state: &AppState, id: &str) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
+    if !state.is_ready() {
+        return Err(ApiError::NotReady);
+    }
+    let catalog = state.catalog();
+    let model = catalog.get(id).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
+    let manifest = match &model.state {
+        Ok(manifest) => Arc::clone(manifest),
+        Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone() }),
+    };
+    Ok((model, manifest))
+}
+
+/// Characters left as they are in a path segment; everything else (including `/`, `%`, `?`,
+/// `#` and spaces) is percent-encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+pub(crate) fn segment(text: &str) -> String {
+    utf8_percent_encode(text, SEGMENT).to_string()
+}
+
+pub(crate) fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Serves until SIGTERM or SIGINT, then gives in-flight requests the drain time to finish.
+pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
+    let addr = state.config.listen_addr();
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(address = %listener.local_addr()?, sources = ?state.config.sources, "listening");
+    serve_on(listener, state).await
+}
+
+/// [`serve`] on an already bound listener (tests bind 127.0.0.1:0).
+pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
+    state.rescan().await;
+    let rescans = tokio::spawn(Arc::clone(&state).rescan_forever());
+    let drain = Duration::from_secs(state.config.shutdown_drain_secs);
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!(drain_secs = drain.as_secs(), "shutting down: draining in-flight requests");
+        let _ = signalled_tx.send(());
+    });
+    let outcome = tokio::select! {
+        result = server => result.map_err(anyhow::Error::from),
+        () = async {
+            if signalled_rx.await.is_ok() {
+                tokio::time::sleep(drain).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!("drain time ran out; closing remaining connections");
+            Ok(())
+        }
+    };
+    rescans.abort();
+    outcome
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+/// Answers a response-building result: the response, or the error's response.
+pub(crate) fn answer(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(IntoResponse::into_response)
+}

@@ -7,8 +7,10 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-/// A whole file, read-only and mapped (or empty: a zero-length file cannot be mapped).
+/// A whole file, read-only and mapped (or empty: a zero-length file cannot be mapped), with
+/// its descriptor kept open so its current length can be checked before bytes are served.
 pub struct MappedFile {
+    file: File,
     map: Option<Mmap>,
 }
 
@@ -17,18 +19,25 @@ impl MappedFile {
         let file = File::open(path)?;
         let len = file.metadata()?.len();
         if len == 0 {
-            return Ok(MappedFile { map: None });
+            return Ok(MappedFile { file, map: None });
         }
         // SAFETY: the map is read-only and never outlives this value, so no reference into it
         // dangles. The remaining hazard is another process changing the file underneath us:
         // replacing it by rename is harmless (the map keeps the old inode alive), but
         // truncating it in place makes reads past the new end raise SIGBUS. The CLI reads a
         // file once and exits, so there a concurrent truncation ends the command, as it would
-        // for `cat`; the long-lived server must not rely on this type alone for that reason.
+        // for `cat`. The server checks `current_len` against the manifest before each response,
+        // which narrows but does not close that window.
         let map = unsafe { Mmap::map(&file)? };
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
-        Ok(MappedFile { map: Some(map) })
+        Ok(MappedFile { file, map: Some(map) })
+    }
+
+    /// The file's length now, from its descriptor: smaller than the mapping if it was
+    /// truncated in place since it was mapped.
+    pub fn current_len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
     }
 }
 
@@ -36,5 +45,17 @@ impl Deref for MappedFile {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile").field("len", &self.len()).finish()
+    }
+}
+
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        self
     }
 }

@@ -1,0 +1,93 @@
+//! `ApiError` and the only place HTTP statuses are chosen for errors. Every error answers
+//! `{"error": {"code", "message"}}`; 5xx bodies stay generic and their details go to the log.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::catalog::CatalogError;
+use crate::format::FormatError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no model {0:?}")]
+    ModelNotFound(String),
+    #[error("model {model:?} has no object {object:?}")]
+    ObjectNotFound { model: String, object: String },
+    #[error("object {object:?} of model {model:?} has no component {role:?}; its components are {available}")]
+    ComponentNotFound { model: String, object: String, role: String, available: String },
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(String),
+    #[error("range not satisfiable: the representation is {length} bytes")]
+    RangeNotSatisfiable { length: u64 },
+    #[error("{requested} ranges requested; at most {limit} are served per request")]
+    TooManyRanges { requested: usize, limit: usize, length: u64 },
+    #[error("model {model:?} is broken: {source}")]
+    BrokenModel { model: String, source: CatalogError },
+    #[error("model {model:?}: {source}")]
+    InvalidComponent { model: String, source: FormatError },
+    #[error("the catalog is not ready yet")]
+    NotReady,
+    #[error("model {model:?} changed on disk; it is served again after the next rescan")]
+    ChangedOnDisk { model: String },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "model_not_found"),
+            ApiError::ObjectNotFound { .. } => (StatusCode::NOT_FOUND, "object_not_found"),
+            ApiError::ComponentNotFound { .. } => (StatusCode::NOT_FOUND, "component_not_found"),
+            ApiError::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::RangeNotSatisfiable { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable"),
+            ApiError::TooManyRanges { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, "too_many_ranges"),
+            ApiError::BrokenModel { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"),
+            ApiError::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
+            ApiError::NotReady => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            ApiError::ChangedOnDisk { .. } => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let message = if status.is_server_error() && !matches!(self, ApiError::NotReady | ApiError::ChangedOnDisk { .. }) {
+            tracing::error!(error = %self, "request failed");
+            "internal error; see the server log".to_owned()
+        } else {
+            self.to_string()
+        };
+        let detail = match &self {
+            ApiError::BrokenModel { source, .. } => Some(source.code()),
+            ApiError::InvalidComponent { source, .. } => Some(source.code()),
+            _ => None,
+        };
+        let mut body = json!({ "error": { "code": code, "message": message } });
+        if let Some(detail) = detail {
+            body["error"]["reason"] = json!(detail);
+        }
+        let mut response = (status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        match self {
+            ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {
+                let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
+                headers.insert(header::CONTENT_RANGE, value);
+            }
+            ApiError::NotReady | ApiError::ChangedOnDisk { .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response
+    }
+}

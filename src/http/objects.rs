@@ -1,0 +1,109 @@
+//! Object and component routes: a component's decoded little-endian bytes with ranges, or an
+//! object's JSON description when it has several components.
+
+use std::sync::Arc;
+
+use axum::extract::{RawPathParams, State};
+use axum::http::{HeaderMap, HeaderName};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde_json::json;
+
+use super::models::{etag, file_bytes};
+use super::respond::{bytes_response, ExtraHeaders};
+use super::{answer, header_value, param, path_params, ready_model, segment, ApiError, AppState};
+use crate::catalog::Model;
+use crate::format::{Component, Manifest, Object};
+use crate::json::object_json;
+
+type Params = Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>;
+
+/// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
+pub async fn object(State(state): State<Arc<AppState>>, headers: HeaderMap, params: Params) -> Response {
+    answer(
+        async {
+            let params = path_params(params)?;
+            let (model, manifest) = ready_model(&state, param(&params, "model"))?;
+            let object = find_object(&model, &manifest, param(&params, "object"))?;
+            match &object.components[..] {
+                [only] => component_bytes(&state, &headers, &model, &manifest, object, only).await,
+                _ => {
+                    let mut doc = object_json(object);
+                    let base = format!("/models/{}/objects/{}", segment(&model.id), segment(&object.name));
+                    if let Some(components) = doc["components"].as_array_mut() {
+                        for (component, rendered) in object.components.iter().zip(components) {
+                            rendered["url"] = json!(format!("{base}/components/{}", segment(&component.role)));
+                        }
+                    }
+                    doc["url"] = json!(base);
+                    Ok(Json(doc).into_response())
+                }
+            }
+        }
+        .await,
+    )
+}
+
+/// `GET /models/{m}/objects/{o}/components/{role}`: that component's bytes.
+pub async fn component(State(state): State<Arc<AppState>>, headers: HeaderMap, params: Params) -> Response {
+    answer(
+        async {
+            let params = path_params(params)?;
+            let (model, manifest) = ready_model(&state, param(&params, "model"))?;
+            let object = find_object(&model, &manifest, param(&params, "object"))?;
+            let role = param(&params, "role");
+            let component = object.component(role).ok_or_else(|| ApiError::ComponentNotFound {
+                model: model.id.clone(),
+                object: object.name.clone(),
+                role: role.to_owned(),
+                available: object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", "),
+            })?;
+            component_bytes(&state, &headers, &model, &manifest, object, component).await
+        }
+        .await,
+    )
+}
+
+fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ApiError> {
+    manifest.object(name).ok_or_else(|| ApiError::ObjectNotFound { model: model.id.clone(), object: name.to_owned() })
+}
+
+/// Decoded bytes of a component: a zero-copy slice of the mapping when stored verbatim,
+/// otherwise decoded off the async runtime.
+async fn component_bytes(
+    state: &AppState,
+    headers: &HeaderMap,
+    model: &Arc<Model>,
+    manifest: &Manifest,
+    object: &Object,
+    component: &Component,
+) -> Result<Response, ApiError> {
+    let file = file_bytes(model, manifest.file_len).await?;
+    let range = component.stored_range();
+    let stored = file.slice(range.start as usize..range.end as usize);
+    let body = if component.is_verbatim() {
+        stored
+    } else {
+        let (name, component_owned) = (object.name.clone(), component.clone());
+        let decoded = tokio::task::spawn_blocking(move || {
+            crate::format::decode::decode_component(&name, &component_owned, &stored).map(|d| Bytes::from(d.into_owned()))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+        decoded.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })?
+    };
+    let mut extra: ExtraHeaders = vec![
+        (HeaderName::from_static("x-zt-dtype"), header_value(component.dtype.name())),
+        (HeaderName::from_static("x-zt-format"), header_value(&segment(&object.format))),
+        (
+            HeaderName::from_static("x-zt-shape"),
+            header_value(&object.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        ),
+    ];
+    if let Some(logical) = &component.logical_type {
+        extra.push((HeaderName::from_static("x-zt-type"), header_value(&segment(logical))));
+    }
+    let tag = etag(model, &format!("{}\0{}", object.name, component.role));
+    bytes_response(headers, body, &tag, "application/octet-stream", extra, state.config.max_ranges)
+}

@@ -1,0 +1,11 @@
+//! Logging: one tracing subscriber, human-readable text or JSON lines, filtered by `RUST_LOG`
+//! (default `info`). Each request gets a span from tower-http's `TraceLayer`.
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global subscriber; `format` is `text` or `json` (validated by the config).
+pub fn init(format: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,tower_http=debug"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+}

@@ -1,0 +1,445 @@
+//! The HTTP contract of ARCHITECTURE.md, over files from our writer and the official packages.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use tower::ServiceExt;
+use ztserve::config::Config;
+use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
+use ztserve::format::DType;
+use ztserve::http::{app, AppState};
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", |v| v.to_str().unwrap())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    fn error_code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(state: &Arc<AppState>, method: Method, uri: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = app(Arc::clone(state)).oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap().to_vec();
+    Reply { status, headers, body }
+}
+
+async fn get(state: &Arc<AppState>, uri: &str, headers: &[(&str, &str)]) -> Reply {
+    send(state, Method::GET, uri, headers).await
+}
+
+fn f32_bytes(n: usize) -> Vec<u8> {
+    (0..n).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect()
+}
+
+/// A source with our own file (`org/llama`) and a broken one.
+fn source() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("org")).unwrap();
+    let weights = f32_bytes(1000);
+    let ids: Vec<u8> = (0..4096u32).flat_map(|i| u64::from(i / 3).to_le_bytes()).collect();
+    let mut w = Writer::new(Vec::new()).unwrap();
+    let dense = |name: &'static str, shape: &'static [u64], dtype, bytes: &'static [u8]| ObjectInput {
+        name,
+        shape,
+        format: "dense",
+        attributes: None,
+        components: vec![ComponentInput { role: "data", dtype, logical_type: None, bytes }],
+    };
+    let weights: &'static [u8] = weights.leak();
+    let ids: &'static [u8] = ids.leak();
+    w.add(&dense("weights", &[10, 100], DType::F32, weights), &WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Sha256) }).unwrap();
+    w.add(&dense("ids.zstd", &[4096], DType::U64, ids), &WriteOptions { zstd_level: Some(3), digest: None }).unwrap();
+    w.add(&dense("a/b c%?#ü", &[4], DType::F32, &weights[..16]), &WriteOptions::default()).unwrap();
+    w.add(
+        &ObjectInput {
+            name: "q",
+            shape: &[8],
+            format: "quantized_group",
+            attributes: None,
+            components: vec![
+                ComponentInput { role: "packed_weight", dtype: DType::I32, logical_type: None, bytes: &weights[..16] },
+                ComponentInput { role: "scales", dtype: DType::F16, logical_type: None, bytes: &weights[16..20] },
+                ComponentInput { role: "zeros", dtype: DType::F16, logical_type: None, bytes: &weights[20..24] },
+            ],
+        },
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    fs::write(dir.path().join("org/llama.zt"), w.finish(None).unwrap()).unwrap();
+    fs::write(dir.path().join("broken.zt"), b"ZTEN1000 this is not a finished zTensor file at all").unwrap();
+    dir
+}
+
+async fn state_for(dir: &Path) -> Arc<AppState> {
+    let config = Config { sources: vec![dir.display().to_string()], max_ranges: 8, ..Config::default() };
+    let state = AppState::new(config);
+    state.rescan().await;
+    state
+}
+
+const WEIGHTS: &str = "/models/org%2Fllama/objects/weights";
+
+#[tokio::test]
+async fn readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200() {
+    let dir = source();
+    let state = AppState::new(Config { sources: vec![dir.path().display().to_string()], ..Config::default() });
+    assert_eq!(get(&state, "/readyz", &[]).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    let not_ready = get(&state, "/models", &[]).await;
+    assert_eq!((not_ready.status, not_ready.error_code().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
+    assert_eq!(get(&state, "/healthz", &[]).await.status, StatusCode::OK);
+    state.rescan().await;
+    let ready = get(&state, "/readyz", &[]).await;
+    assert_eq!(ready.status, StatusCode::OK);
+    assert_eq!(ready.json()["broken"], 1);
+}
+
+#[tokio::test]
+async fn the_model_list_shows_good_and_broken_files_with_reasons() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let list = get(&state, "/models", &[]).await.json();
+    let models = list["models"].as_array().unwrap();
+    assert_eq!(models.len(), 2);
+    assert_eq!(models[0]["id"], "broken");
+    assert_eq!(models[0]["status"], "broken");
+    assert_eq!(models[0]["reason"]["code"], "bad_footer_magic");
+    assert_eq!(models[1]["id"], "org/llama");
+    assert_eq!(models[1]["status"], "ok");
+    assert_eq!(models[1]["objects"], 4);
+    let broken = get(&state, "/models/broken", &[]).await;
+    assert_eq!((broken.status, broken.error_code().as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"));
+    assert_eq!(get(&state, "/models/broken/objects/x", &[]).await.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(get(&state, "/models/org%2Fllama", &[]).await.status, StatusCode::OK, "a broken file never stops the others");
+}
+
+#[tokio::test]
+async fn the_manifest_lists_every_object_with_component_urls() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let reply = get(&state, "/models/org%2Fllama", &[]).await;
+    assert_eq!(reply.header("content-type"), "application/json");
+    let manifest = reply.json();
+    assert_eq!(manifest["version"], "1.2.0");
+    let odd = manifest["objects"].as_array().unwrap().iter().find(|o| o["name"] == "a/b c%?#ü").unwrap();
+    let url = odd["components"][0]["url"].as_str().unwrap();
+    assert_eq!(url, "/models/org%2Fllama/objects/a%2Fb%20c%25%3F%23%C3%BC/components/data");
+    let bytes = get(&state, url, &[]).await;
+    assert_eq!(bytes.body, f32_bytes(4));
+}
+
+#[tokio::test]
+async fn a_dense_object_answers_its_bytes_with_every_contract_header() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let reply = get(&state, WEIGHTS, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, f32_bytes(1000));
+    assert_eq!(reply.header("content-type"), "application/octet-stream");
+    assert_eq!(reply.header("content-length"), "4000");
+    assert_eq!(reply.header("accept-ranges"), "bytes");
+    assert_eq!(reply.header("x-zt-dtype"), "f32");
+    assert_eq!(reply.header("x-zt-shape"), "10,100");
+    assert_eq!(reply.header("x-zt-format"), "dense");
+    assert!(reply.header("etag").starts_with('"'));
+    let component = get(&state, &format!("{WEIGHTS}/components/data"), &[]).await;
+    assert_eq!(component.body, reply.body);
+    assert_eq!(component.header("etag"), reply.header("etag"));
+}
+
+#[tokio::test]
+async fn zstd_components_are_served_decoded() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let reply = get(&state, "/models/org%2Fllama/objects/ids.zstd", &[("range", "bytes=8-15")]).await;
+    assert_eq!(reply.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(reply.body, 0u64.to_le_bytes());
+    let full = get(&state, "/models/org%2Fllama/objects/ids.zstd", &[]).await;
+    assert_eq!(full.body.len(), 4096 * 8);
+    assert_eq!(&full.body[8 * 4095..], &(4095u64 / 3).to_le_bytes());
+}
+
+#[tokio::test]
+async fn ranges_single_suffix_open_and_multiple() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let all = f32_bytes(1000);
+    for (range, slice, content_range) in [
+        ("bytes=0-99", 0..100, "bytes 0-99/4000"),
+        ("bytes=-10", 3990..4000, "bytes 3990-3999/4000"),
+        ("bytes=3000-", 3000..4000, "bytes 3000-3999/4000"),
+        ("bytes=3999-99999", 3999..4000, "bytes 3999-3999/4000"),
+    ] {
+        let reply = get(&state, WEIGHTS, &[("range", range)]).await;
+        assert_eq!(reply.status, StatusCode::PARTIAL_CONTENT, "{range}");
+        assert_eq!(reply.header("content-range"), content_range);
+        assert_eq!(reply.body, all[slice]);
+    }
+    let multi = get(&state, WEIGHTS, &[("range", "bytes=0-3,-4")]).await;
+    assert_eq!(multi.status, StatusCode::PARTIAL_CONTENT);
+    let content_type = multi.header("content-type").to_owned();
+    let boundary = content_type.strip_prefix("multipart/byteranges; boundary=").unwrap();
+    let text = multi.body.clone();
+    assert_eq!(multi.header("content-length"), text.len().to_string());
+    let parts: Vec<&[u8]> = split(&text, format!("--{boundary}").as_bytes());
+    assert_eq!(parts.len(), 4, "preamble, two parts, epilogue");
+    for (part, (range, bytes)) in parts[1..3].iter().zip([("bytes 0-3/4000", &all[0..4]), ("bytes 3996-3999/4000", &all[3996..])]) {
+        let head_end = part.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&part[..head_end]);
+        assert!(head.contains(&format!("Content-Range: {range}")), "{head}");
+        assert_eq!(&part[head_end + 4..part.len() - 2], bytes);
+    }
+}
+
+fn split<'a>(haystack: &'a [u8], needle: &[u8]) -> Vec<&'a [u8]> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i + needle.len() <= haystack.len() {
+        if &haystack[i..i + needle.len()] == needle {
+            parts.push(&haystack[start..i]);
+            i += needle.len();
+            start = i;
+        } else {
+            i += 1;
+        }
+    }
+    parts.push(&haystack[start..]);
+    parts
+}
+
+#[tokio::test]
+async fn unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ignored() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let reply = get(&state, WEIGHTS, &[("range", "bytes=4000-")]).await;
+    assert_eq!(reply.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(reply.header("content-range"), "bytes */4000");
+    assert_eq!(reply.error_code(), "range_not_satisfiable");
+    let invalid = get(&state, WEIGHTS, &[("range", "bytes=9-1")]).await;
+    assert_eq!((invalid.status, invalid.body.len()), (StatusCode::OK, 4000));
+    let too_many = get(&state, WEIGHTS, &[("range", "bytes=0-0,1-1,2-2,3-3,4-4,5-5,6-6,7-7,8-8")]).await;
+    assert_eq!((too_many.status, too_many.error_code().as_str()), (StatusCode::RANGE_NOT_SATISFIABLE, "too_many_ranges"));
+}
+
+#[tokio::test]
+async fn conditional_requests_follow_rfc_9110() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let etag = get(&state, WEIGHTS, &[]).await.header("etag").to_owned();
+    let not_modified = get(&state, WEIGHTS, &[("if-none-match", &etag)]).await;
+    assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED);
+    assert!(not_modified.body.is_empty());
+    assert_eq!(not_modified.header("etag"), etag);
+    assert_eq!(get(&state, WEIGHTS, &[("if-none-match", "\"other\"")]).await.status, StatusCode::OK);
+    let matching = get(&state, WEIGHTS, &[("range", "bytes=0-1"), ("if-range", &etag)]).await;
+    assert_eq!(matching.status, StatusCode::PARTIAL_CONTENT);
+    let stale = get(&state, WEIGHTS, &[("range", "bytes=0-1"), ("if-range", "\"stale\"")]).await;
+    assert_eq!((stale.status, stale.body.len()), (StatusCode::OK, 4000));
+}
+
+#[tokio::test]
+async fn head_sends_the_get_headers_without_a_body() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let reply = send(&state, Method::HEAD, WEIGHTS, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("content-length"), "4000");
+    assert_eq!(reply.header("x-zt-dtype"), "f32");
+    assert!(reply.body.is_empty());
+}
+
+#[tokio::test]
+async fn the_file_route_serves_the_stored_file_byte_for_byte_with_ranges() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let stored = fs::read(dir.path().join("org/llama.zt")).unwrap();
+    assert_eq!(get(&state, "/models/org%2Fllama/file", &[]).await.body, stored);
+    let tail = get(&state, "/models/org%2Fllama/file", &[("range", "bytes=-16")]).await;
+    assert_eq!(tail.body, &stored[stored.len() - 16..]);
+}
+
+#[tokio::test]
+async fn objects_with_several_components_answer_their_description() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let reply = get(&state, "/models/org%2Fllama/objects/q", &[]).await;
+    let description = reply.json();
+    assert_eq!(description["format"], "quantized_group");
+    assert_eq!(description["components"].as_array().unwrap().len(), 3);
+    let scales = get(&state, description["components"][1]["url"].as_str().unwrap(), &[]).await;
+    assert_eq!(scales.body, f32_bytes(1000)[16..20]);
+}
+
+#[tokio::test]
+async fn every_error_status_has_a_json_body() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    for (method, uri, status, code) in [
+        (Method::GET, "/models/missing", StatusCode::NOT_FOUND, "model_not_found"),
+        (Method::GET, "/models/org%2Fllama/objects/missing", StatusCode::NOT_FOUND, "object_not_found"),
+        (Method::GET, "/models/org%2Fllama/objects/q/components/nope", StatusCode::NOT_FOUND, "component_not_found"),
+        (Method::GET, "/nowhere", StatusCode::NOT_FOUND, "route_not_found"),
+        (Method::GET, "/models/%FF%FE", StatusCode::BAD_REQUEST, "bad_request"),
+        (Method::DELETE, WEIGHTS, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+        (Method::GET, "/models/broken", StatusCode::UNPROCESSABLE_ENTITY, "broken_model"),
+    ] {
+        let reply = send(&state, method.clone(), uri, &[]).await;
+        assert_eq!(reply.status, status, "{method} {uri}");
+        assert_eq!(reply.error_code(), code, "{method} {uri}");
+        assert!(!reply.json()["error"]["message"].as_str().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn ids_and_names_cannot_reach_outside_the_source() {
+    let dir = source();
+    fs::write(dir.path().parent().unwrap().join("secret.zt"), b"secret").ok();
+    let state = state_for(dir.path()).await;
+    for uri in ["/models/..%2Fsecret", "/models/%2Fetc%2Fpasswd", "/models/org%2F..%2F..%2Fsecret", "/models/..%252Fsecret"] {
+        let reply = get(&state, uri, &[]).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn a_rescan_picks_up_added_replaced_and_removed_files() {
+    let dir = source();
+    let state = state_for(dir.path()).await;
+    let before = get(&state, WEIGHTS, &[]).await;
+    // Replace org/llama atomically with a different file, add one, remove the broken one.
+    let mut w = Writer::new(Vec::new()).unwrap();
+    let small = f32_bytes(2);
+    w.add(
+        &ObjectInput {
+            name: "weights",
+            shape: &[2],
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &small }],
+        },
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    let bytes = w.finish(None).unwrap();
+    fs::write(dir.path().join("org/llama.tmp"), &bytes).unwrap();
+    fs::rename(dir.path().join("org/llama.tmp"), dir.path().join("org/llama.zt")).unwrap();
+    fs::write(dir.path().join("new.zt"), &bytes).unwrap();
+    fs::remove_file(dir.path().join("broken.zt")).unwrap();
+    state.rescan().await;
+    let after = get(&state, WEIGHTS, &[]).await;
+    assert_eq!(after.body, small);
+    assert_ne!(after.header("etag"), before.header("etag"));
+    let ids: Vec<String> =
+        get(&state, "/models", &[]).await.json()["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids, ["new", "org/llama"]);
+}
+
+/// A real server on 127.0.0.1:0 and a plain HTTP/1.1 client over TCP.
+async fn raw_get(addr: std::net::SocketAddr, path: &str, range: &str) -> (u16, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nRange: {range}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let status = std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap();
+    (status, response[head_end + 4..].to_vec())
+}
+
+async fn start_server(sources: Vec<String>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::new(Config { sources, ..Config::default() });
+    tokio::spawn(ztserve::http::serve_on(listener, state));
+    for _ in 0..100 {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+            let mut r = Vec::new();
+            s.read_to_end(&mut r).await.unwrap();
+            if r.starts_with(b"HTTP/1.1 200") {
+                return addr;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("server did not become ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_range_requests_return_correct_bytes() {
+    let dir = source();
+    let addr = start_server(vec![dir.path().display().to_string()]).await;
+    let all = Arc::new(f32_bytes(1000));
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let all = Arc::clone(&all);
+            tokio::spawn(async move {
+                let (start, end) = (i * 50, i * 50 + 99);
+                let (status, body) = raw_get(addr, WEIGHTS, &format!("bytes={start}-{end}")).await;
+                assert_eq!(status, 206);
+                assert_eq!(body, all[start as usize..=end as usize]);
+                let (status, body) = raw_get(addr, "/models/org%2Fllama/objects/ids.zstd", &format!("bytes={}-{}", i * 8, i * 8 + 7)).await;
+                assert_eq!(status, 206);
+                assert_eq!(body, (i / 3).to_le_bytes());
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_from_the_official_writers_are_served_byte_exact() {
+    let root = tempfile::tempdir().unwrap();
+    let mut expectations = Vec::new();
+    for version in ["0.1.4", "1.1.1", "1.2.3"] {
+        let dir = root.path().join(version);
+        common::run_official(version, &[Path::new("write"), &dir]);
+        let expect: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("expect.json")).unwrap()).unwrap();
+        expectations.push((version, dir, expect));
+    }
+    let addr = start_server(vec![root.path().display().to_string()]).await;
+    let encode = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
+    let mut compared = 0;
+    for (version, dir, expect) in &expectations {
+        let model = encode(&format!("{version}/official"));
+        for (object, roles) in expect["objects"].as_object().unwrap() {
+            for (role, bin) in roles.as_object().unwrap() {
+                let expected = fs::read(dir.join(bin.as_str().unwrap())).unwrap();
+                let path = format!("/models/{model}/objects/{}/components/{}", encode(object), encode(role));
+                let (status, body) = raw_get(addr, &path, "bytes=0-").await;
+                let expected_status = if expected.is_empty() { 416 } else { 206 };
+                assert_eq!(status, expected_status, "{version} {object}.{role}");
+                if !expected.is_empty() {
+                    assert!(body == expected, "{version} {object}.{role}: served bytes differ");
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 90, "{compared}");
+}
