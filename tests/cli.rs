@@ -197,3 +197,19 @@ fn cat_streams_a_multi_piece_zstd_component_and_fails_on_a_corrupt_one() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("zstd"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stdout.len() <= data.len());
 }
+
+#[test]
+fn the_committed_demo_models_are_exactly_what_write_demo_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ztserve(&[&"write-demo", &dir.path()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo");
+    let mut total = 0;
+    for name in ["dense.zt", "structured.zt"] {
+        let fresh = fs::read(dir.path().join("demo").join(name)).unwrap();
+        assert_eq!(fs::read(committed.join(name)).unwrap(), fresh, "models/demo/{name}: run `ztserve write-demo models`");
+        assert_eq!(ztserve(&[&"verify", &committed.join(name)]).status.code(), Some(0));
+        total += fresh.len();
+    }
+    assert!(total < 2 << 20, "demo models must stay under 2 MiB");
+}
