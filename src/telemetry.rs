@@ -6,6 +6,8 @@ use tracing_subscriber::EnvFilter;
 /// Installs the global subscriber; `format` is `text` or `json` (validated by the config).
 pub fn init(format: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,tower_http=debug"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only on a terminal: escape codes in a log file or a pipe garble it for readers.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
 }

@@ -7,13 +7,15 @@ use std::process::Command;
 
 use ztserve::format::Value;
 
+/// Where `scripts/python-env` puts its venvs.
+pub fn venv_root() -> PathBuf {
+    std::env::var_os("ZTSERVE_VENVS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))
+}
+
 /// The Python of the venv holding `ztensor==version`, made by `scripts/test`. A missing venv
 /// fails the test: interop is never skipped silently.
 pub fn official_python(version: &str) -> PathBuf {
-    let root = std::env::var_os("ZTSERVE_VENVS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    let python = root.join(format!("ztensor-{version}")).join("bin/python");
+    let python = venv_root().join(format!("ztensor-{version}")).join("bin/python");
     assert!(
         python.exists(),
         "{} is missing: run scripts/test, which installs ztensor=={version} into a venv",
