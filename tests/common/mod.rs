@@ -100,3 +100,56 @@ pub fn manifest(objects: Vec<(&str, Vec<u64>, &str, Vec<(&str, Value)>)>) -> Val
 pub fn data_region(blocks: usize, fill: u8) -> Vec<u8> {
     vec![fill; 56 + 64 * blocks.saturating_sub(1)]
 }
+
+/// A running `ztserve` binary, killed when dropped, with the address it logged.
+pub struct RunningServer {
+    pub child: std::process::Child,
+    pub address: String,
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `ztserve ARGS` (with `envs`) in the repository root and waits up to 30 s for it to
+/// log its listening address. Its log is drained on a thread so it never blocks.
+pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ztserve"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .env("RUST_LOG", "info")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (address_tx, address_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("address=").nth(1) {
+                let _ = address_tx.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
+            }
+        }
+    });
+    let address = address_rx.recv_timeout(std::time::Duration::from_secs(30));
+    let mut server = RunningServer { child, address: String::new() };
+    server.address = address.unwrap_or_else(|_| panic!("ztserve {args:?} did not log its address within 30 s"));
+    server
+}
+
+/// A plain HTTP/1.1 GET; returns the status and body.
+pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
+    let status = std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap();
+    (status, response[head_end + 4..].to_vec())
+}

@@ -1,0 +1,27 @@
+# syntax=docker/dockerfile:1
+# Multi-stage build: compile in the Rust image, run from a slim Debian with a non-root user.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY examples ./examples
+RUN cargo build --release --locked --bin ztserve
+
+FROM debian:bookworm-slim
+# curl serves the HEALTHCHECK only.
+RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --no-create-home ztserve
+COPY --from=build /src/target/release/ztserve /usr/local/bin/ztserve
+COPY config/ztserve.toml /etc/ztserve/ztserve.toml
+# The demo models, so the image answers at once; mount your own over /models.
+COPY models /models
+USER ztserve
+ENV ZTSERVE_LISTEN=0.0.0.0:8080 \
+    ZTSERVE_SOURCES=/models
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
+# Same command the tests run: `ztserve serve` with config from /etc and overrides from env.
+ENTRYPOINT ["ztserve"]
+CMD ["serve", "--config", "/etc/ztserve/ztserve.toml"]

@@ -1,0 +1,73 @@
+//! Operating the binary: the Docker image's exact command, graceful shutdown on signals, and
+//! configuration errors at start.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The JSON array of a Dockerfile instruction (`CMD ["serve", …]`).
+fn dockerfile_array(instruction: &str) -> Vec<String> {
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile")).unwrap();
+    let line = dockerfile.lines().find(|l| l.starts_with(instruction)).unwrap_or_else(|| panic!("no {instruction} in Dockerfile"));
+    serde_json::from_str(line[instruction.len()..].trim()).unwrap()
+}
+
+#[test]
+fn the_dockerfile_command_serves_the_demo_models_and_answers_healthz() {
+    assert_eq!(dockerfile_array("ENTRYPOINT"), ["ztserve"]);
+    let cmd = dockerfile_array("CMD");
+    // Inside the image the config lives in /etc/ztserve and the models in /models; here the
+    // same files come from the repository. The listen address is the only change (port 0).
+    let args: Vec<String> = cmd.iter().map(|a| a.replace("/etc/ztserve/ztserve.toml", "config/ztserve.toml")).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = common::start_binary(&args, &[("ZTSERVE_LISTEN", "127.0.0.1:0"), ("ZTSERVE_SOURCES", "models")]);
+    assert_eq!(common::http_get(&server.address, "/healthz").0, 200);
+    let (status, body) = common::http_get(&server.address, "/models");
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(list["models"].as_array().unwrap().len(), 2);
+}
+
+fn signal_stops_the_server(signal: &str) {
+    let mut server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[]);
+    assert_eq!(common::http_get(&server.address, "/readyz").0, 200);
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "still running 20 s after {signal}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit after {signal}: {status:?}");
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    signal_stops_the_server("-TERM");
+}
+
+#[test]
+fn sigint_stops_the_server_cleanly() {
+    signal_stops_the_server("-INT");
+}
+
+#[test]
+fn invalid_configuration_fails_at_start_naming_the_key() {
+    for (envs, expected) in [
+        (vec![("ZTSERVE_MAX_RANGES", "zero")], "ZTSERVE_MAX_RANGES"),
+        (vec![("ZTSERVE_LISTEN", "not-an-address")], "listen"),
+        (vec![("ZTSERVE_LOG_FORMAT", "xml")], "log_format"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_ztserve")).arg("serve").envs(envs).output().unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_ztserve")).args(["serve", "--config", "/nonexistent.toml"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent.toml"));
+}
