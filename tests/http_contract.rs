@@ -443,3 +443,37 @@ async fn files_from_the_official_writers_are_served_byte_exact() {
     }
     assert!(compared > 90, "{compared}");
 }
+
+#[tokio::test]
+async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (values, indices, bad_indptr) = (f32_bytes(2), u64s(&[0, 1]), u64s(&[0, 2, 1]));
+    let mut w = Writer::new(Vec::new()).unwrap();
+    let c = |role, dtype, bytes| ComponentInput { role, dtype, logical_type: None, bytes };
+    let dense = |name, dtype, bytes| ObjectInput { name, shape: &[3], format: "dense", attributes: None, components: vec![c("data", dtype, bytes)] };
+    w.add(&dense("flags", DType::Bool, &[0, 2, 1]), &WriteOptions::default()).unwrap();
+    w.add(&dense("fine", DType::U8, &[7, 8, 9]), &WriteOptions::default()).unwrap();
+    w.add(
+        &ObjectInput {
+            name: "csr",
+            shape: &[2, 2],
+            format: "sparse_csr",
+            attributes: None,
+            components: vec![c("values", DType::F32, &values), c("indices", DType::U64, &indices), c("indptr", DType::U64, &bad_indptr)],
+        },
+        &WriteOptions::default(),
+    )
+    .unwrap();
+    fs::write(dir.path().join("m.zt"), w.finish(None).unwrap()).unwrap();
+    let state = state_for(dir.path()).await;
+    for (uri, reason) in [("/models/m/objects/flags", "bool_byte"), ("/models/m/objects/csr/components/values", "sparse_structure")] {
+        for _ in 0..2 {
+            let reply = get(&state, uri, &[]).await;
+            assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{uri}");
+            assert_eq!(reply.error_code(), "invalid_component");
+            assert_eq!(reply.json()["error"]["reason"], reason);
+        }
+    }
+    assert_eq!(get(&state, "/models/m/objects/fine", &[]).await.body, [7, 8, 9]);
+}

@@ -5,11 +5,11 @@
 
 pub mod scan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::format::{self, Container, FormatError, Limits, Manifest};
 use crate::storage::local::MappedFile;
@@ -50,6 +50,9 @@ pub struct Model {
     pub mapping: OnceLock<Arc<MappedFile>>,
     /// The manifest rendered as JSON once, not per request.
     pub manifest_json: OnceLock<bytes::Bytes>,
+    /// Results of the content checks (bool bytes, sparse structure) by object name, run once
+    /// per object while the file is unchanged.
+    pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
 }
 
 /// An immutable snapshot of every source; the server swaps in a new one after each rescan.
@@ -135,6 +138,7 @@ fn load(id: &str, source: &str, path: &Path, limits: &Limits) -> Model {
         state,
         mapping: OnceLock::new(),
         manifest_json: OnceLock::new(),
+        content_checks: Mutex::new(HashMap::new()),
     }
 }
 

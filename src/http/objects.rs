@@ -69,6 +69,38 @@ fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<
     manifest.object(name).ok_or_else(|| ApiError::ObjectNotFound { model: model.id.clone(), object: name.to_owned() })
 }
 
+/// Whether an object has content the format can check beyond its manifest.
+fn has_content_rules(object: &Object) -> bool {
+    matches!(object.format.as_str(), "sparse_csr" | "sparse_coo") || object.components.iter().any(|c| c.dtype == crate::format::DType::Bool)
+}
+
+/// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
+/// range) before any component of the object is served as valid; once per object and file
+/// version, off the async runtime.
+async fn check_content_once(model: &Arc<Model>, object: &Object, file: &Bytes) -> Result<(), ApiError> {
+    if !has_content_rules(object) {
+        return Ok(());
+    }
+    let cached = model.content_checks.lock().expect("never poisoned").get(&object.name).cloned();
+    let result = match cached {
+        Some(result) => result,
+        None => {
+            let (object_owned, file) = (object.clone(), file.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                crate::format::validate::check_content(&object_owned, |c| {
+                    let stored = crate::format::decode::stored_bytes(&file, &object_owned.name, c)?;
+                    crate::format::decode::decode_component(&object_owned.name, c, stored).map(|d| std::borrow::Cow::Owned(d.into_owned()))
+                })
+            })
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+            model.content_checks.lock().expect("never poisoned").insert(object.name.clone(), result.clone());
+            result
+        }
+    };
+    result.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })
+}
+
 /// Decoded bytes of a component: a zero-copy slice of the mapping when stored verbatim,
 /// otherwise decoded off the async runtime.
 async fn component_bytes(
@@ -80,6 +112,7 @@ async fn component_bytes(
     component: &Component,
 ) -> Result<Response, ApiError> {
     let file = file_bytes(model, manifest.file_len).await?;
+    check_content_once(model, object, &file).await?;
     let range = component.stored_range();
     let stored = file.slice(range.start as usize..range.end as usize);
     let body = if component.is_verbatim() {
