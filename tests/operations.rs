@@ -71,3 +71,27 @@ fn invalid_configuration_fails_at_start_naming_the_key() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent.toml"));
 }
+
+#[test]
+fn each_request_logs_one_json_line_with_route_model_object_status_bytes_and_duration() {
+    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models", "--log-format", "json"], &[]);
+    assert_eq!(common::http_get(&server.address, "/models/demo%2Fdense/objects/mask").0, 200);
+    let started = Instant::now();
+    let line = loop {
+        let found = server.log.lock().unwrap().iter().find(|l| l.contains("\"path\":\"/models/demo%2Fdense/objects/mask\"")).cloned();
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "no request line logged");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let span = &event["span"];
+    assert_eq!(span["method"], "GET");
+    assert_eq!(span["route"], "/models/{model}/objects/{object}");
+    assert_eq!(span["model"], "demo/dense");
+    assert_eq!(span["object"], "mask");
+    assert_eq!(span["status"], 200);
+    assert_eq!(span["bytes"], 16);
+    assert!(span["duration_ms"].as_f64().unwrap() >= 0.0);
+}

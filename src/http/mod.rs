@@ -102,7 +102,12 @@ pub fn app(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
     let layers = ServiceBuilder::new()
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(record_response),
+        )
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             ApiError::Internal("a handler panicked".into()).into_response()
         }))
@@ -111,6 +116,34 @@ pub fn app(state: Arc<AppState>) -> Router {
         }))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency));
     router.layer(layers)
+}
+
+/// One span per request; handlers fill in `model` and `object`, the response fills in
+/// `status`, `bytes` and `duration_ms`.
+fn request_span(request: &Request) -> tracing::Span {
+    let route = request.extensions().get::<axum::extract::MatchedPath>().map_or("", |p| p.as_str());
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        route,
+        path = %request.uri().path(),
+        model = tracing::field::Empty,
+        object = tracing::field::Empty,
+        status = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+    )
+}
+
+/// Completes the request span and logs one line per request.
+fn record_response<B: axum::body::HttpBody>(response: &axum::http::Response<B>, latency: Duration, span: &tracing::Span) {
+    let bytes = response.body().size_hint().exact();
+    span.record("status", response.status().as_u16());
+    if let Some(bytes) = bytes {
+        span.record("bytes", bytes);
+    }
+    span.record("duration_ms", latency.as_micros() as f64 / 1e3);
+    tracing::info!(parent: span, "response");
 }
 
 async fn fallback(request: Request) -> ApiError {
@@ -133,6 +166,7 @@ pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
 
 /// Looks a model up, refusing when not ready, unknown or broken.
 pub(crate) fn ready_model(state: &AppState, id: &str) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
+    tracing::Span::current().record("model", id);
     if !state.is_ready() {
         return Err(ApiError::NotReady);
     }

@@ -66,6 +66,7 @@ pub async fn component(State(state): State<Arc<AppState>>, headers: HeaderMap, p
 }
 
 fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ApiError> {
+    tracing::Span::current().record("object", name);
     manifest.object(name).ok_or_else(|| ApiError::ObjectNotFound { model: model.id.clone(), object: name.to_owned() })
 }
 

@@ -105,6 +105,8 @@ pub fn data_region(blocks: usize, fill: u8) -> Vec<u8> {
 pub struct RunningServer {
     pub child: std::process::Child,
     pub address: String,
+    /// Every line the server has logged so far.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for RunningServer {
@@ -128,15 +130,21 @@ pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let (address_tx, address_rx) = std::sync::mpsc::channel();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&log);
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("address=").nth(1) {
-                let _ = address_tx.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
+            // Text logs say address=IP:PORT; JSON logs say "address":"IP:PORT".
+            let found = line.split("address=").nth(1).or_else(|| line.split("\"address\":\"").nth(1));
+            if let Some(rest) = found {
+                let address: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != '"').collect();
+                let _ = address_tx.send(address);
             }
+            sink.lock().unwrap().push(line);
         }
     });
     let address = address_rx.recv_timeout(std::time::Duration::from_secs(30));
-    let mut server = RunningServer { child, address: String::new() };
+    let mut server = RunningServer { child, address: String::new(), log };
     server.address = address.unwrap_or_else(|_| panic!("ztserve {args:?} did not log its address within 30 s"));
     server
 }
