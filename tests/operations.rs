@@ -95,3 +95,43 @@ fn each_request_logs_one_json_line_with_route_model_object_status_bytes_and_dura
     assert_eq!(span["bytes"], 16);
     assert!(span["duration_ms"].as_f64().unwrap() >= 0.0);
 }
+
+fn model_ids(address: &str) -> Vec<String> {
+    let (_, body) = common::http_get(address, "/models");
+    let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    list["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
+}
+
+#[test]
+fn the_rescan_timer_picks_up_new_and_removed_files_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/models/demo/dense.zt");
+    std::fs::copy(demo, dir.path().join("first.zt")).unwrap();
+    let source = dir.path().display().to_string();
+    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", &source], &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")]);
+    assert_eq!(model_ids(&server.address), ["first"]);
+    std::fs::copy(demo, dir.path().join("second.zt.tmp")).unwrap();
+    std::fs::rename(dir.path().join("second.zt.tmp"), dir.path().join("second.zt")).unwrap();
+    std::fs::remove_file(dir.path().join("first.zt")).unwrap();
+    let started = Instant::now();
+    while model_ids(&server.address) != ["second"] {
+        assert!(started.elapsed() < Duration::from_secs(10), "rescan did not pick up the change: {:?}", model_ids(&server.address));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn requests_beyond_the_concurrency_limit_wait_for_a_slot_instead_of_failing() {
+    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[("ZTSERVE_MAX_CONCURRENT_REQUESTS", "1")]);
+    let address = server.address.clone();
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let address = address.clone();
+            std::thread::spawn(move || common::http_get(&address, "/models/demo%2Fdense/objects/counts"))
+        })
+        .collect();
+    for thread in threads {
+        let (status, body) = thread.join().unwrap();
+        assert_eq!((status, body.len()), (200, 4096 * 8));
+    }
+}
