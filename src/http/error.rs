@@ -91,3 +91,32 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body(error: ApiError) -> (StatusCode, serde_json::Value, axum::http::HeaderMap) {
+        let response = error.into_response();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap(), headers)
+    }
+
+    #[tokio::test]
+    async fn internal_errors_answer_500_with_a_generic_message() {
+        let (status, json, _) = body(ApiError::Internal("secret path /srv/x failed".into())).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(json["error"]["code"], "internal");
+        assert!(!json["error"]["message"].as_str().unwrap().contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn unavailable_errors_say_when_to_retry() {
+        let (status, json, headers) = body(ApiError::ChangedOnDisk { model: "m".into() }).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(json["error"]["code"], "changed_on_disk");
+        assert_eq!(headers.get("retry-after").unwrap(), "1");
+    }
+}
