@@ -9,6 +9,7 @@ use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use super::objects::add_urls;
 use super::respond::bytes_response;
 use super::{answer, param, path_params, ready_model, segment, ApiError, AppState};
 use crate::catalog::Model;
@@ -59,13 +60,7 @@ pub async fn manifest(
             let base = format!("/models/{}", segment(&model.id));
             if let Some(objects) = doc["objects"].as_array_mut() {
                 for (object, rendered) in manifest.objects.iter().zip(objects) {
-                    let object_url = format!("{base}/objects/{}", segment(&object.name));
-                    rendered["url"] = json!(object_url);
-                    if let Some(components) = rendered["components"].as_array_mut() {
-                        for (component, rendered) in object.components.iter().zip(components) {
-                            rendered["url"] = json!(format!("{object_url}/components/{}", segment(&component.role)));
-                        }
-                    }
+                    add_urls(rendered, object, &base);
                 }
             }
             Bytes::from(serde_json::to_vec(&doc).expect("JSON values serialize"))

@@ -30,13 +30,7 @@ pub async fn object(State(state): State<Arc<AppState>>, headers: HeaderMap, para
                 [only] => component_bytes(&state, &headers, &model, &manifest, object, only).await,
                 _ => {
                     let mut doc = object_json(object);
-                    let base = format!("/models/{}/objects/{}", segment(&model.id), segment(&object.name));
-                    if let Some(components) = doc["components"].as_array_mut() {
-                        for (component, rendered) in object.components.iter().zip(components) {
-                            rendered["url"] = json!(format!("{base}/components/{}", segment(&component.role)));
-                        }
-                    }
-                    doc["url"] = json!(base);
+                    add_urls(&mut doc, object, &format!("/models/{}", segment(&model.id)));
                     Ok(Json(doc).into_response())
                 }
             }
@@ -63,6 +57,17 @@ pub async fn component(State(state): State<Arc<AppState>>, headers: HeaderMap, p
         }
         .await,
     )
+}
+
+/// Adds the object's URL and each component's URL to its rendered JSON.
+pub(crate) fn add_urls(rendered: &mut serde_json::Value, object: &Object, model_url: &str) {
+    let object_url = format!("{model_url}/objects/{}", segment(&object.name));
+    if let Some(components) = rendered["components"].as_array_mut() {
+        for (component, rendered) in object.components.iter().zip(components) {
+            rendered["url"] = json!(format!("{object_url}/components/{}", segment(&component.role)));
+        }
+    }
+    rendered["url"] = json!(object_url);
 }
 
 fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ApiError> {
