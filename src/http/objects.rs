@@ -93,9 +93,11 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, file: &Bytes) -
         None => {
             let (object_owned, file) = (object.clone(), file.clone());
             let result = tokio::task::spawn_blocking(move || {
+                // Verbatim components are checked in place, borrowed from the mapping.
+                let file: &[u8] = &file;
                 crate::format::validate::check_content(&object_owned, |c| {
-                    let stored = crate::format::decode::stored_bytes(&file, &object_owned.name, c)?;
-                    crate::format::decode::decode_component(&object_owned.name, c, stored).map(|d| std::borrow::Cow::Owned(d.into_owned()))
+                    let stored = crate::format::decode::stored_bytes(file, &object_owned.name, c)?;
+                    crate::format::decode::decode_component(&object_owned.name, c, stored)
                 })
             })
             .await
