@@ -37,6 +37,13 @@ pub struct Config {
     pub max_manifest_bytes: u64,
     /// Largest decoded size of one component, in bytes.
     pub max_decoded_bytes: u64,
+    /// Bytes of decoded components kept in memory (least recently used evicted first).
+    pub decode_cache_bytes: u64,
+    /// Components decoded at once (0: one per CPU core).
+    pub max_concurrent_decodes: usize,
+    /// When stored bytes are checked against their declared digest: `never`, `first-read`
+    /// (once per component and file version) or `always` (every request).
+    pub verify: String,
 }
 
 impl Default for Config {
@@ -53,6 +60,9 @@ impl Default for Config {
             max_ranges: 64,
             max_manifest_bytes: limits.max_manifest_bytes,
             max_decoded_bytes: limits.max_decoded_bytes,
+            decode_cache_bytes: 1 << 30,
+            max_concurrent_decodes: 0,
+            verify: "first-read".into(),
         }
     }
 }
@@ -154,6 +164,9 @@ impl Config {
         if self.max_manifest_bytes == 0 {
             return Err(fail("max_manifest_bytes", "must be at least 1".into()));
         }
+        if VerifyPolicy::parse(&self.verify).is_none() {
+            return Err(fail("verify", format!("{:?} is not never, first-read or always", self.verify)));
+        }
         Ok(())
     }
 
@@ -161,8 +174,42 @@ impl Config {
         self.listen.parse().expect("validated at load")
     }
 
+    /// Decoders allowed to run at once.
+    pub fn decoders(&self) -> usize {
+        match self.max_concurrent_decodes {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
+
+    pub fn verify_policy(&self) -> VerifyPolicy {
+        VerifyPolicy::parse(&self.verify).expect("validated at load")
+    }
+
     pub fn limits(&self) -> Limits {
         Limits { max_manifest_bytes: self.max_manifest_bytes, max_decoded_bytes: self.max_decoded_bytes, ..Limits::default() }
+    }
+}
+
+/// When a component's stored bytes are checked against its declared digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyPolicy {
+    /// Never: digests are only reported.
+    Never,
+    /// On the first read of each component of a file version; the outcome is remembered.
+    FirstRead,
+    /// On every request that serves the component.
+    Always,
+}
+
+impl VerifyPolicy {
+    pub fn parse(text: &str) -> Option<VerifyPolicy> {
+        match text {
+            "never" => Some(VerifyPolicy::Never),
+            "first-read" => Some(VerifyPolicy::FirstRead),
+            "always" => Some(VerifyPolicy::Always),
+            _ => None,
+        }
     }
 }
 

@@ -1,7 +1,12 @@
-//! Logging: one tracing subscriber, human-readable text or JSON lines, filtered by `RUST_LOG`
-//! (default `info`). Each request is one span (method, route, path, model, object, status,
-//! bytes, duration_ms) closed by one `response` event; see `http::request_span`.
+//! What the service tells operators: one tracing subscriber (human-readable text or JSON lines,
+//! filtered by `RUST_LOG`, default `info`) and the Prometheus recorder behind `/metrics`. Each
+//! request is one span (method, route, path, model, object, cache, status, bytes, duration_ms)
+//! closed by one `response` event; see `http::request_span`. Every metric name is declared
+//! here, with its help text, so the set is visible in one place.
 
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber; `format` is `text` or `json` (validated by the config).
@@ -11,4 +16,65 @@ pub fn init(format: &str) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Metric names (Prometheus conventions: base units, `_total` counters).
+pub mod names {
+    pub const HTTP_REQUESTS: &str = "ztserve_http_requests_total";
+    pub const HTTP_RESPONSE_BYTES: &str = "ztserve_http_response_body_bytes_total";
+    pub const HTTP_DURATION: &str = "ztserve_http_request_duration_seconds";
+    pub const DECODES_STARTED: &str = "ztserve_decodes_started_total";
+    pub const DECODED_BYTES: &str = "ztserve_decoded_bytes_total";
+    pub const DECODE_FAILURES: &str = "ztserve_decode_failures_total";
+    pub const CACHE_HITS: &str = "ztserve_decode_cache_hits_total";
+    pub const CACHE_MISSES: &str = "ztserve_decode_cache_misses_total";
+    pub const CACHE_BYTES: &str = "ztserve_decode_cache_bytes";
+    pub const CACHE_EVICTIONS: &str = "ztserve_decode_cache_evictions_total";
+    pub const DIGEST_CHECKS: &str = "ztserve_digest_checks_total";
+    pub const DIGEST_FAILURES: &str = "ztserve_digest_failures_total";
+    pub const MODELS: &str = "ztserve_models";
+    pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
+    pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
+}
+
+/// Seconds buckets for request and storage durations: 100 µs to 5 min.
+const DURATION_BUCKETS: &[f64] =
+    &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+/// The process-wide Prometheus recorder, installed on first use. Every `app` in the process
+/// (tests build several) reports into it.
+pub fn metrics() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+            .expect("buckets are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("another metrics recorder is installed; /metrics will stay empty");
+        }
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    use names::*;
+    describe_counter!(HTTP_REQUESTS, "Requests answered, by route, method and status.");
+    describe_counter!(HTTP_RESPONSE_BYTES, Unit::Bytes, "Response body bytes sent, by route.");
+    describe_histogram!(HTTP_DURATION, Unit::Seconds, "Time from request to the end of its response body, by route.");
+    describe_counter!(DECODES_STARTED, "Decodes of a component started from its first stored byte, by encoding.");
+    describe_counter!(DECODED_BYTES, Unit::Bytes, "Decoded bytes produced, by encoding.");
+    describe_counter!(DECODE_FAILURES, "Decodes that found a stored component invalid.");
+    describe_counter!(CACHE_HITS, "Component reads answered from already decoded bytes.");
+    describe_counter!(CACHE_MISSES, "Component reads that needed decoding.");
+    describe_gauge!(CACHE_BYTES, Unit::Bytes, "Bytes reserved by decoded components in the cache.");
+    describe_counter!(CACHE_EVICTIONS, "Decoded components evicted to make room.");
+    describe_counter!(DIGEST_CHECKS, "Stored-bytes digest checks completed, by outcome (ok or mismatch).");
+    describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
+    describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
+    describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
+    describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and kind.");
 }

@@ -3,6 +3,7 @@
 //! changed keeps its parsed manifest, so an unchanged file is parsed once; a file that fails
 //! validation stays listed as broken with its reason, and never stops the others from serving.
 
+pub mod cache;
 pub mod scan;
 
 use std::collections::{BTreeMap, HashMap};
@@ -53,6 +54,27 @@ pub struct Model {
     /// Results of the content checks (bool bytes, sparse structure) by object name, run once
     /// per object while the file is unchanged.
     pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
+    /// What has been learnt about each component (by object name and role) of this file
+    /// version: kept for as long as the file is unchanged, whatever the decode cache evicts.
+    facts: Mutex<HashMap<(String, String), Arc<ComponentFacts>>>,
+}
+
+/// What the server has learnt about one component of one file version.
+#[derive(Debug, Default)]
+pub struct ComponentFacts {
+    /// The stored bytes' digest check, once made (under `verify = first-read`); concurrent
+    /// first reads share one check.
+    pub verdict: tokio::sync::OnceCell<Result<(), FormatError>>,
+    /// SHA-256 of the decoded bytes, once a complete decode has computed it.
+    pub decoded_sha256: Arc<OnceLock<[u8; 32]>>,
+}
+
+impl Model {
+    /// The facts about component `role` of `object`, created empty on first use.
+    pub fn facts(&self, object: &str, role: &str) -> Arc<ComponentFacts> {
+        let mut facts = self.facts.lock().expect("facts lock is never poisoned");
+        Arc::clone(facts.entry((object.to_owned(), role.to_owned())).or_default())
+    }
 }
 
 /// An immutable snapshot of every source; the server swaps in a new one after each rescan.
@@ -120,7 +142,11 @@ fn load(id: &str, source: &str, path: &Path, limits: &Limits) -> Model {
         Err(e) => (Err(io_error(e)), FileIdentity { size: 0, mtime_ns: 0, inode: 0, device: 0 }),
         Ok((file, metadata)) => {
             let identity = FileIdentity::of(&metadata);
-            let state = read_manifest(&file, identity.size, limits).map(Arc::new).map_err(|e| match e {
+            let started = std::time::Instant::now();
+            let read = read_manifest(&file, identity.size, limits);
+            crate::storage::local::record_read("manifest", started, read.as_ref().map_or(0, |(_, bytes)| *bytes));
+            let state = read
+                .map(|(manifest, _)| manifest).map(Arc::new).map_err(|e| match e {
                 ReadError::Format(e) => CatalogError::Format(e),
                 ReadError::Io(e) => io_error(e),
             });
@@ -139,6 +165,7 @@ fn load(id: &str, source: &str, path: &Path, limits: &Limits) -> Model {
         mapping: OnceLock::new(),
         manifest_json: OnceLock::new(),
         content_checks: Mutex::new(HashMap::new()),
+        facts: Mutex::new(HashMap::new()),
     }
 }
 
@@ -160,7 +187,8 @@ impl From<std::io::Error> for ReadError {
 }
 
 /// Reads the header, the trailer and the manifest: three reads, never the component bytes.
-fn read_manifest(file: &File, len: u64, limits: &Limits) -> Result<Manifest, ReadError> {
+/// Returns the manifest and the bytes read.
+fn read_manifest(file: &File, len: u64, limits: &Limits) -> Result<(Manifest, u64), ReadError> {
     let mut head = [0u8; 8];
     let head_len = len.min(8) as usize;
     file.read_exact_at(&mut head[..head_len], 0)?;
@@ -171,7 +199,8 @@ fn read_manifest(file: &File, len: u64, limits: &Limits) -> Result<Manifest, Rea
     let span = format::manifest_span(container, len, &tail[..tail_len as usize], limits)?;
     let mut manifest = vec![0u8; (span.end - span.start) as usize];
     file.read_exact_at(&mut manifest, span.start)?;
-    Ok(format::parse_manifest(container, &manifest, span, len, limits)?)
+    let read = head_len as u64 + tail_len + manifest.len() as u64;
+    Ok((format::parse_manifest(container, &manifest, span, len, limits)?, read))
 }
 
 #[cfg(test)]

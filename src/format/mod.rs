@@ -317,7 +317,18 @@ impl Component {
 
     /// Whether the served bytes are exactly the stored bytes (no decoding, no byte swap).
     pub fn is_verbatim(&self) -> bool {
-        self.encoding == Encoding::Raw && (self.byte_order == ByteOrder::Little || self.dtype.width() == 1)
+        self.encoding == Encoding::Raw && !self.needs_swap()
+    }
+
+    /// Whether decoding byte-swaps (big-endian legacy data wider than a byte).
+    pub fn needs_swap(&self) -> bool {
+        self.byte_order == ByteOrder::Big && self.dtype.width() > 1
+    }
+
+    /// Whether the stored bytes are a zstd frame of exactly the served bytes, so a client that
+    /// accepts zstd can be sent the frame as it is.
+    pub fn is_zstd_of_served_bytes(&self) -> bool {
+        self.encoding == Encoding::Zstd && !self.needs_swap()
     }
 }
 

@@ -36,6 +36,9 @@ pub enum ApiError {
     ChangedOnDisk { model: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// A body already under way was cut short (it is never rendered: headers are gone).
+    #[error("response body aborted: {0}")]
+    BodyAborted(String),
 }
 
 impl ApiError {
@@ -53,7 +56,7 @@ impl ApiError {
             ApiError::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
             ApiError::NotReady => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             ApiError::ChangedOnDisk { .. } => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ApiError::Internal(_) | ApiError::BodyAborted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 }

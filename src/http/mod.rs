@@ -26,12 +26,16 @@ use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 
+use crate::catalog::cache::DecodeCache;
 use crate::catalog::{Catalog, Model};
 use crate::config::Config;
+use crate::telemetry::names;
 
 /// What every handler shares.
 pub struct AppState {
     pub config: Config,
+    /// Shared decodes of components that are not stored verbatim.
+    pub cache: DecodeCache,
     catalog: RwLock<Arc<Catalog>>,
     ready: AtomicBool,
 }
@@ -39,7 +43,10 @@ pub struct AppState {
 impl AppState {
     /// A state with an empty catalog, not yet ready.
     pub fn new(config: Config) -> Arc<AppState> {
-        Arc::new(AppState { config, catalog: RwLock::new(Arc::new(Catalog::default())), ready: AtomicBool::new(false) })
+        // Installed before anything is recorded, so nothing is lost before the first scrape.
+        crate::telemetry::metrics();
+        let cache = DecodeCache::new(config.decode_cache_bytes, config.decoders());
+        Arc::new(AppState { config, cache, catalog: RwLock::new(Arc::new(Catalog::default())), ready: AtomicBool::new(false) })
     }
 
     /// The current catalog snapshot.
@@ -64,6 +71,10 @@ impl AppState {
                 let total = catalog.models().count();
                 let broken = catalog.models().filter(|m| m.state.is_err()).count();
                 tracing::debug!(models = total, broken, "catalog rescanned");
+                metrics::gauge!(names::MODELS, "status" => "ok").set((total - broken) as f64);
+                metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
+                // Decoded bytes of files that changed or went away are never served again.
+                self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.identity == key.identity));
                 *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
                 self.ready.store(true, Ordering::Release);
             }
@@ -93,6 +104,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let router = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
         .route("/models", get(models::list))
         .route("/models/{model}", get(models::manifest))
         .route("/models/{model}/file", get(models::file))
@@ -102,6 +114,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
     let layers = ServiceBuilder::new()
+        .layer(axum::middleware::from_fn(metered))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span)
@@ -129,6 +142,8 @@ fn request_span(request: &Request) -> tracing::Span {
         path = %request.uri().path(),
         model = tracing::field::Empty,
         object = tracing::field::Empty,
+        cache = tracing::field::Empty,
+        digest = tracing::field::Empty,
         status = tracing::field::Empty,
         bytes = tracing::field::Empty,
         duration_ms = tracing::field::Empty,
@@ -137,13 +152,68 @@ fn request_span(request: &Request) -> tracing::Span {
 
 /// Completes the request span and logs one line per request.
 fn record_response<B: axum::body::HttpBody>(response: &axum::http::Response<B>, latency: Duration, span: &tracing::Span) {
-    let bytes = response.body().size_hint().exact();
+    let declared = response.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let bytes = declared.or_else(|| response.body().size_hint().exact());
     span.record("status", response.status().as_u16());
     if let Some(bytes) = bytes {
         span.record("bytes", bytes);
     }
     span.record("duration_ms", latency.as_micros() as f64 / 1e3);
     tracing::info!(parent: span, "response");
+}
+
+/// Counts each request by route, method and status, and its body bytes and duration as the
+/// body is sent (a streamed body's time is the time to its end, or to its abort).
+async fn metered(request: Request, next: axum::middleware::Next) -> Response {
+    let route = request.extensions().get::<axum::extract::MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let method = request.method().to_string();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "method" => method, "status" => status).increment(1);
+    let sent = metrics::counter!(names::HTTP_RESPONSE_BYTES, "route" => route.clone());
+    let duration = metrics::histogram!(names::HTTP_DURATION, "route" => route);
+    response.map(|body| axum::body::Body::new(MeteredBody { body, sent, duration, started }))
+}
+
+/// A response body that counts the bytes it yields and records its duration when dropped.
+struct MeteredBody {
+    body: axum::body::Body,
+    sent: metrics::Counter,
+    duration: metrics::Histogram,
+    started: std::time::Instant,
+}
+
+impl http_body::Body for MeteredBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                self.sent.increment(data.len() as u64);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for MeteredBody {
+    fn drop(&mut self) {
+        self.duration.record(self.started.elapsed().as_secs_f64());
+    }
 }
 
 async fn fallback(request: Request) -> ApiError {
@@ -203,6 +273,14 @@ pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
 pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
     state.rescan().await;
     let rescans = tokio::spawn(Arc::clone(&state).rescan_forever());
+    let upkeep = tokio::spawn(async {
+        // Folds recorded histogram samples into their buckets, so they do not pile up between scrapes.
+        let mut interval = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            interval.tick().await;
+            crate::telemetry::metrics().run_upkeep();
+        }
+    });
     let drain = Duration::from_secs(state.config.shutdown_drain_secs);
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
@@ -224,6 +302,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
         }
     };
     rescans.abort();
+    upkeep.abort();
     outcome
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::objects::add_urls;
-use super::respond::bytes_response;
+use super::respond::{bytes_response, Representation};
 use super::{answer, param, path_params, ready_model, segment, ApiError, AppState};
 use crate::catalog::Model;
 use crate::json::manifest_json;
@@ -112,6 +112,7 @@ pub(crate) fn etag(model: &Model, part: &str) -> String {
 /// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.
 pub async fn file(
     State(state): State<Arc<AppState>>,
+    method: axum::http::Method,
     headers: HeaderMap,
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
 ) -> Response {
@@ -120,7 +121,14 @@ pub async fn file(
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, param(&params, "model"))?;
             let bytes = file_bytes(&model, manifest.file_len).await?;
-            bytes_response(&headers, bytes, &etag(&model, "file"), "application/octet-stream", Vec::new(), state.config.max_ranges)
+            let representation = Representation {
+                source: Arc::new(bytes),
+                etag: etag(&model, "file"),
+                content_type: "application/octet-stream",
+                headers: Vec::new(),
+                guard: None,
+            };
+            bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config.max_ranges).await
         }
         .await,
     )

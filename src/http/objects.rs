@@ -10,24 +10,33 @@ use axum::Json;
 use bytes::Bytes;
 use serde_json::json;
 
+use std::ops::Range;
+
+use axum::http::{header, HeaderValue, Method};
+use futures_util::future::{BoxFuture, Shared};
+use futures_util::{FutureExt as _, StreamExt as _};
+
 use super::models::{etag, file_bytes};
-use super::respond::{bytes_response, ExtraHeaders};
+use super::respond::{bytes_response, guard, ByteStream, ExtraHeaders, RangeSource, Representation};
 use super::{answer, header_value, param, path_params, ready_model, segment, ApiError, AppState};
-use crate::catalog::Model;
-use crate::format::{Component, Manifest, Object};
+use crate::catalog::cache::{stream_private, ComponentKey, DecodeError, Decoded};
+use crate::catalog::{ComponentFacts, Model};
+use crate::config::VerifyPolicy;
+use crate::format::{Component, Digest, FormatError, Manifest, Object};
 use crate::json::object_json;
+use crate::telemetry::names;
 
 type Params = Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>;
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
-pub async fn object(State(state): State<Arc<AppState>>, headers: HeaderMap, params: Params) -> Response {
+pub async fn object(State(state): State<Arc<AppState>>, method: Method, headers: HeaderMap, params: Params) -> Response {
     answer(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, param(&params, "model"))?;
             let object = find_object(&model, &manifest, param(&params, "object"))?;
             match &object.components[..] {
-                [only] => component_bytes(&state, &headers, &model, &manifest, object, only).await,
+                [only] => component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, only).await,
                 _ => {
                     let mut doc = object_json(object);
                     add_urls(&mut doc, object, &format!("/models/{}", segment(&model.id)));
@@ -40,7 +49,7 @@ pub async fn object(State(state): State<Arc<AppState>>, headers: HeaderMap, para
 }
 
 /// `GET /models/{m}/objects/{o}/components/{role}`: that component's bytes.
-pub async fn component(State(state): State<Arc<AppState>>, headers: HeaderMap, params: Params) -> Response {
+pub async fn component(State(state): State<Arc<AppState>>, method: Method, headers: HeaderMap, params: Params) -> Response {
     answer(
         async {
             let params = path_params(params)?;
@@ -53,7 +62,7 @@ pub async fn component(State(state): State<Arc<AppState>>, headers: HeaderMap, p
                 role: role.to_owned(),
                 available: object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", "),
             })?;
-            component_bytes(&state, &headers, &model, &manifest, object, component).await
+            component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, component).await
         }
         .await,
     )
@@ -109,10 +118,153 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, file: &Bytes) -
     result.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })
 }
 
-/// Decoded bytes of a component: a zero-copy slice of the mapping when stored verbatim,
-/// otherwise decoded off the async runtime.
+/// How a component's stored bytes stand against their declared digest for this request.
+enum DigestCheck {
+    /// No digest, `verify = never`, or a HEAD that sends no bytes.
+    Skipped,
+    Known(Result<(), FormatError>),
+    /// Running: shared by every request that waits on it.
+    Running(Shared<BoxFuture<'static, Result<(), CheckError>>>),
+}
+
+/// Why a digest check ended without a verdict, or with a negative one.
+#[derive(Debug, Clone)]
+enum CheckError {
+    Mismatch(FormatError),
+    Crashed(String),
+}
+
+/// Hashes a component's stored bytes off the async runtime and compares with its digest.
+async fn hash_stored(object: String, component: Component, stored: Bytes) -> Result<Result<(), FormatError>, String> {
+    tokio::task::spawn_blocking(move || {
+        crate::storage::local::record_mapped("verify", stored.len() as u64);
+        let verdict = crate::format::decode::verify_digest(&object, &component, &stored);
+        let outcome = if verdict.is_ok() { "ok" } else { "mismatch" };
+        metrics::counter!(names::DIGEST_CHECKS, "outcome" => outcome).increment(1);
+        if let Err(e) = &verdict {
+            metrics::counter!(names::DIGEST_FAILURES).increment(1);
+            tracing::warn!(error = %e, "stored bytes do not match their digest");
+        }
+        verdict
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// Starts (or finds) the digest check this request needs under the configured policy.
+fn digest_check(
+    policy: VerifyPolicy,
+    facts: &Arc<ComponentFacts>,
+    object: &Object,
+    component: &Component,
+    stored: &Bytes,
+    head: bool,
+) -> DigestCheck {
+    if component.digest.is_none() || policy == VerifyPolicy::Never {
+        return DigestCheck::Skipped;
+    }
+    if let (VerifyPolicy::FirstRead, Some(verdict)) = (policy, facts.verdict.get()) {
+        return DigestCheck::Known(verdict.clone());
+    }
+    if head {
+        return DigestCheck::Skipped;
+    }
+    let (facts, name, component, stored) = (Arc::clone(facts), object.name.clone(), component.clone(), stored.clone());
+    let check = async move {
+        let verdict = match policy {
+            VerifyPolicy::FirstRead => facts
+                .verdict
+                .get_or_try_init(|| hash_stored(name, component, stored))
+                .await
+                .map_err(CheckError::Crashed)?
+                .clone(),
+            _ => hash_stored(name, component, stored).await.map_err(CheckError::Crashed)?,
+        };
+        verdict.map_err(CheckError::Mismatch)
+    }
+    .boxed()
+    .shared();
+    // Driven to the end by its own task, whether or not the body waits on it.
+    tokio::spawn(check.clone());
+    DigestCheck::Running(check)
+}
+
+/// Whether the request accepts the `zstd` content coding (listed with a non-zero weight).
+fn accepts_zstd(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            coding.eq_ignore_ascii_case("zstd")
+                && parts.all(|p| match p.trim().split_once('=') {
+                    Some((name, weight)) if name.trim().eq_ignore_ascii_case("q") => {
+                        weight.trim().parse::<f32>().is_ok_and(|q| q > 0.0)
+                    }
+                    _ => true,
+                })
+        })
+}
+
+/// `sha-256=:<base64>:`, the RFC 9530 form.
+fn repr_digest(sha256: &[u8; 32]) -> HeaderValue {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(sha256);
+    HeaderValue::from_str(&format!("sha-256=:{encoded}:")).expect("base64 is a valid header value")
+}
+
+/// A component's decoded bytes: from the shared, cached decode when the cache can hold it,
+/// otherwise from a private decode for this request only. Chosen when the body is opened, so
+/// HEAD and 304 answers reserve nothing.
+struct DecodedSource {
+    state: Arc<AppState>,
+    key: ComponentKey,
+    component: Component,
+    stored: Bytes,
+    sha256: Arc<std::sync::OnceLock<[u8; 32]>>,
+}
+
+impl RangeSource for DecodedSource {
+    fn len(&self) -> u64 {
+        self.component.decoded_length
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let cache = &self.state.cache;
+        let make = |decoders| Decoded::new(&self.key.object, &self.component, self.stored.clone(), decoders, Arc::clone(&self.sha256));
+        let model = self.key.model.clone();
+        let failed = move |e: DecodeError| match e {
+            DecodeError::Invalid(source) => ApiError::InvalidComponent { model: model.clone(), source },
+            DecodeError::Aborted(reason) => ApiError::Internal(reason),
+        };
+        let span = tracing::Span::current();
+        match cache.entry(&self.key, self.len(), make) {
+            Some(entry) => {
+                let hit = entry.covers(range.end);
+                metrics::counter!(if hit { names::CACHE_HITS } else { names::CACHE_MISSES }).increment(1);
+                span.record("cache", if hit { "hit" } else { "miss" });
+                Decoded::stream(entry, range).map(move |piece| piece.map_err(&failed)).boxed()
+            }
+            None => {
+                metrics::counter!(names::CACHE_MISSES).increment(1);
+                span.record("cache", "bypass");
+                let decoders = Arc::clone(cache.decoders());
+                stream_private(self.key.object.clone(), self.component.clone(), self.stored.clone(), range, decoders)
+                    .map(move |piece| piece.map_err(&failed))
+                    .boxed()
+            }
+        }
+    }
+}
+
+/// A component's bytes, decoded little-endian (or its stored zstd frame for a client that
+/// accepts zstd), checked against its digest as the verify policy says.
 async fn component_bytes(
-    state: &AppState,
+    state: &Arc<AppState>,
+    head: bool,
     headers: &HeaderMap,
     model: &Arc<Model>,
     manifest: &Manifest,
@@ -123,17 +275,39 @@ async fn component_bytes(
     check_content_once(model, object, &file).await?;
     let range = component.stored_range();
     let stored = file.slice(range.start as usize..range.end as usize);
-    let body = if component.is_verbatim() {
-        stored
-    } else {
-        let (name, component_owned) = (object.name.clone(), component.clone());
-        let decoded = tokio::task::spawn_blocking(move || {
-            crate::format::decode::decode_component(&name, &component_owned, &stored).map(|d| Bytes::from(d.into_owned()))
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-        decoded.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })?
+    let facts = model.facts(&object.name, &component.role);
+    let invalid = |source| ApiError::InvalidComponent { model: model.id.clone(), source };
+    let ranged = headers.contains_key(header::RANGE);
+    let span = tracing::Span::current();
+    let guard = match digest_check(state.config.verify_policy(), &facts, object, component, &stored, head) {
+        DigestCheck::Skipped => None,
+        DigestCheck::Known(verdict) => {
+            span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });
+            verdict.map_err(invalid)?;
+            None
+        }
+        // A range is small next to the check: wait, and answer a clean error if it fails.
+        DigestCheck::Running(check) if ranged => {
+            let verdict = check.await;
+            span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });
+            match verdict {
+                Ok(()) => None,
+                Err(CheckError::Mismatch(e)) => return Err(invalid(e)),
+                Err(CheckError::Crashed(reason)) => return Err(ApiError::Internal(reason)),
+            }
+        }
+        // A whole body streams while the check runs; its last piece waits for the verdict.
+        DigestCheck::Running(check) => {
+            span.record("digest", "streamed");
+            Some(guard(check.map(|verdict| {
+                verdict.map_err(|e| match e {
+                    CheckError::Mismatch(e) => e.to_string(),
+                    CheckError::Crashed(reason) => reason,
+                })
+            })))
+        }
     };
+
     let mut extra: ExtraHeaders = vec![
         (HeaderName::from_static("x-zt-dtype"), header_value(component.dtype.name())),
         (HeaderName::from_static("x-zt-format"), header_value(&segment(&object.format))),
@@ -145,6 +319,66 @@ async fn component_bytes(
     if let Some(logical) = &component.logical_type {
         extra.push((HeaderName::from_static("x-zt-type"), header_value(&segment(logical))));
     }
-    let tag = etag(model, &format!("{}\0{}", object.name, component.role));
-    bytes_response(headers, body, &tag, "application/octet-stream", extra, state.config.max_ranges)
+    let part = format!("{}\0{}", object.name, component.role);
+    let declared_sha256 = match &component.digest {
+        Some(Digest::Sha256(sha256)) => Some(*sha256),
+        _ => None,
+    };
+    let offers_zstd = component.is_zstd_of_served_bytes();
+    if offers_zstd {
+        extra.push((header::VARY, HeaderValue::from_static("accept-encoding")));
+    }
+    let (source, etag, sha256): (Arc<dyn RangeSource>, String, Option<[u8; 32]>) = if offers_zstd && !ranged && accepts_zstd(headers) {
+        // The stored frame as it is: its digest, when SHA-256, is the representation's.
+        extra.push((header::CONTENT_ENCODING, HeaderValue::from_static("zstd")));
+        span.record("cache", "passthrough");
+        (Arc::new(stored), etag(model, &format!("{part}\0zstd")), declared_sha256)
+    } else if component.is_verbatim() {
+        (Arc::new(stored), etag(model, &part), declared_sha256)
+    } else {
+        let key = ComponentKey {
+            model: model.id.clone(),
+            identity: model.identity,
+            object: object.name.clone(),
+            role: component.role.clone(),
+        };
+        let sha256 = facts.decoded_sha256.get().copied();
+        let source = DecodedSource { state: Arc::clone(state), key, component: component.clone(), stored, sha256: Arc::clone(&facts.decoded_sha256) };
+        (Arc::new(source), etag(model, &part), sha256)
+    };
+    if let Some(sha256) = &sha256 {
+        extra.push((HeaderName::from_static("repr-digest"), repr_digest(sha256)));
+    }
+    let representation = Representation { source, etag, content_type: "application/octet-stream", headers: extra, guard };
+    bytes_response(headers, head, representation, state.config.max_ranges).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepts(value: &str) -> bool {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_str(value).unwrap());
+        accepts_zstd(&headers)
+    }
+
+    #[test]
+    fn zstd_is_accepted_only_when_listed_with_a_non_zero_weight() {
+        assert!(accepts("zstd"));
+        assert!(accepts("gzip, ZSTD;q=0.5, br"));
+        assert!(accepts("zstd ; q=1.0"));
+        assert!(!accepts("zstd;q=0"));
+        assert!(!accepts("zstd;q=0.000"));
+        assert!(!accepts("gzip, br"));
+        assert!(!accepts("*"));
+        assert!(!accepts("zstdx"));
+        assert!(!accepts("zstd;q=abc"));
+    }
+
+    #[test]
+    fn repr_digest_is_base64_between_colons() {
+        let value = repr_digest(&[0u8; 32]);
+        assert_eq!(value, "sha-256=:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=:");
+    }
 }

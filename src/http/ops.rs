@@ -1,4 +1,4 @@
-//! Operational routes: liveness and readiness.
+//! Operational routes: liveness, readiness and Prometheus metrics.
 
 use std::sync::Arc;
 
@@ -27,4 +27,11 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
         StatusCode::OK,
         Json(json!({ "status": "ready", "models": catalog.models().count(), "broken": broken, "unreadable_sources": unreadable })),
     )
+}
+
+/// Prometheus text exposition of every metric the process records.
+pub async fn metrics() -> impl axum::response::IntoResponse {
+    let handle = crate::telemetry::metrics();
+    handle.run_upkeep();
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())
 }

@@ -1,20 +1,69 @@
 //! Byte responses: applies the pure range and conditional decisions of `range.rs` to one
-//! representation held as `Bytes` (a slice of the file's mapping, or decoded bytes), so raw
-//! local bytes reach the socket without a copy. Builds 200, 206 (single or
-//! `multipart/byteranges`), 304 and the 416 errors.
+//! representation whose bytes come from a [`RangeSource`] (a slice of a file's mapping, or a
+//! decode), and builds 200, 206 (single or `multipart/byteranges`), 304 and the 416 errors.
+//! Bodies stream: the first piece is taken before the headers are sent, so a source that
+//! fails at once answers a clean error; a later failure, or a failed [`Guard`], aborts the
+//! body before its last byte so it never ends cleanly.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
+use futures_util::future::{BoxFuture, Shared};
+use futures_util::stream::{self, BoxStream};
+use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::error::ApiError;
 use super::range::{evaluate, if_none_match_matches, if_range_allows, RangeDecision};
 
-/// Headers every byte response carries besides the standard ones (`X-Zt-*`).
+/// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
 pub type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
+
+/// Bytes of a representation as a stream of pieces.
+pub type ByteStream = BoxStream<'static, Result<Bytes, ApiError>>;
+
+/// A check running while a body streams (a digest over the stored bytes): the body's last
+/// piece is held back until it passes.
+pub type Guard = Shared<BoxFuture<'static, Result<(), String>>>;
+
+/// Where a representation's bytes come from.
+pub trait RangeSource: Send + Sync + 'static {
+    fn len(&self) -> u64;
+    /// The bytes of `range` (within `0..len`). Called only when a body is sent, never for
+    /// HEAD or 304, so opening may start work such as decoding.
+    fn open(&self, range: Range<u64>) -> ByteStream;
+}
+
+/// Largest piece a byte slice is sent in: pieces let a guard hold back only the end of a
+/// body, and are large enough that hyper writes each with one system call.
+const SLICE_PIECE: usize = 4 << 20;
+
+/// Bytes already in memory or mapped: served by reference, in pieces.
+impl RangeSource for Bytes {
+    fn len(&self) -> u64 {
+        Bytes::len(self) as u64
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let bytes = self.slice(range.start as usize..range.end as usize);
+        crate::storage::local::record_mapped("serve", bytes.len() as u64);
+        let pieces = (0..bytes.len()).step_by(SLICE_PIECE).map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
+        stream::iter(pieces.collect::<Vec<_>>()).boxed()
+    }
+}
+
+/// One representation of a resource and how to answer for it.
+pub struct Representation {
+    pub source: Arc<dyn RangeSource>,
+    pub etag: String,
+    pub content_type: &'static str,
+    pub headers: ExtraHeaders,
+    pub guard: Option<Guard>,
+}
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
@@ -28,67 +77,139 @@ fn boundary() -> String {
     format!("ztserve-{nanos:x}-{n:x}")
 }
 
-/// Answers a GET or HEAD for `body` (the whole representation) under `etag`.
-pub fn bytes_response(
+/// Takes the first piece before any header is sent, so a source that fails at once is
+/// answered with its error rather than a broken body.
+async fn primed(mut body: ByteStream) -> Result<ByteStream, ApiError> {
+    match body.next().await {
+        None => Ok(stream::empty().boxed()),
+        Some(Err(e)) => Err(e),
+        Some(Ok(first)) => Ok(stream::once(async { Ok(first) }).chain(body).boxed()),
+    }
+}
+
+/// Holds each piece back until the next arrives, and the last until `guard` passes; a failed
+/// guard ends the body with an error instead, which aborts the response.
+fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
+    struct Held {
+        body: ByteStream,
+        held: Option<Bytes>,
+        guard: Option<Guard>,
+    }
+    stream::unfold(Held { body, held: None, guard: Some(guard) }, |mut s| async move {
+        loop {
+            match s.body.next().await {
+                Some(Ok(piece)) => {
+                    if let Some(previous) = s.held.replace(piece) {
+                        return Some((Ok(previous), s));
+                    }
+                }
+                Some(Err(e)) => {
+                    s.held = None;
+                    s.guard = None;
+                    return Some((Err(e), s));
+                }
+                None => {
+                    if let Some(guard) = s.guard.take() {
+                        if let Err(reason) = guard.await {
+                            s.held = None;
+                            return Some((Err(ApiError::BodyAborted(reason)), s));
+                        }
+                    }
+                    return s.held.take().map(|last| (Ok(last), s));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// A body whose errors are logged and turned into the aborted connection hyper makes of them.
+fn body_of(stream: ByteStream) -> Body {
+    Body::from_stream(stream.map(|piece| {
+        piece.map_err(|e| {
+            tracing::warn!(error = %e, "response body aborted");
+            std::io::Error::other(e.to_string())
+        })
+    }))
+}
+
+/// Answers a GET (or, when `head`, a HEAD) for `representation`.
+pub async fn bytes_response(
     request: &HeaderMap,
-    body: Bytes,
-    etag: &str,
-    content_type: &'static str,
-    extra: ExtraHeaders,
+    head: bool,
+    representation: Representation,
     max_ranges: usize,
 ) -> Result<Response, ApiError> {
-    let len = body.len() as u64;
-    let etag_value = HeaderValue::from_str(etag).map_err(|e| ApiError::Internal(format!("bad etag {etag:?}: {e}")))?;
+    let Representation { source, etag, content_type, headers: extra, guard } = representation;
+    let len = source.len();
+    let etag_value = HeaderValue::from_str(&etag).map_err(|e| ApiError::Internal(format!("bad etag {etag:?}: {e}")))?;
     let mut builder = Response::builder()
         .header(header::ETAG, etag_value)
         .header(header::ACCEPT_RANGES, "bytes");
     for (name, value) in extra {
         builder = builder.header(name, value);
     }
-    if if_none_match_matches(header_str(request, &header::IF_NONE_MATCH), etag) {
+    if if_none_match_matches(header_str(request, &header::IF_NONE_MATCH), &etag) {
         return Ok(builder.status(StatusCode::NOT_MODIFIED).body(Body::empty()).expect("valid response"));
     }
-    let range = header_str(request, &header::RANGE).filter(|_| if_range_allows(header_str(request, &header::IF_RANGE), etag));
-    let response = match evaluate(range, len, max_ranges) {
-        RangeDecision::Full => builder
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, content_type)
-            .header(header::CONTENT_LENGTH, len)
-            .body(Body::from(body)),
+    let range = header_str(request, &header::RANGE).filter(|_| if_range_allows(header_str(request, &header::IF_RANGE), &etag));
+    let (builder, content_length, body): (_, u64, Option<ByteStream>) = match evaluate(range, len, max_ranges) {
+        RangeDecision::Full => {
+            let body = if head { None } else { Some(primed(source.open(0..len)).await?) };
+            (builder.status(StatusCode::OK).header(header::CONTENT_TYPE, content_type), len, body)
+        }
         RangeDecision::Partial(ranges) if ranges.len() == 1 => {
-            let r = &ranges[0];
-            builder
+            let r = ranges[0].clone();
+            let builder = builder
                 .status(StatusCode::PARTIAL_CONTENT)
                 .header(header::CONTENT_TYPE, content_type)
-                .header(header::CONTENT_RANGE, format!("bytes {}-{}/{len}", r.start, r.end - 1))
-                .header(header::CONTENT_LENGTH, r.end - r.start)
-                .body(Body::from(body.slice(r.start as usize..r.end as usize)))
+                .header(header::CONTENT_RANGE, format!("bytes {}-{}/{len}", r.start, r.end - 1));
+            let body = if head { None } else { Some(primed(source.open(r.clone())).await?) };
+            (builder, r.end - r.start, body)
         }
         RangeDecision::Partial(ranges) => {
             let boundary = boundary();
-            let mut parts: Vec<Bytes> = Vec::with_capacity(ranges.len() * 2 + 1);
-            for r in &ranges {
-                let head = format!(
-                    "\r\n--{boundary}\r\nContent-Type: {content_type}\r\nContent-Range: bytes {}-{}/{len}\r\n\r\n",
-                    r.start,
-                    r.end - 1
-                );
-                parts.push(Bytes::from(head));
-                parts.push(body.slice(r.start as usize..r.end as usize));
-            }
-            parts.push(Bytes::from(format!("\r\n--{boundary}--\r\n")));
-            let total: usize = parts.iter().map(Bytes::len).sum();
-            let stream = futures_util::stream::iter(parts.into_iter().map(Ok::<_, std::convert::Infallible>));
-            builder
+            let heads: Vec<Bytes> = ranges
+                .iter()
+                .map(|r| {
+                    Bytes::from(format!(
+                        "\r\n--{boundary}\r\nContent-Type: {content_type}\r\nContent-Range: bytes {}-{}/{len}\r\n\r\n",
+                        r.start,
+                        r.end - 1
+                    ))
+                })
+                .collect();
+            let tail = Bytes::from(format!("\r\n--{boundary}--\r\n"));
+            let total = heads.iter().map(|h| h.len() as u64).sum::<u64>()
+                + ranges.iter().map(|r| r.end - r.start).sum::<u64>()
+                + tail.len() as u64;
+            let builder = builder
                 .status(StatusCode::PARTIAL_CONTENT)
-                .header(header::CONTENT_TYPE, format!("multipart/byteranges; boundary={boundary}"))
-                .header(header::CONTENT_LENGTH, total)
-                .body(Body::from_stream(stream))
+                .header(header::CONTENT_TYPE, format!("multipart/byteranges; boundary={boundary}"));
+            let body = (!head).then(|| {
+                // Each part is opened only when the previous one is sent.
+                let parts = heads.into_iter().zip(ranges).map(move |(head, r)| {
+                    let source = Arc::clone(&source);
+                    stream::once(async move { Ok(head) }).chain(stream::once(async move { source.open(r) }).flatten())
+                });
+                stream::iter(parts).flatten().chain(stream::once(async move { Ok(tail) })).boxed()
+            });
+            (builder, total, body)
         }
         RangeDecision::Unsatisfiable => return Err(ApiError::RangeNotSatisfiable { length: len }),
         RangeDecision::TooManyRanges { requested, limit } => {
             return Err(ApiError::TooManyRanges { requested, limit, length: len });
         }
     };
-    response.map_err(|e| ApiError::Internal(e.to_string()))
+    let body = match (body, guard) {
+        (None, _) => Body::empty(),
+        (Some(body), Some(guard)) => body_of(guarded(body, guard)),
+        (Some(body), None) => body_of(body),
+    };
+    builder.header(header::CONTENT_LENGTH, content_length).body(body).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// A guard from a check's future.
+pub fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send + 'static) -> Guard {
+    check.boxed().shared()
 }

@@ -1,4 +1,5 @@
-//! Local files, memory-mapped for zero-copy reads. The only module with `unsafe`.
+//! Local files, memory-mapped for zero-copy reads, and the storage metrics for them. The only
+//! module with `unsafe`.
 
 use std::fs::File;
 use std::io;
@@ -6,6 +7,21 @@ use std::ops::Deref;
 use std::path::Path;
 
 use memmap2::Mmap;
+
+use crate::telemetry::names;
+
+/// Records one blocking read from local storage (`kind`: what it was for) and its bytes.
+pub fn record_read(kind: &'static str, started: std::time::Instant, bytes: u64) {
+    metrics::histogram!(names::STORAGE_READ_DURATION, "backend" => "local", "kind" => kind)
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!(names::STORAGE_READ_BYTES, "backend" => "local", "purpose" => kind).increment(bytes);
+}
+
+/// Records bytes taken from a mapping (`purpose`: serve, decode or verify). Mapped pages are
+/// read by the kernel on first touch, so there is no read to time, only bytes to count.
+pub fn record_mapped(purpose: &'static str, bytes: u64) {
+    metrics::counter!(names::STORAGE_READ_BYTES, "backend" => "local", "purpose" => purpose).increment(bytes);
+}
 
 /// A whole file, read-only and mapped (or empty: a zero-length file cannot be mapped), with
 /// its descriptor kept open so its current length can be checked before bytes are served.
@@ -16,6 +32,13 @@ pub struct MappedFile {
 
 impl MappedFile {
     pub fn open(path: &Path) -> io::Result<MappedFile> {
+        let started = std::time::Instant::now();
+        let mapped = Self::map(path);
+        record_read("map", started, 0);
+        mapped
+    }
+
+    fn map(path: &Path) -> io::Result<MappedFile> {
         let file = File::open(path)?;
         let len = file.metadata()?.len();
         if len == 0 {

@@ -122,8 +122,8 @@ pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_ztserve"))
         .args(args)
-        .envs(envs.iter().copied())
         .env("RUST_LOG", "info")
+        .envs(envs.iter().copied())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stderr(std::process::Stdio::piped())
         .spawn()

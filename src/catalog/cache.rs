@@ -1,0 +1,612 @@
+//! Decoded components in memory. A component that is not stored verbatim (zstd, or legacy
+//! big-endian data) is decoded on request, a chunk at a time, off the async runtime and under a
+//! bounded number of concurrent decoders. Each decode is shared: every request for a component
+//! reads the one [`Decoded`] entry, waiting only for the chunks it needs, and the decoder goes
+//! no further than the furthest byte anyone asked for. Entries live in a least-recently-used
+//! cache bounded in bytes; an entry someone is reading is never evicted, so the bytes held
+//! never exceed the bound. A component that cannot be held (larger than the cache, or no room
+//! because everything is being read) is decoded privately per request with [`stream_private`],
+//! holding one chunk at a time.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use sha2::Digest as _;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use super::scan::FileIdentity;
+use crate::format::decode::Decoder;
+use crate::format::{Component, Encoding, FormatError};
+use crate::telemetry::names;
+
+/// Largest piece decoded and published at once: small enough that the first bytes of a
+/// component reach the client after a fraction of a millisecond of decoding, large enough that
+/// per-chunk bookkeeping is noise next to the decoding itself.
+pub const CHUNK: usize = 256 << 10;
+
+/// One component of one version of a file.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ComponentKey {
+    pub model: String,
+    pub identity: FileIdentity,
+    pub object: String,
+    pub role: String,
+}
+
+/// Why decoded bytes cannot be delivered.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Invalid(#[from] FormatError),
+    #[error("the decoder stopped unexpectedly: {0}")]
+    Aborted(String),
+}
+
+fn encoding_label(component: &Component) -> &'static str {
+    match component.encoding {
+        Encoding::Zstd => "zstd",
+        Encoding::Raw => "byteswap",
+    }
+}
+
+/// A decoder partway through a component's stored bytes.
+struct Cursor {
+    decoder: Decoder,
+    consumed: usize,
+    encoding: &'static str,
+}
+
+impl Cursor {
+    fn new(object: &str, component: &Component) -> Result<Cursor, FormatError> {
+        let decoder = Decoder::new(object, component)?;
+        metrics::counter!(names::DECODES_STARTED, "encoding" => encoding_label(component)).increment(1);
+        Ok(Cursor { decoder, consumed: 0, encoding: encoding_label(component) })
+    }
+
+    /// Decodes the next piece (at most [`CHUNK`] bytes). `true` once the whole encoding has
+    /// been consumed and proved complete; the last bytes come with it or before it.
+    fn next_piece(&mut self, stored: &[u8], declared: u64) -> Result<(Bytes, bool), FormatError> {
+        // 16 bytes past the declared end let an over-long encoding show itself.
+        let left = declared - self.decoder.produced();
+        let size = usize::try_from(left.saturating_add(16)).unwrap_or(usize::MAX).min(CHUNK);
+        let mut buffer = vec![0u8; size];
+        let mut filled = 0;
+        let before = self.consumed;
+        let mut done = false;
+        while size - filled >= 16 {
+            let progress = self.decoder.decode(&stored[self.consumed..], &mut buffer[filled..])?;
+            self.consumed += progress.consumed;
+            filled += progress.written;
+            if progress.consumed == 0 && progress.written == 0 && self.consumed == stored.len() {
+                self.decoder.finish()?;
+                done = true;
+                break;
+            }
+        }
+        buffer.truncate(filled);
+        metrics::counter!(names::DECODED_BYTES, "encoding" => self.encoding).increment(filled as u64);
+        crate::storage::local::record_mapped("decode", (self.consumed - before) as u64);
+        Ok((Bytes::from(buffer), done))
+    }
+}
+
+fn record_failure(error: &DecodeError) {
+    metrics::counter!(names::DECODE_FAILURES).increment(1);
+    tracing::warn!(error = %error, "decoding failed");
+}
+
+/// Where a shared decode stands, as readers see it.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    produced: u64,
+    outcome: Option<Result<(), DecodeError>>,
+}
+
+struct State {
+    chunks: Vec<Bytes>,
+    /// Decoded offset where each chunk ends.
+    ends: Vec<u64>,
+    produced: u64,
+    /// The furthest byte any reader asked for.
+    wanted: u64,
+    running: bool,
+    paused: Option<Cursor>,
+    outcome: Option<Result<(), DecodeError>>,
+}
+
+/// The shared decode of one component: decoded chunks so far, and the decoder that continues
+/// when a reader needs more.
+pub struct Decoded {
+    object: String,
+    component: Component,
+    stored: Bytes,
+    len: u64,
+    decoders: Arc<Semaphore>,
+    /// Filled with the decoded bytes' SHA-256 once a decode completes.
+    sha256: Arc<OnceLock<[u8; 32]>>,
+    state: Mutex<State>,
+    progress: watch::Sender<Progress>,
+    /// Readers and decoders at work on this entry: while any is, the cache keeps it.
+    holds: AtomicUsize,
+}
+
+/// A reader's or a decoder's hold on an entry. The cache never evicts an entry that is held,
+/// so the bytes someone is reading stay counted in the cache's bound. A hold is let go as soon
+/// as its work is done (a reader's before its last piece is sent, a decoder's before it
+/// announces the end), so a client that has all its bytes never finds the entry still held.
+pub struct Hold(Arc<Decoded>);
+
+impl Hold {
+    fn new(entry: &Arc<Decoded>) -> Hold {
+        entry.holds.fetch_add(1, Ordering::SeqCst);
+        Hold(Arc::clone(entry))
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.holds.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::ops::Deref for Hold {
+    type Target = Arc<Decoded>;
+    fn deref(&self) -> &Arc<Decoded> {
+        &self.0
+    }
+}
+
+impl Decoded {
+    /// A decode of `component` (of `object`) from its `stored` bytes, not yet started.
+    pub fn new(
+        object: &str,
+        component: &Component,
+        stored: Bytes,
+        decoders: Arc<Semaphore>,
+        sha256: Arc<OnceLock<[u8; 32]>>,
+    ) -> Decoded {
+        let state = State {
+            chunks: Vec::new(),
+            ends: Vec::new(),
+            produced: 0,
+            wanted: 0,
+            running: false,
+            paused: None,
+            outcome: None,
+        };
+        Decoded {
+            object: object.to_owned(),
+            component: component.clone(),
+            stored,
+            len: component.decoded_length,
+            decoders,
+            sha256,
+            state: Mutex::new(state),
+            progress: watch::channel(Progress::default()).0,
+            holds: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("decode state lock is never poisoned")
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn failed(&self) -> bool {
+        matches!(self.lock().outcome, Some(Err(_)))
+    }
+
+    /// Whether the bytes up to `end` are decoded and can be served without decoding.
+    pub fn covers(&self, end: u64) -> bool {
+        let state = self.lock();
+        if end < self.len { state.produced >= end } else { matches!(state.outcome, Some(Ok(()))) }
+    }
+
+    /// Makes sure the decoder runs until byte `end` (to the proved end of the encoding when
+    /// `end` is the length). Must be called within the tokio runtime, by a holder.
+    fn want(self: &Arc<Self>, end: u64) {
+        let mut state = self.lock();
+        state.wanted = state.wanted.max(end);
+        let more = state.produced < state.wanted || (state.wanted == self.len && state.outcome.is_none());
+        if state.running || state.outcome.is_some() || !more {
+            return;
+        }
+        state.running = true;
+        drop(state);
+        let entry = Arc::clone(self);
+        let hold = Hold::new(self);
+        tokio::spawn(async move {
+            let permit = Arc::clone(&entry.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
+            if let Err(e) = tokio::task::spawn_blocking(move || Decoded::run(hold, permit)).await {
+                entry.finish(Err(DecodeError::Aborted(e.to_string())));
+            }
+        });
+    }
+
+    /// Decodes chunk after chunk until the furthest wanted byte, then parks the decoder. Once
+    /// the last byte is decoded it goes on to the proved end of the encoding, so the entry
+    /// never rests with every byte decoded and no outcome.
+    fn run(hold: Hold, permit: OwnedSemaphorePermit) {
+        let this = Arc::clone(&hold);
+        this.run_held(hold, permit);
+    }
+
+    fn run_held(&self, hold: Hold, permit: OwnedSemaphorePermit) {
+        let span = tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
+        let _entered = span.enter();
+        let paused = self.lock().paused.take();
+        let mut cursor = match paused.map_or_else(|| Cursor::new(&self.object, &self.component), Ok) {
+            Ok(cursor) => cursor,
+            Err(e) => return self.finish(Err(e.into())),
+        };
+        loop {
+            {
+                let mut state = self.lock();
+                if state.produced >= state.wanted && state.produced < self.len {
+                    state.paused = Some(cursor);
+                    state.running = false;
+                    return;
+                }
+            }
+            let (piece, done) = match cursor.next_piece(&self.stored, self.len) {
+                Ok(step) => step,
+                Err(e) => return self.finish(Err(e.into())),
+            };
+            if !piece.is_empty() {
+                let mut state = self.lock();
+                state.produced += piece.len() as u64;
+                let end = state.produced;
+                state.ends.push(end);
+                state.chunks.push(piece);
+                drop(state);
+                self.progress.send_modify(|p| p.produced = end);
+            }
+            if done {
+                drop(permit);
+                drop(hold);
+                self.finish(Ok(()));
+                // Off the hot path: the readers have their bytes; the digest is for later ones.
+                let chunks = self.lock().chunks.clone();
+                let mut hasher = sha2::Sha256::new();
+                for chunk in &chunks {
+                    hasher.update(chunk);
+                }
+                let _ = self.sha256.set(hasher.finalize().into());
+                return;
+            }
+        }
+    }
+
+    /// Publishes the outcome; a failed entry drops its bytes.
+    fn finish(&self, outcome: Result<(), DecodeError>) {
+        if let Err(e) = &outcome {
+            record_failure(e);
+        }
+        let mut state = self.lock();
+        state.running = false;
+        state.paused = None;
+        if outcome.is_err() {
+            state.chunks.clear();
+        }
+        state.outcome = Some(outcome.clone());
+        drop(state);
+        self.progress.send_modify(|p| p.outcome = Some(outcome));
+    }
+
+    /// The decoded bytes of `range`, as they are decoded, for the holder of `hold`. The piece
+    /// holding the component's last byte is released only once the whole encoding is proved
+    /// valid.
+    pub fn stream(hold: Hold, range: Range<u64>) -> impl Stream<Item = Result<Bytes, DecodeError>> + Send + 'static {
+        hold.want(range.end);
+        let progress = hold.progress.subscribe();
+        let len = hold.len;
+        let end = range.end;
+        futures_util::stream::unfold((Some(hold), progress, range.start), move |(hold, mut progress, at)| async move {
+            let hold = hold.filter(|_| at < end)?;
+            let seen = progress
+                .wait_for(|p| matches!(p.outcome, Some(Err(_))) || (p.produced > at && (p.produced < len || p.outcome.is_some())))
+                .await
+                .map(|p| p.outcome.clone());
+            let failure = match seen {
+                Ok(Some(Err(e))) => Some(e),
+                Err(_) => Some(DecodeError::Aborted("decoder gone".into())),
+                Ok(_) => None,
+            };
+            let piece = {
+                let state = hold.lock();
+                match (failure.as_ref(), &state.outcome) {
+                    (Some(e), _) | (None, Some(Err(e))) => Err(e.clone()),
+                    _ => {
+                        let index = state.ends.partition_point(|&e| e <= at);
+                        let chunk = &state.chunks[index];
+                        let chunk_start = state.ends[index] - chunk.len() as u64;
+                        let piece_end = end.min(state.ends[index]);
+                        Ok(chunk.slice((at - chunk_start) as usize..(piece_end - chunk_start) as usize))
+                    }
+                }
+            };
+            match piece {
+                Err(e) => Some((Err(e), (None, progress, end))),
+                Ok(piece) => {
+                    let next = at + piece.len() as u64;
+                    // The hold goes with the last piece, before the client can have it.
+                    let hold = (next < end).then_some(hold);
+                    Some((Ok(piece), (hold, progress, next)))
+                }
+            }
+        })
+    }
+}
+
+/// A private decode's position.
+struct Walk {
+    cursor: Option<Cursor>,
+    produced: u64,
+    finished: bool,
+}
+
+/// Decodes `range` of a component for one reader, one chunk at a time, keeping nothing:
+/// for components the cache cannot hold. Bytes before the range are decoded and dropped; no
+/// decoder or thread is held while the reader is slow to take the next piece.
+pub fn stream_private(
+    object: String,
+    component: Component,
+    stored: Bytes,
+    range: Range<u64>,
+    decoders: Arc<Semaphore>,
+) -> impl Stream<Item = Result<Bytes, DecodeError>> + Send + 'static {
+    let shared = Arc::new((object, component, stored, decoders));
+    let walk = Walk { cursor: None, produced: 0, finished: range.is_empty() };
+    futures_util::stream::unfold(walk, move |walk| {
+        let shared = Arc::clone(&shared);
+        let range = range.clone();
+        async move {
+            if walk.finished {
+                return None;
+            }
+            let permit = Arc::clone(&shared.3).acquire_owned().await.expect("the decoder semaphore is never closed");
+            let stepped = tokio::task::spawn_blocking(move || {
+                let mut walk = walk;
+                let (object, component, stored, _) = &*shared;
+                let result = next_private_piece(&mut walk, object, component, stored, &range);
+                drop(permit);
+                (walk, result)
+            })
+            .await;
+            match stepped {
+                Ok((walk, Ok(Some(piece)))) => Some((Ok(piece), walk)),
+                Ok((_, Ok(None))) => None,
+                Ok((mut walk, Err(e))) => {
+                    record_failure(&e);
+                    walk.finished = true;
+                    Some((Err(e), walk))
+                }
+                Err(e) => {
+                    let error = DecodeError::Aborted(e.to_string());
+                    record_failure(&error);
+                    Some((Err(error), Walk { cursor: None, produced: 0, finished: true }))
+                }
+            }
+        }
+    })
+}
+
+/// Decodes until a piece overlaps `range` and returns that overlap; the piece that ends the
+/// component comes only after the encoding is proved complete.
+fn next_private_piece(
+    walk: &mut Walk,
+    object: &str,
+    component: &Component,
+    stored: &[u8],
+    range: &Range<u64>,
+) -> Result<Option<Bytes>, DecodeError> {
+    let len = component.decoded_length;
+    let cursor = match &mut walk.cursor {
+        Some(cursor) => cursor,
+        None => walk.cursor.insert(Cursor::new(object, component)?),
+    };
+    loop {
+        let (piece, mut done) = cursor.next_piece(stored, len)?;
+        let start = walk.produced;
+        walk.produced += piece.len() as u64;
+        let (low, high) = (range.start.max(start), range.end.min(walk.produced));
+        if high >= range.end {
+            walk.finished = true;
+        }
+        while high == len && !done {
+            let (rest, finished) = cursor.next_piece(stored, len)?;
+            debug_assert!(rest.is_empty(), "the decoder refuses bytes past the declared length");
+            done = finished;
+        }
+        if low < high {
+            return Ok(Some(piece.slice((low - start) as usize..(high - start) as usize)));
+        }
+        if done || walk.finished {
+            walk.finished = true;
+            return Ok(None);
+        }
+    }
+}
+
+/// The cache's view of one entry.
+struct Resident {
+    entry: Arc<Decoded>,
+    last_used: u64,
+}
+
+#[derive(Default)]
+struct Lru {
+    entries: HashMap<ComponentKey, Resident>,
+    held: u64,
+    clock: u64,
+}
+
+/// Shared decodes, bounded in bytes: each entry reserves its full decoded length.
+pub struct DecodeCache {
+    capacity: u64,
+    decoders: Arc<Semaphore>,
+    lru: Mutex<Lru>,
+}
+
+impl DecodeCache {
+    pub fn new(capacity: u64, decoders: usize) -> DecodeCache {
+        DecodeCache { capacity, decoders: Arc::new(Semaphore::new(decoders)), lru: Mutex::default() }
+    }
+
+    /// The bound on decoders running at once, shared by shared and private decodes.
+    pub fn decoders(&self) -> &Arc<Semaphore> {
+        &self.decoders
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        self.lru.lock().expect("cache lock is never poisoned")
+    }
+
+    /// Bytes reserved by the entries held.
+    pub fn held(&self) -> u64 {
+        self.lock().held
+    }
+
+    /// The shared decode of `key`, created with `make` when absent (or when the held one
+    /// failed). `None` when the component cannot be held: larger than the cache, or no room
+    /// left once every entry nobody is reading has been evicted.
+    pub fn entry(&self, key: &ComponentKey, len: u64, make: impl FnOnce(Arc<Semaphore>) -> Decoded) -> Option<Hold> {
+        let mut lru = self.lock();
+        lru.clock += 1;
+        let now = lru.clock;
+        if let Some(resident) = lru.entries.get_mut(key) {
+            if !resident.entry.failed() {
+                resident.last_used = now;
+                return Some(Hold::new(&resident.entry));
+            }
+            let failed = lru.entries.remove(key).expect("present");
+            lru.held -= failed.entry.len();
+        }
+        if len > self.capacity {
+            return None;
+        }
+        let needed = (lru.held + len).saturating_sub(self.capacity);
+        if needed > 0 {
+            // Holds on a resident entry are only taken under this lock (later ones by holders),
+            // so an entry with none cannot gain one while eviction decides.
+            let mut idle: Vec<(u64, u64, &ComponentKey)> = lru
+                .entries
+                .iter()
+                .filter(|(_, r)| r.entry.holds.load(Ordering::SeqCst) == 0)
+                .map(|(k, r)| (r.last_used, r.entry.len(), k))
+                .collect();
+            idle.sort_unstable_by_key(|&(last_used, _, _)| last_used);
+            let mut freed = 0;
+            let victims: Vec<ComponentKey> = idle
+                .into_iter()
+                .take_while(|&(_, size, _)| {
+                    let take = freed < needed;
+                    if take {
+                        freed += size;
+                    }
+                    take
+                })
+                .map(|(_, _, k)| k.clone())
+                .collect();
+            if freed < needed {
+                return None;
+            }
+            for victim in &victims {
+                let evicted = lru.entries.remove(victim).expect("present");
+                lru.held -= evicted.entry.len();
+            }
+            metrics::counter!(names::CACHE_EVICTIONS).increment(victims.len() as u64);
+        }
+        let entry = Arc::new(make(Arc::clone(&self.decoders)));
+        let hold = Hold::new(&entry);
+        lru.held += len;
+        lru.entries.insert(key.clone(), Resident { entry, last_used: now });
+        metrics::gauge!(names::CACHE_BYTES).set(lru.held as f64);
+        Some(hold)
+    }
+
+    /// Drops every entry whose key `keep` refuses (files that changed or disappeared).
+    pub fn retain(&self, keep: impl Fn(&ComponentKey) -> bool) {
+        let mut lru = self.lock();
+        let before = lru.entries.len();
+        lru.entries.retain(|k, _| keep(k));
+        if lru.entries.len() != before {
+            lru.held = lru.entries.values().map(|r| r.entry.len()).sum();
+            metrics::gauge!(names::CACHE_BYTES).set(lru.held as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{ByteOrder, DType};
+
+    fn component(len: u64) -> Component {
+        Component {
+            role: "data".into(),
+            dtype: DType::U8,
+            logical_type: None,
+            offset: 0,
+            stored_length: len,
+            encoding: Encoding::Raw,
+            decoded_length: len,
+            digest: None,
+            byte_order: ByteOrder::Big,
+        }
+    }
+
+    fn key(object: &str) -> ComponentKey {
+        let identity = FileIdentity { size: 1, mtime_ns: 0, inode: 1, device: 1 };
+        ComponentKey { model: "m".into(), identity, object: object.into(), role: "data".into() }
+    }
+
+    fn entry(cache: &DecodeCache, object: &str, len: u64) -> Option<Hold> {
+        let c = component(len);
+        cache.entry(&key(object), len, |decoders| Decoded::new(object, &c, Bytes::from(vec![0; len as usize]), decoders, Arc::default()))
+    }
+
+    #[test]
+    fn held_entries_are_never_evicted_and_the_bound_is_never_exceeded() {
+        let cache = DecodeCache::new(100, 1);
+        let a = entry(&cache, "a", 60).expect("fits");
+        // `a` is held: `b` cannot make room, so it is not cached.
+        assert!(entry(&cache, "b", 60).is_none());
+        assert_eq!(cache.held(), 60);
+        drop(a);
+        // Now `a` is idle and evicted for `b`.
+        let b = entry(&cache, "b", 60).expect("room made");
+        assert_eq!(cache.held(), 60);
+        drop(b);
+        assert!(entry(&cache, "huge", 101).is_none(), "larger than the cache");
+        assert!(entry(&cache, "b", 60).is_some(), "b is still resident");
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_idle_entries_first() {
+        let cache = DecodeCache::new(100, 1);
+        for name in ["a", "b", "c"] {
+            drop(entry(&cache, name, 30));
+        }
+        drop(entry(&cache, "a", 30)); // a is now the most recent; b the least
+        drop(entry(&cache, "d", 30));
+        let resident: Vec<bool> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|k| cache.lock().entries.contains_key(&key(k)))
+            .collect();
+        assert_eq!(resident, [true, false, true, true]);
+        cache.retain(|k| k.object != "c");
+        assert_eq!(cache.held(), 60);
+    }
+}
