@@ -4,10 +4,12 @@
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
 //! - [`storage`]: where bytes come from (memory-mapped local files).
-//! - [`catalog`]: which models exist under the sources, their parsed manifests, broken files.
-//! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, errors, serving.
+//! - [`catalog`]: which models exist under the sources, their parsed manifests, broken files,
+//!   what is learnt per component (digest verdicts), and the bounded cache of shared decodes.
+//! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content
+//!   negotiation, digest policy, streaming bodies, errors, metrics per request.
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
-//! - [`telemetry`]: the tracing subscriber (text or JSON logs).
+//! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
 
 pub mod catalog;

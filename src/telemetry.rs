@@ -76,5 +76,5 @@ fn describe() {
     describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
-    describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and kind.");
+    describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
 }

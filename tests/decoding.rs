@@ -446,3 +446,24 @@ fn the_metrics_endpoint_parses_as_prometheus_text_and_counts_what_happened() {
     assert!(value("ztserve_storage_read_duration_seconds_count", &[("kind", "manifest")]) >= 2.0);
     assert!(value("ztserve_storage_read_bytes_total", &[("purpose", "decode")]) > 0.0);
 }
+
+#[test]
+fn head_and_not_modified_answers_never_start_a_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = payload(1 << 20, 17);
+    write_model(dir.path(), "m", &[("w", &body, zstd(None))]);
+    let server = serve(dir.path(), &[]);
+    let path = "/models/m/objects/w";
+    let mut stream = std::net::TcpStream::connect(&server.address).unwrap();
+    write!(stream, "HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut head = String::new();
+    stream.read_to_string(&mut head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("content-length: 1048576"), "{head}");
+    let tag = head.lines().find_map(|l| l.strip_prefix("etag: ")).unwrap().trim().to_owned();
+    assert_eq!(request(&server.address, path, &[("If-None-Match", &tag)]).status, 304);
+    assert_eq!(request(&server.address, "/models/m", &[]).status, 200);
+    assert_eq!(metric(&server, "ztserve_decodes_started_total"), 0.0);
+    assert_eq!(metric(&server, "ztserve_decode_cache_hits_total") + metric(&server, "ztserve_decode_cache_misses_total"), 0.0);
+    assert_eq!(request(&server.address, path, &[("Range", "bytes=0-0")]).body, body[..1]);
+    assert_eq!(metric(&server, "ztserve_decodes_started_total"), 1.0);
+}

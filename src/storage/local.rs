@@ -14,11 +14,14 @@ use crate::telemetry::names;
 pub fn record_read(kind: &'static str, started: std::time::Instant, bytes: u64) {
     metrics::histogram!(names::STORAGE_READ_DURATION, "backend" => "local", "kind" => kind)
         .record(started.elapsed().as_secs_f64());
-    metrics::counter!(names::STORAGE_READ_BYTES, "backend" => "local", "purpose" => kind).increment(bytes);
+    if bytes > 0 {
+        record_mapped(kind, bytes);
+    }
 }
 
-/// Records bytes taken from a mapping (`purpose`: serve, decode or verify). Mapped pages are
-/// read by the kernel on first touch, so there is no read to time, only bytes to count.
+/// Records bytes read for `purpose` (manifest, serve, decode or verify). Bytes taken from a
+/// mapping are read by the kernel on first touch, so there is no read to time, only bytes to
+/// count.
 pub fn record_mapped(purpose: &'static str, bytes: u64) {
     metrics::counter!(names::STORAGE_READ_BYTES, "backend" => "local", "purpose" => purpose).increment(bytes);
 }
