@@ -322,6 +322,7 @@ impl Decoded {
                 // entry still held; then hash if the readers are already gone.
                 drop(hold);
                 self.finish(Ok(()));
+                tracing::debug!("decoded to the end");
                 if self.holds.load(Ordering::SeqCst) == 0 {
                     self.hash_when_idle();
                 }
