@@ -3,7 +3,8 @@
 //! Module map (data flows one way, each layer knows only the one below it):
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
-//! - [`storage`]: where bytes come from (memory-mapped local files).
+//! - [`storage`]: where bytes come from: the `Storage` trait over local directories (scanned,
+//!   read, or memory-mapped) and S3 prefixes (`object_store`), reads bound to one version.
 //! - [`catalog`]: which models exist under the sources, their parsed manifests, broken files,
 //!   what is learnt per component (digest verdicts), and the bounded cache of shared decodes.
 //! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content

@@ -18,7 +18,7 @@ use futures_util::Stream;
 use sha2::Digest as _;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use super::scan::FileIdentity;
+use crate::storage::scan::FileIdentity;
 use crate::format::decode::Decoder;
 use crate::format::{Component, Encoding, FormatError};
 use crate::telemetry::names;

@@ -4,7 +4,6 @@
 //! validation stays listed as broken with its reason, and never stops the others from serving.
 
 pub mod cache;
-pub mod scan;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -14,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::format::{self, Container, FormatError, Limits, Manifest};
 use crate::storage::local::MappedFile;
-use scan::{scan_local, FileIdentity};
+use crate::storage::scan::{scan_local, FileIdentity};
 
 /// Why a model cannot be served.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -85,3 +85,116 @@ impl AsRef<[u8]> for MappedFile {
         self
     }
 }
+
+/// A local directory as a [`super::Storage`]: the backend-neutral path (reads with `pread`,
+/// off the async runtime). The server's local fast path maps files with [`MappedFile`].
+#[derive(Debug)]
+pub struct LocalStorage {
+    name: String,
+    root: std::path::PathBuf,
+}
+
+/// A file version as a string: its identity (device, inode, size, modification time).
+pub fn version_of(identity: &super::scan::FileIdentity) -> String {
+    format!("{:x}-{:x}-{:x}-{:x}", identity.device, identity.inode, identity.size, identity.mtime_ns)
+}
+
+/// Largest piece a local read yields at once.
+const READ_PIECE: u64 = 1 << 20;
+
+impl LocalStorage {
+    pub fn new(source: &str) -> LocalStorage {
+        LocalStorage { name: source.to_owned(), root: std::path::PathBuf::from(source) }
+    }
+
+    fn unavailable(&self, e: impl std::fmt::Display) -> super::StorageError {
+        super::StorageError::Unavailable { source_name: self.name.clone(), message: e.to_string() }
+    }
+}
+
+impl super::Storage for LocalStorage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn list(&self) -> futures_util::future::BoxFuture<'_, Result<Vec<super::Listed>, super::StorageError>> {
+        use futures_util::FutureExt as _;
+        let root = self.root.clone();
+        async move {
+            let (found, _) = tokio::task::spawn_blocking(move || super::scan::scan_local(&root))
+                .await
+                .map_err(|e| self.unavailable(e))?
+                .map_err(|e| self.unavailable(e))?;
+            let mut listed: Vec<super::Listed> = found
+                .into_iter()
+                .map(|f| super::Listed { key: format!("{}.zt", f.id), size: f.identity.size, version: version_of(&f.identity) })
+                .collect();
+            listed.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(listed)
+        }
+        .boxed()
+    }
+
+    fn read(
+        &self,
+        key: &str,
+        range: super::ByteRange,
+        version: &str,
+    ) -> futures_util::future::BoxFuture<'_, Result<super::Read, super::StorageError>> {
+        use futures_util::{FutureExt as _, StreamExt as _};
+        use std::os::unix::fs::FileExt as _;
+        let (key, version) = (key.to_owned(), version.to_owned());
+        let path = self.root.join(&key);
+        let name = self.name.clone();
+        async move {
+            let opened = tokio::task::spawn_blocking(move || -> io::Result<Option<(File, u64, bool)>> {
+                let file = match File::open(&path) {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let metadata = file.metadata()?;
+                let current = version_of(&super::scan::FileIdentity::of(&metadata)) == version;
+                Ok(Some((file, metadata.len(), current)))
+            })
+            .await
+            .map_err(|e| self.unavailable(e))?
+            .map_err(|e| self.unavailable(e))?;
+            let (file, size) = match opened {
+                None => return Err(super::StorageError::NotFound { source_name: name, key }),
+                Some((_, _, false)) => return Err(super::StorageError::Changed { source_name: name, key }),
+                Some((file, size, true)) => (file, size),
+            };
+            let span = match range {
+                super::ByteRange::Bounded(r) if r.end <= size && r.start <= r.end => r,
+                super::ByteRange::Bounded(r) => {
+                    return Err(super::StorageError::OutOfRange { source_name: name, start: r.start, end: r.end });
+                }
+                super::ByteRange::Suffix(n) => size.saturating_sub(n)..size,
+            };
+            let file = std::sync::Arc::new(file);
+            let pieces = (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
+            let bytes = futures_util::stream::iter(pieces)
+                .then(move |(start, end)| {
+                    let (file, name) = (std::sync::Arc::clone(&file), name.clone());
+                    async move {
+                        let started = std::time::Instant::now();
+                        let read = tokio::task::spawn_blocking(move || {
+                            let mut buffer = vec![0u8; (end - start) as usize];
+                            file.read_exact_at(&mut buffer, start).map(|()| bytes::Bytes::from(buffer))
+                        })
+                        .await;
+                        record_read("range", started, end - start);
+                        match read {
+                            Ok(Ok(bytes)) => Ok(bytes),
+                            Ok(Err(e)) => Err(super::StorageError::Unavailable { source_name: name, message: e.to_string() }),
+                            Err(e) => Err(super::StorageError::Unavailable { source_name: name, message: e.to_string() }),
+                        }
+                    }
+                })
+                .boxed();
+            Ok(super::Read { size, range: span, bytes })
+        }
+        .boxed()
+    }
+}

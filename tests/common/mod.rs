@@ -161,3 +161,74 @@ pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
     let status = std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap();
     (status, response[head_end + 4..].to_vec())
 }
+
+/// A moto S3 server on 127.0.0.1, killed when dropped.
+pub struct S3Server {
+    child: std::process::Child,
+    pub endpoint: String,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts moto's S3 server from `.venv/tools` (installed by `scripts/python-env`) on a free
+/// port and waits up to 30 s for it to answer. Panics, never skips, when it cannot start.
+pub fn start_s3() -> S3Server {
+    let moto = venv_root().join("tools/bin/moto_server");
+    assert!(moto.exists(), "{} is missing: run scripts/python-env (scripts/test does)", moto.display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(moto)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = S3Server { child, endpoint: format!("http://127.0.0.1:{port}") };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "moto_server did not start within 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    server
+}
+
+impl S3Server {
+    /// Creates `bucket` (moto accepts the unsigned request).
+    pub fn create_bucket(&self, bucket: &str) {
+        use std::io::{Read, Write};
+        let address = self.endpoint.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        write!(stream, "PUT /{bucket} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "cannot create bucket {bucket}: {response}");
+    }
+
+    /// Options reaching this server with moto's test credentials.
+    pub fn options(&self) -> ztserve::storage::s3::S3Options {
+        ztserve::storage::s3::S3Options {
+            endpoint: Some(self.endpoint.clone()),
+            region: Some("us-east-1".into()),
+            allow_http: true,
+            credentials: Some(("testing".into(), "testing".into())),
+            ..Default::default()
+        }
+    }
+
+    /// A plain object_store client for the test's own uploads.
+    pub fn client(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_region("us-east-1")
+            .with_bucket_name(bucket)
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .build()
+            .unwrap()
+    }
+}

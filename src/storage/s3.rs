@@ -1,0 +1,190 @@
+//! S3 and S3-compatible stores (MinIO, Ceph, R2, …) through `object_store`'s AmazonS3 backend.
+//! A source `s3://bucket/prefix` lists every `*.zt` below the prefix; every read is one ranged
+//! GET conditioned with `If-Match` on the ETag seen at listing, and the ETag of the answer is
+//! checked again on our side, so two versions of an object are never mixed even by a store
+//! that ignores the condition. Endpoint, region, credentials and addressing come from the
+//! standard `AWS_*` variables, overridden by [`S3Options`].
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
+
+use super::{ByteRange, Listed, Read, Storage, StorageError};
+
+/// How to reach the store; `None` leaves the `AWS_*` environment's value.
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Plain `http://` endpoints (a local MinIO); refused otherwise.
+    pub allow_http: bool,
+    /// `bucket.host/key` instead of `host/bucket/key`.
+    pub virtual_hosted_style: bool,
+    pub connect_timeout: Duration,
+    /// Longest wait for the next bytes of an answer (not the whole answer: downloads are long).
+    pub read_timeout: Duration,
+    /// Retries of a failed request, with exponential backoff.
+    pub retries: usize,
+    /// Access key id and secret; `None` takes the `AWS_*` environment's (or the instance's).
+    pub credentials: Option<(String, String)>,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            endpoint: None,
+            region: None,
+            allow_http: false,
+            virtual_hosted_style: false,
+            connect_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(30),
+            retries: 3,
+            credentials: None,
+        }
+    }
+}
+
+/// One `s3://bucket/prefix` source.
+#[derive(Debug)]
+pub struct S3Storage {
+    name: String,
+    prefix: Option<Path>,
+    store: Arc<AmazonS3>,
+}
+
+/// Splits `s3://bucket/prefix` into the bucket and the prefix (possibly empty).
+pub fn parse_source(source: &str) -> Option<(String, String)> {
+    let rest = source.strip_prefix("s3://")?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    (!bucket.is_empty()).then(|| (bucket.to_owned(), prefix.trim_matches('/').to_owned()))
+}
+
+impl S3Storage {
+    /// A source for `s3://bucket/prefix`. Nothing is contacted yet.
+    pub fn new(source: &str, options: &S3Options) -> Result<S3Storage, StorageError> {
+        let refused = |message: String| StorageError::Refused { source_name: source.to_owned(), message };
+        let (bucket, prefix) = parse_source(source).ok_or_else(|| refused("expected s3://bucket/prefix".into()))?;
+        let client = ClientOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            .with_read_timeout(options.read_timeout)
+            .with_timeout_disabled()
+            .with_allow_http(options.allow_http);
+        let retry = RetryConfig {
+            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(5), base: 2.0 },
+            max_retries: options.retries,
+            retry_timeout: Duration::from_secs(60),
+        };
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_client_options(client)
+            .with_retry(retry)
+            .with_allow_http(options.allow_http)
+            .with_virtual_hosted_style_request(options.virtual_hosted_style);
+        if let Some(endpoint) = &options.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some((key_id, secret)) = &options.credentials {
+            builder = builder.with_access_key_id(key_id).with_secret_access_key(secret);
+        }
+        if let Some(region) = &options.region {
+            builder = builder.with_region(region);
+        }
+        let store = builder.build().map_err(|e| refused(e.to_string()))?;
+        let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
+        Ok(S3Storage { name: source.to_owned(), prefix, store: Arc::new(store) })
+    }
+
+    fn location(&self, key: &str) -> Path {
+        match &self.prefix {
+            Some(prefix) => Path::from(format!("{prefix}/{key}")),
+            None => Path::from(key),
+        }
+    }
+
+    fn error(&self, key: &str, error: object_store::Error) -> StorageError {
+        let source_name = self.name.clone();
+        match error {
+            object_store::Error::NotFound { .. } => StorageError::NotFound { source_name, key: key.to_owned() },
+            object_store::Error::Precondition { .. } => StorageError::Changed { source_name, key: key.to_owned() },
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                StorageError::Refused { source_name, message: error.to_string() }
+            }
+            other => StorageError::Unavailable { source_name, message: other.to_string() },
+        }
+    }
+}
+
+impl Storage for S3Storage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>> {
+        async move {
+            let metas: Vec<object_store::ObjectMeta> =
+                self.store.list(self.prefix.as_ref()).try_collect().await.map_err(|e| self.error("", e))?;
+            let skip = self.prefix.as_ref().map_or(0, |p| p.as_ref().len() + 1);
+            let mut listed: Vec<Listed> = metas
+                .into_iter()
+                .filter(|m| m.location.as_ref().ends_with(".zt"))
+                .map(|m| Listed {
+                    key: m.location.as_ref()[skip..].to_owned(),
+                    size: m.size,
+                    version: m.e_tag.unwrap_or_else(|| m.last_modified.to_rfc3339()),
+                })
+                .collect();
+            listed.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(listed)
+        }
+        .boxed()
+    }
+
+    fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
+        let key = key.to_owned();
+        let version = version.to_owned();
+        async move {
+            let range = match range {
+                ByteRange::Bounded(r) if r.is_empty() => {
+                    // S3 has no empty range; nothing to fetch.
+                    return Ok(Read { size: 0, range: r, bytes: futures_util::stream::empty().boxed() });
+                }
+                ByteRange::Bounded(r) => GetRange::Bounded(r),
+                ByteRange::Suffix(n) => GetRange::Suffix(n),
+            };
+            let options = GetOptions { if_match: Some(version.clone()), range: Some(range), ..GetOptions::default() };
+            let location = self.location(&key);
+            let result = self.store.get_opts(&location, options).await.map_err(|e| self.error(&key, e))?;
+            // A store that ignores If-Match is caught here.
+            if result.meta.e_tag.as_deref().is_some_and(|tag| tag != version) {
+                return Err(StorageError::Changed { source_name: self.name.clone(), key });
+            }
+            let (size, served): (u64, Range<u64>) = (result.meta.size, result.range.clone());
+            let name = self.name.clone();
+            let bytes = result
+                .into_stream()
+                .map(move |piece| piece.map_err(|e| StorageError::Unavailable { source_name: name.clone(), message: e.to_string() }))
+                .boxed();
+            Ok(Read { size, range: served, bytes })
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_name_a_bucket_and_an_optional_prefix() {
+        assert_eq!(parse_source("s3://models/prod/v1/"), Some(("models".into(), "prod/v1".into())));
+        assert_eq!(parse_source("s3://models"), Some(("models".into(), "".into())));
+        assert_eq!(parse_source("s3:///x"), None);
+        assert_eq!(parse_source("models"), None);
+    }
+}

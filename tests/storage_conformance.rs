@@ -1,0 +1,138 @@
+//! One suite every storage backend passes: a local directory and an S3 bucket prefix served by
+//! a real S3-protocol server (moto) on 127.0.0.1.
+
+mod common;
+
+use std::time::Duration;
+
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStoreExt as _, PutPayload};
+use ztserve::storage::local::LocalStorage;
+use ztserve::storage::s3::S3Storage;
+use ztserve::storage::{ByteRange, Storage, StorageError};
+
+/// Where the suite puts and replaces objects, for each backend.
+trait Fixture {
+    fn storage(&self) -> &dyn Storage;
+    async fn put(&self, key: &str, bytes: &[u8]);
+    async fn remove(&self, key: &str);
+}
+
+struct Local {
+    dir: tempfile::TempDir,
+    storage: LocalStorage,
+}
+
+impl Fixture for Local {
+    fn storage(&self) -> &dyn Storage {
+        &self.storage
+    }
+    async fn put(&self, key: &str, bytes: &[u8]) {
+        let path = self.dir.path().join(key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        // Replace by rename, as deployments do; a new inode is a new version.
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, bytes).unwrap();
+        std::fs::rename(&temporary, &path).unwrap();
+    }
+    async fn remove(&self, key: &str) {
+        std::fs::remove_file(self.dir.path().join(key)).unwrap();
+    }
+}
+
+struct S3 {
+    _server: common::S3Server,
+    client: object_store::aws::AmazonS3,
+    prefix: String,
+    storage: S3Storage,
+}
+
+impl Fixture for S3 {
+    fn storage(&self) -> &dyn Storage {
+        &self.storage
+    }
+    async fn put(&self, key: &str, bytes: &[u8]) {
+        let location = StorePath::from(format!("{}/{key}", self.prefix));
+        self.client.put(&location, PutPayload::from(bytes.to_vec())).await.unwrap();
+    }
+    async fn remove(&self, key: &str) {
+        self.client.delete(&StorePath::from(format!("{}/{key}", self.prefix))).await.unwrap();
+    }
+}
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+async fn collect(storage: &dyn Storage, key: &str, range: ByteRange, version: &str) -> Result<(u64, Vec<u8>), StorageError> {
+    let (size, _, bytes) = storage.read(key, range, version).await?.collect().await?;
+    Ok((size, bytes))
+}
+
+async fn suite(fixture: &impl Fixture) {
+    let big = bytes(3 << 20, 7);
+    fixture.put("a.zt", b"first version").await;
+    fixture.put("org/big.zt", &big).await;
+    fixture.put("org/notes.txt", b"not a model").await;
+    let storage = fixture.storage();
+
+    // Listing: every .zt below the root, relative keys, sizes, in key order.
+    let listed = storage.list().await.unwrap();
+    let keys: Vec<(&str, u64)> = listed.iter().map(|l| (l.key.as_str(), l.size)).collect();
+    assert_eq!(keys, [("a.zt", 13), ("org/big.zt", 3 << 20)], "{}", storage.name());
+    let (a, big_version) = (listed[0].version.clone(), listed[1].version.clone());
+
+    // Ranges: bounded, suffix, suffix longer than the object; large reads arrive whole.
+    assert_eq!(collect(storage, "a.zt", ByteRange::Bounded(6..13), &a).await.unwrap(), (13, b"version".to_vec()));
+    assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(7), &a).await.unwrap(), (13, b"version".to_vec()));
+    assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(64 << 10), &a).await.unwrap(), (13, b"first version".to_vec()));
+    let middle = (1 << 20) + 3..(3 << 20) - 5;
+    let (_, got) = collect(storage, "org/big.zt", ByteRange::Bounded(middle.clone()), &big_version).await.unwrap();
+    assert!(got == big[middle.start as usize..middle.end as usize], "{}: large range differs", storage.name());
+
+    // A replaced object is a new version: reads of the old one fail, never mix.
+    fixture.put("a.zt", b"second version!").await;
+    let stale = collect(storage, "a.zt", ByteRange::Bounded(0..5), &a).await;
+    assert!(matches!(stale, Err(StorageError::Changed { .. })), "{}: {stale:?}", storage.name());
+    let fresh = storage.list().await.unwrap().into_iter().find(|l| l.key == "a.zt").unwrap();
+    assert_ne!(fresh.version, a);
+    assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(8), &fresh.version).await.unwrap(), (15, b"version!".to_vec()));
+
+    // A removed object is missing.
+    fixture.remove("a.zt").await;
+    let missing = collect(storage, "a.zt", ByteRange::Bounded(0..1), &fresh.version).await;
+    assert!(matches!(missing, Err(StorageError::NotFound { .. })), "{}: {missing:?}", storage.name());
+}
+
+#[tokio::test]
+async fn a_local_directory_passes_the_storage_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(&dir.path().display().to_string());
+    suite(&Local { dir, storage }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_prefix_passes_the_storage_suite() {
+    let server = common::start_s3();
+    server.create_bucket("models");
+    let client = server.client("models");
+    // Objects outside the prefix are not listed.
+    client.put(&StorePath::from("other/x.zt"), PutPayload::from_static(b"elsewhere")).await.unwrap();
+    let storage = S3Storage::new("s3://models/prod", &server.options()).unwrap();
+    suite(&S3 { client, prefix: "prod".into(), storage, _server: server }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_store_fails_promptly_as_unavailable_and_a_missing_bucket_is_reported() {
+    let server = common::start_s3();
+    let options = ztserve::storage::s3::S3Options { retries: 1, ..server.options() };
+    let missing_bucket = S3Storage::new("s3://nobucket", &options).unwrap();
+    let listed = tokio::time::timeout(Duration::from_secs(30), missing_bucket.list()).await.expect("no hang");
+    assert!(matches!(listed, Err(StorageError::NotFound { .. } | StorageError::Unavailable { .. })), "{listed:?}");
+    drop(server);
+    let gone = S3Storage::new("s3://models", &options).unwrap();
+    let started = std::time::Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(30), gone.read("a.zt", ByteRange::Bounded(0..1), "\"x\"")).await.expect("no hang");
+    assert!(matches!(read, Err(StorageError::Unavailable { .. })), "{:?}", read.map(|r| r.size));
+    assert!(started.elapsed() < Duration::from_secs(15), "gave up after {:?}", started.elapsed());
+}
