@@ -65,7 +65,7 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
 }
 
 async fn collect(storage: &dyn Storage, key: &str, range: ByteRange, version: &str) -> Result<(u64, Vec<u8>), StorageError> {
-    let (size, _, bytes) = storage.read(key, range, version).await?.collect().await?;
+    let (size, _, bytes) = storage.read(key, range, version).await?.collect(storage.name()).await?;
     Ok((size, bytes))
 }
 

@@ -1,20 +1,17 @@
 //! Object and component routes: a component's decoded little-endian bytes with ranges, or an
 //! object's JSON description when it has several components.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use axum::extract::{RawPathParams, State};
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use serde_json::json;
-
-use std::ops::Range;
-
-use axum::http::{header, HeaderValue, Method};
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
+use serde_json::json;
 
 use super::models::{etag, file_bytes};
 use super::respond::{bytes_response, guard, ByteStream, ExtraHeaders, RangeSource, Representation};

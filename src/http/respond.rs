@@ -52,7 +52,7 @@ impl RangeSource for Bytes {
         let bytes = self.slice(range.start as usize..range.end as usize);
         crate::storage::local::record_mapped("serve", bytes.len() as u64);
         let pieces = (0..bytes.len()).step_by(SLICE_PIECE).map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
-        stream::iter(pieces.collect::<Vec<_>>()).boxed()
+        stream::iter(pieces).boxed()
     }
 }
 

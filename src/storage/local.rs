@@ -185,11 +185,8 @@ impl super::Storage for LocalStorage {
                         })
                         .await;
                         record_read("range", started, end - start);
-                        match read {
-                            Ok(Ok(bytes)) => Ok(bytes),
-                            Ok(Err(e)) => Err(super::StorageError::Unavailable { source_name: name, message: e.to_string() }),
-                            Err(e) => Err(super::StorageError::Unavailable { source_name: name, message: e.to_string() }),
-                        }
+                        let read = read.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string()));
+                        read.map_err(|message| super::StorageError::Unavailable { source_name: name, message })
                     }
                 })
                 .boxed();

@@ -44,8 +44,9 @@ pub struct Read {
 }
 
 impl Read {
-    /// Collects the whole read into one buffer (for small reads such as manifests).
-    pub async fn collect(self) -> Result<(u64, Range<u64>, Vec<u8>), StorageError> {
+    /// Collects the whole read from `source_name` into one buffer (for small reads such as
+    /// manifests).
+    pub async fn collect(self, source_name: &str) -> Result<(u64, Range<u64>, Vec<u8>), StorageError> {
         use futures_util::StreamExt as _;
         let mut out = Vec::with_capacity((self.range.end - self.range.start) as usize);
         let mut bytes = self.bytes;
@@ -54,7 +55,7 @@ impl Read {
         }
         if out.len() as u64 != self.range.end - self.range.start {
             return Err(StorageError::Unavailable {
-                source_name: String::new(),
+                source_name: source_name.to_owned(),
                 message: format!("read ended after {} of {} bytes", out.len(), self.range.end - self.range.start),
             });
         }
