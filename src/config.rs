@@ -19,8 +19,11 @@ use crate::format::Limits;
 pub struct Config {
     /// Address to listen on.
     pub listen: String,
-    /// Directories whose `*.zt` files are served (recursively).
+    /// Directories and `s3://bucket/prefix` locations whose `*.zt` files are served.
     pub sources: Vec<String>,
+    /// At start, a source that cannot be listed either stops the server (`fail`) or is
+    /// served degraded until it answers (`degrade`).
+    pub on_unreadable_source: String,
     /// Seconds between rescans of the sources.
     pub rescan_interval_secs: u64,
     /// Seconds a request may take before it is answered 503 (0: no limit).
@@ -44,6 +47,33 @@ pub struct Config {
     /// When stored bytes are checked against their declared digest: `never`, `first-read`
     /// (once per component and file version) or `always` (every request).
     pub verify: String,
+    /// Bytes read from the end of a remote object in the first request for its manifest.
+    pub manifest_suffix_bytes: u64,
+    /// S3 endpoint URL (empty: `AWS_ENDPOINT_URL`, else AWS itself).
+    pub s3_endpoint: String,
+    /// S3 region (empty: `AWS_REGION` / `AWS_DEFAULT_REGION`, else us-east-1).
+    pub s3_region: String,
+    /// Access key id (empty: `AWS_ACCESS_KEY_ID`, else the instance's credentials).
+    pub s3_access_key_id: String,
+    /// Secret access key (empty: `AWS_SECRET_ACCESS_KEY`).
+    pub s3_secret_access_key: String,
+    /// Allow a plain `http://` endpoint (or `AWS_ALLOW_HTTP=true`).
+    pub s3_allow_http: bool,
+    /// Virtual-hosted-style addressing, `bucket.host/key` (or
+    /// `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`); path-style otherwise.
+    pub s3_virtual_hosted_style: bool,
+    /// Seconds to wait for a connection to the store.
+    pub s3_connect_timeout_secs: u64,
+    /// Seconds to wait for the next bytes of an answer.
+    pub s3_read_timeout_secs: u64,
+    /// Retries of a failed S3 request, with exponential backoff.
+    pub s3_retries: usize,
+    /// Bytes per ranged GET when a large read is split.
+    pub s3_range_chunk_bytes: u64,
+    /// Ranged GETs in flight for one response (1: never split).
+    pub s3_range_concurrency: usize,
+    /// Bytes fetched ahead of clients across all responses.
+    pub s3_readahead_bytes: u64,
 }
 
 impl Default for Config {
@@ -63,6 +93,20 @@ impl Default for Config {
             decode_cache_bytes: 1 << 30,
             max_concurrent_decodes: 0,
             verify: "first-read".into(),
+            on_unreadable_source: "fail".into(),
+            manifest_suffix_bytes: 64 << 10,
+            s3_endpoint: String::new(),
+            s3_region: String::new(),
+            s3_access_key_id: String::new(),
+            s3_secret_access_key: String::new(),
+            s3_allow_http: false,
+            s3_virtual_hosted_style: false,
+            s3_connect_timeout_secs: 5,
+            s3_read_timeout_secs: 30,
+            s3_retries: 3,
+            s3_range_chunk_bytes: 8 << 20,
+            s3_range_concurrency: 4,
+            s3_readahead_bytes: 256 << 20,
         }
     }
 }
@@ -149,6 +193,29 @@ impl Config {
         if self.sources.iter().any(|s| s.trim().is_empty()) {
             return Err(fail("sources", "a source is empty".into()));
         }
+        if let Some(bad) = self.sources.iter().find(|s| s.starts_with("s3:") && crate::storage::s3::parse_source(s).is_none()) {
+            return Err(fail("sources", format!("{bad:?} is not s3://bucket/prefix")));
+        }
+        if !matches!(self.on_unreadable_source.as_str(), "fail" | "degrade") {
+            return Err(fail("on_unreadable_source", format!("{:?} is not fail or degrade", self.on_unreadable_source)));
+        }
+        if self.manifest_suffix_bytes < 16 {
+            return Err(fail("manifest_suffix_bytes", "must be at least 16 (the trailer)".into()));
+        }
+        if self.s3_access_key_id.is_empty() != self.s3_secret_access_key.is_empty() {
+            let key = if self.s3_access_key_id.is_empty() { "s3_access_key_id" } else { "s3_secret_access_key" };
+            return Err(fail(key, "s3_access_key_id and s3_secret_access_key are set together".into()));
+        }
+        for (key, value) in [
+            ("s3_connect_timeout_secs", self.s3_connect_timeout_secs),
+            ("s3_read_timeout_secs", self.s3_read_timeout_secs),
+            ("s3_range_chunk_bytes", self.s3_range_chunk_bytes),
+            ("s3_range_concurrency", self.s3_range_concurrency as u64),
+        ] {
+            if value == 0 {
+                return Err(fail(key, "must be at least 1".into()));
+            }
+        }
         if self.rescan_interval_secs == 0 {
             return Err(fail("rescan_interval_secs", "must be at least 1".into()));
         }
@@ -184,6 +251,27 @@ impl Config {
 
     pub fn verify_policy(&self) -> VerifyPolicy {
         VerifyPolicy::parse(&self.verify).expect("validated at load")
+    }
+
+    /// How S3 sources are reached: these settings, else the `AWS_*` variables in `env`.
+    pub fn s3_options(&self, env: &BTreeMap<String, String>) -> crate::storage::s3::S3Options {
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let env_true = |var: &str| env.get(var).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        crate::storage::s3::S3Options {
+            endpoint: non_empty(&self.s3_endpoint),
+            region: non_empty(&self.s3_region),
+            allow_http: self.s3_allow_http || env_true("AWS_ALLOW_HTTP"),
+            virtual_hosted_style: self.s3_virtual_hosted_style || env_true("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"),
+            connect_timeout: std::time::Duration::from_secs(self.s3_connect_timeout_secs),
+            read_timeout: std::time::Duration::from_secs(self.s3_read_timeout_secs),
+            retries: self.s3_retries,
+            credentials: non_empty(&self.s3_access_key_id).zip(non_empty(&self.s3_secret_access_key)),
+        }
+    }
+
+    /// Whether a source that cannot be listed at start stops the server.
+    pub fn fail_on_unreadable_source(&self) -> bool {
+        self.on_unreadable_source == "fail"
     }
 
     pub fn limits(&self) -> Limits {

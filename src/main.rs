@@ -119,7 +119,7 @@ fn serve(sources: Vec<String>, listen: Option<String>, config: Option<PathBuf>, 
     let config = Config::load(config.as_deref(), std::env::vars(), flags)?;
     ztserve::telemetry::init(&config.log_format);
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(ztserve::http::serve(ztserve::http::AppState::new(config)))?;
+    runtime.block_on(async { ztserve::http::serve(ztserve::http::AppState::new(config)?).await })?;
     Ok(ExitCode::SUCCESS)
 }
 

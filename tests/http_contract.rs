@@ -1,6 +1,10 @@
 //! The HTTP contract of ARCHITECTURE.md, over files from our writer and the official packages.
+//! Every test runs twice: against a local directory and against an S3 prefix on a moto server
+//! started on 127.0.0.1 (see `both_sources!` at the end).
 
 mod common;
+
+use common::ModelSource;
 
 use std::fs;
 use std::path::Path;
@@ -52,10 +56,8 @@ fn f32_bytes(n: usize) -> Vec<u8> {
     (0..n).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect()
 }
 
-/// A source with our own file (`org/llama`) and a broken one.
-fn source() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    fs::create_dir_all(dir.path().join("org")).unwrap();
+/// Our own file: f32 weights (sha256), u64 ids (zstd), an odd name and a three-component object.
+fn llama() -> Vec<u8> {
     let weights = f32_bytes(1000);
     let ids: Vec<u8> = (0..4096u32).flat_map(|i| u64::from(i / 3).to_le_bytes()).collect();
     let mut w = Writer::new(Vec::new()).unwrap();
@@ -86,24 +88,32 @@ fn source() -> tempfile::TempDir {
         &WriteOptions::default(),
     )
     .unwrap();
-    fs::write(dir.path().join("org/llama.zt"), w.finish(None).unwrap()).unwrap();
-    fs::write(dir.path().join("broken.zt"), b"ZTEN1000 this is not a finished zTensor file at all").unwrap();
-    dir
+    w.finish(None).unwrap()
 }
 
-async fn state_for(dir: &Path) -> Arc<AppState> {
-    let config = Config { sources: vec![dir.display().to_string()], max_ranges: 8, ..Config::default() };
-    let state = AppState::new(config);
+/// Fills a source with `org/llama` and a broken file.
+async fn populate(source: &ModelSource) {
+    source.put("org/llama.zt", &llama()).await;
+    source.put("broken.zt", b"ZTEN1000 this is not a finished zTensor file at all").await;
+}
+
+async fn state_for(source: &ModelSource) -> Arc<AppState> {
+    let state = AppState::new(source.config(Config { max_ranges: 8, ..Config::default() })).unwrap();
     state.rescan().await;
     state
 }
 
+/// A source filled by [`populate`] and a state serving it.
+async fn populated_state(source: &ModelSource) -> Arc<AppState> {
+    populate(source).await;
+    state_for(source).await
+}
+
 const WEIGHTS: &str = "/models/org%2Fllama/objects/weights";
 
-#[tokio::test]
-async fn readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200() {
-    let dir = source();
-    let state = AppState::new(Config { sources: vec![dir.path().display().to_string()], ..Config::default() });
+async fn readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200(source: ModelSource) {
+    populate(&source).await;
+    let state = AppState::new(source.config(Config::default())).unwrap();
     assert_eq!(get(&state, "/readyz", &[]).await.status, StatusCode::SERVICE_UNAVAILABLE);
     let not_ready = get(&state, "/models", &[]).await;
     assert_eq!((not_ready.status, not_ready.error_code().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
@@ -114,10 +124,8 @@ async fn readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200(
     assert_eq!(ready.json()["broken"], 1);
 }
 
-#[tokio::test]
-async fn the_model_list_shows_good_and_broken_files_with_reasons() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn the_model_list_shows_good_and_broken_files_with_reasons(source: ModelSource) {
+    let state = populated_state(&source).await;
     let list = get(&state, "/models", &[]).await.json();
     let models = list["models"].as_array().unwrap();
     assert_eq!(models.len(), 2);
@@ -127,16 +135,15 @@ async fn the_model_list_shows_good_and_broken_files_with_reasons() {
     assert_eq!(models[1]["id"], "org/llama");
     assert_eq!(models[1]["status"], "ok");
     assert_eq!(models[1]["objects"], 4);
+    assert_eq!(models[1]["source"], source.name().as_str(), "served from the {} source", source.kind());
     let broken = get(&state, "/models/broken", &[]).await;
     assert_eq!((broken.status, broken.error_code().as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"));
     assert_eq!(get(&state, "/models/broken/objects/x", &[]).await.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(get(&state, "/models/org%2Fllama", &[]).await.status, StatusCode::OK, "a broken file never stops the others");
 }
 
-#[tokio::test]
-async fn the_manifest_lists_every_object_with_component_urls() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn the_manifest_lists_every_object_with_component_urls(source: ModelSource) {
+    let state = populated_state(&source).await;
     let reply = get(&state, "/models/org%2Fllama", &[]).await;
     assert_eq!(reply.header("content-type"), "application/json");
     let manifest = reply.json();
@@ -148,10 +155,8 @@ async fn the_manifest_lists_every_object_with_component_urls() {
     assert_eq!(bytes.body, f32_bytes(4));
 }
 
-#[tokio::test]
-async fn a_dense_object_answers_its_bytes_with_every_contract_header() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn a_dense_object_answers_its_bytes_with_every_contract_header(source: ModelSource) {
+    let state = populated_state(&source).await;
     let reply = get(&state, WEIGHTS, &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body, f32_bytes(1000));
@@ -167,10 +172,8 @@ async fn a_dense_object_answers_its_bytes_with_every_contract_header() {
     assert_eq!(component.header("etag"), reply.header("etag"));
 }
 
-#[tokio::test]
-async fn zstd_components_are_served_decoded() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn zstd_components_are_served_decoded(source: ModelSource) {
+    let state = populated_state(&source).await;
     let reply = get(&state, "/models/org%2Fllama/objects/ids.zstd", &[("range", "bytes=8-15")]).await;
     assert_eq!(reply.status, StatusCode::PARTIAL_CONTENT);
     assert_eq!(reply.body, 0u64.to_le_bytes());
@@ -179,10 +182,8 @@ async fn zstd_components_are_served_decoded() {
     assert_eq!(&full.body[8 * 4095..], &(4095u64 / 3).to_le_bytes());
 }
 
-#[tokio::test]
-async fn ranges_single_suffix_open_and_multiple() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn ranges_single_suffix_open_and_multiple(source: ModelSource) {
+    let state = populated_state(&source).await;
     let all = f32_bytes(1000);
     for (range, slice, content_range) in [
         ("bytes=0-99", 0..100, "bytes 0-99/4000"),
@@ -228,10 +229,8 @@ fn split<'a>(haystack: &'a [u8], needle: &[u8]) -> Vec<&'a [u8]> {
     parts
 }
 
-#[tokio::test]
-async fn unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ignored() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ignored(source: ModelSource) {
+    let state = populated_state(&source).await;
     let reply = get(&state, WEIGHTS, &[("range", "bytes=4000-")]).await;
     assert_eq!(reply.status, StatusCode::RANGE_NOT_SATISFIABLE);
     assert_eq!(reply.header("content-range"), "bytes */4000");
@@ -242,10 +241,8 @@ async fn unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ig
     assert_eq!((too_many.status, too_many.error_code().as_str()), (StatusCode::RANGE_NOT_SATISFIABLE, "too_many_ranges"));
 }
 
-#[tokio::test]
-async fn conditional_requests_follow_rfc_9110() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn conditional_requests_follow_rfc_9110(source: ModelSource) {
+    let state = populated_state(&source).await;
     let etag = get(&state, WEIGHTS, &[]).await.header("etag").to_owned();
     let not_modified = get(&state, WEIGHTS, &[("if-none-match", &etag)]).await;
     assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED);
@@ -258,10 +255,8 @@ async fn conditional_requests_follow_rfc_9110() {
     assert_eq!((stale.status, stale.body.len()), (StatusCode::OK, 4000));
 }
 
-#[tokio::test]
-async fn head_sends_the_get_headers_without_a_body() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn head_sends_the_get_headers_without_a_body(source: ModelSource) {
+    let state = populated_state(&source).await;
     let reply = send(&state, Method::HEAD, WEIGHTS, &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.header("content-length"), "4000");
@@ -269,20 +264,16 @@ async fn head_sends_the_get_headers_without_a_body() {
     assert!(reply.body.is_empty());
 }
 
-#[tokio::test]
-async fn the_file_route_serves_the_stored_file_byte_for_byte_with_ranges() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
-    let stored = fs::read(dir.path().join("org/llama.zt")).unwrap();
+async fn the_file_route_serves_the_stored_file_byte_for_byte_with_ranges(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let stored = llama();
     assert_eq!(get(&state, "/models/org%2Fllama/file", &[]).await.body, stored);
     let tail = get(&state, "/models/org%2Fllama/file", &[("range", "bytes=-16")]).await;
     assert_eq!(tail.body, &stored[stored.len() - 16..]);
 }
 
-#[tokio::test]
-async fn objects_with_several_components_answer_their_description() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn objects_with_several_components_answer_their_description(source: ModelSource) {
+    let state = populated_state(&source).await;
     let reply = get(&state, "/models/org%2Fllama/objects/q", &[]).await;
     let description = reply.json();
     assert_eq!(description["format"], "quantized_group");
@@ -291,10 +282,8 @@ async fn objects_with_several_components_answer_their_description() {
     assert_eq!(scales.body, f32_bytes(1000)[16..20]);
 }
 
-#[tokio::test]
-async fn every_error_status_has_a_json_body() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn every_error_status_has_a_json_body(source: ModelSource) {
+    let state = populated_state(&source).await;
     for (method, uri, status, code) in [
         (Method::GET, "/models/missing", StatusCode::NOT_FOUND, "model_not_found"),
         (Method::GET, "/models/org%2Fllama/objects/missing", StatusCode::NOT_FOUND, "object_not_found"),
@@ -311,21 +300,25 @@ async fn every_error_status_has_a_json_body() {
     }
 }
 
-#[tokio::test]
-async fn ids_and_names_cannot_reach_outside_the_source() {
-    let dir = source();
-    fs::write(dir.path().parent().unwrap().join("secret.zt"), b"secret").ok();
-    let state = state_for(dir.path()).await;
+async fn ids_and_names_cannot_reach_outside_the_source(source: ModelSource) {
+    populate(&source).await;
+    // Something just outside the source: beside the directory, or outside the prefix.
+    match &source {
+        ModelSource::Local(dir) => fs::write(dir.path().parent().unwrap().join("secret.zt"), b"secret").unwrap(),
+        ModelSource::S3 { client, .. } => {
+            use object_store::ObjectStoreExt as _;
+            client.put(&object_store::path::Path::from("secret.zt"), object_store::PutPayload::from_static(b"secret")).await.unwrap();
+        }
+    }
+    let state = state_for(&source).await;
     for uri in ["/models/..%2Fsecret", "/models/%2Fetc%2Fpasswd", "/models/org%2F..%2F..%2Fsecret", "/models/..%252Fsecret"] {
         let reply = get(&state, uri, &[]).await;
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{uri}");
     }
 }
 
-#[tokio::test]
-async fn a_rescan_picks_up_added_replaced_and_removed_files() {
-    let dir = source();
-    let state = state_for(dir.path()).await;
+async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource) {
+    let state = populated_state(&source).await;
     let before = get(&state, WEIGHTS, &[]).await;
     // Replace org/llama atomically with a different file, add one, remove the broken one.
     let mut w = Writer::new(Vec::new()).unwrap();
@@ -342,10 +335,9 @@ async fn a_rescan_picks_up_added_replaced_and_removed_files() {
     )
     .unwrap();
     let bytes = w.finish(None).unwrap();
-    fs::write(dir.path().join("org/llama.tmp"), &bytes).unwrap();
-    fs::rename(dir.path().join("org/llama.tmp"), dir.path().join("org/llama.zt")).unwrap();
-    fs::write(dir.path().join("new.zt"), &bytes).unwrap();
-    fs::remove_file(dir.path().join("broken.zt")).unwrap();
+    source.put("org/llama.zt", &bytes).await;
+    source.put("new.zt", &bytes).await;
+    source.remove("broken.zt").await;
     state.rescan().await;
     let after = get(&state, WEIGHTS, &[]).await;
     assert_eq!(after.body, small);
@@ -368,10 +360,10 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str, range: &str) -> (u16, V
     (status, response[head_end + 4..].to_vec())
 }
 
-async fn start_server(sources: Vec<String>) -> std::net::SocketAddr {
+async fn start_server(source: &ModelSource) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = AppState::new(Config { sources, ..Config::default() });
+    let state = AppState::new(source.config(Config::default())).unwrap();
     tokio::spawn(ztserve::http::serve_on(listener, state));
     for _ in 0..100 {
         if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
@@ -388,10 +380,9 @@ async fn start_server(sources: Vec<String>) -> std::net::SocketAddr {
     panic!("server did not become ready");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_concurrent_range_requests_return_correct_bytes() {
-    let dir = source();
-    let addr = start_server(vec![dir.path().display().to_string()]).await;
+async fn sixty_four_concurrent_range_requests_return_correct_bytes(source: ModelSource) {
+    populate(&source).await;
+    let addr = start_server(&source).await;
     let all = Arc::new(f32_bytes(1000));
     let tasks: Vec<_> = (0..64u64)
         .map(|i| {
@@ -412,17 +403,17 @@ async fn sixty_four_concurrent_range_requests_return_correct_bytes() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_from_the_official_writers_are_served_byte_exact() {
+async fn files_from_the_official_writers_are_served_byte_exact(source: ModelSource) {
     let root = tempfile::tempdir().unwrap();
     let mut expectations = Vec::new();
     for version in ["0.1.4", "1.1.1", "1.2.3"] {
         let dir = root.path().join(version);
         common::run_official(version, &[Path::new("write"), &dir]);
         let expect: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("expect.json")).unwrap()).unwrap();
+        source.put(&format!("{version}/official.zt"), &fs::read(dir.join("official.zt")).unwrap()).await;
         expectations.push((version, dir, expect));
     }
-    let addr = start_server(vec![root.path().display().to_string()]).await;
+    let addr = start_server(&source).await;
     let encode = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
     let mut compared = 0;
     for (version, dir, expect) in &expectations {
@@ -444,9 +435,7 @@ async fn files_from_the_official_writers_are_served_byte_exact() {
     assert!(compared > 90, "{compared}");
 }
 
-#[tokio::test]
-async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve() {
-    let dir = tempfile::tempdir().unwrap();
+async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve(source: ModelSource) {
     let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let (values, indices, bad_indptr) = (f32_bytes(2), u64s(&[0, 1]), u64s(&[0, 2, 1]));
     let mut w = Writer::new(Vec::new()).unwrap();
@@ -465,8 +454,8 @@ async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve
         &WriteOptions::default(),
     )
     .unwrap();
-    fs::write(dir.path().join("m.zt"), w.finish(None).unwrap()).unwrap();
-    let state = state_for(dir.path()).await;
+    source.put("m.zt", &w.finish(None).unwrap()).await;
+    let state = state_for(&source).await;
     for (uri, reason) in [("/models/m/objects/flags", "bool_byte"), ("/models/m/objects/csr/components/values", "sparse_structure")] {
         for _ in 0..2 {
             let reply = get(&state, uri, &[]).await;
@@ -477,3 +466,45 @@ async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve
     }
     assert_eq!(get(&state, "/models/m/objects/fine", &[]).await.body, [7, 8, 9]);
 }
+
+/// Runs each contract test once per kind of source, as `local::NAME` and `s3::NAME`.
+macro_rules! both_sources {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::ModelSource::local()).await
+                }
+            )*
+        }
+        mod s3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::ModelSource::s3()).await
+                }
+            )*
+        }
+    };
+}
+
+both_sources!(
+    readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200,
+    the_model_list_shows_good_and_broken_files_with_reasons,
+    the_manifest_lists_every_object_with_component_urls,
+    a_dense_object_answers_its_bytes_with_every_contract_header,
+    zstd_components_are_served_decoded,
+    ranges_single_suffix_open_and_multiple,
+    unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ignored,
+    conditional_requests_follow_rfc_9110,
+    head_sends_the_get_headers_without_a_body,
+    the_file_route_serves_the_stored_file_byte_for_byte_with_ranges,
+    objects_with_several_components_answer_their_description,
+    every_error_status_has_a_json_body,
+    ids_and_names_cannot_reach_outside_the_source,
+    a_rescan_picks_up_added_replaced_and_removed_files,
+    sixty_four_concurrent_range_requests_return_correct_bytes,
+    files_from_the_official_writers_are_served_byte_exact,
+    components_failing_content_checks_answer_422_and_valid_ones_still_serve,
+);

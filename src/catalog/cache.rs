@@ -8,18 +8,19 @@
 //! because everything is being read) is decoded privately per request with [`stream_private`],
 //! holding one chunk at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::Stream;
+use bytes::{Buf as _, Bytes, BytesMut};
+use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt as _};
 use sha2::Digest as _;
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
-use crate::storage::scan::FileIdentity;
 use crate::format::decode::Decoder;
+use crate::storage::{ObjectVersion, StorageError};
 use crate::format::{Component, Encoding, FormatError};
 use crate::telemetry::names;
 
@@ -32,7 +33,8 @@ pub const CHUNK: usize = 256 << 10;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ComponentKey {
     pub model: String,
-    pub identity: FileIdentity,
+    /// The stored object's version (a file's identity, an ETag).
+    pub version: String,
     pub object: String,
     pub role: String,
 }
@@ -42,8 +44,127 @@ pub struct ComponentKey {
 pub enum DecodeError {
     #[error(transparent)]
     Invalid(#[from] FormatError),
+    /// The stored bytes could not be read (a remote store failed or the object changed).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
     #[error("the decoder stopped unexpectedly: {0}")]
     Aborted(String),
+}
+
+/// Where a component's stored bytes come from.
+#[derive(Debug, Clone)]
+pub enum Stored {
+    /// All of them at hand: a slice of a file's mapping.
+    Whole(Bytes),
+    /// `range` of an object version, read as the decoder consumes it.
+    Remote { object: ObjectVersion, range: Range<u64> },
+}
+
+impl Stored {
+    pub fn len(&self) -> u64 {
+        match self {
+            Stored::Whole(bytes) => bytes.len() as u64,
+            Stored::Remote { range, .. } => range.end - range.start,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A decoder's input: stored bytes received and not yet consumed, and the read that brings
+/// more. Nothing ahead of the decoder is kept beyond the piece in hand, so decoding a
+/// remote component holds one network piece, not the component.
+struct Input {
+    pieces: VecDeque<Bytes>,
+    /// Stored bytes received so far, from the component's start.
+    received: u64,
+    total: u64,
+    reading: Option<BoxStream<'static, Result<Bytes, StorageError>>>,
+    /// The bytes are a mapped file's: read by the kernel as the decoder touches them.
+    mapped: bool,
+}
+
+impl Input {
+    fn new(stored: &Stored) -> Input {
+        match stored {
+            Stored::Whole(bytes) => {
+                Input {
+                pieces: VecDeque::from([bytes.clone()]),
+                received: bytes.len() as u64,
+                total: bytes.len() as u64,
+                reading: None,
+                mapped: true,
+            }
+            }
+            Stored::Remote { .. } => {
+                Input { pieces: VecDeque::new(), received: 0, total: stored.len(), reading: None, mapped: false }
+            }
+        }
+    }
+
+    /// Whether more stored bytes must arrive before the decoder can go on.
+    fn starved(&self) -> bool {
+        self.pieces.is_empty() && self.received < self.total
+    }
+
+    /// Waits for the next piece, opening a read from where the input stands when none is open.
+    async fn fill(&mut self, stored: &Stored) -> Result<(), StorageError> {
+        let Stored::Remote { object, range } = stored else { return Ok(()) };
+        let reading = self
+            .reading
+            .get_or_insert_with(|| object.stream(range.start + self.received..range.end, "decode"));
+        match reading.next().await {
+            Some(Ok(piece)) => {
+                self.received += piece.len() as u64;
+                self.pieces.push_back(piece);
+                Ok(())
+            }
+            Some(Err(e)) => {
+                self.reading = None;
+                Err(e)
+            }
+            None => {
+                self.reading = None;
+                Err(StorageError::Unavailable {
+                    source_name: object.storage.name().to_owned(),
+                    message: format!("read of {} ended early", object.key),
+                })
+            }
+        }
+    }
+
+    /// Closes the read while the decoder is parked; it reopens where it stopped.
+    fn park(&mut self) {
+        self.reading = None;
+    }
+
+    fn front(&self) -> &[u8] {
+        self.pieces.front().map_or(&[], |piece| &piece[..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let front = self.pieces.front_mut().expect("consumed bytes came from the front piece");
+        front.advance(n);
+        if front.is_empty() {
+            self.pieces.pop_front();
+        }
+    }
+}
+
+/// Where a decoding step stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The piece is full; more may follow.
+    Full,
+    /// The input ran dry before the piece was full; more stored bytes are on their way.
+    Starved,
+    /// The whole encoding has been consumed and proved complete.
+    Done,
 }
 
 fn encoding_label(component: &Component) -> &'static str {
@@ -59,7 +180,6 @@ const BLOCK: usize = 16 * CHUNK;
 /// A decoder partway through a component's stored bytes.
 struct Cursor {
     decoder: Decoder,
-    consumed: usize,
     encoding: &'static str,
     /// The unused rest of the current block; each piece is split off its front.
     block: BytesMut,
@@ -85,12 +205,13 @@ impl Cursor {
     fn new(object: &str, component: &Component) -> Result<Cursor, FormatError> {
         let decoder = Decoder::new(object, component)?;
         metrics::counter!(names::DECODES_STARTED, "encoding" => encoding_label(component)).increment(1);
-        Ok(Cursor { decoder, consumed: 0, encoding: encoding_label(component), block: BytesMut::new(), next_block: None })
+        Ok(Cursor { decoder, encoding: encoding_label(component), block: BytesMut::new(), next_block: None })
     }
 
-    /// Decodes the next piece (at most [`CHUNK`] bytes). `true` once the whole encoding has
-    /// been consumed and proved complete; the last bytes come with it or before it.
-    fn next_piece(&mut self, stored: &[u8], declared: u64) -> Result<(Bytes, bool), FormatError> {
+    /// Decodes the next piece (at most [`CHUNK`] bytes) from `input`. [`Stop::Done`] once the
+    /// whole encoding has been consumed and proved complete; the last bytes come with it or
+    /// before it.
+    fn next_piece(&mut self, input: &mut Input, declared: u64) -> Result<(Bytes, Stop), FormatError> {
         // 16 bytes past the declared end let an over-long encoding show itself.
         let left = declared - self.decoder.produced();
         let room = usize::try_from(left.saturating_add(16)).unwrap_or(usize::MAX);
@@ -107,21 +228,28 @@ impl Cursor {
         }
         let buffer = &mut self.block[..size];
         let mut filled = 0;
-        let before = self.consumed;
-        let mut done = false;
+        let mut consumed = 0;
+        let mut stop = Stop::Full;
         while size - filled >= 16 {
-            let progress = self.decoder.decode(&stored[self.consumed..], &mut buffer[filled..])?;
-            self.consumed += progress.consumed;
+            let progress = self.decoder.decode(input.front(), &mut buffer[filled..])?;
+            input.consume(progress.consumed);
+            consumed += progress.consumed;
             filled += progress.written;
-            if progress.consumed == 0 && progress.written == 0 && self.consumed == stored.len() {
-                self.decoder.finish()?;
-                done = true;
+            if progress.consumed == 0 && progress.written == 0 && input.pieces.is_empty() {
+                if input.starved() {
+                    stop = Stop::Starved;
+                } else {
+                    self.decoder.finish()?;
+                    stop = Stop::Done;
+                }
                 break;
             }
         }
         metrics::counter!(names::DECODED_BYTES, "encoding" => self.encoding).increment(filled as u64);
-        crate::storage::local::record_mapped("decode", (self.consumed - before) as u64);
-        Ok((self.block.split_to(filled).freeze(), done))
+        if input.mapped {
+            crate::storage::local::record_mapped("decode", consumed as u64);
+        }
+        Ok((self.block.split_to(filled).freeze(), stop))
     }
 }
 
@@ -153,7 +281,7 @@ struct State {
     /// The furthest byte any reader asked for.
     wanted: u64,
     running: bool,
-    paused: Option<Cursor>,
+    paused: Option<(Cursor, Input)>,
     outcome: Option<Result<(), DecodeError>>,
 }
 
@@ -162,7 +290,7 @@ struct State {
 pub struct Decoded {
     object: String,
     component: Component,
-    stored: Bytes,
+    stored: Stored,
     len: u64,
     decoders: Arc<Semaphore>,
     /// Filled with the decoded bytes' SHA-256 once a decode completes.
@@ -208,7 +336,7 @@ impl Decoded {
     pub fn new(
         object: &str,
         component: &Component,
-        stored: Bytes,
+        stored: Stored,
         decoders: Arc<Semaphore>,
         sha256: Arc<OnceLock<[u8; 32]>>,
     ) -> Decoded {
@@ -268,45 +396,85 @@ impl Decoded {
         }
         state.running = true;
         drop(state);
-        let entry = Arc::clone(self);
-        let hold = Hold::new(self);
-        tokio::spawn(async move {
-            let permit = Arc::clone(&entry.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
-            if let Err(e) = tokio::task::spawn_blocking(move || Decoded::run(hold, permit)).await {
-                entry.finish(Err(DecodeError::Aborted(e.to_string())));
-            }
-        });
+        tokio::spawn(Arc::clone(self).drive(Hold::new(self)));
     }
 
-    /// Decodes chunk after chunk until the furthest wanted byte, then parks the decoder. Once
+    /// Runs the decoder until the furthest wanted byte, then parks it. Decoding happens on
+    /// blocking threads under a decoder permit; waiting for remote stored bytes happens here,
+    /// holding no permit, so a slow store never keeps a decoder from other components. Once
     /// the last byte is decoded it goes on to the proved end of the encoding, so the entry
     /// never rests with every byte decoded and no outcome.
-    fn run(hold: Hold, permit: OwnedSemaphorePermit) {
-        let this = Arc::clone(&hold);
-        this.run_held(hold, permit);
-    }
-
-    fn run_held(&self, hold: Hold, permit: OwnedSemaphorePermit) {
-        let span = tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
-        let _entered = span.enter();
+    async fn drive(self: Arc<Self>, hold: Hold) {
         let paused = self.lock().paused.take();
-        let mut cursor = match paused.map_or_else(|| Cursor::new(&self.object, &self.component), Ok) {
-            Ok(cursor) => cursor,
-            Err(e) => return self.finish(Err(e.into())),
+        let (mut cursor, mut input) = match paused {
+            Some(paused) => paused,
+            None => match Cursor::new(&self.object, &self.component) {
+                Ok(cursor) => (cursor, Input::new(&self.stored)),
+                Err(e) => return self.finish(Err(e.into())),
+            },
         };
         loop {
-            {
-                let mut state = self.lock();
-                if state.produced >= state.wanted && state.produced < self.len {
-                    state.paused = Some(cursor);
-                    state.running = false;
-                    return;
+            if input.starved() {
+                if let Err(e) = input.fill(&self.stored).await {
+                    return self.finish(Err(e.into()));
                 }
             }
-            let (piece, done) = match cursor.next_piece(&self.stored, self.len) {
-                Ok(step) => step,
-                Err(e) => return self.finish(Err(e.into())),
+            let permit = Arc::clone(&self.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
+            let entry = Arc::clone(&self);
+            let stepped = tokio::task::spawn_blocking(move || {
+                let stop = entry.decode_until_stop(&mut cursor, &mut input);
+                (cursor, input, stop)
+            })
+            .await;
+            drop(permit);
+            let stop = match stepped {
+                Ok((returned_cursor, returned_input, stop)) => {
+                    (cursor, input) = (returned_cursor, returned_input);
+                    stop
+                }
+                Err(e) => return self.finish(Err(DecodeError::Aborted(e.to_string()))),
             };
+            match stop {
+                Ok(None) => {
+                    // Parked under the lock `want` checks, so a new want restarts it.
+                    let mut state = self.lock();
+                    if state.produced >= state.wanted && state.produced < self.len {
+                        input.park();
+                        state.paused = Some((cursor, input));
+                        state.running = false;
+                        return;
+                    }
+                }
+                Ok(Some(Stop::Starved | Stop::Full)) => {}
+                Ok(Some(Stop::Done)) => {
+                    // Let go before announcing the end, so no reader can finish first and find
+                    // the entry still held; then hash if the readers are already gone.
+                    drop(hold);
+                    self.finish(Ok(()));
+                    tracing::debug!(object = %self.object, component = %self.component.role, "decoded to the end");
+                    if self.holds.load(Ordering::SeqCst) == 0 {
+                        self.hash_when_idle();
+                    }
+                    return;
+                }
+                Err(e) => return self.finish(Err(e.into())),
+            }
+        }
+    }
+
+    /// Decodes and publishes chunk after chunk until nobody wants more (`None`), the input
+    /// runs dry, or the encoding ends.
+    fn decode_until_stop(&self, cursor: &mut Cursor, input: &mut Input) -> Result<Option<Stop>, FormatError> {
+        let span = tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
+        let _entered = span.enter();
+        loop {
+            {
+                let state = self.lock();
+                if state.produced >= state.wanted && state.produced < self.len {
+                    return Ok(None);
+                }
+            }
+            let (piece, stop) = cursor.next_piece(input, self.len)?;
             if !piece.is_empty() {
                 let mut state = self.lock();
                 state.produced += piece.len() as u64;
@@ -316,17 +484,8 @@ impl Decoded {
                 drop(state);
                 self.progress.send_modify(|p| p.produced = end);
             }
-            if done {
-                drop(permit);
-                // Let go before announcing the end, so no reader can finish first and find the
-                // entry still held; then hash if the readers are already gone.
-                drop(hold);
-                self.finish(Ok(()));
-                tracing::debug!("decoded to the end");
-                if self.holds.load(Ordering::SeqCst) == 0 {
-                    self.hash_when_idle();
-                }
-                return;
+            if stop != Stop::Full {
+                return Ok(Some(stop));
             }
         }
     }
@@ -420,89 +579,128 @@ impl Decoded {
 /// A private decode's position.
 struct Walk {
     cursor: Option<Cursor>,
+    input: Input,
     produced: u64,
+    /// The overlap of the piece that ends the component, held until the encoding is proved
+    /// complete.
+    last: Option<Bytes>,
     finished: bool,
+}
+
+/// What one private decoding step produced.
+enum Private {
+    Piece(Bytes),
+    NeedInput,
+    End,
 }
 
 /// Decodes `range` of a component for one reader, one chunk at a time, keeping nothing:
 /// for components the cache cannot hold. Bytes before the range are decoded and dropped; no
-/// decoder or thread is held while the reader is slow to take the next piece.
+/// decoder or thread is held while the reader is slow to take the next piece, or while
+/// remote stored bytes are on their way.
 pub fn stream_private(
     object: String,
     component: Component,
-    stored: Bytes,
+    stored: Stored,
     range: Range<u64>,
     decoders: Arc<Semaphore>,
 ) -> impl Stream<Item = Result<Bytes, DecodeError>> + Send + 'static {
-    let shared = Arc::new((object, component, stored, decoders));
-    let walk = Walk { cursor: None, produced: 0, finished: range.is_empty() };
-    futures_util::stream::unfold(walk, move |walk| {
+    let walk = Walk { cursor: None, input: Input::new(&stored), produced: 0, last: None, finished: range.is_empty() };
+    let shared = Arc::new((object, component, stored, decoders, range));
+    futures_util::stream::unfold(walk, move |mut walk| {
         let shared = Arc::clone(&shared);
-        let range = range.clone();
         async move {
-            if walk.finished {
-                return None;
-            }
-            let permit = Arc::clone(&shared.3).acquire_owned().await.expect("the decoder semaphore is never closed");
-            let stepped = tokio::task::spawn_blocking(move || {
-                let mut walk = walk;
-                let (object, component, stored, _) = &*shared;
-                let result = next_private_piece(&mut walk, object, component, stored, &range);
-                drop(permit);
-                (walk, result)
-            })
-            .await;
-            match stepped {
-                Ok((walk, Ok(Some(piece)))) => Some((Ok(piece), walk)),
-                Ok((_, Ok(None))) => None,
-                Ok((mut walk, Err(e))) => {
-                    record_failure(&e);
-                    walk.finished = true;
-                    Some((Err(e), walk))
+            loop {
+                if walk.finished {
+                    return None;
                 }
-                Err(e) => {
-                    let error = DecodeError::Aborted(e.to_string());
-                    record_failure(&error);
-                    Some((Err(error), Walk { cursor: None, produced: 0, finished: true }))
+                if walk.input.starved() {
+                    if let Err(e) = walk.input.fill(&shared.2).await {
+                        let error = DecodeError::Storage(e);
+                        record_failure(&error);
+                        walk.finished = true;
+                        return Some((Err(error), walk));
+                    }
+                }
+                let permit = Arc::clone(&shared.3).acquire_owned().await.expect("the decoder semaphore is never closed");
+                let shared = Arc::clone(&shared);
+                let stepped = tokio::task::spawn_blocking(move || {
+                    let (object, component, _, _, range) = &*shared;
+                    let result = next_private_piece(&mut walk, object, component, range);
+                    drop(permit);
+                    (walk, result)
+                })
+                .await;
+                match stepped {
+                    Ok((next, Ok(Private::Piece(piece)))) => return Some((Ok(piece), next)),
+                    Ok((next, Ok(Private::NeedInput))) => walk = next,
+                    Ok((_, Ok(Private::End))) => return None,
+                    Ok((mut next, Err(e))) => {
+                        record_failure(&e);
+                        next.finished = true;
+                        return Some((Err(e), next));
+                    }
+                    Err(e) => {
+                        let error = DecodeError::Aborted(e.to_string());
+                        record_failure(&error);
+                        return Some((Err(error), Walk::done()));
+                    }
                 }
             }
         }
     })
 }
 
+impl Walk {
+    fn done() -> Walk {
+        let input = Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None, mapped: false };
+        Walk { cursor: None, input, produced: 0, last: None, finished: true }
+    }
+}
+
 /// Decodes until a piece overlaps `range` and returns that overlap; the piece that ends the
 /// component comes only after the encoding is proved complete.
-fn next_private_piece(
-    walk: &mut Walk,
-    object: &str,
-    component: &Component,
-    stored: &[u8],
-    range: &Range<u64>,
-) -> Result<Option<Bytes>, DecodeError> {
+fn next_private_piece(walk: &mut Walk, object: &str, component: &Component, range: &Range<u64>) -> Result<Private, DecodeError> {
     let len = component.decoded_length;
     let cursor = match &mut walk.cursor {
         Some(cursor) => cursor,
         None => walk.cursor.insert(Cursor::new(object, component)?),
     };
     loop {
-        let (piece, mut done) = cursor.next_piece(stored, len)?;
+        if walk.last.is_some() {
+            // Everything is decoded: drain to the proved end before the last piece goes.
+            let (rest, stop) = cursor.next_piece(&mut walk.input, len)?;
+            debug_assert!(rest.is_empty(), "the decoder refuses bytes past the declared length");
+            match stop {
+                Stop::Done => {
+                    walk.finished = true;
+                    return Ok(Private::Piece(walk.last.take().expect("checked")));
+                }
+                Stop::Starved => return Ok(Private::NeedInput),
+                Stop::Full => continue,
+            }
+        }
+        let (piece, stop) = cursor.next_piece(&mut walk.input, len)?;
         let start = walk.produced;
         walk.produced += piece.len() as u64;
         let (low, high) = (range.start.max(start), range.end.min(walk.produced));
-        if high >= range.end {
-            walk.finished = true;
-        }
-        while high == len && !done {
-            let (rest, finished) = cursor.next_piece(stored, len)?;
-            debug_assert!(rest.is_empty(), "the decoder refuses bytes past the declared length");
-            done = finished;
-        }
         if low < high {
-            return Ok(Some(piece.slice((low - start) as usize..(high - start) as usize)));
+            let overlap = piece.slice((low - start) as usize..(high - start) as usize);
+            if high == len && stop != Stop::Done {
+                walk.last = Some(overlap);
+                continue;
+            }
+            if high >= range.end {
+                walk.finished = true;
+            }
+            return Ok(Private::Piece(overlap));
         }
-        if done || walk.finished {
+        if stop == Stop::Done || walk.produced >= range.end {
             walk.finished = true;
-            return Ok(None);
+            return Ok(Private::End);
+        }
+        if stop == Stop::Starved {
+            return Ok(Private::NeedInput);
         }
     }
 }
@@ -636,13 +834,12 @@ mod tests {
     }
 
     fn key(object: &str) -> ComponentKey {
-        let identity = FileIdentity { size: 1, mtime_ns: 0, inode: 1, device: 1 };
-        ComponentKey { model: "m".into(), identity, object: object.into(), role: "data".into() }
+        ComponentKey { model: "m".into(), version: "v1".into(), object: object.into(), role: "data".into() }
     }
 
     fn entry(cache: &DecodeCache, object: &str, len: u64) -> Option<Hold> {
         let c = component(len);
-        cache.entry(&key(object), len, |decoders| Decoded::new(object, &c, Bytes::from(vec![0; len as usize]), decoders, Arc::default()))
+        cache.entry(&key(object), len, |decoders| Decoded::new(object, &c, Stored::Whole(Bytes::from(vec![0; len as usize])), decoders, Arc::default()))
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub enum ApiError {
     NotReady,
     #[error("model {model:?} changed on disk; it is served again after the next rescan")]
     ChangedOnDisk { model: String },
+    /// Storage could not give a model's bytes: its source is unavailable or refuses access,
+    /// or the object changed since it was listed.
+    #[error("model {model:?}: {source}")]
+    Storage { model: String, source: crate::storage::StorageError },
     #[error("internal error: {0}")]
     Internal(String),
     /// A body already under way was cut short (it is never rendered: headers are gone).
@@ -56,6 +60,10 @@ impl ApiError {
             ApiError::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
             ApiError::NotReady => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             ApiError::ChangedOnDisk { .. } => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
+            ApiError::Storage { source, .. } if source.is_about_the_object() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "changed_in_source")
+            }
+            ApiError::Storage { .. } => (StatusCode::SERVICE_UNAVAILABLE, "source_unavailable"),
             ApiError::Internal(_) | ApiError::BodyAborted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -64,11 +72,22 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = if status.is_server_error() && !matches!(self, ApiError::NotReady | ApiError::ChangedOnDisk { .. }) {
-            tracing::error!(error = %self, "request failed");
-            "internal error; see the server log".to_owned()
-        } else {
-            self.to_string()
+        let message = match &self {
+            ApiError::NotReady | ApiError::ChangedOnDisk { .. } => self.to_string(),
+            // The store's own words (endpoints, request ids) go to the log only.
+            ApiError::Storage { model, source } => {
+                tracing::warn!(error = %self, "storage failed");
+                if source.is_about_the_object() {
+                    format!("model {model:?} changed in its source; it is served again after the next rescan")
+                } else {
+                    format!("the source of model {model:?} is unavailable; retry later")
+                }
+            }
+            _ if status.is_server_error() => {
+                tracing::error!(error = %self, "request failed");
+                "internal error; see the server log".to_owned()
+            }
+            _ => self.to_string(),
         };
         let detail = match &self {
             ApiError::BrokenModel { source, .. } => Some(source.code()),
@@ -88,6 +107,10 @@ impl IntoResponse for ApiError {
             }
             ApiError::NotReady | ApiError::ChangedOnDisk { .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::Storage { source, .. } => {
+                let after = if source.is_about_the_object() { "1" } else { "5" };
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static(after));
             }
             _ => {}
         }
@@ -121,5 +144,14 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(json["error"]["code"], "changed_on_disk");
         assert_eq!(headers.get("retry-after").unwrap(), "1");
+        let unavailable = crate::storage::StorageError::Unavailable {
+            source_name: "s3://b".into(),
+            message: "connect to http://10.0.0.1:9000 refused".into(),
+        };
+        let (status, json, headers) = body(ApiError::Storage { model: "m".into(), source: unavailable }).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(json["error"]["code"], "source_unavailable");
+        assert!(!json["error"]["message"].as_str().unwrap().contains("10.0.0.1"), "{json}");
+        assert_eq!(headers.get("retry-after").unwrap(), "5");
     }
 }

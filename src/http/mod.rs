@@ -27,7 +27,8 @@ use tower_http::trace::TraceLayer;
 pub use error::ApiError;
 
 use crate::catalog::cache::DecodeCache;
-use crate::catalog::{Catalog, Model};
+use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
+use crate::storage::Readahead;
 use crate::config::Config;
 use crate::telemetry::names;
 
@@ -36,17 +37,47 @@ pub struct AppState {
     pub config: Config,
     /// Shared decodes of components that are not stored verbatim.
     pub cache: DecodeCache,
+    /// The configured sources, in order, with their health.
+    pub sources: Vec<Arc<Source>>,
+    /// How long raw reads from remote sources are split, and the memory they may hold.
+    pub readahead: Readahead,
     catalog: RwLock<Arc<Catalog>>,
     ready: AtomicBool,
 }
 
 impl AppState {
-    /// A state with an empty catalog, not yet ready.
-    pub fn new(config: Config) -> Arc<AppState> {
+    /// A state with an empty catalog, not yet ready. S3 sources are set up (from the config
+    /// and the `AWS_*` environment) but not contacted.
+    pub fn new(config: Config) -> anyhow::Result<Arc<AppState>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
+        let env: std::collections::BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
+        let s3 = config.s3_options(&env);
+        let mut sources = Vec::new();
+        for name in &config.sources {
+            let backend = if name.starts_with("s3://") {
+                Backend::Remote(Arc::new(crate::storage::s3::S3Storage::new(name, &s3)?))
+            } else {
+                Backend::Local(name.into())
+            };
+            sources.push(Source::new(name, backend));
+        }
         let cache = DecodeCache::new(config.decode_cache_bytes, config.decoders());
-        Arc::new(AppState { config, cache, catalog: RwLock::new(Arc::new(Catalog::default())), ready: AtomicBool::new(false) })
+        let readahead = Readahead {
+            chunk: config.s3_range_chunk_bytes,
+            concurrency: config.s3_range_concurrency,
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(config.s3_readahead_bytes / 1024).unwrap_or(usize::MAX).min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+        };
+        Ok(Arc::new(AppState {
+            config,
+            cache,
+            sources,
+            readahead,
+            catalog: RwLock::new(Arc::new(Catalog::default())),
+            ready: AtomicBool::new(false),
+        }))
     }
 
     /// The current catalog snapshot.
@@ -54,15 +85,18 @@ impl AppState {
         Arc::clone(&self.catalog.read().expect("catalog lock is never poisoned"))
     }
 
-    /// Rescans every source (off the async runtime) and swaps in the new catalog; the first
-    /// completed rescan makes the service ready.
+    /// Rescans every source and swaps in the new catalog; the first completed rescan makes
+    /// the service ready.
     pub async fn rescan(self: &Arc<Self>) {
         let state = Arc::clone(self);
         let previous = self.catalog();
-        let built = tokio::task::spawn_blocking(move || {
-            Catalog::build(&state.config.sources, &previous, &state.config.limits())
-        })
-        .await;
+        let options = ScanOptions {
+            limits: self.config.limits(),
+            manifest_suffix_bytes: self.config.manifest_suffix_bytes,
+            concurrent_reads: 8,
+        };
+        // In its own task, so a panic in a scan is contained like one in a handler.
+        let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;
         match built {
             Ok(catalog) => {
                 for (source, reason) in &catalog.unreadable_sources {
@@ -74,7 +108,7 @@ impl AppState {
                 metrics::gauge!(names::MODELS, "status" => "ok").set((total - broken) as f64);
                 metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
                 // Decoded bytes of files that changed or went away are never served again.
-                self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.identity == key.identity));
+                self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
                 *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
                 self.ready.store(true, Ordering::Release);
             }
@@ -272,6 +306,13 @@ pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
 /// [`serve`] on an already bound listener (tests bind 127.0.0.1:0).
 pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
     state.rescan().await;
+    if state.config.fail_on_unreadable_source() {
+        if let Some((source, reason)) = state.catalog().unreadable_sources.first() {
+            anyhow::bail!(
+                "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
+            );
+        }
+    }
     let rescans = tokio::spawn(Arc::clone(&state).rescan_forever());
     let upkeep = tokio::spawn(async {
         // Folds recorded histogram samples into their buckets, so they do not pile up between scrapes.

@@ -9,10 +9,16 @@ use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use std::ops::Range;
+
+use futures_util::StreamExt as _;
+
 use super::objects::add_urls;
-use super::respond::{bytes_response, Representation};
+use super::respond::{bytes_response, ByteStream, RangeSource, Representation};
 use super::{answer, param, path_params, ready_model, segment, ApiError, AppState};
-use crate::catalog::Model;
+use crate::catalog::cache::Stored;
+use crate::catalog::{Location, Model, Source};
+use crate::storage::{ObjectVersion, Readahead, StorageError};
 use crate::json::manifest_json;
 
 /// `GET /models`: every model with its status.
@@ -26,8 +32,8 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
         .map(|m| {
             let mut entry = json!({
                 "id": m.id,
-                "source": m.source,
-                "size": m.identity.size,
+                "source": m.source.name,
+                "size": m.size,
                 "url": format!("/models/{}", segment(&m.id)),
             });
             match &m.state {
@@ -69,25 +75,114 @@ pub async fn manifest(
     })())
 }
 
-/// The file's bytes, mapped once per model (off the async runtime) and checked against the
-/// file's current length, so a file truncated in place is refused rather than read.
-pub(crate) async fn file_bytes(model: &Arc<Model>, expected_len: u64) -> Result<Bytes, ApiError> {
-    let mapping = match model.mapping.get() {
+/// Where a model's stored bytes are read from for one response.
+pub(crate) enum ModelBytes {
+    /// The whole file, mapped.
+    Mapped(Bytes),
+    /// The object version listed: every read of the response is bound to it.
+    Remote { object: ObjectVersion, source: Arc<Source> },
+}
+
+impl ModelBytes {
+    /// The stored bytes at `range` of the file, for decoding or hashing.
+    pub(crate) fn stored(&self, range: Range<u64>) -> Stored {
+        match self {
+            ModelBytes::Mapped(file) => Stored::Whole(file.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Remote { object, .. } => Stored::Remote { object: object.clone(), range },
+        }
+    }
+
+    /// The bytes at `range` of the file, served as they are.
+    pub(crate) fn served(&self, state: &AppState, model: &str, range: Range<u64>) -> Arc<dyn RangeSource> {
+        match self {
+            ModelBytes::Mapped(file) => Arc::new(file.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Remote { object, source } => Arc::new(RemoteRange {
+                object: object.clone(),
+                source: Arc::clone(source),
+                model: model.to_owned(),
+                start: range.start,
+                len: range.end - range.start,
+                readahead: state.readahead.clone(),
+            }),
+        }
+    }
+
+    /// Every byte of `range`, in one buffer (for content checks, which need whole components).
+    pub(crate) async fn fetch(&self, model: &str, range: Range<u64>) -> Result<Bytes, ApiError> {
+        match self {
+            ModelBytes::Mapped(file) => Ok(file.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Remote { object, source } => {
+                let fetched = object.fetch(range, "check").await;
+                storage_outcome(source, model, fetched)
+            }
+        }
+    }
+}
+
+/// Records a remote read's outcome on its source's health and turns a failure into the
+/// response's error.
+pub(crate) fn storage_outcome<T>(source: &Source, model: &str, outcome: Result<T, StorageError>) -> Result<T, ApiError> {
+    match outcome {
+        Ok(value) => {
+            source.report_success();
+            Ok(value)
+        }
+        Err(e) => {
+            source.report_failure(&e);
+            Err(ApiError::Storage { model: model.to_owned(), source: e })
+        }
+    }
+}
+
+/// Raw bytes of a remote object, read with ranged GETs (split and run in parallel when long).
+struct RemoteRange {
+    object: ObjectVersion,
+    source: Arc<Source>,
+    model: String,
+    start: u64,
+    len: u64,
+    readahead: Readahead,
+}
+
+impl RangeSource for RemoteRange {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let (source, model) = (Arc::clone(&self.source), self.model.clone());
+        let at = self.start + range.start..self.start + range.end;
+        self.object
+            .read_ahead(at, &self.readahead, "serve")
+            .map(move |piece| storage_outcome(&source, &model, piece))
+            .boxed()
+    }
+}
+
+/// The model's stored bytes for one response. A local file is mapped once per model (off
+/// the async runtime) and checked against the file's current length, so a file truncated in
+/// place is refused rather than read.
+pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ApiError> {
+    let (path, mapping) = match &model.location {
+        Location::Remote(object) => return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) }),
+        Location::Local { path, mapping, .. } => (path, mapping),
+    };
+    let mapping = match mapping.get() {
         Some(mapping) => Arc::clone(mapping),
         None => {
-            let path = model.path.clone();
+            let path = path.clone();
             let mapped = tokio::task::spawn_blocking(move || crate::storage::local::MappedFile::open(&path))
                 .await
                 .map_err(|e| ApiError::Internal(e.to_string()))?
                 .map_err(|_| ApiError::ChangedOnDisk { model: model.id.clone() })?;
-            Arc::clone(model.mapping.get_or_init(|| Arc::new(mapped)))
+            Arc::clone(mapping.get_or_init(|| Arc::new(mapped)))
         }
     };
     let current = mapping.current_len().map_err(|_| ApiError::ChangedOnDisk { model: model.id.clone() })?;
     if mapping.len() as u64 != expected_len || current < expected_len {
         return Err(ApiError::ChangedOnDisk { model: model.id.clone() });
     }
-    Ok(Bytes::from_owner(ArcBytes(mapping)))
+    Ok(ModelBytes::Mapped(Bytes::from_owner(ArcBytes(mapping))))
 }
 
 /// Lets `Bytes` share ownership of a mapping.
@@ -99,14 +194,15 @@ impl AsRef<[u8]> for ArcBytes {
     }
 }
 
-/// A strong ETag for the file version, plus a discriminator for what part of it is served.
+/// A strong ETag for the stored object's version, plus a discriminator for what part of it
+/// is served.
 pub(crate) fn etag(model: &Model, part: &str) -> String {
     use sha2::Digest;
-    let id = &model.identity;
     let mut hasher = sha2::Sha256::new();
+    hasher.update(model.version.as_bytes());
+    hasher.update([0]);
     hasher.update(part.as_bytes());
-    let tag = hex::encode(&hasher.finalize()[..6]);
-    format!("\"{:x}-{:x}-{:x}-{tag}\"", id.inode, id.size, id.mtime_ns)
+    format!("\"{:x}-{}\"", model.size, hex::encode(&hasher.finalize()[..12]))
 }
 
 /// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.
@@ -120,9 +216,9 @@ pub async fn file(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, param(&params, "model"))?;
-            let bytes = file_bytes(&model, manifest.file_len).await?;
+            let bytes = model_bytes(&model, manifest.file_len).await?;
             let representation = Representation {
-                source: Arc::new(bytes),
+                source: bytes.served(&state, &model.id, 0..manifest.file_len),
                 etag: etag(&model, "file"),
                 content_type: "application/octet-stream",
                 headers: Vec::new(),

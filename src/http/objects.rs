@@ -13,10 +13,10 @@ use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
 
-use super::models::{etag, file_bytes};
+use super::models::{etag, model_bytes, storage_outcome, ModelBytes};
 use super::respond::{bytes_response, guard, ByteStream, ExtraHeaders, RangeSource, Representation};
 use super::{answer, header_value, param, path_params, ready_model, segment, ApiError, AppState};
-use crate::catalog::cache::{stream_private, ComponentKey, DecodeError, Decoded};
+use crate::catalog::cache::{stream_private, ComponentKey, DecodeError, Decoded, Stored};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
@@ -89,7 +89,7 @@ fn has_content_rules(object: &Object) -> bool {
 /// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
 /// range) before any component of the object is served as valid; once per object and file
 /// version, off the async runtime.
-async fn check_content_once(model: &Arc<Model>, object: &Object, file: &Bytes) -> Result<(), ApiError> {
+async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBytes) -> Result<(), ApiError> {
     if !has_content_rules(object) {
         return Ok(());
     }
@@ -97,13 +97,17 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, file: &Bytes) -
     let result = match cached {
         Some(result) => result,
         None => {
-            let (object_owned, file) = (object.clone(), file.clone());
+            // Mapped components are borrowed in place; remote ones are fetched whole (the
+            // checks need every byte, within the manifest's limits).
+            let mut stored = Vec::with_capacity(object.components.len());
+            for component in &object.components {
+                stored.push(bytes.fetch(&model.id, component.stored_range()).await?);
+            }
+            let object_owned = object.clone();
             let result = tokio::task::spawn_blocking(move || {
-                // Verbatim components are checked in place, borrowed from the mapping.
-                let file: &[u8] = &file;
                 crate::format::validate::check_content(&object_owned, |c| {
-                    let stored = crate::format::decode::stored_bytes(file, &object_owned.name, c)?;
-                    crate::format::decode::decode_component(&object_owned.name, c, stored)
+                    let index = object_owned.components.iter().position(|x| x.role == c.role).expect("a component of the object");
+                    crate::format::decode::decode_component(&object_owned.name, c, &stored[index])
                 })
             })
             .await
@@ -128,24 +132,64 @@ enum DigestCheck {
 #[derive(Debug, Clone)]
 enum CheckError {
     Mismatch(FormatError),
+    Storage(crate::storage::StorageError),
     Crashed(String),
 }
 
+impl CheckError {
+    fn into_api(self, model: &Model) -> ApiError {
+        match self {
+            CheckError::Mismatch(source) => ApiError::InvalidComponent { model: model.id.clone(), source },
+            CheckError::Storage(e) => storage_outcome::<()>(&model.source, &model.id, Err(e)).unwrap_err(),
+            CheckError::Crashed(reason) => ApiError::Internal(reason),
+        }
+    }
+}
+
 /// Hashes a component's stored bytes off the async runtime and compares with its digest.
-async fn hash_stored(object: String, component: Component, stored: Bytes) -> Result<Result<(), FormatError>, String> {
-    tokio::task::spawn_blocking(move || {
-        crate::storage::local::record_mapped("verify", stored.len() as u64);
-        let verdict = crate::format::decode::verify_digest(&object, &component, &stored);
+/// Remote bytes stream through the hasher as they arrive, never held whole.
+async fn hash_stored(object: String, component: Component, stored: Stored) -> Result<Result<(), FormatError>, CheckError> {
+    let Some(expected) = component.digest.clone() else { return Ok(Ok(())) };
+    let hasher = crate::format::decode::Hasher::for_digest(&expected);
+    let hashed = match stored {
+        Stored::Whole(bytes) => tokio::task::spawn_blocking(move || {
+            crate::storage::local::record_mapped("verify", bytes.len() as u64);
+            let mut hasher = hasher;
+            hasher.update(&bytes);
+            hasher.finish()
+        })
+        .await
+        .map_err(|e| CheckError::Crashed(e.to_string()))?,
+        Stored::Remote { object: version, range } => {
+            let (pieces, mut receiver) = tokio::sync::mpsc::channel::<Bytes>(4);
+            let hashing = tokio::task::spawn_blocking(move || {
+                let mut hasher = hasher;
+                while let Some(piece) = receiver.blocking_recv() {
+                    hasher.update(&piece);
+                }
+                hasher.finish()
+            });
+            let mut reading = version.stream(range, "verify");
+            while let Some(piece) = reading.next().await {
+                let piece = piece.map_err(CheckError::Storage)?;
+                if pieces.send(piece).await.is_err() {
+                    break;
+                }
+            }
+            drop(pieces);
+            hashing.await.map_err(|e| CheckError::Crashed(e.to_string()))?
+        }
+    };
+    let verdict = crate::format::decode::check_digest(&object, &component, hashed);
+    {
         let outcome = if verdict.is_ok() { "ok" } else { "mismatch" };
         metrics::counter!(names::DIGEST_CHECKS, "outcome" => outcome).increment(1);
         if let Err(e) = &verdict {
             metrics::counter!(names::DIGEST_FAILURES).increment(1);
             tracing::warn!(error = %e, "stored bytes do not match their digest");
         }
-        verdict
-    })
-    .await
-    .map_err(|e| e.to_string())
+    }
+    Ok(verdict)
 }
 
 /// Starts (or finds) the digest check this request needs under the configured policy.
@@ -154,7 +198,7 @@ fn digest_check(
     facts: &Arc<ComponentFacts>,
     object: &Object,
     component: &Component,
-    stored: &Bytes,
+    stored: &Stored,
     head: bool,
 ) -> DigestCheck {
     if component.digest.is_none() || policy == VerifyPolicy::Never {
@@ -172,10 +216,9 @@ fn digest_check(
             VerifyPolicy::FirstRead => facts
                 .verdict
                 .get_or_try_init(|| hash_stored(name, component, stored))
-                .await
-                .map_err(CheckError::Crashed)?
+                .await?
                 .clone(),
-            _ => hash_stored(name, component, stored).await.map_err(CheckError::Crashed)?,
+            _ => hash_stored(name, component, stored).await?,
         };
         verdict.map_err(CheckError::Mismatch)
     }
@@ -218,9 +261,10 @@ fn repr_digest(sha256: &[u8; 32]) -> HeaderValue {
 /// HEAD and 304 answers reserve nothing.
 struct DecodedSource {
     state: Arc<AppState>,
+    source: Arc<crate::catalog::Source>,
     key: ComponentKey,
     component: Component,
-    stored: Bytes,
+    stored: Stored,
     sha256: Arc<std::sync::OnceLock<[u8; 32]>>,
 }
 
@@ -232,9 +276,10 @@ impl RangeSource for DecodedSource {
     fn open(&self, range: Range<u64>) -> ByteStream {
         let cache = &self.state.cache;
         let make = |decoders| Decoded::new(&self.key.object, &self.component, self.stored.clone(), decoders, Arc::clone(&self.sha256));
-        let model = self.key.model.clone();
+        let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
         let failed = move |e: DecodeError| match e {
-            DecodeError::Invalid(source) => ApiError::InvalidComponent { model: model.clone(), source },
+            DecodeError::Invalid(invalid) => ApiError::InvalidComponent { model: model.clone(), source: invalid },
+            DecodeError::Storage(e) => storage_outcome::<()>(&source, &model, Err(e)).unwrap_err(),
             DecodeError::Aborted(reason) => ApiError::Internal(reason),
         };
         let span = tracing::Span::current();
@@ -268,30 +313,26 @@ async fn component_bytes(
     object: &Object,
     component: &Component,
 ) -> Result<Response, ApiError> {
-    let file = file_bytes(model, manifest.file_len).await?;
-    check_content_once(model, object, &file).await?;
+    let bytes = model_bytes(model, manifest.file_len).await?;
+    check_content_once(model, object, &bytes).await?;
     let range = component.stored_range();
-    let stored = file.slice(range.start as usize..range.end as usize);
+    let stored = bytes.stored(range.clone());
     let facts = model.facts(&object.name, &component.role);
-    let invalid = |source| ApiError::InvalidComponent { model: model.id.clone(), source };
     let ranged = headers.contains_key(header::RANGE);
     let span = tracing::Span::current();
     let guard = match digest_check(state.config.verify_policy(), &facts, object, component, &stored, head) {
         DigestCheck::Skipped => None,
         DigestCheck::Known(verdict) => {
             span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });
-            verdict.map_err(invalid)?;
+            verdict.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })?;
             None
         }
         // A range is small next to the check: wait, and answer a clean error if it fails.
         DigestCheck::Running(check) if ranged => {
             let verdict = check.await;
             span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });
-            match verdict {
-                Ok(()) => None,
-                Err(CheckError::Mismatch(e)) => return Err(invalid(e)),
-                Err(CheckError::Crashed(reason)) => return Err(ApiError::Internal(reason)),
-            }
+            verdict.map_err(|e| e.into_api(model))?;
+            None
         }
         // A whole body streams while the check runs; its last piece waits for the verdict.
         DigestCheck::Running(check) => {
@@ -299,6 +340,7 @@ async fn component_bytes(
             Some(guard(check.map(|verdict| {
                 verdict.map_err(|e| match e {
                     CheckError::Mismatch(e) => e.to_string(),
+                    CheckError::Storage(e) => e.to_string(),
                     CheckError::Crashed(reason) => reason,
                 })
             })))
@@ -329,18 +371,18 @@ async fn component_bytes(
         // The stored frame as it is: its digest, when SHA-256, is the representation's.
         extra.push((header::CONTENT_ENCODING, HeaderValue::from_static("zstd")));
         span.record("cache", "passthrough");
-        (Arc::new(stored), etag(model, &format!("{part}\0zstd")), declared_sha256)
+        (bytes.served(state, &model.id, range), etag(model, &format!("{part}\0zstd")), declared_sha256)
     } else if component.is_verbatim() {
-        (Arc::new(stored), etag(model, &part), declared_sha256)
+        (bytes.served(state, &model.id, range), etag(model, &part), declared_sha256)
     } else {
         let key = ComponentKey {
             model: model.id.clone(),
-            identity: model.identity,
+            version: model.version.clone(),
             object: object.name.clone(),
             role: component.role.clone(),
         };
         let sha256 = facts.decoded_sha256.get().copied();
-        let source = DecodedSource { state: Arc::clone(state), key, component: component.clone(), stored, sha256: Arc::clone(&facts.decoded_sha256) };
+        let source = DecodedSource { state: Arc::clone(state), source: Arc::clone(&model.source), key, component: component.clone(), stored, sha256: Arc::clone(&facts.decoded_sha256) };
         (Arc::new(source), etag(model, &part), sha256)
     };
     if let Some(sha256) = &sha256 {

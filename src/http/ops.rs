@@ -8,25 +8,42 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::AppState;
+use crate::storage::StorageError;
 
 /// 200 while the process lives.
 pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// 503 until the first index completes, then 200 with the catalog's counts.
+/// 503 until the first index completes. Then each source with its health: 200 `ready` when
+/// every source answers, 200 `degraded` when some do not (their models answer 503 while the
+/// others serve), 503 `unavailable` when none does.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
     if !state.is_ready() {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "starting" })));
     }
     let catalog = state.catalog();
     let broken = catalog.models().filter(|m| m.state.is_err()).count();
-    let unreadable: Vec<Value> =
-        catalog.unreadable_sources.iter().map(|(source, reason)| json!({ "source": source, "reason": reason })).collect();
-    (
-        StatusCode::OK,
-        Json(json!({ "status": "ready", "models": catalog.models().count(), "broken": broken, "unreadable_sources": unreadable })),
-    )
+    let sources: Vec<Value> = state
+        .sources
+        .iter()
+        .map(|source| {
+            let mut entry = json!({ "source": source.name, "backend": source.kind(), "status": "ok" });
+            if let Some(failure) = source.failure() {
+                let status = if matches!(failure, StorageError::Refused { .. }) { "refused" } else { "unavailable" };
+                entry["status"] = json!(status);
+                entry["reason"] = json!(failure.to_string());
+            }
+            entry
+        })
+        .collect();
+    let failing = sources.iter().filter(|s| s["status"] != "ok").count();
+    let (status, word) = match failing {
+        0 => (StatusCode::OK, "ready"),
+        n if n < sources.len() => (StatusCode::OK, "degraded"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    };
+    (status, Json(json!({ "status": word, "models": catalog.models().count(), "broken": broken, "sources": sources })))
 }
 
 /// Prometheus text exposition of every metric the process records.

@@ -8,22 +8,16 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use crate::telemetry::names;
-
 /// Records one blocking read from local storage (`kind`: what it was for) and its bytes.
 pub fn record_read(kind: &'static str, started: std::time::Instant, bytes: u64) {
-    metrics::histogram!(names::STORAGE_READ_DURATION, "backend" => "local", "kind" => kind)
-        .record(started.elapsed().as_secs_f64());
-    if bytes > 0 {
-        record_mapped(kind, bytes);
-    }
+    super::record_read("local", kind, started, bytes);
 }
 
 /// Records bytes read for `purpose` (manifest, serve, decode or verify). Bytes taken from a
 /// mapping are read by the kernel on first touch, so there is no read to time, only bytes to
 /// count.
 pub fn record_mapped(purpose: &'static str, bytes: u64) {
-    metrics::counter!(names::STORAGE_READ_BYTES, "backend" => "local", "purpose" => purpose).increment(bytes);
+    super::record_bytes("local", purpose, bytes);
 }
 
 /// A whole file, read-only and mapped (or empty: a zero-length file cannot be mapped), with
@@ -117,6 +111,10 @@ impl super::Storage for LocalStorage {
         &self.name
     }
 
+    fn backend(&self) -> &'static str {
+        "local"
+    }
+
     fn list(&self) -> futures_util::future::BoxFuture<'_, Result<Vec<super::Listed>, super::StorageError>> {
         use futures_util::FutureExt as _;
         let root = self.root.clone();
@@ -178,13 +176,11 @@ impl super::Storage for LocalStorage {
                 .then(move |(start, end)| {
                     let (file, name) = (std::sync::Arc::clone(&file), name.clone());
                     async move {
-                        let started = std::time::Instant::now();
                         let read = tokio::task::spawn_blocking(move || {
                             let mut buffer = vec![0u8; (end - start) as usize];
                             file.read_exact_at(&mut buffer, start).map(|()| bytes::Bytes::from(buffer))
                         })
                         .await;
-                        record_read("range", started, end - start);
                         let read = read.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string()));
                         read.map_err(|message| super::StorageError::Unavailable { source_name: name, message })
                     }

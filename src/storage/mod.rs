@@ -9,11 +9,31 @@ pub mod local;
 pub mod scan;
 pub mod s3;
 
+use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use futures_util::stream::BoxStream;
+use futures_util::stream::{self, BoxStream};
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::telemetry::names;
+
+/// Records one read from `backend` (`kind`: what it was for) and how long it took to start.
+pub fn record_read(backend: &'static str, kind: &'static str, started: std::time::Instant, bytes: u64) {
+    metrics::histogram!(names::STORAGE_READ_DURATION, "backend" => backend, "kind" => kind)
+        .record(started.elapsed().as_secs_f64());
+    record_bytes(backend, kind, bytes);
+}
+
+/// Records bytes read from `backend` for `purpose` (manifest, serve, decode or verify).
+pub fn record_bytes(backend: &'static str, purpose: &'static str, bytes: u64) {
+    if bytes > 0 {
+        metrics::counter!(names::STORAGE_READ_BYTES, "backend" => backend, "purpose" => purpose).increment(bytes);
+    }
+}
 
 /// One `.zt` object found under a source's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +100,13 @@ pub enum StorageError {
     Refused { source_name: String, message: String },
 }
 
+impl StorageError {
+    /// Whether the error concerns one object (changed, gone) rather than the store itself.
+    pub fn is_about_the_object(&self) -> bool {
+        matches!(self, StorageError::NotFound { .. } | StorageError::Changed { .. } | StorageError::OutOfRange { .. })
+    }
+}
+
 /// A place `.zt` objects live.
 pub trait Storage: Send + Sync + std::fmt::Debug {
     /// The source as configured (`models`, `s3://bucket/prefix`).
@@ -88,4 +115,174 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>>;
     /// Reads `range` of `key`, only from the version `version`.
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>>;
+    /// The backend's name in metrics (`local`, `s3`).
+    fn backend(&self) -> &'static str;
+}
+
+/// One version of one object: every read through it is bound to that version, so the reads
+/// of one response never mix two versions.
+#[derive(Debug, Clone)]
+pub struct ObjectVersion {
+    pub storage: Arc<dyn Storage>,
+    pub key: String,
+    pub version: String,
+    pub size: u64,
+}
+
+/// How a long read is split into ranged reads made at once.
+#[derive(Debug, Clone)]
+pub struct Readahead {
+    /// Bytes per ranged read.
+    pub chunk: u64,
+    /// Ranged reads in flight for one response (1: one read of the whole range).
+    pub concurrency: usize,
+    /// Bytes fetched ahead of what clients have taken, across all responses, in KiB permits.
+    pub budget: Arc<Semaphore>,
+}
+
+impl ObjectVersion {
+    fn fail(&self, message: String) -> StorageError {
+        StorageError::Unavailable { source_name: self.storage.name().to_owned(), message }
+    }
+
+    /// `range`'s bytes as they arrive, from one ranged read opened when first polled (for
+    /// `purpose` in metrics). A read that ends early is an error, never a short success.
+    pub fn stream(&self, range: Range<u64>, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
+        if range.is_empty() {
+            return stream::empty().boxed();
+        }
+        let this = self.clone();
+        let expected = range.end - range.start;
+        let opened = async move {
+            let started = std::time::Instant::now();
+            let read = this.storage.read(&this.key, ByteRange::Bounded(range), &this.version).await;
+            record_read(this.storage.backend(), purpose, started, 0);
+            read.map(|read| (this, read.bytes))
+        };
+        stream::once(opened)
+            .map_ok(move |(this, bytes)| {
+                let mut received = 0u64;
+                let backend = this.storage.backend();
+                bytes
+                    .map_ok(move |piece| {
+                        record_bytes(backend, purpose, piece.len() as u64);
+                        piece
+                    })
+                    .chain(stream::once(async { Ok(Bytes::new()) }))
+                    .and_then(move |piece| {
+                        received += piece.len() as u64;
+                        let outcome = if piece.is_empty() && received != expected {
+                            Err(this.fail(format!("read ended after {received} of {expected} bytes")))
+                        } else if received > expected {
+                            Err(this.fail(format!("read returned more than the {expected} bytes asked for")))
+                        } else {
+                            Ok(piece)
+                        };
+                        std::future::ready(outcome)
+                    })
+                    .try_filter(|piece| std::future::ready(!piece.is_empty()))
+            })
+            .try_flatten()
+            .boxed()
+    }
+
+    /// `range`'s bytes, all of them in one buffer (manifests, content checks).
+    pub async fn fetch(&self, range: Range<u64>, purpose: &'static str) -> Result<Bytes, StorageError> {
+        let pieces: Vec<Bytes> = self.stream(range.clone(), purpose).try_collect().await?;
+        if pieces.len() == 1 {
+            return Ok(pieces.into_iter().next().expect("one piece"));
+        }
+        let mut whole = Vec::with_capacity((range.end - range.start) as usize);
+        for piece in pieces {
+            whole.extend_from_slice(&piece);
+        }
+        Ok(Bytes::from(whole))
+    }
+
+    /// `range`'s bytes in order, read as `chunk`-sized ranged reads with up to `concurrency`
+    /// in flight. The chunk being sent streams straight through; chunks after it are fetched
+    /// whole, in parallel, but only while the shared budget has room, so memory stays bounded
+    /// however many responses run and however slow their clients are.
+    pub fn read_ahead(&self, range: Range<u64>, readahead: &Readahead, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
+        if readahead.concurrency <= 1 || range.end - range.start <= readahead.chunk {
+            return self.stream(range, purpose);
+        }
+        let chunk = readahead.chunk.max(1);
+        let queue: VecDeque<Chunk> = (range.start..range.end)
+            .step_by(chunk as usize)
+            .map(|start| Chunk::Pending(start..(start + chunk).min(range.end)))
+            .collect();
+        let ahead = Ahead { object: self.clone(), queue, current: None, readahead: readahead.clone(), purpose, failed: false };
+        stream::unfold(ahead, |mut ahead| async move {
+            loop {
+                if let Some(current) = &mut ahead.current {
+                    match current.next().await {
+                        Some(Err(e)) => {
+                            ahead.failed = true;
+                            ahead.current = None;
+                            return Some((Err(e), ahead));
+                        }
+                        Some(piece) => return Some((piece, ahead)),
+                        None => ahead.current = None,
+                    }
+                }
+                if ahead.failed {
+                    return None;
+                }
+                ahead.start_fetches();
+                match ahead.queue.pop_front()? {
+                    Chunk::Pending(range) => ahead.current = Some(ahead.object.stream(range, ahead.purpose)),
+                    Chunk::Fetching(mut task) => {
+                        let fetched = (&mut task.0).await;
+                        let piece = fetched.map_err(|e| ahead.object.fail(e.to_string())).and_then(|(bytes, _permit)| bytes);
+                        ahead.failed = piece.is_err();
+                        return Some((piece, ahead));
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+}
+
+/// A task aborted when dropped: a response that goes away stops its fetches.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+enum Chunk {
+    Pending(Range<u64>),
+    Fetching(AbortOnDrop<(Result<Bytes, StorageError>, OwnedSemaphorePermit)>),
+}
+
+/// A split read in progress.
+struct Ahead {
+    object: ObjectVersion,
+    /// The chunks not yet sent, in order.
+    queue: VecDeque<Chunk>,
+    /// The chunk being streamed.
+    current: Option<BoxStream<'static, Result<Bytes, StorageError>>>,
+    readahead: Readahead,
+    purpose: &'static str,
+    failed: bool,
+}
+
+impl Ahead {
+    /// Starts fetching the chunks after the next one, up to the concurrency, as the budget
+    /// allows (never waiting for it: a chunk without budget is streamed in its turn).
+    fn start_fetches(&mut self) {
+        let window = self.readahead.concurrency.min(self.queue.len());
+        for index in 1..window {
+            let Chunk::Pending(range) = &self.queue[index] else { continue };
+            let kib = ((range.end - range.start).div_ceil(1024)).min(u64::from(u32::MAX)) as u32;
+            let Ok(permit) = Arc::clone(&self.readahead.budget).try_acquire_many_owned(kib) else { return };
+            let (object, range, purpose) = (self.object.clone(), range.clone(), self.purpose);
+            let task = tokio::spawn(async move { (object.fetch(range, purpose).await, permit) });
+            self.queue[index] = Chunk::Fetching(AbortOnDrop(task));
+        }
+    }
 }

@@ -17,6 +17,12 @@ use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectSto
 
 use super::{ByteRange, Listed, Read, Storage, StorageError};
 
+/// S3 error codes that no retry will cure: credentials, permissions or a missing bucket.
+/// `object_store` reports them (on listings, for instance) as generic errors carrying the
+/// store's answer, and does not expose the status, so the code in the answer decides.
+const REFUSALS: [&str; 6] =
+    ["NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden", "401 Unauthorized"];
+
 /// How to reach the store; `None` leaves the `AWS_*` environment's value.
 #[derive(Debug, Clone)]
 pub struct S3Options {
@@ -115,7 +121,14 @@ impl S3Storage {
             object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
                 StorageError::Refused { source_name, message: error.to_string() }
             }
-            other => StorageError::Unavailable { source_name, message: other.to_string() },
+            other => {
+                let message = other.to_string();
+                if REFUSALS.iter().any(|code| message.contains(code)) {
+                    StorageError::Refused { source_name, message }
+                } else {
+                    StorageError::Unavailable { source_name, message }
+                }
+            }
         }
     }
 }
@@ -125,10 +138,22 @@ impl Storage for S3Storage {
         &self.name
     }
 
+    fn backend(&self) -> &'static str {
+        "s3"
+    }
+
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>> {
         async move {
+            let started = std::time::Instant::now();
             let metas: Vec<object_store::ObjectMeta> =
-                self.store.list(self.prefix.as_ref()).try_collect().await.map_err(|e| self.error("", e))?;
+                self.store.list(self.prefix.as_ref()).try_collect().await.map_err(|e| match self.error("", e) {
+                    // Listing a prefix never finds nothing: a 404 means the bucket is missing.
+                    StorageError::NotFound { source_name, .. } => {
+                        StorageError::Refused { source_name, message: "the bucket does not exist".into() }
+                    }
+                    other => other,
+                })?;
+            super::record_read("s3", "list", started, 0);
             let skip = self.prefix.as_ref().map_or(0, |p| p.as_ref().len() + 1);
             let mut listed: Vec<Listed> = metas
                 .into_iter()

@@ -232,3 +232,102 @@ impl S3Server {
             .unwrap()
     }
 }
+
+/// Where a test's models live: a local directory, or a prefix of a bucket on a moto S3
+/// server started for the test. The HTTP contract suite runs against both.
+pub enum ModelSource {
+    Local(tempfile::TempDir),
+    S3 { server: S3Server, client: object_store::aws::AmazonS3 },
+}
+
+/// The bucket and prefix S3 fixtures use.
+pub const S3_SOURCE: &str = "s3://models/prod";
+
+impl ModelSource {
+    pub fn local() -> ModelSource {
+        ModelSource::Local(tempfile::tempdir().unwrap())
+    }
+
+    pub fn s3() -> ModelSource {
+        let server = start_s3();
+        server.create_bucket("models");
+        let client = server.client("models");
+        ModelSource::S3 { server, client }
+    }
+
+    /// `local` or `s3`, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelSource::Local(_) => "local",
+            ModelSource::S3 { .. } => "s3",
+        }
+    }
+
+    /// The source as configured.
+    pub fn name(&self) -> String {
+        match self {
+            ModelSource::Local(dir) => dir.path().display().to_string(),
+            ModelSource::S3 { .. } => S3_SOURCE.to_owned(),
+        }
+    }
+
+    /// `base` serving this source (with the S3 server's endpoint and credentials).
+    pub fn config(&self, base: ztserve::config::Config) -> ztserve::config::Config {
+        let mut config = ztserve::config::Config { sources: vec![self.name()], ..base };
+        if let ModelSource::S3 { server, .. } = self {
+            config.s3_endpoint = server.endpoint.clone();
+            config.s3_region = "us-east-1".into();
+            config.s3_allow_http = true;
+            config.s3_access_key_id = "testing".into();
+            config.s3_secret_access_key = "testing".into();
+            config.s3_retries = 1;
+        }
+        config
+    }
+
+    /// The same settings as `ZTSERVE_*` variables, for a server started as a process.
+    pub fn envs(&self) -> Vec<(String, String)> {
+        let mut envs = vec![("ZTSERVE_SOURCES".to_owned(), self.name())];
+        if let ModelSource::S3 { server, .. } = self {
+            for (key, value) in [
+                ("ZTSERVE_S3_ENDPOINT", server.endpoint.as_str()),
+                ("ZTSERVE_S3_REGION", "us-east-1"),
+                ("ZTSERVE_S3_ALLOW_HTTP", "true"),
+                ("ZTSERVE_S3_ACCESS_KEY_ID", "testing"),
+                ("ZTSERVE_S3_SECRET_ACCESS_KEY", "testing"),
+                ("ZTSERVE_S3_RETRIES", "1"),
+            ] {
+                envs.push((key.to_owned(), value.to_owned()));
+            }
+        }
+        envs
+    }
+
+    /// Writes (or atomically replaces) `key` (a path below the source, e.g. `org/a.zt`).
+    pub async fn put(&self, key: &str, bytes: &[u8]) {
+        match self {
+            ModelSource::Local(dir) => {
+                let path = dir.path().join(key);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let temporary = path.with_extension("partial");
+                std::fs::write(&temporary, bytes).unwrap();
+                std::fs::rename(&temporary, &path).unwrap();
+            }
+            ModelSource::S3 { client, .. } => {
+                use object_store::ObjectStoreExt as _;
+                let location = object_store::path::Path::from(format!("prod/{key}"));
+                client.put(&location, object_store::PutPayload::from(bytes.to_vec())).await.unwrap();
+            }
+        }
+    }
+
+    pub async fn remove(&self, key: &str) {
+        match self {
+            ModelSource::Local(dir) => std::fs::remove_file(dir.path().join(key)).unwrap(),
+            ModelSource::S3 { client, .. } => {
+                use object_store::ObjectStoreExt as _;
+                client.delete(&object_store::path::Path::from(format!("prod/{key}"))).await.unwrap();
+            }
+        }
+    }
+}
