@@ -210,7 +210,7 @@ impl Catalog {
         for source in sources {
             let listed = match &source.backend {
                 Backend::Local(root) => {
-                    let (walked, root, previous, limits) = (Arc::clone(source), root.clone(), Arc::clone(previous), options.limits.clone());
+                    let (walked, root, previous, limits) = (Arc::clone(source), root.clone(), Arc::clone(previous), options.limits);
                     tokio::task::spawn_blocking(move || list_local(&walked, &root, &previous, &limits)).await.unwrap_or_else(|e| {
                         Err(StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })
                     })
@@ -321,7 +321,7 @@ async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> 
         whole.extend_from_slice(&tail[..(span.end - tail_start) as usize]);
         bytes::Bytes::from(whole)
     };
-    let limits = options.limits.clone();
+    let limits = options.limits;
     tokio::task::spawn_blocking(move || format::parse_manifest(container, &manifest, span, size, &limits))
         .await
         .map_err(|e| CatalogError::Storage(StorageError::Unavailable { source_name: object.storage.name().to_owned(), message: e.to_string() }))?

@@ -164,36 +164,61 @@ pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
 
 /// A moto S3 server on 127.0.0.1, killed when dropped.
 pub struct S3Server {
-    child: std::process::Child,
+    child: Option<std::process::Child>,
+    pub port: u16,
     pub endpoint: String,
+    envs: Vec<(String, String)>,
 }
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
 /// Starts moto's S3 server from `.venv/tools` (installed by `scripts/python-env`) on a free
 /// port and waits up to 30 s for it to answer. Panics, never skips, when it cannot start.
 pub fn start_s3() -> S3Server {
-    let moto = venv_root().join("tools/bin/moto_server");
-    assert!(moto.exists(), "{} is missing: run scripts/python-env (scripts/test does)", moto.display());
+    start_s3_with(&[])
+}
+
+/// [`start_s3`] with extra environment for moto (e.g. `INITIAL_NO_AUTH_ACTION_COUNT=0`, which
+/// makes it check credentials).
+pub fn start_s3_with(envs: &[(&str, &str)]) -> S3Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(moto)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = S3Server { child, endpoint: format!("http://127.0.0.1:{port}") };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "moto_server did not start within 30 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let envs = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let mut server = S3Server { child: None, port, endpoint: format!("http://127.0.0.1:{port}"), envs };
+    server.start();
     server
+}
+
+impl S3Server {
+    /// Starts (or starts again, empty: moto keeps nothing) the server on its port.
+    pub fn start(&mut self) {
+        let moto = venv_root().join("tools/bin/moto_server");
+        assert!(moto.exists(), "{} is missing: run scripts/python-env (scripts/test does)", moto.display());
+        let child = Command::new(moto)
+            .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
+            .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto_server did not start within 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the server; its port refuses connections until [`S3Server::start`].
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl S3Server {
