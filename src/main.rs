@@ -25,8 +25,8 @@ struct Cli {
 enum Command {
     /// Serve every *.zt under the sources over HTTP (by default: models/ on 127.0.0.1:8080).
     Serve {
-        /// A directory of .zt files; repeat for several. Overrides `sources`.
-        #[arg(long = "source", value_name = "DIR")]
+        /// A directory of .zt files, or s3://bucket/prefix; repeat for several. Overrides `sources`.
+        #[arg(long = "source", value_name = "DIR|S3_URL")]
         sources: Vec<String>,
         /// Address to listen on. Overrides `listen`.
         #[arg(long)]

@@ -135,3 +135,68 @@ fn requests_beyond_the_concurrency_limit_wait_for_a_slot_instead_of_failing() {
         assert_eq!((status, body.len()), (200, 4096 * 8));
     }
 }
+
+/// docker-compose.yml, parsed.
+fn compose() -> serde_json::Value {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml")).unwrap();
+    serde_norway::from_str(&text).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_fills() {
+    let compose = compose();
+    let services = &compose["services"];
+    // The upload job mirrors ./models into the bucket: do the same against moto.
+    let upload = services["upload"]["command"][0].as_str().unwrap();
+    assert!(upload.contains("mc mb --ignore-existing store/models"), "{upload}");
+    assert!(upload.contains("mc mirror --overwrite /models store/models\n"), "{upload}");
+    assert_eq!(services["upload"]["volumes"][0], "./models:/models:ro");
+    let s3 = common::start_s3();
+    s3.create_bucket("models");
+    let client = s3.client("models");
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    for entry in std::fs::read_dir(models.join("demo")).unwrap() {
+        let path = entry.unwrap().path();
+        let key = object_store::path::Path::from(format!("demo/{}", path.file_name().unwrap().to_str().unwrap()));
+        use object_store::ObjectStoreExt as _;
+        client.put(&key, object_store::PutPayload::from(std::fs::read(&path).unwrap())).await.unwrap();
+    }
+    // ztserve with the compose environment; only the endpoint, credentials and port differ.
+    assert_eq!(services["ztserve"]["depends_on"]["upload"]["condition"], "service_completed_successfully");
+    let environment = services["ztserve"]["environment"].as_object().unwrap();
+    assert_eq!(environment["ZTSERVE_SOURCES"], "s3://models");
+    let mut envs: Vec<(String, String)> = environment
+        .iter()
+        .map(|(k, v)| {
+            let value = match k.as_str() {
+                "ZTSERVE_S3_ENDPOINT" => s3.endpoint.clone(),
+                "ZTSERVE_LISTEN" => "127.0.0.1:0".to_owned(),
+                "AWS_ACCESS_KEY_ID" | "AWS_SECRET_ACCESS_KEY" => "testing".to_owned(),
+                _ => v.as_str().unwrap().to_owned(),
+            };
+            (k.clone(), value)
+        })
+        .collect();
+    envs.push(("ZTSERVE_LOG_FORMAT".into(), "text".into()));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let cmd = dockerfile_array("CMD");
+    let args: Vec<String> = cmd.iter().map(|a| a.replace("/etc/ztserve/ztserve.toml", "config/ztserve.toml")).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Blocking, but the server is another process: nothing here waits on this runtime.
+    let server = common::start_binary(&args, &envs);
+    let address = server.address.clone();
+    let (status, body) = tokio::task::spawn_blocking(move || common::http_get(&address, "/models")).await.unwrap();
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let served: Vec<(&str, &str, &str)> = list["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["source"].as_str().unwrap(), m["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(served, [("demo/dense", "s3://models", "ok"), ("demo/structured", "s3://models", "ok")]);
+    let address = server.address.clone();
+    let (status, body) = tokio::task::spawn_blocking(move || common::http_get(&address, "/models/demo%2Fdense/file")).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body, std::fs::read(models.join("demo/dense.zt")).unwrap());
+}
