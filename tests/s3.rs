@@ -365,5 +365,6 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     // After a rescan the new version is served.
     state.rescan().await;
     let reply = blocking(move || request(&address, "/models/m/objects/raw", &[("range", "bytes=0-99")])).await;
+    assert_eq!(reply.status, 206, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.body, new[..100]);
 }

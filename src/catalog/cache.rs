@@ -185,6 +185,10 @@ struct Cursor {
     block: BytesMut,
     /// The next block, being made ready on another thread.
     next_block: Option<std::sync::mpsc::Receiver<BytesMut>>,
+    /// Bytes per block: [`BLOCK`] for a cached decode, whose chunks stay together; [`CHUNK`]
+    /// for a private one, whose pieces are freed as they are sent (a larger block would live
+    /// until its last piece is sent, and one more would be made ready).
+    block_len: usize,
 }
 
 /// A zeroed block whose pages have all been touched. The kernel zeroes an anonymous page on
@@ -202,10 +206,10 @@ fn touched_block(len: usize) -> BytesMut {
 }
 
 impl Cursor {
-    fn new(object: &str, component: &Component) -> Result<Cursor, FormatError> {
+    fn new(object: &str, component: &Component, block_len: usize) -> Result<Cursor, FormatError> {
         let decoder = Decoder::new(object, component)?;
         metrics::counter!(names::DECODES_STARTED, "encoding" => encoding_label(component)).increment(1);
-        Ok(Cursor { decoder, encoding: encoding_label(component), block: BytesMut::new(), next_block: None })
+        Ok(Cursor { decoder, encoding: encoding_label(component), block: BytesMut::new(), next_block: None, block_len })
     }
 
     /// Decodes the next piece (at most [`CHUNK`] bytes) from `input`. [`Stop::Done`] once the
@@ -218,11 +222,11 @@ impl Cursor {
         let size = room.min(CHUNK);
         if self.block.len() < size {
             // Never more than the component can still need, so small components stay small.
-            let len = room.min(BLOCK);
+            let len = room.min(self.block_len);
             let ready = self.next_block.take().and_then(|next| next.recv().ok()).filter(|b| b.len() >= size);
             self.block = ready.unwrap_or_else(|| BytesMut::zeroed(len));
-            let after = room.saturating_sub(self.block.len()).min(BLOCK);
-            if after > 0 {
+            let after = room.saturating_sub(self.block.len()).min(self.block_len);
+            if after > 0 && self.block_len > CHUNK {
                 self.next_block = prepare_block(after);
             }
         }
@@ -262,8 +266,11 @@ fn prepare_block(len: usize) -> Option<std::sync::mpsc::Receiver<BytesMut>> {
 }
 
 fn record_failure(error: &DecodeError) {
-    metrics::counter!(names::DECODE_FAILURES).increment(1);
-    tracing::warn!(error = %error, "decoding failed");
+    // Storage failures are the source's, counted and logged where the request fails.
+    if !matches!(error, DecodeError::Storage(_)) {
+        metrics::counter!(names::DECODE_FAILURES).increment(1);
+        tracing::warn!(error = %error, "decoding failed");
+    }
 }
 
 /// Where a shared decode stands, as readers see it.
@@ -408,7 +415,7 @@ impl Decoded {
         let paused = self.lock().paused.take();
         let (mut cursor, mut input) = match paused {
             Some(paused) => paused,
-            None => match Cursor::new(&self.object, &self.component) {
+            None => match Cursor::new(&self.object, &self.component, BLOCK) {
                 Ok(cursor) => (cursor, Input::new(&self.stored)),
                 Err(e) => return self.finish(Err(e.into())),
             },
@@ -664,7 +671,7 @@ fn next_private_piece(walk: &mut Walk, object: &str, component: &Component, rang
     let len = component.decoded_length;
     let cursor = match &mut walk.cursor {
         Some(cursor) => cursor,
-        None => walk.cursor.insert(Cursor::new(object, component)?),
+        None => walk.cursor.insert(Cursor::new(object, component, CHUNK)?),
     };
     loop {
         if walk.last.is_some() {

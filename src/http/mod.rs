@@ -42,6 +42,9 @@ pub struct AppState {
     /// How long raw reads from remote sources are split, and the memory they may hold.
     pub readahead: Readahead,
     catalog: RwLock<Arc<Catalog>>,
+    /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
+    /// older listing last.
+    rescanning: tokio::sync::Mutex<()>,
     ready: AtomicBool,
 }
 
@@ -76,6 +79,7 @@ impl AppState {
             sources,
             readahead,
             catalog: RwLock::new(Arc::new(Catalog::default())),
+            rescanning: tokio::sync::Mutex::new(()),
             ready: AtomicBool::new(false),
         }))
     }
@@ -88,6 +92,7 @@ impl AppState {
     /// Rescans every source and swaps in the new catalog; the first completed rescan makes
     /// the service ready.
     pub async fn rescan(self: &Arc<Self>) {
+        let _one_at_a_time = self.rescanning.lock().await;
         let state = Arc::clone(self);
         let previous = self.catalog();
         let options = ScanOptions {

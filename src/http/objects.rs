@@ -200,6 +200,7 @@ fn digest_check(
     component: &Component,
     stored: &Stored,
     head: bool,
+    ranged: bool,
 ) -> DigestCheck {
     if component.digest.is_none() || policy == VerifyPolicy::Never {
         return DigestCheck::Skipped;
@@ -207,7 +208,9 @@ fn digest_check(
     if let (VerifyPolicy::FirstRead, Some(verdict)) = (policy, facts.verdict.get()) {
         return DigestCheck::Known(verdict.clone());
     }
-    if head {
+    // A range of a remote component is never held up by (nor pays for) reading the whole
+    // component from the store: the check is made by the first full read.
+    if head || (ranged && matches!(stored, Stored::Remote { .. })) {
         return DigestCheck::Skipped;
     }
     let (facts, name, component, stored) = (Arc::clone(facts), object.name.clone(), component.clone(), stored.clone());
@@ -320,7 +323,7 @@ async fn component_bytes(
     let facts = model.facts(&object.name, &component.role);
     let ranged = headers.contains_key(header::RANGE);
     let span = tracing::Span::current();
-    let guard = match digest_check(state.config.verify_policy(), &facts, object, component, &stored, head) {
+    let guard = match digest_check(state.config.verify_policy(), &facts, object, component, &stored, head, ranged) {
         DigestCheck::Skipped => None,
         DigestCheck::Known(verdict) => {
             span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });
