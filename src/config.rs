@@ -70,7 +70,7 @@ pub struct Config {
     pub s3_retries: usize,
     /// Bytes per ranged GET when a large read is split.
     pub s3_range_chunk_bytes: u64,
-    /// Ranged GETs in flight for one response (1: never split).
+    /// Ranged GETs in flight for one response (1: one GET per read, never split).
     pub s3_range_concurrency: usize,
     /// Bytes fetched ahead of clients across all responses.
     pub s3_readahead_bytes: u64,
@@ -105,7 +105,7 @@ impl Default for Config {
             s3_read_timeout_secs: 30,
             s3_retries: 3,
             s3_range_chunk_bytes: 8 << 20,
-            s3_range_concurrency: 4,
+            s3_range_concurrency: 1,
             s3_readahead_bytes: 256 << 20,
         }
     }

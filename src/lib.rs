@@ -4,9 +4,11 @@
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
 //! - [`storage`]: where bytes come from: the `Storage` trait over local directories (scanned,
-//!   read, or memory-mapped) and S3 prefixes (`object_store`), reads bound to one version.
-//! - [`catalog`]: which models exist under the sources, their parsed manifests, broken files,
-//!   what is learnt per component (digest verdicts), and the bounded cache of shared decodes.
+//!   read, or memory-mapped) and S3 prefixes (`object_store`), reads bound to one version,
+//!   long reads split into parallel ranged GETs under a shared read-ahead budget.
+//! - [`catalog`]: the sources and their health, which models exist under them, their parsed
+//!   manifests (cached by file identity or ETag), broken files, what is learnt per component
+//!   (digest verdicts), and the bounded cache of shared decodes (from mapped or streamed bytes).
 //! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content
 //!   negotiation, digest policy, streaming bodies, errors, metrics per request.
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).

@@ -3,7 +3,10 @@
 //! prefix (`s3.rs`, through `object_store`). A backend lists the `.zt` objects under its root
 //! and reads byte ranges of one object *version*: a read of an object that changed since it
 //! was listed fails with [`StorageError::Changed`] rather than mixing two versions.
-//! `tests/storage_conformance.rs` runs one suite against every backend.
+//! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
+//! delivers exactly what was asked, and splits long reads into parallel ranged reads under a
+//! shared read-ahead budget. `tests/storage_conformance.rs` runs one suite against every
+//! backend.
 
 pub mod local;
 pub mod scan;
