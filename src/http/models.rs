@@ -1,5 +1,7 @@
-//! Model routes: the list, one model's manifest as JSON, and the stored file itself.
+//! Model routes (the list, one model's manifest as JSON, the stored file itself) and where a model's
+//! bytes are read from for a response: its file's mapping, or its listed S3 object version.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use axum::extract::{RawPathParams, State};
@@ -7,11 +9,8 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use serde_json::{json, Value};
-
-use std::ops::Range;
-
 use futures_util::StreamExt as _;
+use serde_json::{json, Value};
 
 use super::objects::add_urls;
 use super::respond::{bytes_response, ByteStream, RangeSource, Representation};
@@ -127,11 +126,14 @@ pub(crate) fn storage_outcome<T>(source: &Source, model: &str, outcome: Result<T
             source.report_success();
             Ok(value)
         }
-        Err(e) => {
-            source.report_failure(&e);
-            Err(ApiError::Storage { model: model.to_owned(), source: e })
-        }
+        Err(e) => Err(storage_failed(source, model, e)),
     }
+}
+
+/// Records a remote read's failure on its source's health, as the response's error.
+pub(crate) fn storage_failed(source: &Source, model: &str, error: StorageError) -> ApiError {
+    source.report_failure(&error);
+    ApiError::Storage { model: model.to_owned(), source: error }
 }
 
 /// Raw bytes of a remote object, read with ranged GETs (split and run in parallel when long).

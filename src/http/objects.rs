@@ -13,7 +13,7 @@ use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
 
-use super::models::{etag, model_bytes, storage_outcome, ModelBytes};
+use super::models::{etag, model_bytes, storage_failed, ModelBytes};
 use super::respond::{bytes_response, guard, ByteStream, ExtraHeaders, RangeSource, Representation};
 use super::{answer, header_value, param, path_params, ready_model, segment, ApiError, AppState};
 use crate::catalog::cache::{stream_private, ComponentKey, DecodeError, Decoded, Stored};
@@ -140,7 +140,7 @@ impl CheckError {
     fn into_api(self, model: &Model) -> ApiError {
         match self {
             CheckError::Mismatch(source) => ApiError::InvalidComponent { model: model.id.clone(), source },
-            CheckError::Storage(e) => storage_outcome::<()>(&model.source, &model.id, Err(e)).unwrap_err(),
+            CheckError::Storage(e) => storage_failed(&model.source, &model.id, e),
             CheckError::Crashed(reason) => ApiError::Internal(reason),
         }
     }
@@ -282,7 +282,7 @@ impl RangeSource for DecodedSource {
         let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
         let failed = move |e: DecodeError| match e {
             DecodeError::Invalid(invalid) => ApiError::InvalidComponent { model: model.clone(), source: invalid },
-            DecodeError::Storage(e) => storage_outcome::<()>(&source, &model, Err(e)).unwrap_err(),
+            DecodeError::Storage(e) => storage_failed(&source, &model, e),
             DecodeError::Aborted(reason) => ApiError::Internal(reason),
         };
         let span = tracing::Span::current();
