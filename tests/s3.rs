@@ -61,6 +61,17 @@ async fn serve(config: Config) -> (String, Arc<AppState>) {
     (address, state)
 }
 
+/// [`request`] off the test's runtime.
+async fn ask(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let (address, path) = (address.to_owned(), path.to_owned());
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    blocking(move || {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        request(&address, &path, &headers)
+    })
+    .await
+}
+
 /// Runs a blocking client off the test's runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.unwrap()
@@ -132,11 +143,7 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
 
     let (address, state) = serve(source.config(Config::default())).await;
     assert_eq!(s3_reads("manifest"), 6.0, "1 + 2 + 3 reads");
-    let list = blocking({
-        let address = address.clone();
-        move || request(&address, "/models", &[]).json()
-    })
-    .await;
+    let list = ask(&address, "/models", &[]).await.json();
     let statuses: Vec<(&str, &str)> =
         list["models"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap())).collect();
     assert_eq!(statuses, [("large", "ok"), ("small", "ok"), ("wide", "ok")]);
@@ -149,7 +156,7 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
     source.put("small.zt", &model(&[("w", DType::U8, &payload[..2000], false)])).await;
     state.rescan().await;
     assert_eq!(s3_reads("manifest"), 7.0);
-    let body = blocking(move || request(&address, "/models/small/objects/w", &[]).body).await;
+    let body = ask(&address, "/models/small/objects/w", &[]).await.body;
     assert_eq!(body, payload[..2000]);
 }
 
@@ -164,34 +171,22 @@ async fn raw_ranges_read_only_their_bytes_and_long_reads_split_into_parallel_get
 
     // A 1000-byte range is one GET of 1000 bytes.
     let (reads, bytes) = (s3_reads("serve"), s3_bytes("serve"));
-    let reply = blocking({
-        let address = address.clone();
-        move || request(&address, "/models/m/objects/raw", &[("range", "bytes=5000000-5000999")])
-    })
-    .await;
+    let reply = ask(&address, "/models/m/objects/raw", &[("range", "bytes=5000000-5000999")]).await;
     assert_eq!(reply.status, 206);
     assert_eq!(reply.body, raw[5_000_000..5_001_000]);
     assert_eq!((s3_reads("serve") - reads, s3_bytes("serve") - bytes), (1.0, 1000.0));
 
     // The whole component: 24 GETs of 1 MiB, in order, no byte more.
     let (reads, bytes) = (s3_reads("serve"), s3_bytes("serve"));
-    let reply = blocking({
-        let address = address.clone();
-        move || request(&address, "/models/m/objects/raw", &[])
-    })
-    .await;
+    let reply = ask(&address, "/models/m/objects/raw", &[]).await;
     assert_eq!(reply.status, 200);
     assert!(reply.body == raw, "the whole component differs");
     assert_eq!((s3_reads("serve") - reads, s3_bytes("serve") - bytes), (24.0, (24 << 20) as f64));
 
     // The stored file, byte for byte, and a range of it across chunk boundaries.
-    let whole = blocking({
-        let address = address.clone();
-        move || request(&address, "/models/m/file", &[])
-    })
-    .await;
+    let whole = ask(&address, "/models/m/file", &[]).await;
     assert!(whole.body == file, "the stored file differs");
-    let part = blocking(move || request(&address, "/models/m/file", &[("range", "bytes=1048000-7340100")])).await;
+    let part = ask(&address, "/models/m/file", &[("range", "bytes=1048000-7340100")]).await;
     assert!(part.body == file[1_048_000..=7_340_100], "a long range of the file differs");
 }
 
@@ -204,14 +199,10 @@ async fn zstd_components_decode_from_streamed_s3_bytes_cached_or_not() {
     for cache in [1 << 20, 64 << 20] {
         let config = Config { decode_cache_bytes: cache, ..source.config(Config::default()) };
         let (address, _state) = serve(config).await;
-        let whole = blocking({
-            let address = address.clone();
-            move || request(&address, "/models/z/objects/counters", &[])
-        })
-        .await;
+        let whole = ask(&address, "/models/z/objects/counters", &[]).await;
         assert_eq!(whole.status, 200, "cache {cache}");
         assert!(whole.body == counters, "cache {cache}: decoded bytes differ");
-        let range = blocking(move || request(&address, "/models/z/objects/counters", &[("range", "bytes=20000000-20000099")])).await;
+        let range = ask(&address, "/models/z/objects/counters", &[("range", "bytes=20000000-20000099")]).await;
         assert_eq!(range.body, counters[20_000_000..20_000_100], "cache {cache}");
     }
 }
@@ -227,10 +218,7 @@ async fn a_stopped_s3_answers_503_with_retry_after_readyz_degrades_and_service_r
     let mut config = source.config(Config::default());
     config.sources.push(local.path().display().to_string());
     let (address, state) = serve(config).await;
-    let get = |path: &'static str| {
-        let address = address.clone();
-        blocking(move || request(&address, path, &[]))
-    };
+    let get = |path: &'static str| ask(&address, path, &[]);
     assert!(get("/models/remote/objects/raw").await.body == raw);
     assert_eq!(get("/readyz").await.json()["status"], "ready");
 
@@ -364,7 +352,7 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
 
     // After a rescan the new version is served.
     state.rescan().await;
-    let reply = blocking(move || request(&address, "/models/m/objects/raw", &[("range", "bytes=0-99")])).await;
+    let reply = ask(&address, "/models/m/objects/raw", &[("range", "bytes=0-99")]).await;
     assert_eq!(reply.status, 206, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.body, new[..100]);
 }

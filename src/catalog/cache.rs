@@ -98,10 +98,13 @@ impl Input {
                 mapped: true,
             }
             }
-            Stored::Remote { .. } => {
-                Input { pieces: VecDeque::new(), received: 0, total: stored.len(), reading: None, mapped: false }
-            }
+            Stored::Remote { .. } => Input { total: stored.len(), ..Input::empty() },
         }
+    }
+
+    /// No input at all (a decode that has ended).
+    fn empty() -> Input {
+        Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None, mapped: false }
     }
 
     /// Whether more stored bytes must arrive before the decoder can go on.
@@ -660,8 +663,7 @@ pub fn stream_private(
 
 impl Walk {
     fn done() -> Walk {
-        let input = Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None, mapped: false };
-        Walk { cursor: None, input, produced: 0, last: None, finished: true }
+        Walk { cursor: None, input: Input::empty(), produced: 0, last: None, finished: true }
     }
 }
 

@@ -90,7 +90,6 @@ impl S3Storage {
             .with_bucket_name(bucket)
             .with_client_options(client)
             .with_retry(retry)
-            .with_allow_http(options.allow_http)
             .with_virtual_hosted_style_request(options.virtual_hosted_style);
         if let Some(endpoint) = &options.endpoint {
             builder = builder.with_endpoint(endpoint);
