@@ -10,7 +10,8 @@
 //!   manifests (cached by file identity or ETag), broken files, what is learnt per component
 //!   (digest verdicts), and the bounded cache of shared decodes (from mapped or streamed bytes).
 //! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content
-//!   negotiation, digest policy, streaming bodies, errors, metrics per request.
+//!   negotiation, digest policy, streaming bodies, errors, metrics per request; connections
+//!   that send slices of mapped files with `sendfile` instead of copying them.
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.

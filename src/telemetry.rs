@@ -35,6 +35,7 @@ pub mod names {
     pub const MODELS: &str = "ztserve_models";
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
+    pub const SENDFILE_BYTES: &str = "ztserve_sendfile_bytes_total";
 }
 
 /// Seconds buckets for request and storage durations: 100 µs to 5 min.
@@ -77,4 +78,5 @@ fn describe() {
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
     describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
+    describe_counter!(SENDFILE_BYTES, Unit::Bytes, "Response bytes sent from files with sendfile, never copied through the process.");
 }

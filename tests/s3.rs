@@ -5,61 +5,11 @@
 mod common;
 
 use std::io::{Read as _, Write as _};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::ModelSource;
+use common::{metric, model, noise, request, serve, ModelSource, Reply};
 use ztserve::config::Config;
-use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use ztserve::format::DType;
-use ztserve::http::AppState;
-
-/// A response read whole from a plain HTTP/1.1 connection.
-struct Reply {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().find_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            key.eq_ignore_ascii_case(name).then(|| value.trim())
-        })
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-}
-
-fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").unwrap();
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
-    let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
-    let status = head[9..12].parse().unwrap();
-    Reply { status, head, body: response[head_end + 4..].to_vec() }
-}
-
-/// A server on 127.0.0.1:0 in this process (its metrics are this process's).
-async fn serve(config: Config) -> (String, Arc<AppState>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let state = AppState::new(config).unwrap();
-    tokio::spawn(ztserve::http::serve_on(listener, Arc::clone(&state)));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.is_ready() {
-        assert!(Instant::now() < deadline, "not ready within 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (address, state)
-}
 
 /// [`request`] off the test's runtime.
 async fn ask(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
@@ -77,16 +27,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
-/// The sum of a Prometheus series' samples whose labels include every `labels` pair.
-fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = ztserve::telemetry::metrics().render();
-    text.lines()
-        .filter(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
-        .filter(|line| labels.iter().all(|(k, v)| line.contains(&format!("{k}=\"{v}\""))))
-        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
 /// Ranged reads started against S3 for `purpose`.
 fn s3_reads(purpose: &str) -> f64 {
     metric("ztserve_storage_read_duration_seconds_count", &[("backend", "s3"), ("kind", purpose)])
@@ -94,37 +34,6 @@ fn s3_reads(purpose: &str) -> f64 {
 
 fn s3_bytes(purpose: &str) -> f64 {
     metric("ztserve_storage_read_bytes_total", &[("backend", "s3"), ("purpose", purpose)])
-}
-
-/// Deterministic, poorly compressible bytes.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// A model of `objects`: (name, dtype, bytes, zstd).
-fn model(objects: &[(&str, DType, &[u8], bool)]) -> Vec<u8> {
-    let mut w = Writer::new(Vec::new()).unwrap();
-    for (name, dtype, bytes, zstd) in objects {
-        let count = bytes.len() as u64 / dtype.width();
-        let input = ObjectInput {
-            name,
-            shape: &[count],
-            format: "dense",
-            attributes: None,
-            components: vec![ComponentInput { role: "data", dtype: *dtype, logical_type: None, bytes }],
-        };
-        let options = WriteOptions { zstd_level: zstd.then_some(1), digest: Some(DigestAlgorithm::Sha256) };
-        w.add(&input, &options).unwrap();
-    }
-    w.finish(None).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ mod objects;
 mod ops;
 pub mod range;
 mod respond;
+mod zero_copy;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -329,14 +330,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     });
     let drain = Duration::from_secs(state.config.shutdown_drain_secs);
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    // Bodies are written in large pieces; Nagle's algorithm would only hold back the last,
-    // short segment of each response until the client's delayed ACK.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    let server = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
+    let server = axum::serve(zero_copy::ZeroCopyListener(listener), app(state)).with_graceful_shutdown(async move {
         shutdown_signal().await;
         tracing::info!(drain_secs = drain.as_secs(), "shutting down: draining in-flight requests");
         let _ = signalled_tx.send(());

@@ -1,10 +1,14 @@
-//! Local files, memory-mapped for zero-copy reads, and the storage metrics for them. The only
-//! module with `unsafe`.
+//! Local files, memory-mapped for zero-copy reads, and the storage metrics for them. Every
+//! live mapping is registered with the file behind it, so a socket can send a slice of one
+//! from the file (`sendfile`) instead of copying it (see `http::zero_copy`). The only module
+//! with `unsafe`.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::ops::Deref;
 use std::path::Path;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use memmap2::Mmap;
 
@@ -23,8 +27,25 @@ pub fn record_mapped(purpose: &'static str, bytes: u64) {
 /// A whole file, read-only and mapped (or empty: a zero-length file cannot be mapped), with
 /// its descriptor kept open so its current length can be checked before bytes are served.
 pub struct MappedFile {
-    file: File,
+    file: Arc<File>,
     map: Option<Mmap>,
+}
+
+/// Live mappings by start address: their length and the file mapped (from offset 0).
+static MAPPINGS: RwLock<BTreeMap<usize, (usize, Arc<File>)>> = RwLock::new(BTreeMap::new());
+
+/// The file whose mapping holds all of `slice`, and the slice's offset in it; `None` for
+/// bytes that are not in a live mapping. The answer stays true while `slice` is borrowed:
+/// the mapping cannot be dropped, and so deregistered, while its bytes are in use.
+pub fn file_behind(slice: &[u8]) -> Option<(Arc<File>, u64)> {
+    mapping_at(slice.as_ptr() as usize, slice.len())
+}
+
+/// The file mapped at addresses `start..start + len`, if one mapping spans them all.
+fn mapping_at(start: usize, len: usize) -> Option<(Arc<File>, u64)> {
+    let mappings = MAPPINGS.read().unwrap_or_else(PoisonError::into_inner);
+    let (&base, (mapped, file)) = mappings.range(..=start).next_back()?;
+    (start + len <= base + mapped).then(|| (Arc::clone(file), (start - base) as u64))
 }
 
 impl MappedFile {
@@ -39,7 +60,7 @@ impl MappedFile {
         let file = File::open(path)?;
         let len = file.metadata()?.len();
         if len == 0 {
-            return Ok(MappedFile { file, map: None });
+            return Ok(MappedFile { file: Arc::new(file), map: None });
         }
         // SAFETY: the map is read-only and never outlives this value, so no reference into it
         // dangles. The remaining hazard is another process changing the file underneath us:
@@ -47,17 +68,53 @@ impl MappedFile {
         // truncating it in place makes reads past the new end raise SIGBUS. The CLI reads a
         // file once and exits, so there a concurrent truncation ends the command, as it would
         // for `cat`. The server checks `current_len` against the manifest before each response,
-        // which narrows but does not close that window.
+        // which narrows but does not close that window; raw bytes it sends never touch the
+        // mapping (they leave by `sendfile`), but decodes and digest checks read it.
         let map = unsafe { Mmap::map(&file)? };
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
-        Ok(MappedFile { file, map: Some(map) })
+        Ok(Self::registered(file, map))
+    }
+
+    /// A copy of `bytes` in an unlinked temporary file, mapped: responses send its slices
+    /// with `sendfile`, as they do a model file's, instead of copying them. A regular file,
+    /// not a memfd: the kernel splices a memfd's pages one lookup at a time, which measured
+    /// slower than copying at 32 connections, and a page-cache file's in batches.
+    pub fn temporary(bytes: &[u8]) -> io::Result<MappedFile> {
+        use std::io::Write as _;
+        let mut file = tempfile::tempfile()?;
+        file.write_all(bytes)?;
+        if bytes.is_empty() {
+            return Ok(MappedFile { file: Arc::new(file), map: None });
+        }
+        // SAFETY: no other process can reach this unlinked file, and it is never written again.
+        let map = unsafe { Mmap::map(&file)? };
+        Ok(Self::registered(file, map))
+    }
+
+    fn registered(file: File, map: Mmap) -> MappedFile {
+        let file = Arc::new(file);
+        MAPPINGS
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(map.as_ptr() as usize, (map.len(), Arc::clone(&file)));
+        MappedFile { file, map: Some(map) }
     }
 
     /// The file's length now, from its descriptor: smaller than the mapping if it was
     /// truncated in place since it was mapped.
     pub fn current_len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        // Deregistered before the fields drop, so before the unmap: no lookup can find an
+        // address range that is about to be reused.
+        if let Some(map) = &self.map {
+            MAPPINGS.write().unwrap_or_else(PoisonError::into_inner).remove(&(map.as_ptr() as usize));
+        }
     }
 }
 
@@ -170,11 +227,11 @@ impl super::Storage for LocalStorage {
                 }
                 super::ByteRange::Suffix(n) => size.saturating_sub(n)..size,
             };
-            let file = std::sync::Arc::new(file);
+            let file = Arc::new(file);
             let pieces = (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
             let bytes = futures_util::stream::iter(pieces)
                 .then(move |(start, end)| {
-                    let (file, name) = (std::sync::Arc::clone(&file), name.clone());
+                    let (file, name) = (Arc::clone(&file), name.clone());
                     async move {
                         let read = tokio::task::spawn_blocking(move || {
                             let mut buffer = vec![0u8; (end - start) as usize];
@@ -189,5 +246,28 @@ impl super::Storage for LocalStorage {
             Ok(super::Read { size, range: span, bytes })
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_of_a_live_mapping_lead_to_its_file_and_nothing_else_does() {
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let mapped = MappedFile::temporary(&bytes).unwrap();
+        let (file, offset) = file_behind(&mapped[1000..5000]).expect("a slice of the mapping");
+        assert_eq!(offset, 1000);
+        let mut read = vec![0; 4000];
+        std::os::unix::fs::FileExt::read_exact_at(&*file, &mut read, offset).unwrap();
+        assert_eq!(read, bytes[1000..5000]);
+        assert_eq!(file_behind(&mapped[..]).map(|(_, offset)| offset), Some(0));
+        assert!(file_behind(&bytes[1000..5000]).is_none(), "heap bytes are not in a mapping");
+        let start = mapped.as_ptr() as usize;
+        assert!(mapping_at(start + 99_999, 1).is_some(), "the last byte");
+        assert!(mapping_at(start + 99_999, 2).is_none(), "a range running past the mapping's end");
+        drop(mapped);
+        assert!(mapping_at(start, 1).is_none(), "a dropped mapping is forgotten");
     }
 }

@@ -1,11 +1,18 @@
-//! Helpers shared by the integration tests: the official `ztensor` venvs, and builders for
-//! hand-made (often hostile) `.zt` files.
+//! Helpers shared by the integration tests: the official `ztensor` venvs, builders for
+//! hand-made (often hostile) `.zt` files and for test models, a plain HTTP/1.1 client, servers
+//! (the binary, or `serve_on` in the test's process), the Prometheus metrics, and moto.
 #![allow(dead_code)]
 
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use ztserve::format::Value;
+use ztserve::config::Config;
+use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
+use ztserve::format::{DType, Value};
+use ztserve::http::AppState;
 
 /// Where `scripts/python-env` puts its venvs.
 pub fn venv_root() -> PathBuf {
@@ -151,15 +158,96 @@ pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
 
 /// A plain HTTP/1.1 GET; returns the status and body.
 pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
-    use std::io::{Read, Write};
+    let reply = request(address, path, &[]);
+    (reply.status, reply.body)
+}
+
+/// A response read whole from a plain HTTP/1.1 connection.
+pub struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.eq_ignore_ascii_case(name).then(|| value.trim())
+        })
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+pub fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").unwrap();
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
+    let _ = stream.read_to_end(&mut response);
     let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
-    let status = std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap();
-    (status, response[head_end + 4..].to_vec())
+    let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
+    let status = head[9..12].parse().unwrap();
+    Reply { status, head, body: response[head_end + 4..].to_vec() }
+}
+
+/// A server on 127.0.0.1:0 in this process (its metrics are this process's).
+pub async fn serve(config: Config) -> (String, Arc<AppState>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let state = AppState::new(config).unwrap();
+    tokio::spawn(ztserve::http::serve_on(listener, Arc::clone(&state)));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !state.is_ready() {
+        assert!(Instant::now() < deadline, "not ready within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (address, state)
+}
+
+/// The sum of a Prometheus series' samples whose labels include every `labels` pair.
+pub fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = ztserve::telemetry::metrics().render();
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
+        .filter(|line| labels.iter().all(|(k, v)| line.contains(&format!("{k}=\"{v}\""))))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Deterministic, poorly compressible bytes.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A model of `objects`: (name, dtype, bytes, zstd).
+pub fn model(objects: &[(&str, DType, &[u8], bool)]) -> Vec<u8> {
+    let mut w = Writer::new(Vec::new()).unwrap();
+    for (name, dtype, bytes, zstd) in objects {
+        let count = bytes.len() as u64 / dtype.width();
+        let input = ObjectInput {
+            name,
+            shape: &[count],
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype: *dtype, logical_type: None, bytes }],
+        };
+        let options = WriteOptions { zstd_level: zstd.then_some(1), digest: Some(DigestAlgorithm::Sha256) };
+        w.add(&input, &options).unwrap();
+    }
+    w.finish(None).unwrap()
 }
 
 /// A moto S3 server on 127.0.0.1, killed when dropped.

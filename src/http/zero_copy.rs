@@ -1,0 +1,136 @@
+//! Connections that send mapped file bytes without copying them. Responses stay ordinary
+//! hyper bodies of `Bytes`; hyper hands each write to the socket as a list of slices, and this
+//! socket looks every large slice up among the live mappings (`storage::local::file_behind`).
+//! A slice of a mapped file goes out with `sendfile` from that file, at the same offset: the
+//! kernel moves page-cache pages to the socket, as nginx does, where `write` would first copy
+//! them (on loopback that copy was a third of the time of a full GET). Everything else (headers,
+//! decoded bytes, JSON) is written as before. What precedes a mapped slice is sent with
+//! `MSG_MORE`, so headers and body still leave in full segments despite `TCP_NODELAY`.
+
+use std::fs::File;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use axum::serve::Listener;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Slices shorter than this are copied: below it one more system call costs more than the copy.
+const SENDFILE_MIN: usize = 64 << 10;
+
+/// Registered once (after the recorder is installed): the macro would look the counter up on
+/// every write.
+static SENDFILE_BYTES: std::sync::LazyLock<metrics::Counter> = std::sync::LazyLock::new(|| {
+    crate::telemetry::metrics();
+    metrics::counter!(crate::telemetry::names::SENDFILE_BYTES)
+});
+
+/// A listener whose connections are [`ZeroCopyStream`]s (and set `TCP_NODELAY`: bodies are
+/// written in large pieces, and Nagle's algorithm would only hold back the last, short segment
+/// of each response until the client's delayed ACK).
+pub struct ZeroCopyListener<L>(pub L);
+
+impl<L: Listener<Io = TcpStream>> Listener for ZeroCopyListener<L> {
+    type Io = ZeroCopyStream;
+    type Addr = L::Addr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (stream, addr) = self.0.accept().await;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        (ZeroCopyStream(stream), addr)
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+/// A TCP connection that sends slices of mapped files with `sendfile`.
+pub struct ZeroCopyStream(TcpStream);
+
+/// What the next write does with the slices it is given.
+enum Next {
+    /// Write the first `count` slices; `more` when a mapped slice follows them.
+    Copy { count: usize, more: bool },
+    /// Send `len` bytes of `file` from `offset`: the first slice.
+    Send { file: Arc<File>, offset: u64, len: usize },
+}
+
+fn next(bufs: &[IoSlice<'_>]) -> Next {
+    for (i, buf) in bufs.iter().enumerate() {
+        if buf.len() < SENDFILE_MIN {
+            continue;
+        }
+        if let Some((file, offset)) = crate::storage::local::file_behind(buf) {
+            return match i {
+                0 => Next::Send { file, offset, len: buf.len() },
+                _ => Next::Copy { count: i, more: true },
+            };
+        }
+    }
+    Next::Copy { count: bufs.len(), more: false }
+}
+
+/// Runs a non-blocking write `op` when the socket is writable, waiting again while it would
+/// block (tokio's readiness protocol for system calls it does not wrap).
+fn poll_writing(stream: &TcpStream, cx: &mut Context<'_>, mut op: impl FnMut() -> io::Result<usize>) -> Poll<io::Result<usize>> {
+    loop {
+        ready!(stream.poll_write_ready(cx))?;
+        match stream.try_io(Interest::WRITABLE, &mut op) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            done => return Poll::Ready(done),
+        }
+    }
+}
+
+impl AsyncWrite for ZeroCopyStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let stream = &mut self.get_mut().0;
+        match next(bufs) {
+            Next::Copy { count, more: false } => Pin::new(stream).poll_write_vectored(cx, &bufs[..count]),
+            Next::Copy { count, more: true } => poll_writing(stream, cx, || {
+                let flags = rustix::net::SendFlags::MORE | rustix::net::SendFlags::NOSIGNAL;
+                Ok(rustix::net::sendmsg(&*stream, &bufs[..count], &mut Default::default(), flags)?)
+            }),
+            Next::Send { file, offset, len } => {
+                let sent = ready!(poll_writing(stream, cx, || {
+                    let mut at = offset;
+                    Ok(rustix::fs::sendfile(&*stream, &*file, Some(&mut at), len)?)
+                }))?;
+                // The mapping still spans these bytes, so the file was truncated under it:
+                // end the response rather than let hyper write the rest from the mapping.
+                if sent == 0 {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the mapped file was truncated")));
+                }
+                SENDFILE_BYTES.increment(sent as u64);
+                Poll::Ready(Ok(sent))
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl AsyncRead for ZeroCopyStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
