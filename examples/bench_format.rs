@@ -1,5 +1,6 @@
 //! Inputs and timings for `bench/format`:
 //!   bench_format manifest N          time parse + validate of a 1.2 manifest of N objects
+//!   bench_format objects PATH N      write a file of N small objects (a large model's manifest)
 //!   bench_format raw PATH BYTES      write a file with one raw u8 component named "blob"
 //!   bench_format zstd PATH BYTES     write a file with one zstd component named "blob", and
 //!                                    its bare frame to PATH.zst (for `zstd -d`)
@@ -42,29 +43,35 @@ fn one_blob(path: &str, bytes: &[u8], zstd_level: Option<i32>) {
     w.finish(None).unwrap();
 }
 
+/// A file of `n` small tensors named and described like a transformer's layers, each with a
+/// crc32c digest: its manifest is what a large real model's looks like.
+fn many_objects(n: usize) -> Vec<u8> {
+    let mut w = Writer::new(Vec::new()).unwrap();
+    let data = [0u8; 16];
+    let attributes = Value::Map(vec![(Value::Text("layer".into()), Value::Integer(3.into()))]);
+    for i in 0..n {
+        let name = format!("model.layers.{}.self_attn.q_proj.weight", i);
+        w.add(
+            &ObjectInput {
+                name: &name,
+                shape: &[2, 2],
+                format: "dense",
+                attributes: Some(attributes.clone()),
+                components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &data }],
+            },
+            &WriteOptions { zstd_level: None, digest: Some(ztserve::format::write::DigestAlgorithm::Crc32c) },
+        )
+        .unwrap();
+    }
+    w.finish(None).unwrap()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args[1].as_str() {
         "manifest" => {
             let n: usize = args[2].parse().unwrap();
-            let mut w = Writer::new(Vec::new()).unwrap();
-            let data = [0u8; 16];
-            let attributes = Value::Map(vec![(Value::Text("layer".into()), Value::Integer(3.into()))]);
-            for i in 0..n {
-                let name = format!("model.layers.{}.self_attn.q_proj.weight", i);
-                w.add(
-                    &ObjectInput {
-                        name: &name,
-                        shape: &[2, 2],
-                        format: "dense",
-                        attributes: Some(attributes.clone()),
-                        components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &data }],
-                    },
-                    &WriteOptions { zstd_level: None, digest: Some(ztserve::format::write::DigestAlgorithm::Crc32c) },
-                )
-                .unwrap();
-            }
-            let file = w.finish(None).unwrap();
+            let file = many_objects(n);
             let mut times = Vec::new();
             for _ in 0..30 {
                 let start = Instant::now();
@@ -76,6 +83,7 @@ fn main() {
             let span = ztserve::format::parse_file(&file, &Limits::default()).unwrap().manifest_span;
             println!("{:.3} {:.3} {}", times[times.len() / 2], times[times.len() * 9 / 10], span.end - span.start);
         }
+        "objects" => fs::write(&args[2], many_objects(args[3].parse().unwrap())).unwrap(),
         "raw" => one_blob(&args[2], &weights_like(args[3].parse().unwrap()), None),
         "zstd" => {
             let bytes = weights_like(args[3].parse().unwrap());

@@ -1,0 +1,59 @@
+# Helpers shared by the benchmark scripts (sourced, not run). Every process started here is
+# recorded under $work and stopped by `bench_cleanup`, which the scripts run on exit.
+# Needs: $work (a scratch directory) set by the caller.
+
+# Installs the apt packages that provide the commands named, when any is missing.
+bench_need() {  # command=package ...
+  local missing=()
+  for pair in "$@"; do
+    command -v "${pair%%=*}" >/dev/null || missing+=("${pair#*=}")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+# Stops every process recorded as $work/*.pid (process groups: they run under setsid).
+bench_stop_all() {
+  for pid in "$work"/*.pid; do
+    [ -f "$pid" ] || continue
+    kill -- "-$(cat "$pid")" 2>/dev/null || kill "$(cat "$pid")" 2>/dev/null || true
+  done
+}
+
+bench_cleanup() {
+  bench_stop_all
+  rm -rf "$work"
+}
+
+# Stops the process recorded as $work/NAME.pid, and waits until it is gone.
+bench_stop() {  # name
+  local file="$work/$1.pid"
+  [ -f "$file" ] || return 0
+  local pid
+  pid=$(cat "$file")
+  kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+  for _ in $(seq 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
+  rm -f "$file"
+}
+
+# Waits until URL answers 2xx, for at most 10 s.
+bench_wait() {  # url
+  for _ in $(seq 500); do curl -sf -o /dev/null "$1" && return 0; sleep 0.02; done
+  echo "bench: $1 did not answer" >&2
+  return 1
+}
+
+# Starts a moto S3 server on 127.0.0.1:PORT (its own process group, stopped on exit).
+bench_start_moto() {  # port
+  setsid "$PWD/.venv/tools/bin/moto_server" -H 127.0.0.1 -p "$1" </dev/null >"$work/moto.log" 2>&1 &
+  echo $! > "$work/moto.pid"
+  for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$1" && return 0; sleep 0.1; done
+  echo "bench: moto did not start" >&2
+  return 1
+}
+
+# The medians of a hyperfine JSON export, in command order, space-separated.
+bench_medians() {  # hyperfine.json
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results']; print(' '.join(str(x['median']) for x in r))" "$1"
+}

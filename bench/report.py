@@ -1,0 +1,132 @@
+"""Turns what bench/run recorded into the table of bench/results/latest.md.
+
+usage: python3 report.py RESULTS VERSIONS ROUNDS SECONDS S3_SECONDS
+
+RESULTS holds one line per measurement, as bench/run writes them:
+  NAME times BASELINE_S ZTSERVE_S          hyperfine medians
+  NAME baseline|ztserve round=K requests=N bytes=N seconds=F p50_us=N p99_us=N errors=N
+  NAME memory PEAK_RESIDENT PEAK_ANONYMOUS  bytes
+  NAME size|frame N                         bytes
+Every ratio is ztserve's throughput over the baseline's (above 1: ztserve is faster). A wrk
+run with any error, or whose responses are not the size asked for, fails the report.
+"""
+import statistics
+import sys
+from collections import defaultdict
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+path, versions, rounds, seconds, s3_seconds = sys.argv[1:6]
+times, memory, sizes = {}, {}, {}
+runs = defaultdict(lambda: defaultdict(list))
+for line in open(path):
+    name, kind, *rest = line.split()
+    if kind == "times":
+        times[name] = [float(x) for x in rest]
+    elif kind == "memory":
+        memory[name] = [int(x) for x in rest]
+    elif kind in ("size", "frame"):
+        sizes[name] = int(rest[0])
+    else:
+        fields = dict(item.split("=") for item in rest)
+        runs[name][kind].append({k: float(v) for k, v in fields.items()})
+
+
+def wrk(name, side, payload):
+    """Medians over the rounds of one side of a wrk comparison."""
+    rounds_ = runs[name][side]
+    for r in rounds_:
+        if r["errors"]:
+            sys.exit(f"bench: {name} ({side}): {int(r['errors'])} errors")
+        each = r["bytes"] / r["requests"]
+        if not payload <= each <= payload + 2048:
+            sys.exit(f"bench: {name} ({side}): {each:.0f} bytes per response, expected {payload} and headers")
+    rate = statistics.median(r["requests"] / r["seconds"] for r in rounds_)
+    return {
+        "rate": rate,
+        "gbps": rate * payload / 1e9,
+        "p50": statistics.median(r["p50_us"] for r in rounds_) / 1e3,
+        "p99": statistics.median(r["p99_us"] for r in rounds_) / 1e3,
+    }
+
+
+def described(m, with_rate=True):
+    rate = f"{m['rate']:,.0f} req/s, " if with_rate else ""
+    return f"{rate}{m['gbps']:.2f} GB/s, p50 {m['p50']:.2f} ms, p99 {m['p99']:.2f} ms"
+
+
+def verdict(ok, target):
+    return f"{target}: {'PASS' if ok else 'MISS'}"
+
+
+def mem(name):
+    resident, anonymous = memory[name]
+    return f"{resident // MIB} MiB ({anonymous // MIB} MiB anon)"
+
+
+rows = []
+
+base_s, ours_s = times["full"]
+ratio = base_s / ours_s
+rows.append(("1 GiB raw component, full GET, 1 connection", f"nginx: {GIB / base_s / 1e9:.2f} GB/s",
+             f"{GIB / ours_s / 1e9:.2f} GB/s", ratio, verdict(ratio >= 1.0, "≥ 1.0×"), mem("full")))
+
+for connections in (4, 16):
+    name = f"ranges{connections}"
+    b, o = wrk(name, "baseline", MIB), wrk(name, "ztserve", MIB)
+    ratio = o["rate"] / b["rate"]
+    target = verdict(ratio >= 1.0, "≥ 1.0×") if connections == 16 else "—"
+    rows.append((f"random 1 MiB ranges of it, {connections} connections", "nginx: " + described(b),
+                 described(o), ratio, target, mem(name)))
+
+size = sizes["manifest"]
+b, o = wrk("manifest", "baseline", size), wrk("manifest", "ztserve", size)
+ratio = o["rate"] / b["rate"]
+ok = ratio >= 1.0 and o["p99"] <= b["p99"]
+rows.append((f"manifest JSON of a 1,000-object model ({size // 1024} KiB), 32 connections",
+             "nginx: " + described(b), described(o), ratio, verdict(ok, "≥ 1.0×, p99 no worse"), mem("manifest")))
+
+base_s, ours_s = times["cold"]
+ratio = base_s / ours_s
+rows.append((f"256 MiB zstd component ({sizes['cold'] // MIB} MiB frame), cold full GET piped to wc -c",
+             f"zstd -d: {256 * MIB / base_s / 1e9:.2f} GB/s", f"{256 * MIB / ours_s / 1e9:.2f} GB/s",
+             ratio, verdict(ratio >= 0.9, "≥ 0.9×"), mem("cold")))
+
+b, o = wrk("warm", "baseline", MIB), wrk("warm", "ztserve", MIB)
+ratio = o["rate"] / b["rate"]
+rows.append(("random 1 MiB ranges of it, warm in the decode cache, 4 connections",
+             "same bytes stored raw: " + described(b), described(o), ratio, verdict(ratio >= 0.8, "≥ 0.8×"), mem("warm")))
+
+for connections in (4, 16):
+    name = f"s3ranges{connections}"
+    b, o = wrk(name, "baseline", MIB), wrk(name, "ztserve", MIB)
+    ratio = o["rate"] / b["rate"]
+    rows.append((f"S3 (moto): random 1 MiB ranges of a 256 MiB raw component, {connections} connections",
+                 "direct presigned GETs: " + described(b), described(o), ratio, verdict(ratio >= 0.9, "≥ 0.9×"), mem(name)))
+
+for cache, label in ((GIB, "1 GiB (default): one shared decode"), (64 * MIB, "64 MiB: 16 private decodes")):
+    resident, anonymous = memory[f"s3rss{cache}"]
+    limit = 256 * MIB + cache
+    rows.append((f"S3 (moto): 16 concurrent full GETs of a 1 GiB zstd component, decode cache {label}",
+                 f"limit 256 MiB + cache = {limit // MIB} MiB", f"peak RSS {resident // MIB} MiB",
+                 resident / limit, verdict(resident <= limit, "≤ limit"), mem(f"s3rss{cache}")))
+
+print("# Benchmarks: ztserve beside the alternatives")
+print()
+print(versions)
+print()
+print("| scenario | baseline | ztserve | ratio | target | ztserve peak memory |")
+print("|---|---|---|---|---|---|")
+for scenario, baseline, ours, ratio, target, memory_ in rows:
+    print(f"| {scenario} | {baseline} | {ours} | {ratio:.2f}× | {target} | {memory_} |")
+print(f"""
+Reproduce with `bench/run`. Ratios are ztserve's throughput over the baseline's (above 1, ztserve
+is faster); in the memory rows, the peak over the limit. Full GETs and the cold zstd row are
+hyperfine medians of 10 runs (the cold row starts a fresh ztserve before each, untimed); wrk
+rows are medians of {rounds} alternating rounds of {seconds} s ({s3_seconds} s for S3) with 2 threads, the
+ranges drawn from the same fixed seeds on both sides. Every byte stream is checked against its source before
+timing, and every wrk response for its size. Peak memory is of a fresh ztserve per scenario:
+resident (VmHWM, which counts the pages of mapped model files, shared with the page cache) and
+anonymous (sampled RssAnon: heap, decode cache, buffers). Client, servers and S3 server share
+the machine's cores.""")
