@@ -61,16 +61,19 @@ enum Next {
 }
 
 fn next(bufs: &[IoSlice<'_>]) -> Next {
+    let mut before = 0;
     for (i, buf) in bufs.iter().enumerate() {
-        if buf.len() < SENDFILE_MIN {
-            continue;
+        if buf.len() >= SENDFILE_MIN {
+            if let Some((file, offset)) = crate::storage::local::file_behind(buf) {
+                // Empty slices before it count for nothing: writing them alone would return
+                // 0, which hyper takes for a closed connection.
+                return match before {
+                    0 => Next::Send { file, offset, len: buf.len() },
+                    _ => Next::Copy { count: i, more: true },
+                };
+            }
         }
-        if let Some((file, offset)) = crate::storage::local::file_behind(buf) {
-            return match i {
-                0 => Next::Send { file, offset, len: buf.len() },
-                _ => Next::Copy { count: i, more: true },
-            };
-        }
+        before += buf.len();
     }
     Next::Copy { count: bufs.len(), more: false }
 }
@@ -132,5 +135,33 @@ impl AsyncWrite for ZeroCopyStream {
 impl AsyncRead for ZeroCopyStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapped_slice_is_sent_from_its_file_after_what_precedes_it_is_written() {
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let mapped = crate::storage::local::MappedFile::temporary(&bytes).unwrap();
+        let head = b"HTTP/1.1 200 OK\r\n\r\n";
+        let small = &mapped[..1000];
+        let large = &mapped[1000..150_000];
+        let sent_from = |next: Next| match next {
+            Next::Send { offset, len, .. } => Some((offset, len)),
+            Next::Copy { .. } => None,
+        };
+        let copied = |next: Next| match next {
+            Next::Copy { count, more } => Some((count, more)),
+            Next::Send { .. } => None,
+        };
+        assert_eq!(sent_from(next(&[IoSlice::new(large), IoSlice::new(head)])), Some((1000, 149_000)));
+        assert_eq!(sent_from(next(&[IoSlice::new(&[]), IoSlice::new(large)])), Some((1000, 149_000)));
+        assert_eq!(copied(next(&[IoSlice::new(head), IoSlice::new(small), IoSlice::new(large)])), Some((2, true)));
+        assert_eq!(copied(next(&[IoSlice::new(head), IoSlice::new(small)])), Some((2, false)), "small slices are copied");
+        let heap = bytes[1000..150_000].to_vec();
+        assert_eq!(copied(next(&[IoSlice::new(&heap)])), Some((1, false)), "heap bytes are copied");
     }
 }
