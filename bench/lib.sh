@@ -2,11 +2,15 @@
 # recorded under $work and stopped by `bench_cleanup`, which the scripts run on exit.
 # Needs: $work (a scratch directory) set by the caller.
 
+# Every curl a script runs directly is bounded in time (steps run by hyperfine or wrk are
+# bounded by `timeout` around them).
+curl() { command curl --max-time "${BENCH_CURL_SECONDS:-600}" "$@"; }
+
 # Installs the apt packages that provide the commands named, when any is missing.
 bench_need() {  # command=package ...
   local missing=()
   for pair in "$@"; do
-    command -v "${pair%%=*}" >/dev/null || missing+=("${pair#*=}")
+    type -P "${pair%%=*}" >/dev/null || missing+=("${pair#*=}")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
