@@ -137,7 +137,7 @@ async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_se
     let path = dir.path().join("victim.zt");
     fs::write(&path, model(&[("raw", DType::U8, &raw, false)])).unwrap();
     fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &raw[..4096], false)])).unwrap();
-    // `never`: a digest check would read the mapping itself, which is issue 7's question.
+    // `never`: the digest check would read the file too (by pread, safely: tests/faults.rs).
     let config = Config { sources: vec![dir.path().to_string_lossy().into_owned()], verify: "never".into(), ..Config::default() };
     let (address, _state) = serve(config).await;
 

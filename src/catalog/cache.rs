@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use futures_util::stream::BoxStream;
-use futures_util::{Stream, StreamExt as _};
+use futures_util::{Stream, StreamExt as _, TryStreamExt as _};
 use sha2::Digest as _;
 use tokio::sync::{watch, Semaphore};
 
@@ -54,8 +54,12 @@ pub enum DecodeError {
 /// Where a component's stored bytes come from.
 #[derive(Debug, Clone)]
 pub enum Stored {
-    /// All of them at hand: a slice of a file's mapping.
+    /// All of them in memory. Never a slice of a file's mapping: see [`Stored::File`].
     Whole(Bytes),
+    /// `range` of an open local file (`key` of `source_name`), copied out with `pread` as it
+    /// is consumed, never loaded from the file's mapping, so a file truncated in place fails
+    /// the read instead of raising SIGBUS (see `storage::local::MappedFile::open`).
+    File { file: Arc<std::fs::File>, source_name: String, key: String, range: Range<u64> },
     /// `range` of an object version, read as the decoder consumes it.
     Remote { object: ObjectVersion, range: Range<u64> },
 }
@@ -64,12 +68,38 @@ impl Stored {
     pub fn len(&self) -> u64 {
         match self {
             Stored::Whole(bytes) => bytes.len() as u64,
-            Stored::Remote { range, .. } => range.end - range.start,
+            Stored::File { range, .. } | Stored::Remote { range, .. } => range.end - range.start,
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The stored bytes from offset `from` on, as they are read (for `purpose` in metrics).
+    /// A read that ends early is an error, never a short success.
+    pub fn stream(&self, from: u64, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
+        match self {
+            Stored::Whole(bytes) => {
+                let rest = bytes.slice((from as usize).min(bytes.len())..);
+                futures_util::stream::iter((!rest.is_empty()).then_some(Ok(rest))).boxed()
+            }
+            Stored::File { file, source_name, key, range } => {
+                crate::storage::local::pread_stream(Arc::clone(file), range.start + from..range.end, source_name, key)
+                    .inspect_ok(move |piece| crate::storage::record_bytes("local", purpose, piece.len() as u64))
+                    .boxed()
+            }
+            Stored::Remote { object, range } => object.stream(range.start + from..range.end, purpose),
+        }
+    }
+
+    /// The source named in errors about these bytes.
+    fn source_name(&self) -> &str {
+        match self {
+            Stored::Whole(_) => "memory",
+            Stored::File { source_name, .. } => source_name,
+            Stored::Remote { object, .. } => object.storage.name(),
+        }
     }
 }
 
@@ -82,29 +112,24 @@ struct Input {
     received: u64,
     total: u64,
     reading: Option<BoxStream<'static, Result<Bytes, StorageError>>>,
-    /// The bytes are a mapped file's: read by the kernel as the decoder touches them.
-    mapped: bool,
 }
 
 impl Input {
     fn new(stored: &Stored) -> Input {
         match stored {
-            Stored::Whole(bytes) => {
-                Input {
+            Stored::Whole(bytes) => Input {
                 pieces: VecDeque::from([bytes.clone()]),
                 received: bytes.len() as u64,
                 total: bytes.len() as u64,
                 reading: None,
-                mapped: true,
-            }
-            }
-            Stored::Remote { .. } => Input { total: stored.len(), ..Input::empty() },
+            },
+            Stored::File { .. } | Stored::Remote { .. } => Input { total: stored.len(), ..Input::empty() },
         }
     }
 
     /// No input at all (a decode that has ended).
     fn empty() -> Input {
-        Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None, mapped: false }
+        Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None }
     }
 
     /// Whether more stored bytes must arrive before the decoder can go on.
@@ -114,10 +139,10 @@ impl Input {
 
     /// Waits for the next piece, opening a read from where the input stands when none is open.
     async fn fill(&mut self, stored: &Stored) -> Result<(), StorageError> {
-        let Stored::Remote { object, range } = stored else { return Ok(()) };
-        let reading = self
-            .reading
-            .get_or_insert_with(|| object.stream(range.start + self.received..range.end, "decode"));
+        if matches!(stored, Stored::Whole(_)) {
+            return Ok(());
+        }
+        let reading = self.reading.get_or_insert_with(|| stored.stream(self.received, "decode"));
         match reading.next().await {
             Some(Ok(piece)) => {
                 self.received += piece.len() as u64;
@@ -131,8 +156,8 @@ impl Input {
             None => {
                 self.reading = None;
                 Err(StorageError::Unavailable {
-                    source_name: object.storage.name().to_owned(),
-                    message: format!("read of {} ended early", object.key),
+                    source_name: stored.source_name().to_owned(),
+                    message: "the read of a component's stored bytes ended early".into(),
                 })
             }
         }
@@ -235,12 +260,10 @@ impl Cursor {
         }
         let buffer = &mut self.block[..size];
         let mut filled = 0;
-        let mut consumed = 0;
         let mut stop = Stop::Full;
         while size - filled >= 16 {
             let progress = self.decoder.decode(input.front(), &mut buffer[filled..])?;
             input.consume(progress.consumed);
-            consumed += progress.consumed;
             filled += progress.written;
             if progress.consumed == 0 && progress.written == 0 && input.pieces.is_empty() {
                 if input.starved() {
@@ -253,9 +276,6 @@ impl Cursor {
             }
         }
         metrics::counter!(names::DECODED_BYTES, "encoding" => self.encoding).increment(filled as u64);
-        if input.mapped {
-            crate::storage::local::record_mapped("decode", consumed as u64);
-        }
         Ok((self.block.split_to(filled).freeze(), stop))
     }
 }

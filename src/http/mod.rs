@@ -311,6 +311,10 @@ pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
 
 /// [`serve`] on an already bound listener (tests bind 127.0.0.1:0).
 pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
+    // Installed before anything else: until a handler is installed a signal keeps its default
+    // action, and SIGTERM would kill the process outright rather than drain it. (Installing it
+    // when the shutdown future was first polled left a window after the first answers.)
+    let signals = ShutdownSignals::install()?;
     state.rescan().await;
     if state.config.fail_on_unreadable_source() {
         if let Some((source, reason)) = state.catalog().unreadable_sources.first() {
@@ -331,7 +335,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     let drain = Duration::from_secs(state.config.shutdown_drain_secs);
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(zero_copy::ZeroCopyListener(listener), app(state)).with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        signals.received().await;
         tracing::info!(drain_secs = drain.as_secs(), "shutting down: draining in-flight requests");
         let _ = signalled_tx.send(());
     });
@@ -353,21 +357,24 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     outcome
 }
 
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+/// SIGTERM and SIGINT, listened for from the moment they are installed.
+struct ShutdownSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> anyhow::Result<ShutdownSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind: SignalKind, name: &str| signal(kind).map_err(|e| anyhow::anyhow!("cannot listen for {name}: {e}"));
+        Ok(ShutdownSignals { terminate: listen(SignalKind::terminate(), "SIGTERM")?, interrupt: listen(SignalKind::interrupt(), "SIGINT")? })
+    }
+
+    async fn received(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
     }
 }
 

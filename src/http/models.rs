@@ -94,8 +94,9 @@ fn sendable(body: Vec<u8>) -> Bytes {
 
 /// Where a model's stored bytes are read from for one response.
 pub(crate) enum ModelBytes {
-    /// The whole file, mapped.
-    Mapped(Bytes),
+    /// The whole file, mapped (for sending only; see [`Stored::File`]), and the open file
+    /// behind the mapping, which the server's own reads go through.
+    Mapped { bytes: Bytes, file: Arc<std::fs::File>, source_name: String, key: String },
     /// The object version listed: every read of the response is bound to it.
     Remote { object: ObjectVersion, source: Arc<Source> },
 }
@@ -104,7 +105,9 @@ impl ModelBytes {
     /// The stored bytes at `range` of the file, for decoding or hashing.
     pub(crate) fn stored(&self, range: Range<u64>) -> Stored {
         match self {
-            ModelBytes::Mapped(file) => Stored::Whole(file.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Mapped { file, source_name, key, .. } => {
+                Stored::File { file: Arc::clone(file), source_name: source_name.clone(), key: key.clone(), range }
+            }
             ModelBytes::Remote { object, .. } => Stored::Remote { object: object.clone(), range },
         }
     }
@@ -112,7 +115,7 @@ impl ModelBytes {
     /// The bytes at `range` of the file, served as they are.
     pub(crate) fn served(&self, state: &AppState, model: &str, range: Range<u64>) -> Arc<dyn RangeSource> {
         match self {
-            ModelBytes::Mapped(file) => Arc::new(file.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Mapped { bytes, .. } => Arc::new(bytes.slice(range.start as usize..range.end as usize)),
             ModelBytes::Remote { object, source } => Arc::new(RemoteRange {
                 object: object.clone(),
                 source: Arc::clone(source),
@@ -125,14 +128,14 @@ impl ModelBytes {
     }
 
     /// Every byte of `range`, in one buffer (for content checks, which need whole components).
-    pub(crate) async fn fetch(&self, model: &str, range: Range<u64>) -> Result<Bytes, ApiError> {
-        match self {
-            ModelBytes::Mapped(file) => Ok(file.slice(range.start as usize..range.end as usize)),
-            ModelBytes::Remote { object, source } => {
-                let fetched = object.fetch(range, "check").await;
-                storage_outcome(source, model, fetched)
-            }
-        }
+    pub(crate) async fn fetch(&self, source: &Source, model: &str, range: Range<u64>) -> Result<Bytes, ApiError> {
+        use futures_util::TryStreamExt as _;
+        let pieces: Result<Vec<Bytes>, StorageError> = self.stored(range).stream(0, "check").try_collect().await;
+        let pieces = storage_outcome(source, model, pieces)?;
+        Ok(match <[Bytes; 1]>::try_from(pieces) {
+            Ok([one]) => one,
+            Err(pieces) => Bytes::from(pieces.concat()),
+        })
     }
 }
 
@@ -202,7 +205,9 @@ pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result
     if mapping.len() as u64 != expected_len || current < expected_len {
         return Err(ApiError::ChangedOnDisk { model: model.id.clone() });
     }
-    Ok(ModelBytes::Mapped(Bytes::from_owner(ArcBytes(mapping))))
+    let file = Arc::clone(mapping.file());
+    let key = path.strip_prefix(&*model.source.name).unwrap_or(path).display().to_string();
+    Ok(ModelBytes::Mapped { bytes: Bytes::from_owner(ArcBytes(mapping)), file, source_name: model.source.name.clone(), key })
 }
 
 /// Lets `Bytes` share ownership of a mapping.

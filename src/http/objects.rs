@@ -97,11 +97,10 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBy
     let result = match cached {
         Some(result) => result,
         None => {
-            // Mapped components are borrowed in place; remote ones are fetched whole (the
-            // checks need every byte, within the manifest's limits).
+            // Fetched whole (the checks need every byte, within the manifest's limits).
             let mut stored = Vec::with_capacity(object.components.len());
             for component in &object.components {
-                stored.push(bytes.fetch(&model.id, component.stored_range()).await?);
+                stored.push(bytes.fetch(&model.source, &model.id, component.stored_range()).await?);
             }
             let object_owned = object.clone();
             let result = tokio::task::spawn_blocking(move || {
@@ -153,14 +152,13 @@ async fn hash_stored(object: String, component: Component, stored: Stored) -> Re
     let hasher = crate::format::decode::Hasher::for_digest(&expected);
     let hashed = match stored {
         Stored::Whole(bytes) => tokio::task::spawn_blocking(move || {
-            crate::storage::local::record_mapped("verify", bytes.len() as u64);
             let mut hasher = hasher;
             hasher.update(&bytes);
             hasher.finish()
         })
         .await
         .map_err(|e| CheckError::Crashed(e.to_string()))?,
-        Stored::Remote { object: version, range } => {
+        Stored::File { .. } | Stored::Remote { .. } => {
             let (pieces, mut receiver) = tokio::sync::mpsc::channel::<Bytes>(4);
             let hashing = tokio::task::spawn_blocking(move || {
                 let mut hasher = hasher;
@@ -169,7 +167,7 @@ async fn hash_stored(object: String, component: Component, stored: Stored) -> Re
                 }
                 hasher.finish()
             });
-            let mut reading = version.stream(range, "verify");
+            let mut reading = stored.stream(0, "verify");
             while let Some(piece) = reading.next().await {
                 let piece = piece.map_err(CheckError::Storage)?;
                 if pieces.send(piece).await.is_err() {

@@ -63,13 +63,20 @@ impl MappedFile {
             return Ok(MappedFile { file: Arc::new(file), map: None });
         }
         // SAFETY: the map is read-only and never outlives this value, so no reference into it
-        // dangles. The remaining hazard is another process changing the file underneath us:
-        // replacing it by rename is harmless (the map keeps the old inode alive), but
-        // truncating it in place makes reads past the new end raise SIGBUS. The CLI reads a
-        // file once and exits, so there a concurrent truncation ends the command, as it would
-        // for `cat`. The server checks `current_len` against the manifest before each response,
-        // which narrows but does not close that window; raw bytes it sends never touch the
-        // mapping (they leave by `sendfile`), but decodes and digest checks read it.
+        // dangles. The remaining hazard is another process changing the file underneath us.
+        // Replacing it by rename is harmless: the map keeps the old inode alive. Truncating it
+        // in place makes any *user-space* load past the new end raise SIGBUS, which would kill
+        // the process. So the server never loads from a model's mapping itself:
+        // - bytes it sends leave by `sendfile` from the descriptor, or by `writev` for short
+        //   slices; both are read by the kernel, which answers a vanished page with a short
+        //   transfer or EFAULT (an error for that one connection), never a signal;
+        // - bytes it reads itself (digest checks, decoding, content checks) are copied out with
+        //   `pread` ([`pread_stream`]), which reports a shrunk file as an error.
+        // We chose this over a SIGBUS handler (async-signal-safe recovery that remaps zero pages
+        // under a running thread, and must not misfire on other faults) and over size checks
+        // before each load (always racy): it needs no signal code and has no window.
+        // `tests/faults.rs` truncates mapped files under every route. The CLI reads a file once
+        // and exits, so there a concurrent truncation ends the command, as it would for `cat`.
         let map = unsafe { Mmap::map(&file)? };
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
@@ -105,6 +112,11 @@ impl MappedFile {
     /// truncated in place since it was mapped.
     pub fn current_len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
+    }
+
+    /// The open file mapped: what [`pread_stream`] reads the same bytes from.
+    pub fn file(&self) -> &Arc<File> {
+        &self.file
     }
 }
 
@@ -153,6 +165,45 @@ pub fn version_of(identity: &super::scan::FileIdentity) -> String {
 /// Largest piece a local read yields at once.
 const READ_PIECE: u64 = 1 << 20;
 
+/// `span` of an open file, read with `pread` in pieces of at most [`READ_PIECE`] off the async
+/// runtime, the next piece read while the one before is used. Code that reads a model's bytes
+/// itself (digest checks, decoding, content checks) reads them this way, never through the
+/// mapping: a file truncated in place then ends the read with [`super::StorageError::Changed`]
+/// instead of raising SIGBUS, which would kill the process (see [`MappedFile::open`]).
+pub fn pread_stream(
+    file: Arc<File>,
+    span: std::ops::Range<u64>,
+    source_name: &str,
+    key: &str,
+) -> futures_util::stream::BoxStream<'static, Result<bytes::Bytes, super::StorageError>> {
+    use futures_util::StreamExt as _;
+    use std::os::unix::fs::FileExt as _;
+    let (source_name, key) = (source_name.to_owned(), key.to_owned());
+    let pieces = (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
+    futures_util::stream::iter(pieces)
+        .map(move |(start, end)| {
+            let (file, source_name, key) = (Arc::clone(&file), source_name.clone(), key.clone());
+            async move {
+                let read = tokio::task::spawn_blocking(move || {
+                    let mut buffer = vec![0u8; (end - start) as usize];
+                    file.read_exact_at(&mut buffer, start).map(|()| bytes::Bytes::from(buffer))
+                })
+                .await;
+                match read {
+                    Ok(Ok(piece)) => Ok(piece),
+                    // The file ends before bytes it had when it was listed: shrunk in place.
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        Err(super::StorageError::Changed { source_name, key })
+                    }
+                    Ok(Err(e)) => Err(super::StorageError::Unavailable { source_name, message: e.to_string() }),
+                    Err(e) => Err(super::StorageError::Unavailable { source_name, message: e.to_string() }),
+                }
+            }
+        })
+        .buffered(2)
+        .boxed()
+}
+
 impl LocalStorage {
     pub fn new(source: &str) -> LocalStorage {
         LocalStorage { name: source.to_owned(), root: std::path::PathBuf::from(source) }
@@ -196,8 +247,7 @@ impl super::Storage for LocalStorage {
         range: super::ByteRange,
         version: &str,
     ) -> futures_util::future::BoxFuture<'_, Result<super::Read, super::StorageError>> {
-        use futures_util::{FutureExt as _, StreamExt as _};
-        use std::os::unix::fs::FileExt as _;
+        use futures_util::FutureExt as _;
         let (key, version) = (key.to_owned(), version.to_owned());
         let path = self.root.join(&key);
         let name = self.name.clone();
@@ -227,22 +277,7 @@ impl super::Storage for LocalStorage {
                 }
                 super::ByteRange::Suffix(n) => size.saturating_sub(n)..size,
             };
-            let file = Arc::new(file);
-            let pieces = (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
-            let bytes = futures_util::stream::iter(pieces)
-                .then(move |(start, end)| {
-                    let (file, name) = (Arc::clone(&file), name.clone());
-                    async move {
-                        let read = tokio::task::spawn_blocking(move || {
-                            let mut buffer = vec![0u8; (end - start) as usize];
-                            file.read_exact_at(&mut buffer, start).map(|()| bytes::Bytes::from(buffer))
-                        })
-                        .await;
-                        let read = read.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string()));
-                        read.map_err(|message| super::StorageError::Unavailable { source_name: name, message })
-                    }
-                })
-                .boxed();
+            let bytes = pread_stream(Arc::new(file), span.clone(), &name, &key);
             Ok(super::Read { size, range: span, bytes })
         }
         .boxed()

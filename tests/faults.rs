@@ -1,0 +1,116 @@
+//! Model files changed underneath a running server. A file truncated in place while it is
+//! mapped must never raise SIGBUS (which would kill this very test process): before a
+//! response, every route answers 503 for that model; during one, the response ends short.
+//! Whatever happens to one model, the others keep serving byte-exact.
+
+mod common;
+
+use std::fs;
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{model, noise, request, serve};
+use ztserve::config::Config;
+use ztserve::format::DType;
+
+const MIB: usize = 1 << 20;
+
+fn truncate(path: &Path, len: u64) {
+    fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len).unwrap();
+}
+
+fn config(dir: &Path) -> Config {
+    Config { sources: vec![dir.to_string_lossy().into_owned()], rescan_interval_secs: 3600, ..Config::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_truncated_in_place_answers_503_on_every_route_and_the_others_keep_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = noise(4 * MIB, 1);
+    let flags: Vec<u8> = (0..4096).map(|i| (i % 3 == 0) as u8).collect();
+    let victim = dir.path().join("victim.zt");
+    fs::write(&victim, model(&[("raw", DType::U8, &raw, false), ("packed", DType::U8, &raw, true), ("flags", DType::Bool, &flags, false)])).unwrap();
+    fs::write(dir.path().join("other.zt"), model(&[("raw", DType::U8, &raw, true)])).unwrap();
+    let (address, _state) = serve(config(dir.path())).await;
+    tokio::task::spawn_blocking(move || {
+        // Mapped by a first response; nothing else read yet (no digest checked, nothing decoded).
+        assert_eq!(request(&address, "/models/victim/file", &[("Range", "bytes=0-0")]).status, 206);
+        truncate(&victim, MIB as u64);
+        for path in [
+            "/models/victim/objects/raw",
+            "/models/victim/objects/packed",
+            "/models/victim/objects/flags",
+            "/models/victim/objects/raw/components/data",
+            "/models/victim/file",
+        ] {
+            for range in [None, Some("bytes=3000000-3000099")] {
+                let headers: Vec<(&str, &str)> = range.iter().map(|r| ("Range", *r)).collect();
+                let reply = request(&address, path, &headers);
+                assert_eq!(reply.status, 503, "{path} {range:?}: {}", String::from_utf8_lossy(&reply.body));
+                assert_eq!(reply.json()["error"]["code"], "changed_on_disk", "{path}");
+                assert_eq!(reply.header("retry-after"), Some("1"));
+            }
+        }
+        let other = request(&address, "/models/other/objects/raw", &[]);
+        assert_eq!(other.status, 200);
+        assert!(other.body == raw, "the other model's bytes differ");
+    })
+    .await
+    .unwrap();
+}
+
+/// Sends `path`, reads `first` bytes of the response, truncates `victim` to `keep` bytes,
+/// then reads the rest: everything the connection delivered.
+fn truncate_mid_response(address: &str, path: &str, first: usize, victim: &Path, keep: u64) -> Vec<u8> {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut received = vec![0; first];
+    stream.read_exact(&mut received).unwrap();
+    truncate(victim, keep);
+    let _ = stream.read_to_end(&mut received);
+    let head_end = received.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert!(received.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&received[..head_end]));
+    received.split_off(head_end)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_while_its_zstd_component_is_decoded_ends_that_response_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = noise(48 * MIB, 2);
+    let victim = dir.path().join("victim.zt");
+    fs::write(&victim, model(&[("packed", DType::U8, &raw, true)])).unwrap();
+    fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &raw[..4096], true)])).unwrap();
+    // A cache too small for the component: it is decoded for this response only, reading its
+    // stored bytes as the client takes the decoded ones.
+    let (address, _state) = serve(Config { decode_cache_bytes: MIB as u64, ..config(dir.path()) }).await;
+    tokio::task::spawn_blocking(move || {
+        let body = truncate_mid_response(&address, "/models/victim/objects/packed", MIB, &victim, 2 * MIB as u64);
+        assert!(body.len() < raw.len(), "the whole body arrived from a truncated file");
+        assert!(body[..] == raw[..body.len()], "the bytes that arrived are not the component's");
+        let other = request(&address, "/models/other/objects/small", &[]);
+        assert_eq!((other.status, &other.body[..]), (200, &raw[..4096]));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_while_its_digest_is_checked_on_every_read_ends_that_response_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = noise(48 * MIB, 3);
+    let victim = dir.path().join("victim.zt");
+    fs::write(&victim, model(&[("raw", DType::U8, &raw, false)])).unwrap();
+    fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &raw[..4096], false)])).unwrap();
+    let (address, _state) = serve(Config { verify: "always".into(), ..config(dir.path()) }).await;
+    tokio::task::spawn_blocking(move || {
+        let body = truncate_mid_response(&address, "/models/victim/objects/raw", 64 << 10, &victim, MIB as u64);
+        assert!(body.len() < raw.len(), "the whole body arrived from a truncated file");
+        let other = request(&address, "/models/other/objects/small", &[]);
+        assert_eq!((other.status, &other.body[..]), (200, &raw[..4096]));
+    })
+    .await
+    .unwrap();
+}
