@@ -14,7 +14,7 @@ use crate::format::Limits;
 
 /// Every setting. `config/ztserve.toml` documents each key with its default; a test keeps the
 /// two identical.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address to listen on.
@@ -49,6 +49,13 @@ pub struct Config {
     pub verify: String,
     /// Bytes read from the end of a remote object in the first request for its manifest.
     pub manifest_suffix_bytes: u64,
+    /// Bearer tokens accepted on `/models…`, each `TOKEN [PREFIX ...]` (empty, with no
+    /// `token_file`: no token needed).
+    pub tokens: Vec<String>,
+    /// A file of tokens, one entry per line, re-read when it changes (empty: none).
+    pub token_file: String,
+    /// Whether `/metrics` needs a token too (when tokens are configured).
+    pub metrics_require_token: bool,
     /// S3 endpoint URL (empty: `AWS_ENDPOINT_URL`, else AWS itself).
     pub s3_endpoint: String,
     /// S3 region (empty: `AWS_REGION` / `AWS_DEFAULT_REGION`, else us-east-1).
@@ -95,6 +102,9 @@ impl Default for Config {
             verify: "first-read".into(),
             on_unreadable_source: "fail".into(),
             manifest_suffix_bytes: 64 << 10,
+            tokens: Vec::new(),
+            token_file: String::new(),
+            metrics_require_token: false,
             s3_endpoint: String::new(),
             s3_region: String::new(),
             s3_access_key_id: String::new(),
@@ -108,6 +118,21 @@ impl Default for Config {
             s3_range_concurrency: 1,
             s3_readahead_bytes: 256 << 20,
         }
+    }
+}
+
+/// Keys whose values are secrets: shown as `<redacted>` by `Debug`, never logged.
+const SECRET_KEYS: &[&str] = &["tokens", "s3_secret_access_key"];
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut table = toml::Table::try_from(self).map_err(|_| std::fmt::Error)?;
+        for key in SECRET_KEYS {
+            if let Some(value) = table.get_mut(*key) {
+                *value = toml::Value::String("<redacted>".into());
+            }
+        }
+        f.debug_tuple("Config").field(&table).finish()
     }
 }
 
@@ -320,6 +345,19 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn debug_output_never_shows_secrets() {
+        let config = Config {
+            tokens: vec!["tok-0123456789abcdef".into()],
+            s3_access_key_id: "AKIDEXAMPLE".into(),
+            s3_secret_access_key: "wJalrXUtnFEMI".into(),
+            ..Config::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("tok-0123456789abcdef") && !shown.contains("wJalrXUtnFEMI"), "{shown}");
+        assert!(shown.contains("AKIDEXAMPLE") && shown.contains("<redacted>"));
     }
 
     #[test]

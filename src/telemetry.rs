@@ -36,6 +36,9 @@ pub mod names {
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
     pub const SENDFILE_BYTES: &str = "ztserve_sendfile_bytes_total";
+    pub const AUTH_FAILURES: &str = "ztserve_auth_failures_total";
+    pub const AUTH_TOKENS: &str = "ztserve_auth_tokens";
+    pub const AUTH_TOKEN_FILE_RELOADS: &str = "ztserve_auth_token_file_reloads_total";
 }
 
 /// Seconds buckets for request and storage durations: 100 µs to 5 min.
@@ -77,6 +80,9 @@ fn describe() {
     describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
+    describe_counter!(AUTH_FAILURES, "Requests refused for want of a valid bearer token, by reason (missing or invalid).");
+    describe_gauge!(AUTH_TOKENS, "Bearer tokens accepted (from the config and the token file).");
+    describe_counter!(AUTH_TOKEN_FILE_RELOADS, "Re-reads of the changed token file, by outcome (ok, or error: its tokens refused).");
     describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
     describe_counter!(SENDFILE_BYTES, Unit::Bytes, "Response bytes sent from files with sendfile, never copied through the process.");
 }

@@ -1,6 +1,7 @@
 //! schemathesis (from PyPI, in the venv `scripts/test` makes) against the real `ztserve serve`
 //! binary on the demo models: every route, parameter, status, header and body must match
-//! `openapi.yaml`.
+//! `openapi.yaml`. The server requires a bearer token, as a production one would: schemathesis
+//! sends it, and its `ignored_auth` check makes sure requests without it are refused.
 
 mod common;
 
@@ -12,11 +13,13 @@ fn the_running_server_conforms_to_openapi_yaml() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let schemathesis = common::venv_root().join("tools/bin/schemathesis");
     assert!(schemathesis.exists(), "{} is missing: run scripts/test", schemathesis.display());
-    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[]);
+    const TOKEN: &str = "conformance-0123456789abcdef";
+    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[("ZTSERVE_TOKENS", TOKEN)]);
     let address = server.address.clone();
     let output = Command::new(&schemathesis)
-        .args(["run", "openapi.yaml", "--url", &format!("http://{address}"), "--checks", "all"])
+        .args(["--config-file", "tests/schemathesis.toml", "run", "openapi.yaml", "--url", &format!("http://{address}"), "--checks", "all"])
         .args(["--max-examples", "40", "--seed", "20261121", "--no-color"])
+        .args(["--header", &format!("Authorization: Bearer {TOKEN}")])
         .current_dir(root)
         .env("SCHEMATHESIS_HOOKS", "")
         .output()

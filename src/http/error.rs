@@ -12,6 +12,9 @@ use crate::format::FormatError;
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// No bearer token, or one that is not accepted (`invalid`).
+    #[error("{}", if *invalid { "the bearer token is not accepted" } else { "a bearer token is required (Authorization: Bearer <token>)" })]
+    Unauthorized { invalid: bool },
     #[error("no model {0:?}")]
     ModelNotFound(String),
     #[error("model {model:?} has no object {object:?}")]
@@ -49,6 +52,7 @@ impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "model_not_found"),
             ApiError::ObjectNotFound { .. } => (StatusCode::NOT_FOUND, "object_not_found"),
             ApiError::ComponentNotFound { .. } => (StatusCode::NOT_FOUND, "component_not_found"),
@@ -104,6 +108,10 @@ impl IntoResponse for ApiError {
             ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {
                 let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
                 headers.insert(header::CONTENT_RANGE, value);
+            }
+            ApiError::Unauthorized { invalid } => {
+                let challenge = if invalid { r#"Bearer realm="ztserve", error="invalid_token""# } else { r#"Bearer realm="ztserve""# };
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
             }
             ApiError::NotReady | ApiError::ChangedOnDisk { .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -2,6 +2,7 @@
 //! timeout, concurrency limit, panic catching), the shared state, the rescan loop and graceful
 //! shutdown. `app(state)` is the test seam.
 
+pub mod auth;
 mod error;
 mod models;
 mod objects;
@@ -42,6 +43,8 @@ pub struct AppState {
     pub sources: Vec<Arc<Source>>,
     /// How long raw reads from remote sources are split, and the memory they may hold.
     pub readahead: Readahead,
+    /// The bearer tokens accepted, if any are required.
+    pub tokens: Arc<auth::Tokens>,
     catalog: RwLock<Arc<Catalog>>,
     /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
     /// older listing last.
@@ -66,6 +69,7 @@ impl AppState {
             };
             sources.push(Source::new(name, backend));
         }
+        let tokens = Arc::new(auth::Tokens::new(&config.tokens, &config.token_file)?);
         let cache = DecodeCache::new(config.decode_cache_bytes, config.decoders());
         let readahead = Readahead {
             chunk: config.s3_range_chunk_bytes,
@@ -79,6 +83,7 @@ impl AppState {
             cache,
             sources,
             readahead,
+            tokens,
             catalog: RwLock::new(Arc::new(Catalog::default())),
             rescanning: tokio::sync::Mutex::new(()),
             ready: AtomicBool::new(false),
@@ -152,6 +157,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/models/{model}/objects/{object}/components/{role}", get(objects::component))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
+        // Inside the trace and metrics layers, so refusals are logged and counted too.
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_token))
         .with_state(state);
     let layers = ServiceBuilder::new()
         .layer(axum::middleware::from_fn(metered))
@@ -275,13 +282,14 @@ pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
 }
 
 /// Looks a model up, refusing when not ready, unknown or broken.
-pub(crate) fn ready_model(state: &AppState, id: &str) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
+/// A model outside the request's [`auth::Access`] is answered exactly as an unknown one.
+pub(crate) fn ready_model(state: &AppState, access: &auth::Access, id: &str) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
     tracing::Span::current().record("model", id);
     if !state.is_ready() {
         return Err(ApiError::NotReady);
     }
     let catalog = state.catalog();
-    let model = catalog.get(id).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
+    let model = catalog.get(id).filter(|_| access.allows(id)).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
     let manifest = match &model.state {
         Ok(manifest) => Arc::clone(manifest),
         Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone() }),
@@ -324,6 +332,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
         }
     }
     let rescans = tokio::spawn(Arc::clone(&state).rescan_forever());
+    let token_file = tokio::spawn(Arc::clone(&state.tokens).watch());
     let upkeep = tokio::spawn(async {
         // Folds recorded histogram samples into their buckets, so they do not pile up between scrapes.
         let mut interval = tokio::time::interval(Duration::from_secs(5));
@@ -354,6 +363,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     };
     rescans.abort();
     upkeep.abort();
+    token_file.abort();
     outcome
 }
 

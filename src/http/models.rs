@@ -7,11 +7,12 @@ use std::sync::Arc;
 use axum::extract::{RawPathParams, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use serde_json::{json, Value};
 
+use super::auth::Access;
 use super::objects::add_urls;
 use super::respond::{bytes_response, ByteStream, RangeSource, Representation};
 use super::{answer, param, path_params, ready_model, segment, ApiError, AppState};
@@ -20,14 +21,15 @@ use crate::catalog::{Location, Model, Source};
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 use crate::json::manifest_json;
 
-/// `GET /models`: every model with its status.
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+/// `GET /models`: every model the request may read, with its status.
+pub async fn list(State(state): State<Arc<AppState>>, Extension(access): Extension<Access>) -> Result<Json<Value>, ApiError> {
     if !state.is_ready() {
         return Err(ApiError::NotReady);
     }
     let catalog = state.catalog();
     let models: Vec<Value> = catalog
         .models()
+        .filter(|m| access.allows(&m.id))
         .map(|m| {
             let mut entry = json!({
                 "id": m.id,
@@ -54,11 +56,12 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
 /// `GET /models/{m}`: the manifest with each component's URL, rendered once per manifest.
 pub async fn manifest(
     State(state): State<Arc<AppState>>,
+    Extension(access): Extension<Access>,
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
 ) -> Response {
     answer((|| {
         let params = path_params(params)?;
-        let (model, manifest) = ready_model(&state, param(&params, "model"))?;
+        let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
         let body = model.manifest_json.get_or_init(|| {
             let mut doc = manifest_json(&manifest);
             doc["id"] = json!(model.id);
@@ -233,6 +236,7 @@ pub(crate) fn etag(model: &Model, part: &str) -> String {
 /// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.
 pub async fn file(
     State(state): State<Arc<AppState>>,
+    Extension(access): Extension<Access>,
     method: axum::http::Method,
     headers: HeaderMap,
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
@@ -240,7 +244,7 @@ pub async fn file(
     answer(
         async {
             let params = path_params(params)?;
-            let (model, manifest) = ready_model(&state, param(&params, "model"))?;
+            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let bytes = model_bytes(&model, manifest.file_len).await?;
             let representation = Representation {
                 source: bytes.served(&state, &model.id, 0..manifest.file_len),

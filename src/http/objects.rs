@@ -23,14 +23,17 @@ use crate::format::{Component, Digest, FormatError, Manifest, Object};
 use crate::json::object_json;
 use crate::telemetry::names;
 
+use super::auth::Access;
+use axum::Extension;
+
 type Params = Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>;
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
-pub async fn object(State(state): State<Arc<AppState>>, method: Method, headers: HeaderMap, params: Params) -> Response {
+pub async fn object(State(state): State<Arc<AppState>>, Extension(access): Extension<Access>, method: Method, headers: HeaderMap, params: Params) -> Response {
     answer(
         async {
             let params = path_params(params)?;
-            let (model, manifest) = ready_model(&state, param(&params, "model"))?;
+            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let object = find_object(&model, &manifest, param(&params, "object"))?;
             match &object.components[..] {
                 [only] => component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, only).await,
@@ -46,11 +49,11 @@ pub async fn object(State(state): State<Arc<AppState>>, method: Method, headers:
 }
 
 /// `GET /models/{m}/objects/{o}/components/{role}`: that component's bytes.
-pub async fn component(State(state): State<Arc<AppState>>, method: Method, headers: HeaderMap, params: Params) -> Response {
+pub async fn component(State(state): State<Arc<AppState>>, Extension(access): Extension<Access>, method: Method, headers: HeaderMap, params: Params) -> Response {
     answer(
         async {
             let params = path_params(params)?;
-            let (model, manifest) = ready_model(&state, param(&params, "model"))?;
+            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let object = find_object(&model, &manifest, param(&params, "object"))?;
             let role = param(&params, "role");
             let component = object.component(role).ok_or_else(|| ApiError::ComponentNotFound {
