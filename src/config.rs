@@ -30,6 +30,16 @@ pub struct Config {
     pub request_timeout_secs: u64,
     /// Requests handled at once; further ones wait.
     pub max_concurrent_requests: usize,
+    /// Client connections open at once; further ones wait to be accepted.
+    pub max_connections: usize,
+    /// Largest request head (request line and headers), in bytes; larger ones answer 431.
+    pub max_header_bytes: usize,
+    /// Seconds a client has to send a request's head; also the longest a kept-alive
+    /// connection stays open idle between requests.
+    pub header_timeout_secs: u64,
+    /// Seconds a connection may move no bytes either way while the server waits on it (a
+    /// client that stopped reading) before it is closed.
+    pub idle_timeout_secs: u64,
     /// Seconds in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_drain_secs: u64,
     /// Log format: `text` or `json`.
@@ -44,6 +54,9 @@ pub struct Config {
     pub decode_cache_bytes: u64,
     /// Components decoded at once (0: one per CPU core).
     pub max_concurrent_decodes: usize,
+    /// Milliseconds a request that needs decoding waits for a decoder before it is answered
+    /// 503 with `Retry-After`.
+    pub decode_wait_ms: u64,
     /// When stored bytes are checked against their declared digest: `never`, `first-read`
     /// (once per component and file version) or `always` (every request).
     pub verify: String,
@@ -92,6 +105,10 @@ impl Default for Config {
             rescan_interval_secs: 30,
             request_timeout_secs: 300,
             max_concurrent_requests: 1024,
+            max_connections: 4096,
+            max_header_bytes: 16 << 10,
+            header_timeout_secs: 30,
+            idle_timeout_secs: 60,
             shutdown_drain_secs: 30,
             log_format: "text".into(),
             max_ranges: 64,
@@ -99,6 +116,7 @@ impl Default for Config {
             max_decoded_bytes: limits.max_decoded_bytes,
             decode_cache_bytes: 1 << 30,
             max_concurrent_decodes: 0,
+            decode_wait_ms: 1000,
             verify: "first-read".into(),
             on_unreadable_source: "fail".into(),
             manifest_suffix_bytes: 64 << 10,
@@ -244,8 +262,18 @@ impl Config {
         if self.rescan_interval_secs == 0 {
             return Err(fail("rescan_interval_secs", "must be at least 1".into()));
         }
-        if self.max_concurrent_requests == 0 {
-            return Err(fail("max_concurrent_requests", "must be at least 1".into()));
+        for (key, value) in [
+            ("max_concurrent_requests", self.max_concurrent_requests as u64),
+            ("max_connections", self.max_connections as u64),
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+        ] {
+            if value == 0 {
+                return Err(fail(key, "must be at least 1".into()));
+            }
+        }
+        if !(1024..=1 << 20).contains(&self.max_header_bytes) {
+            return Err(fail("max_header_bytes", "must be between 1024 and 1048576".into()));
         }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             return Err(fail("log_format", format!("{:?} is not text or json", self.log_format)));
@@ -271,6 +299,15 @@ impl Config {
         match self.max_concurrent_decodes {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             n => n,
+        }
+    }
+
+    pub fn connection_limits(&self) -> crate::http::ConnectionLimits {
+        crate::http::ConnectionLimits {
+            max_connections: self.max_connections,
+            max_header_bytes: self.max_header_bytes,
+            header_timeout: std::time::Duration::from_secs(self.header_timeout_secs),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_secs),
         }
     }
 

@@ -36,6 +36,9 @@ pub mod names {
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
     pub const SENDFILE_BYTES: &str = "ztserve_sendfile_bytes_total";
+    pub const HTTP_CONNECTIONS: &str = "ztserve_http_connections";
+    pub const HTTP_IDLE_TIMEOUTS: &str = "ztserve_http_idle_timeouts_total";
+    pub const DECODE_REFUSALS: &str = "ztserve_decode_refusals_total";
     pub const AUTH_FAILURES: &str = "ztserve_auth_failures_total";
     pub const AUTH_TOKENS: &str = "ztserve_auth_tokens";
     pub const AUTH_TOKEN_FILE_RELOADS: &str = "ztserve_auth_token_file_reloads_total";
@@ -80,6 +83,9 @@ fn describe() {
     describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
+    describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
+    describe_counter!(HTTP_IDLE_TIMEOUTS, "Connections closed after idle_timeout_secs without progress (a client that stopped reading).");
+    describe_counter!(DECODE_REFUSALS, "Requests answered 503 because every decoder stayed busy for decode_wait_ms.");
     describe_counter!(AUTH_FAILURES, "Requests refused for want of a valid bearer token, by reason (missing or invalid).");
     describe_gauge!(AUTH_TOKENS, "Bearer tokens accepted (from the config and the token file).");
     describe_counter!(AUTH_TOKEN_FILE_RELOADS, "Re-reads of the changed token file, by outcome (ok, or error: its tokens refused).");

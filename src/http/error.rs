@@ -35,6 +35,9 @@ pub enum ApiError {
     InvalidComponent { model: String, source: FormatError },
     #[error("the catalog is not ready yet")]
     NotReady,
+    /// Every decoder stayed busy for `decode_wait_ms`.
+    #[error("every decoder is busy; retry shortly")]
+    DecodersBusy,
     #[error("model {model:?} changed on disk; it is served again after the next rescan")]
     ChangedOnDisk { model: String },
     /// Storage could not give a model's bytes: its source is unavailable or refuses access,
@@ -64,6 +67,7 @@ impl ApiError {
             ApiError::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
             ApiError::NotReady => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             ApiError::ChangedOnDisk { .. } => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
+            ApiError::DecodersBusy => (StatusCode::SERVICE_UNAVAILABLE, "decoders_busy"),
             ApiError::Storage { source, .. } if source.is_about_the_object() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "changed_in_source")
             }
@@ -77,7 +81,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         let message = match &self {
-            ApiError::NotReady | ApiError::ChangedOnDisk { .. } => self.to_string(),
+            ApiError::NotReady | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => self.to_string(),
             // The store's own words (endpoints, request ids) go to the log only.
             ApiError::Storage { model, source } => {
                 tracing::warn!(error = %self, "storage failed");
@@ -113,7 +117,7 @@ impl IntoResponse for ApiError {
                 let challenge = if invalid { r#"Bearer realm="ztserve", error="invalid_token""# } else { r#"Bearer realm="ztserve""# };
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
             }
-            ApiError::NotReady | ApiError::ChangedOnDisk { .. } => {
+            ApiError::NotReady | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ApiError::Storage { source, .. } => {

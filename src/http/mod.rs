@@ -3,6 +3,8 @@
 //! shutdown. `app(state)` is the test seam.
 
 pub mod auth;
+mod connections;
+pub use connections::ConnectionLimits;
 mod error;
 mod models;
 mod objects;
@@ -342,29 +344,12 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
         }
     });
     let drain = Duration::from_secs(state.config.shutdown_drain_secs);
-    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(zero_copy::ZeroCopyListener(listener), app(state)).with_graceful_shutdown(async move {
-        signals.received().await;
-        tracing::info!(drain_secs = drain.as_secs(), "shutting down: draining in-flight requests");
-        let _ = signalled_tx.send(());
-    });
-    let outcome = tokio::select! {
-        result = server => result.map_err(anyhow::Error::from),
-        () = async {
-            if signalled_rx.await.is_ok() {
-                tokio::time::sleep(drain).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        } => {
-            tracing::warn!("drain time ran out; closing remaining connections");
-            Ok(())
-        }
-    };
+    let limits = state.config.connection_limits();
+    connections::serve(listener, app(state), limits, signals.received(), drain).await;
     rescans.abort();
     upkeep.abort();
     token_file.abort();
-    outcome
+    Ok(())
 }
 
 /// SIGTERM and SIGINT, listened for from the moment they are installed.

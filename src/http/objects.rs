@@ -9,6 +9,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
@@ -292,17 +293,42 @@ impl RangeSource for DecodedSource {
                 let hit = entry.covers(range.end);
                 metrics::counter!(if hit { names::CACHE_HITS } else { names::CACHE_MISSES }).increment(1);
                 span.record("cache", if hit { "hit" } else { "miss" });
-                Decoded::stream(entry, range).map(move |piece| piece.map_err(&failed)).boxed()
+                let body = Decoded::stream(entry, range).map(move |piece| piece.map_err(&failed)).boxed();
+                if hit { body } else { self.admitted(body) }
             }
             None => {
                 metrics::counter!(names::CACHE_MISSES).increment(1);
                 span.record("cache", "bypass");
                 let decoders = Arc::clone(cache.decoders());
-                stream_private(self.key.object.clone(), self.component.clone(), self.stored.clone(), range, decoders)
+                let body = stream_private(self.key.object.clone(), self.component.clone(), self.stored.clone(), range, decoders)
                     .map(move |piece| piece.map_err(&failed))
-                    .boxed()
+                    .boxed();
+                self.admitted(body)
             }
         }
+    }
+}
+
+impl DecodedSource {
+    /// `body`, once a decoder has come free within `decode_wait_ms`; otherwise the error
+    /// `DecodersBusy` (503 with Retry-After: the body's first piece is taken before any header
+    /// is sent). Decoders are taken one piece at a time, in turn, so this wait is the queue a
+    /// new decode would join: when it stays full that long, shedding the request beats
+    /// letting every decode slow down.
+    fn admitted(&self, body: ByteStream) -> ByteStream {
+        let decoders = Arc::clone(self.state.cache.decoders());
+        let wait = std::time::Duration::from_millis(self.state.config.decode_wait_ms);
+        futures_util::stream::once(async move {
+            match tokio::time::timeout(wait, decoders.acquire()).await {
+                Ok(_free) => Ok(body),
+                Err(_) => {
+                    metrics::counter!(names::DECODE_REFUSALS).increment(1);
+                    Err(ApiError::DecodersBusy)
+                }
+            }
+        })
+        .try_flatten()
+        .boxed()
     }
 }
 

@@ -28,7 +28,26 @@ pub fn evaluate(range: Option<&str>, len: u64, max_ranges: usize) -> RangeDecisi
         return RangeDecision::TooManyRanges { requested: specs.len(), limit: max_ranges };
     }
     let satisfiable: Vec<Range<u64>> = specs.into_iter().filter_map(|spec| spec.resolve(len)).collect();
-    if satisfiable.is_empty() { RangeDecision::Unsatisfiable } else { RangeDecision::Partial(satisfiable) }
+    if satisfiable.is_empty() { RangeDecision::Unsatisfiable } else { RangeDecision::Partial(without_overlaps(satisfiable)) }
+}
+
+/// Ranges that overlap are merged, in ascending order (RFC 9110 §14.2 lets a server coalesce
+/// them). Otherwise `bytes=0-,0-,0-…` would make a response `max_ranges` times the size of
+/// the representation from a request of a few bytes. Disjoint ranges keep the client's order.
+fn without_overlaps(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    let mut sorted = ranges.clone();
+    sorted.sort_by_key(|r| r.start);
+    if sorted.windows(2).all(|pair| pair[0].end <= pair[1].start) {
+        return ranges;
+    }
+    ranges.clear();
+    for range in sorted {
+        match ranges.last_mut() {
+            Some(last) if range.start < last.end => last.end = last.end.max(range.end),
+            _ => ranges.push(range),
+        }
+    }
+    ranges
 }
 
 /// One `range-spec`.
@@ -146,6 +165,12 @@ mod tests {
             (Some("items=0-5"), 100, Full),
             (Some("0-5"), 100, Full),
             (Some("bytes=0-1,0-1,0-1,0-1,0-1"), 100, TooManyRanges { requested: 5, limit: 4 }),
+            // Overlapping ranges are merged, so no response exceeds the representation.
+            (Some("bytes=0-,0-,0-,0-"), 100, Partial(vec![0..100])),
+            (Some("bytes=50-59,0-9,5-14"), 100, Partial(vec![0..15, 50..60])),
+            (Some("bytes=-10,95-"), 100, Partial(vec![90..100])),
+            (Some("bytes=0-9,10-19"), 100, Partial(vec![0..10, 10..20])),
+            (Some("bytes=20-29,0-9"), 100, Partial(vec![20..30, 0..10])),
         ];
         for (header, len, expected) in cases {
             assert_eq!(&evaluate(*header, *len, 4), expected, "Range: {header:?} over {len} bytes");

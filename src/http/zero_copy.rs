@@ -13,7 +13,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -27,30 +26,20 @@ static SENDFILE_BYTES: std::sync::LazyLock<metrics::Counter> = std::sync::LazyLo
     metrics::counter!(crate::telemetry::names::SENDFILE_BYTES)
 });
 
-/// A listener whose connections are [`ZeroCopyStream`]s (and set `TCP_NODELAY`: bodies are
-/// written in large pieces, and Nagle's algorithm would only hold back the last, short segment
-/// of each response until the client's delayed ACK).
-pub struct ZeroCopyListener<L>(pub L);
+/// A TCP connection that sends slices of mapped files with `sendfile`.
+pub struct ZeroCopyStream(TcpStream);
 
-impl<L: Listener<Io = TcpStream>> Listener for ZeroCopyListener<L> {
-    type Io = ZeroCopyStream;
-    type Addr = L::Addr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (stream, addr) = self.0.accept().await;
+impl ZeroCopyStream {
+    /// Also sets `TCP_NODELAY`: bodies are written in large pieces, and Nagle's algorithm
+    /// would only hold back the last, short segment of each response until the client's
+    /// delayed ACK.
+    pub fn new(stream: TcpStream) -> ZeroCopyStream {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        (ZeroCopyStream(stream), addr)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.0.local_addr()
+        ZeroCopyStream(stream)
     }
 }
-
-/// A TCP connection that sends slices of mapped files with `sendfile`.
-pub struct ZeroCopyStream(TcpStream);
 
 /// What the next write does with the slices it is given.
 enum Next {
