@@ -8,10 +8,14 @@
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget.
 //! - [`catalog`]: the sources and their health, which models exist under them, their parsed
 //!   manifests (cached by file identity or ETag), broken files, what is learnt per component
-//!   (digest verdicts), and the bounded cache of shared decodes (from mapped or streamed bytes).
+//!   (digest verdicts), and the bounded cache of shared decodes (from bytes read with `pread`
+//!   or streamed from S3; never loaded from a mapping, so a file truncated in place cannot
+//!   raise SIGBUS).
 //! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content
-//!   negotiation, digest policy, streaming bodies, errors, metrics per request; connections
-//!   that send slices of mapped files with `sendfile` instead of copying them.
+//!   negotiation, digest policy, streaming bodies, errors, metrics per request; bearer-token
+//!   access control (`auth`); the connection loop and its limits (`connections`: count, head
+//!   size, header and idle timeouts); connections that send slices of mapped files with
+//!   `sendfile` instead of copying them (`zero_copy`).
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.

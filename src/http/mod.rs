@@ -1,6 +1,6 @@
 //! The HTTP contract of ARCHITECTURE.md over the catalog: the router and its layers (tracing,
-//! timeout, concurrency limit, panic catching), the shared state, the rescan loop and graceful
-//! shutdown. `app(state)` is the test seam.
+//! timeout, concurrency limit, panic catching, bearer tokens), the shared state, the rescan
+//! loop, signals and graceful shutdown. `app(state)` is the test seam.
 
 pub mod auth;
 mod connections;
