@@ -12,42 +12,11 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{metric, model, noise, serve, Reply};
+use common::{metric, model, noise, serve, Connection};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
 const MIB: usize = 1 << 20;
-
-/// One keep-alive HTTP/1.1 connection; each response is read to its Content-Length.
-struct Connection(BufReader<TcpStream>);
-
-impl Connection {
-    fn open(address: &str) -> Connection {
-        let stream = TcpStream::connect(address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        Connection(BufReader::new(stream))
-    }
-
-    fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-        write!(self.0.get_mut(), "GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n").unwrap();
-        let mut head = String::new();
-        loop {
-            let mut line = String::new();
-            assert!(self.0.read_line(&mut line).unwrap() > 0, "connection closed in the head of {path}");
-            if line == "\r\n" {
-                break;
-            }
-            head.push_str(&line);
-        }
-        let status = head[9..12].parse().unwrap();
-        let mut reply = Reply { status, head, body: Vec::new() };
-        let len: usize = reply.header("content-length").expect("a Content-Length").parse().unwrap();
-        reply.body = vec![0; len];
-        self.0.read_exact(&mut reply.body).unwrap();
-        reply
-    }
-}
 
 fn sent_by_sendfile() -> f64 {
     metric("ztserve_sendfile_bytes_total", &[])

@@ -157,6 +157,11 @@ pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
 }
 
 /// A plain HTTP/1.1 GET; returns the status and body.
+/// The status of a GET, or `None` when nothing answers (yet).
+pub fn request_status(address: &str, path: &str) -> Option<u16> {
+    Connection::try_open(address).ok()?.try_get(path, &[]).ok().map(|reply| reply.status)
+}
+
 pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
     let reply = request(address, path, &[]);
     (reply.status, reply.body)
@@ -193,6 +198,52 @@ pub fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
     let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
     let status = head[9..12].parse().unwrap();
     Reply { status, head, body: response[head_end + 4..].to_vec() }
+}
+
+/// One keep-alive HTTP/1.1 connection; each response is read to its Content-Length.
+pub struct Connection(std::io::BufReader<std::net::TcpStream>);
+
+impl Connection {
+    pub fn open(address: &str) -> Connection {
+        Connection::try_open(address).unwrap()
+    }
+
+    pub fn try_open(address: &str) -> std::io::Result<Connection> {
+        let stream = std::net::TcpStream::connect(address)?;
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(Connection(std::io::BufReader::new(stream)))
+    }
+
+    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.try_get(path, headers).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// The response, or why the connection failed (closed early, reset, timed out).
+    pub fn try_get(&mut self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Reply> {
+        use std::io::{BufRead as _, Error, ErrorKind};
+        let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+        write!(self.0.get_mut(), "GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n")?;
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            if self.0.read_line(&mut line)? == 0 {
+                return Err(Error::new(ErrorKind::UnexpectedEof, "connection closed in the response head"));
+            }
+            if line == "\r\n" {
+                break;
+            }
+            head.push_str(&line);
+        }
+        let status = head.get(9..12).and_then(|s| s.parse().ok()).ok_or_else(|| Error::new(ErrorKind::InvalidData, "no status"))?;
+        let mut reply = Reply { status, head, body: Vec::new() };
+        let len: usize = reply
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Error::new(ErrorKind::InvalidData, "no Content-Length"))?;
+        reply.body = vec![0; len];
+        self.0.read_exact(&mut reply.body)?;
+        Ok(reply)
+    }
 }
 
 /// A server on 127.0.0.1:0 in this process (its metrics are this process's).
