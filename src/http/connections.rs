@@ -51,9 +51,9 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_header_size(limits.max_header_bytes)
-        // At least hyper's minimum (8 KiB); a request never has a body worth buffering.
-        .max_buf_size(limits.max_header_bytes.max(8192) + 1024);
+        // Not `max_buf_size`: it bounds the write queue too, and would split responses into
+        // more writes; hyper's default (~400 KiB) already bounds what one connection reads.
+        .max_header_size(limits.max_header_bytes);
     let service = TowerToHyperService::new(router);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
