@@ -99,6 +99,15 @@ fn exact(reply: &Reply, status: u16, expected: &[u8]) -> Outcome {
     Outcome::Ok
 }
 
+/// Whether the body's SHA-256 is the one its `Repr-Digest` header declares.
+fn repr_digest_matches(reply: &Reply) -> bool {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let declared = reply.header("repr-digest").and_then(|v| v.strip_prefix("sha-256=:")?.strip_suffix(':').map(str::to_owned));
+    let actual = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&reply.body));
+    declared.is_some_and(|declared| declared == actual)
+}
+
 fn error_code(reply: &Reply) -> String {
     serde_json::from_slice::<serde_json::Value>(&reply.body).ok().and_then(|v| v["error"]["code"].as_str().map(str::to_owned)).unwrap_or_default()
 }
@@ -185,6 +194,10 @@ fn one_request(
             ("truncated", match reply {
                 Ok(reply) if reply.status == 200 && reply.body == fixture.victim => Outcome::Ok,
                 Ok(reply) if truncated && matches!(reply.status, 422 | 503) => Outcome::Fault,
+                // Queued in kernel buffers before the truncation, sent by sendfile from pages
+                // the truncation zeroed: complete but altered, and its Repr-Digest says so
+                // (README "Storage": files must be replaced by rename, not cut in place).
+                Ok(reply) if truncated && reply.status == 200 && !repr_digest_matches(&reply) => Outcome::Fault,
                 Ok(reply) => Outcome::Error(format!("victim answered {} with {} bytes", reply.status, reply.body.len())),
                 // A response cut short by the truncation: the client sees it is incomplete.
                 Err(_) if truncated => Outcome::Fault,
