@@ -132,13 +132,8 @@ impl ModelBytes {
 
     /// Every byte of `range`, in one buffer (for content checks, which need whole components).
     pub(crate) async fn fetch(&self, source: &Source, model: &str, range: Range<u64>) -> Result<Bytes, ApiError> {
-        use futures_util::TryStreamExt as _;
-        let pieces: Result<Vec<Bytes>, StorageError> = self.stored(range).stream(0, "check").try_collect().await;
-        let pieces = storage_outcome(source, model, pieces)?;
-        Ok(match <[Bytes; 1]>::try_from(pieces) {
-            Ok([one]) => one,
-            Err(pieces) => Bytes::from(pieces.concat()),
-        })
+        let fetched = crate::storage::collect(self.stored(range).stream(0, "check")).await;
+        storage_outcome(source, model, fetched)
     }
 }
 

@@ -191,15 +191,7 @@ impl ObjectVersion {
 
     /// `range`'s bytes, all of them in one buffer (manifests, content checks).
     pub async fn fetch(&self, range: Range<u64>, purpose: &'static str) -> Result<Bytes, StorageError> {
-        let pieces: Vec<Bytes> = self.stream(range.clone(), purpose).try_collect().await?;
-        if pieces.len() == 1 {
-            return Ok(pieces.into_iter().next().expect("one piece"));
-        }
-        let mut whole = Vec::with_capacity((range.end - range.start) as usize);
-        for piece in pieces {
-            whole.extend_from_slice(&piece);
-        }
-        Ok(Bytes::from(whole))
+        collect(self.stream(range, purpose)).await
     }
 
     /// `range`'s bytes in order, read as `chunk`-sized ranged reads with up to `concurrency`
@@ -246,6 +238,15 @@ impl ObjectVersion {
         })
         .boxed()
     }
+}
+
+/// Every piece of a read in one buffer; a read of one piece is returned as it is, not copied.
+pub async fn collect(pieces: BoxStream<'static, Result<Bytes, StorageError>>) -> Result<Bytes, StorageError> {
+    let pieces: Vec<Bytes> = pieces.try_collect().await?;
+    Ok(match <[Bytes; 1]>::try_from(pieces) {
+        Ok([one]) => one,
+        Err(pieces) => Bytes::from(pieces.concat()),
+    })
 }
 
 /// A task aborted when dropped: a response that goes away stops its fetches.
