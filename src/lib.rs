@@ -26,5 +26,6 @@ pub mod config;
 pub mod json;
 pub mod format;
 pub mod http;
+pub mod pull;
 pub mod storage;
 pub mod telemetry;

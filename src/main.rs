@@ -68,6 +68,36 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
+    /// Copy a model from a ztserve server into a local .zt file: rebuilt from its manifest and
+    /// components, or with --raw the stored file itself. Parallel ranged GETs, retries,
+    /// resume (run the same command again), digest checks; written atomically. A bearer
+    /// token is read from ZTSERVE_TOKEN.
+    Pull {
+        /// The model's URL: http://HOST:PORT/models/MODEL_ID.
+        url: String,
+        /// The .zt file to write.
+        output: PathBuf,
+        /// Download the stored file byte for byte instead of rebuilding it.
+        #[arg(long)]
+        raw: bool,
+        /// Only objects whose names match this glob (repeat for several; `*` matches `/`).
+        #[arg(long = "objects", value_name = "GLOB", conflicts_with = "raw")]
+        objects: Vec<String>,
+        /// Ranged GETs in flight at once.
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Bytes asked for by one GET (suffixes K, M, G: 8M).
+        #[arg(long, default_value = "8M", value_parser = parse_size)]
+        chunk_size: u64,
+        /// Retries of a failed GET, with exponential backoff.
+        #[arg(long, default_value_t = 5)]
+        retries: u32,
+        /// Print progress lines even on a terminal (`lines`), or nothing (`none`).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "lines", "none"])]
+        progress: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
     /// Convert a safetensors file to a zTensor 1.2 file.
     Convert {
         input: PathBuf,
@@ -123,6 +153,56 @@ fn serve(sources: Vec<String>, listen: Option<String>, config: Option<PathBuf>, 
     Ok(ExitCode::SUCCESS)
 }
 
+/// `8M`, `512K`, `1G` or plain bytes.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(format!("{text:?} is not a size (examples: 8M, 512K, 1G, 65536)")),
+    };
+    digits.parse::<u64>().ok().and_then(|n| n.checked_mul(scale)).filter(|&n| n > 0).ok_or_else(|| format!("{text:?} is not a size above 0"))
+}
+
+fn pull(options: &ztserve::pull::PullOptions) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let started = std::time::Instant::now();
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            outcome = ztserve::pull::pull(options) => outcome.map(Some),
+            _ = tokio::signal::ctrl_c() => Ok(None),
+        }
+    });
+    let Some(report) = outcome? else {
+        eprintln!("pull: interrupted; run the same command again to resume");
+        return Ok(ExitCode::from(130));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "pulled {} objects ({} components, {} digests verified{}) into {}: {} bytes, {} fetched{} in {seconds:.2} s",
+        report.objects,
+        report.components,
+        report.digests_verified,
+        match report.unverified {
+            0 => String::new(),
+            n => format!(", {n} without a digest checked for length only"),
+        },
+        options.output.display(),
+        report.output_len,
+        report.fetched,
+        match report.resumed {
+            0 => String::new(),
+            n => format!(", {n} kept from an earlier run"),
+        },
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { sources, listen, config, log_format } => return serve(sources, listen, config, log_format),
@@ -132,6 +212,27 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 eprintln!("wrote {}", path.display());
             }
             return Ok(ExitCode::SUCCESS);
+        }
+        Command::Pull { url, output, raw, objects, concurrency, chunk_size, retries, progress, limits } => {
+            let progress = match progress.as_str() {
+                "lines" => ztserve::pull::ProgressMode::Lines,
+                "none" => ztserve::pull::ProgressMode::Quiet,
+                _ => ztserve::pull::ProgressMode::Auto,
+            };
+            let options = ztserve::pull::PullOptions {
+                url,
+                output,
+                raw,
+                concurrency,
+                chunk_bytes: chunk_size,
+                retry: ztserve::pull::remote::RetryPolicy { retries, ..Default::default() },
+                objects,
+                // Only from the environment: a token on the command line is visible to `ps`.
+                token: std::env::var("ZTSERVE_TOKEN").ok().filter(|t| !t.is_empty()),
+                progress,
+                limits: limits.limits(),
+            };
+            return pull(&options);
         }
         command => run_file_command(command),
     }
@@ -155,7 +256,7 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
         Command::Cat { file, object, component, limits } => {
             cli::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
         }
-        Command::Serve { .. } | Command::WriteDemo { .. } => unreachable!("handled by run"),
+        Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } => unreachable!("handled by run"),
         Command::Convert { input, output, compress, digest } => {
             let options = WriteOptions { zstd_level: cli::parse_compress(&compress)?, digest: cli::parse_digest(&digest)? };
             let count = cli::convert(&input, &output, &options)?;

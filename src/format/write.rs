@@ -100,10 +100,14 @@ impl<W: Write> Writer<W> {
         if self.names.contains(object.name) {
             return Err(WriteError::DuplicateObject(object.name.to_owned()));
         }
-        check_object(object)?;
-        if let Some(attributes) = &object.attributes
-            && !matches!(attributes, Value::Map(_))
-        {
+        let shape = ShapeCheck { name: object.name, shape: object.shape, format: object.format };
+        let facts: Vec<_> = object
+            .components
+            .iter()
+            .map(|c| ComponentFacts { role: c.role, dtype: c.dtype, logical_type: c.logical_type, decoded_length: c.bytes.len() as u64 })
+            .collect();
+        check_components(&shape, &facts)?;
+        if object.attributes.as_ref().is_some_and(|a| !matches!(a, Value::Map(_))) {
             return Err(WriteError::AttributesNotMap);
         }
         let mut components = Vec::with_capacity(object.components.len());
@@ -111,16 +115,9 @@ impl<W: Write> Writer<W> {
             let entry = self.write_component(component, options)?;
             components.push((text(component.role), entry));
         }
-        let mut fields = vec![
-            (text("shape"), Value::Array(object.shape.iter().map(|&d| uint(d)).collect())),
-            (text("format"), text(object.format)),
-        ];
-        if let Some(attributes) = &object.attributes {
-            fields.push((text("attributes"), attributes.clone()));
-        }
-        fields.push((text("components"), Value::Map(components)));
+        let entry = object_entry(object.shape, object.format, &object.attributes, components)?;
         self.names.insert(object.name.to_owned());
-        self.objects.push((text(object.name), Value::Map(fields)));
+        self.objects.push((text(object.name), entry));
         Ok(())
     }
 
@@ -144,48 +141,170 @@ impl<W: Write> Writer<W> {
         self.out.write_all(stored)?;
         self.position += stored.len() as u64;
 
-        let mut fields = vec![(text("dtype"), text(component.dtype.name()))];
-        if let Some(logical) = component.logical_type {
-            fields.push((text("type"), text(logical)));
-        }
-        fields.push((text("offset"), uint(offset)));
-        fields.push((text("length"), uint(stored.len() as u64)));
-        if encoding == Encoding::Zstd {
-            fields.push((text("uncompressed_length"), uint(component.bytes.len() as u64)));
-            fields.push((text("encoding"), text("zstd")));
-        }
-        if let Some(algorithm) = options.digest {
+        let digest = options.digest.map(|algorithm| {
             let mut hasher = algorithm.hasher();
             hasher.update(stored);
-            fields.push((text("digest"), text(&hasher.finish().to_string())));
-        }
-        Ok(Value::Map(fields))
+            hasher.finish()
+        });
+        let entry = StoredComponent {
+            role: component.role,
+            dtype: component.dtype,
+            logical_type: component.logical_type,
+            encoding,
+            stored_length: stored.len() as u64,
+            decoded_length: component.bytes.len() as u64,
+            digest,
+        };
+        Ok(component_entry(&entry, offset))
     }
 
     /// Writes the manifest, its size and the footer; returns the sink.
     pub fn finish(mut self, attributes: Option<Value>) -> Result<W, WriteError> {
-        let mut root = vec![(text("version"), text(WRITTEN_VERSION))];
-        if let Some(attributes) = attributes {
-            if !matches!(attributes, Value::Map(_)) {
-                return Err(WriteError::AttributesNotMap);
-            }
-            root.push((text("attributes"), attributes));
-        }
-        root.push((text("objects"), Value::Map(std::mem::take(&mut self.objects))));
-        let mut manifest = Vec::new();
-        ciborium::ser::into_writer(&Value::Map(root), &mut manifest).map_err(|e| std::io::Error::other(e.to_string()))?;
-        self.out.write_all(&manifest)?;
-        self.out.write_all(&(manifest.len() as u64).to_le_bytes())?;
-        self.out.write_all(V1_MAGIC)?;
+        let tail = manifest_tail(std::mem::take(&mut self.objects), attributes)?;
+        self.out.write_all(&tail)?;
         self.out.flush()?;
         Ok(self.out)
     }
 }
 
+/// One component whose stored bytes already exist elsewhere (`ztserve pull` fetches them): its
+/// encoding, lengths and digest are recorded as they are, never recomputed.
+#[derive(Debug, Clone)]
+pub struct StoredComponent<'a> {
+    pub role: &'a str,
+    pub dtype: DType,
+    pub logical_type: Option<&'a str>,
+    pub encoding: Encoding,
+    pub stored_length: u64,
+    pub decoded_length: u64,
+    pub digest: Option<Digest>,
+}
+
+/// One object of a [`plan`]ned file.
+#[derive(Debug, Clone)]
+pub struct StoredObject<'a> {
+    pub name: &'a str,
+    pub shape: &'a [u64],
+    pub format: &'a str,
+    pub attributes: Option<Value>,
+    pub components: Vec<StoredComponent<'a>>,
+}
+
+/// Where each blob of a planned file goes and what follows the last one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// For each object, for each component, its offset in the file.
+    pub offsets: Vec<Vec<u64>>,
+    /// Where the tail starts; the file is `tail_offset + tail.len()` bytes.
+    pub tail_offset: u64,
+    /// The manifest, its size and the footer magic.
+    pub tail: Vec<u8>,
+}
+
+/// Lays out a 1.2 file whose blobs are written by someone else, in any order: the same layout
+/// [`Writer`] gives (header magic, blobs in order at 64-byte boundaries, zero padding, then
+/// the tail). A file created at `tail_offset + tail.len()` bytes is zero-filled, so writing the
+/// header magic, every blob at its offset and the tail at `tail_offset` completes it.
+pub fn plan(objects: &[StoredObject<'_>], attributes: Option<Value>) -> Result<Plan, WriteError> {
+    let mut names = HashSet::new();
+    let mut position = V1_MAGIC.len() as u64;
+    let mut offsets = Vec::with_capacity(objects.len());
+    let mut entries = Vec::with_capacity(objects.len());
+    for object in objects {
+        if !names.insert(object.name) {
+            return Err(WriteError::DuplicateObject(object.name.to_owned()));
+        }
+        let shape = ShapeCheck { name: object.name, shape: object.shape, format: object.format };
+        let facts: Vec<_> = object
+            .components
+            .iter()
+            .map(|c| ComponentFacts { role: c.role, dtype: c.dtype, logical_type: c.logical_type, decoded_length: c.decoded_length })
+            .collect();
+        check_components(&shape, &facts)?;
+        let mut object_offsets = Vec::with_capacity(object.components.len());
+        let mut components = Vec::with_capacity(object.components.len());
+        for component in &object.components {
+            position = position.next_multiple_of(ALIGNMENT);
+            object_offsets.push(position);
+            components.push((text(component.role), component_entry(component, position)));
+            position += component.stored_length;
+        }
+        offsets.push(object_offsets);
+        entries.push((text(object.name), object_entry(object.shape, object.format, &object.attributes, components)?));
+    }
+    Ok(Plan { offsets, tail_offset: position, tail: manifest_tail(entries, attributes)? })
+}
+
+/// A component's manifest map, in the order the official writer emits its keys.
+fn component_entry(component: &StoredComponent<'_>, offset: u64) -> Value {
+    let mut fields = vec![(text("dtype"), text(component.dtype.name()))];
+    if let Some(logical) = component.logical_type {
+        fields.push((text("type"), text(logical)));
+    }
+    fields.push((text("offset"), uint(offset)));
+    fields.push((text("length"), uint(component.stored_length)));
+    if component.encoding == Encoding::Zstd {
+        fields.push((text("uncompressed_length"), uint(component.decoded_length)));
+        fields.push((text("encoding"), text("zstd")));
+    }
+    if let Some(digest) = component.digest {
+        fields.push((text("digest"), text(&digest.to_string())));
+    }
+    Value::Map(fields)
+}
+
+fn object_entry(shape: &[u64], format: &str, attributes: &Option<Value>, components: Vec<(Value, Value)>) -> Result<Value, WriteError> {
+    let mut fields = vec![
+        (text("shape"), Value::Array(shape.iter().map(|&d| uint(d)).collect())),
+        (text("format"), text(format)),
+    ];
+    if let Some(attributes) = attributes {
+        if !matches!(attributes, Value::Map(_)) {
+            return Err(WriteError::AttributesNotMap);
+        }
+        fields.push((text("attributes"), attributes.clone()));
+    }
+    fields.push((text("components"), Value::Map(components)));
+    Ok(Value::Map(fields))
+}
+
+/// The manifest, its size and the footer magic.
+fn manifest_tail(objects: Vec<(Value, Value)>, attributes: Option<Value>) -> Result<Vec<u8>, WriteError> {
+    let mut root = vec![(text("version"), text(WRITTEN_VERSION))];
+    if let Some(attributes) = attributes {
+        if !matches!(attributes, Value::Map(_)) {
+            return Err(WriteError::AttributesNotMap);
+        }
+        root.push((text("attributes"), attributes));
+    }
+    root.push((text("objects"), Value::Map(objects)));
+    let mut tail = Vec::new();
+    ciborium::ser::into_writer(&Value::Map(root), &mut tail).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let size = tail.len() as u64;
+    tail.extend_from_slice(&size.to_le_bytes());
+    tail.extend_from_slice(V1_MAGIC);
+    Ok(tail)
+}
+
+/// What the checks need to know of an object, whichever way its blobs are written.
+struct ShapeCheck<'a> {
+    name: &'a str,
+    shape: &'a [u64],
+    format: &'a str,
+}
+
+/// What the checks need to know of a component.
+struct ComponentFacts<'a> {
+    role: &'a str,
+    dtype: DType,
+    logical_type: Option<&'a str>,
+    decoded_length: u64,
+}
+
 /// Refuses objects the reader would refuse, so this writer never produces a broken file.
-fn check_object(object: &ObjectInput<'_>) -> Result<(), WriteError> {
+fn check_components(object: &ShapeCheck<'_>, components: &[ComponentFacts<'_>]) -> Result<(), WriteError> {
     let mut roles = HashSet::new();
-    for component in &object.components {
+    for component in components {
         if !roles.insert(component.role) {
             return Err(WriteError::DuplicateComponent { object: object.name.to_owned(), role: component.role.to_owned() });
         }
@@ -202,7 +321,7 @@ fn check_object(object: &ObjectInput<'_>) -> Result<(), WriteError> {
             None => 1,
         };
         let unit = component.dtype.width() * ratio;
-        let len = component.bytes.len() as u64;
+        let len = component.decoded_length;
         if len % unit != 0 {
             return Err(bad(format!("{len} bytes is not a multiple of the {unit}-byte element")));
         }

@@ -303,7 +303,7 @@ pub(crate) fn ready_model(state: &AppState, access: &auth::Access, id: &str) -> 
 /// `#` and spaces) is percent-encoded.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
-pub(crate) fn segment(text: &str) -> String {
+pub fn segment(text: &str) -> String {
     utf8_percent_encode(text, SEGMENT).to_string()
 }
 

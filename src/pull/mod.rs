@@ -1,0 +1,530 @@
+//! `ztserve pull URL OUT.zt`: copies a model from a ztserve server into a local `.zt` file.
+//! The file's own CBOR manifest is fetched by range from `/models/{m}/file` and parsed by
+//! [`crate::format`]; the output is then either that file byte for byte (`--raw`) or a 1.2 file
+//! rebuilt from it (the selected objects, their stored blobs copied as they are, so zstd
+//! frames travel compressed and keep their digests). Bytes arrive by parallel ranged GETs all
+//! bound to one ETag ([`remote`]), land in a partial file beside the output, are recorded in a
+//! journal ([`journal`]) so an interrupted pull resumes, and are checked against every
+//! declared digest before the partial file is renamed into place.
+
+pub mod journal;
+pub mod remote;
+
+use std::io::IsTerminal;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sha2::Digest as _;
+
+use crate::format::decode::{decode_component, Hasher};
+use crate::format::write::{plan, StoredComponent, StoredObject};
+use crate::format::{self, ByteOrder, Container, Digest, Encoding, Limits, Manifest, V1_MAGIC};
+use journal::{Identity, Journal};
+use remote::{FetchError, Remote, RetryPolicy};
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A bar when standard error is a terminal, lines otherwise.
+    Auto,
+    /// A line every few seconds.
+    Lines,
+    Quiet,
+}
+
+/// Everything `pull` needs.
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    /// A model's URL: `http://host:port/models/<id>`.
+    pub url: String,
+    pub output: PathBuf,
+    /// Download the stored file itself instead of rebuilding it.
+    pub raw: bool,
+    /// Ranged GETs in flight at once.
+    pub concurrency: usize,
+    /// Largest range one GET asks for.
+    pub chunk_bytes: u64,
+    pub retry: RetryPolicy,
+    /// Glob patterns over object names; empty selects every object.
+    pub objects: Vec<String>,
+    pub token: Option<String>,
+    pub progress: ProgressMode,
+    pub limits: Limits,
+}
+
+/// What a pull did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullReport {
+    pub output_len: u64,
+    /// Bytes fetched by this run.
+    pub fetched: u64,
+    /// Bytes kept from an earlier, interrupted run.
+    pub resumed: u64,
+    pub objects: usize,
+    pub components: usize,
+    pub digests_verified: usize,
+    /// Components that declare no digest: checked for length only.
+    pub unverified: usize,
+}
+
+/// The URL of a model's stored file, from the model's URL. A model id may be given with its
+/// `/` percent-encoded (as the server's own URLs have it) or plainly.
+pub fn file_url(model_url: &str) -> anyhow::Result<reqwest::Url> {
+    let mut url = reqwest::Url::parse(model_url).with_context(|| format!("{model_url:?} is not a URL"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        bail!("{model_url:?} is not an http:// or https:// URL");
+    }
+    let path = url.path().to_owned();
+    let Some((base, id)) = path.split_once("/models/") else {
+        bail!("{model_url:?} is not a model URL: expected http://HOST:PORT/models/MODEL_ID");
+    };
+    let id = id.trim_end_matches('/');
+    let id = percent_encoding::percent_decode_str(id).decode_utf8().with_context(|| format!("the model id in {model_url:?} is not UTF-8"))?;
+    if id.is_empty() {
+        bail!("{model_url:?} names no model: expected http://HOST:PORT/models/MODEL_ID");
+    }
+    url.set_path(&format!("{base}/models/{}/file", crate::http::segment(&id)));
+    url.set_query(None);
+    url.set_fragment(None);
+    Ok(url)
+}
+
+/// One GET's worth of copying: source bytes to their place in the output.
+#[derive(Debug, Clone)]
+struct Job {
+    source: Range<u64>,
+    output: Range<u64>,
+    /// The component it belongs to, for digest checks once all of its jobs are done.
+    unit: usize,
+}
+
+/// A span of the output checked as a whole once written: a component's blob (against its
+/// digest when it has one) or, for legacy big-endian data, a blob decoded after download.
+#[derive(Debug, Clone)]
+struct Unit {
+    label: String,
+    output: Range<u64>,
+    source: Range<u64>,
+    digest: Option<Digest>,
+    /// Set for components whose stored bytes must be decoded before they are written.
+    transform: Option<format::Component>,
+    /// False for the spans of a raw copy between blobs (header, padding, manifest).
+    is_component: bool,
+}
+
+/// What to write: the layout, the units to fill, and the bytes the pull writes itself.
+struct Layout {
+    output_len: u64,
+    units: Vec<Unit>,
+    /// (offset, bytes) written locally: the header magic and the tail.
+    local: Vec<(u64, Vec<u8>)>,
+    objects: usize,
+    fingerprint: String,
+}
+
+/// Pulls a model; see the module docs.
+pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
+    if options.concurrency == 0 || options.chunk_bytes == 0 {
+        bail!("--concurrency and --chunk-size must be above 0");
+    }
+    let remote = Remote::new(file_url(&options.url)?, options.token.clone(), options.retry, options.concurrency)?;
+    let (probe_etag, source_len, manifest) = fetch_manifest(&remote, &options.limits).await?;
+    let layout = if options.raw { raw_layout(&manifest, source_len, options)? } else { rebuilt_layout(&manifest, options)? };
+
+    let (partial_path, journal_path) = journal::partial_paths(&options.output);
+    let identity = Identity {
+        url: remote.url().to_string(),
+        etag: probe_etag.clone(),
+        source_len,
+        raw: options.raw,
+        layout: layout.fingerprint.clone(),
+        output_len: layout.output_len,
+    };
+    let (mut journal, kept) = Journal::open(&journal_path, &identity).with_context(|| format!("cannot open {}", journal_path.display()))?;
+    let partial = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(!kept)
+        .open(&partial_path)
+        .with_context(|| format!("cannot write {}", partial_path.display()))?;
+    if kept && partial.metadata()?.len() != layout.output_len {
+        bail!("{} does not have the length its journal implies; delete it and {} to start over", partial_path.display(), journal_path.display());
+    }
+    partial.set_len(layout.output_len)?;
+    let partial = Arc::new(partial);
+
+    let progress = Progress::new(options.progress, layout.units.iter().map(|u| u.output.end - u.output.start).sum());
+    let mut report = PullReport {
+        output_len: layout.output_len,
+        fetched: 0,
+        resumed: 0,
+        objects: layout.objects,
+        components: layout.units.iter().filter(|u| u.is_component).count(),
+        digests_verified: 0,
+        unverified: layout.units.iter().filter(|u| u.is_component && u.digest.is_none()).count(),
+    };
+    let mut jobs = Vec::new();
+    let mut pending: Vec<usize> = vec![0; layout.units.len()];
+    for (index, unit) in layout.units.iter().enumerate() {
+        for job in unit_jobs(index, unit, options.chunk_bytes) {
+            if journal.covers(&job.output) {
+                report.resumed += job.output.end - job.output.start;
+                progress.advance(job.output.end - job.output.start);
+            } else {
+                pending[index] += 1;
+                jobs.push(job);
+            }
+        }
+    }
+
+    let outcome = copy_and_verify(&remote, &probe_etag, &layout, jobs, pending, &partial, &mut journal, &progress, options, &mut report).await;
+    progress.finish();
+    if let Err(e) = outcome {
+        return Err(e.context(format!(
+            "pull stopped; {} of {} are kept in {} and a second run fetches only the rest",
+            HumanBytes(report.fetched + report.resumed),
+            HumanBytes(layout.output_len),
+            partial_path.display()
+        )));
+    }
+    // Units kept from an earlier run were verified above with the rest; now the local bytes.
+    for (offset, bytes) in &layout.local {
+        partial.write_all_at(bytes, *offset)?;
+    }
+    partial.sync_all()?;
+    let check = crate::storage::local::MappedFile::open(&partial_path)?;
+    format::parse_file(&check, &options.limits).context("internal error: the pulled file does not parse; it was not moved into place")?;
+    drop(check);
+    std::fs::rename(&partial_path, &options.output).with_context(|| format!("cannot move the pulled file to {}", options.output.display()))?;
+    if let Some(dir) = options.output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    std::fs::remove_file(&journal_path).ok();
+    Ok(report)
+}
+
+/// The file's ETag, length and parsed manifest, from three small ranged GETs.
+async fn fetch_manifest(remote: &Remote, limits: &Limits) -> anyhow::Result<(String, u64, Manifest)> {
+    let probe = remote.probe(V1_MAGIC.len() as u64).await?;
+    let container = Container::sniff(&probe.head).with_context(|| format!("{} is not a .zt file", remote.url()))?;
+    let tail_start = probe.len.saturating_sub(container.trailer_len());
+    let tail = if tail_start < probe.len { remote.range(tail_start..probe.len, &probe.etag).await? } else { Default::default() };
+    let span = format::manifest_span(container, probe.len, &tail, limits).with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
+    let bytes = remote.range(span.clone(), &probe.etag).await?;
+    let manifest = format::parse_manifest(container, &bytes, span, probe.len, limits).with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
+    Ok((probe.etag, probe.len, manifest))
+}
+
+/// Compiles `--objects` patterns; `*` matches `/` too, since object names are not paths.
+fn selector(patterns: &[String]) -> anyhow::Result<Option<globset::GlobSet>> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let mut set = globset::GlobSetBuilder::new();
+    for pattern in patterns {
+        set.add(globset::GlobBuilder::new(pattern).literal_separator(false).build().with_context(|| format!("--objects {pattern:?}"))?);
+    }
+    Ok(Some(set.build()?))
+}
+
+fn label(object: &format::Object, component: &format::Component) -> String {
+    format!("{:?}.{:?}", object.name, component.role)
+}
+
+/// `--raw`: the output is the file; each component's blob is a unit, so its digest is checked.
+fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> anyhow::Result<Layout> {
+    if !options.objects.is_empty() {
+        bail!("--objects selects objects for a rebuilt file; --raw copies the whole stored file");
+    }
+    let mut units = Vec::new();
+    let mut covered = 0u64;
+    let mut blobs: Vec<(&format::Object, &format::Component)> =
+        manifest.objects.iter().flat_map(|o| o.components.iter().map(move |c| (o, c))).collect();
+    blobs.sort_by_key(|(_, c)| c.offset);
+    for (object, component) in blobs {
+        let blob = component.offset..component.offset + component.stored_length;
+        // Bytes between blobs (header, padding) and zero-length blobs sharing an offset.
+        if covered < blob.start {
+            units.push(Unit { label: "padding".into(), output: covered..blob.start, source: covered..blob.start, digest: None, transform: None, is_component: false });
+        }
+        if !blob.is_empty() && blob.start >= covered {
+            units.push(Unit { label: label(object, component), output: blob.clone(), source: blob.clone(), digest: component.digest, transform: None, is_component: true });
+            covered = blob.end;
+        }
+    }
+    units.push(Unit { label: "manifest".into(), output: covered..source_len, source: covered..source_len, digest: None, transform: None, is_component: false });
+    units.retain(|u| !u.output.is_empty());
+    let objects = manifest.objects.len();
+    Ok(Layout { output_len: source_len, units, local: Vec::new(), objects, fingerprint: "raw".into() })
+}
+
+/// A 1.2 file of the selected objects, each blob copied as stored (legacy big-endian blobs are
+/// decoded to little-endian, since 1.2 has no byte order).
+fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<Layout> {
+    let select = selector(&options.objects)?;
+    let chosen: Vec<&format::Object> = manifest.objects.iter().filter(|o| select.as_ref().is_none_or(|s| s.is_match(&o.name))).collect();
+    if chosen.is_empty() {
+        bail!("no object matches --objects {}", options.objects.join(" "));
+    }
+    let stored_objects: Vec<StoredObject<'_>> = chosen
+        .iter()
+        .map(|object| StoredObject {
+            name: &object.name,
+            shape: &object.shape,
+            format: &object.format,
+            attributes: object.attributes.clone(),
+            components: object
+                .components
+                .iter()
+                .map(|c| {
+                    let swapped = c.byte_order == ByteOrder::Big && c.dtype.width() > 1;
+                    StoredComponent {
+                        role: &c.role,
+                        dtype: c.dtype,
+                        logical_type: c.logical_type.as_deref(),
+                        encoding: if swapped { Encoding::Raw } else { c.encoding },
+                        stored_length: if swapped { c.decoded_length } else { c.stored_length },
+                        decoded_length: c.decoded_length,
+                        // A decoded blob's digest is computed anew, with the same algorithm.
+                        digest: if swapped { None } else { c.digest },
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    let planned = plan(&stored_objects, manifest.attributes.clone()).context("the served model cannot be rewritten as a 1.2 file")?;
+    let mut units = Vec::new();
+    for (object, offsets) in chosen.iter().zip(&planned.offsets) {
+        for (component, &offset) in object.components.iter().zip(offsets) {
+            let swapped = component.byte_order == ByteOrder::Big && component.dtype.width() > 1;
+            let written = if swapped { component.decoded_length } else { component.stored_length };
+            units.push(Unit {
+                label: label(object, component),
+                output: offset..offset + written,
+                source: component.offset..component.offset + component.stored_length,
+                digest: component.digest,
+                transform: swapped.then(|| component.clone()),
+                is_component: true,
+            });
+        }
+    }
+    units.retain(|u| !u.source.is_empty());
+    let mut fingerprint = sha2::Sha256::new();
+    for unit in &units {
+        fingerprint.update(format!("{:?}{:?}{:?}", unit.output, unit.source, unit.digest));
+    }
+    fingerprint.update(&planned.tail);
+    let output_len = planned.tail_offset + planned.tail.len() as u64;
+    let local = vec![(0, V1_MAGIC.to_vec()), (planned.tail_offset, planned.tail)];
+    Ok(Layout { output_len, units, local, objects: chosen.len(), fingerprint: hex::encode(fingerprint.finalize()) })
+}
+
+/// A unit's GETs: chunks of at most `chunk` bytes, or one GET per unit that is decoded whole.
+fn unit_jobs(index: usize, unit: &Unit, chunk: u64) -> Vec<Job> {
+    if unit.transform.is_some() {
+        return vec![Job { source: unit.source.clone(), output: unit.output.clone(), unit: index }];
+    }
+    let mut jobs = Vec::new();
+    let mut at = unit.source.start;
+    while at < unit.source.end {
+        let end = unit.source.end.min(at.saturating_add(chunk));
+        let start = unit.output.start + (at - unit.source.start);
+        jobs.push(Job { source: at..end, output: start..start + (end - at), unit: index });
+        at = end;
+    }
+    jobs
+}
+
+/// Runs the GETs, writes their bytes, journals them, and checks each unit as soon as its
+/// last job lands (on the blocking pool, overlapping the GETs still in flight).
+#[allow(clippy::too_many_arguments)]
+async fn copy_and_verify(
+    remote: &Remote,
+    etag: &str,
+    layout: &Layout,
+    jobs: Vec<Job>,
+    mut pending: Vec<usize>,
+    partial: &Arc<std::fs::File>,
+    journal: &mut Journal,
+    progress: &Progress,
+    options: &PullOptions,
+    report: &mut PullReport,
+) -> anyhow::Result<()> {
+    let units = Arc::new(layout.units.clone());
+    let mut checks = tokio::task::JoinSet::new();
+    let schedule_check = |checks: &mut tokio::task::JoinSet<(usize, anyhow::Result<bool>)>, index: usize| {
+        let (units, partial) = (units.clone(), partial.clone());
+        checks.spawn_blocking(move || (index, check_unit(&partial, &units[index])));
+    };
+    // Units complete from an earlier run are checked too: a partial file is not trusted just
+    // because a journal says it was written.
+    for (index, &count) in pending.iter().enumerate() {
+        if count == 0 {
+            schedule_check(&mut checks, index);
+        }
+    }
+    let mut transfers = futures_util::stream::iter(jobs)
+        .map(|job| {
+            let (remote, partial, units) = (remote.clone(), partial.clone(), units.clone());
+            let etag = etag.to_owned();
+            async move {
+                let bytes = remote.range(job.source.clone(), &etag).await?;
+                let fetched = bytes.len() as u64;
+                let output = job.output.clone();
+                tokio::task::spawn_blocking(move || {
+                    let unit = &units[job.unit];
+                    let written = match &unit.transform {
+                        Some(component) => bytes::Bytes::from(decode_blob(unit, component, &bytes)?),
+                        None => bytes,
+                    };
+                    if written.len() as u64 != output.end - output.start {
+                        bail!("internal error: {} bytes for the {output:?} of {}", written.len(), unit.label);
+                    }
+                    partial.write_all_at(&written, output.start)?;
+                    anyhow::Ok(())
+                })
+                .await??;
+                anyhow::Ok((job, fetched))
+            }
+        })
+        .buffer_unordered(options.concurrency);
+    let mut mismatched = Vec::new();
+    let mut record_check = |(index, verdict): (usize, anyhow::Result<bool>), report: &mut PullReport| -> anyhow::Result<()> {
+        let unit = &layout.units[index];
+        if verdict.with_context(|| format!("cannot read back {}", unit.label))? {
+            report.digests_verified += usize::from(unit.digest.is_some());
+        } else {
+            mismatched.push(index);
+        }
+        Ok(())
+    };
+    loop {
+        tokio::select! {
+            Some(done) = transfers.next() => {
+                let (job, fetched) = done?;
+                journal.record(job.output.clone()).context("cannot append to the pull's journal")?;
+                report.fetched += fetched;
+                progress.advance(job.output.end - job.output.start);
+                pending[job.unit] -= 1;
+                if pending[job.unit] == 0 {
+                    schedule_check(&mut checks, job.unit);
+                }
+            }
+            Some(checked) = checks.join_next() => record_check(checked?, report)?,
+            else => break,
+        }
+    }
+    if !mismatched.is_empty() {
+        // Forgotten, so the next run fetches these again instead of trusting them.
+        for &index in &mismatched {
+            journal.forget(&layout.units[index].output)?;
+        }
+        let names: Vec<_> = mismatched.iter().map(|&i| layout.units[i].label.as_str()).collect();
+        bail!("bytes received do not match their declared digest: {}", names.join(", "));
+    }
+    Ok(())
+}
+
+/// Decodes a legacy big-endian blob to little-endian after checking its stored digest.
+fn decode_blob(unit: &Unit, component: &format::Component, stored: &[u8]) -> anyhow::Result<Vec<u8>> {
+    if let Some(digest) = &unit.digest {
+        let mut hasher = Hasher::for_digest(digest);
+        hasher.update(stored);
+        if hasher.finish() != *digest {
+            bail!(FetchError::Refused(format!("bytes received for {} do not match their declared digest", unit.label)));
+        }
+    }
+    Ok(decode_component(&unit.label, component, stored)?.into_owned())
+}
+
+/// Whether a unit's bytes in the partial file match its digest (true when it has none).
+fn check_unit(partial: &std::fs::File, unit: &Unit) -> anyhow::Result<bool> {
+    // A decoded unit's stored digest was checked before decoding (`decode_blob`).
+    let Some(digest) = unit.digest.filter(|_| unit.transform.is_none()) else { return Ok(true) };
+    let mut hasher = Hasher::for_digest(&digest);
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut at = unit.output.start;
+    while at < unit.output.end {
+        let n = (unit.output.end - at).min(buffer.len() as u64) as usize;
+        partial.read_exact_at(&mut buffer[..n], at)?;
+        hasher.update(&buffer[..n]);
+        at += n as u64;
+    }
+    Ok(hasher.finish() == digest)
+}
+
+/// A bar on a terminal, a line every few seconds elsewhere, or nothing.
+struct Progress {
+    bar: Option<ProgressBar>,
+    lines: Option<std::sync::Mutex<LineState>>,
+    total: u64,
+}
+
+struct LineState {
+    done: u64,
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(mode: ProgressMode, total: u64) -> Progress {
+        let terminal = std::io::stderr().is_terminal();
+        match mode {
+            ProgressMode::Auto if terminal => {
+                let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+                bar.set_style(
+                    ProgressStyle::with_template("{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
+                        .expect("the template is valid"),
+                );
+                Progress { bar: Some(bar), lines: None, total }
+            }
+            ProgressMode::Auto | ProgressMode::Lines => {
+                let now = Instant::now();
+                Progress { bar: None, lines: Some(std::sync::Mutex::new(LineState { done: 0, started: now, last: now })), total }
+            }
+            ProgressMode::Quiet => Progress { bar: None, lines: None, total },
+        }
+    }
+
+    fn advance(&self, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(bytes);
+        }
+        if let Some(lines) = &self.lines {
+            let mut state = lines.lock().expect("progress lock");
+            state.done += bytes;
+            if state.last.elapsed() >= Duration::from_secs(2) {
+                state.last = Instant::now();
+                eprintln!("{}", self.line(&state));
+            }
+        }
+    }
+
+    fn line(&self, state: &LineState) -> String {
+        let seconds = state.started.elapsed().as_secs_f64().max(1e-3);
+        let percent = if self.total == 0 { 100.0 } else { state.done as f64 * 100.0 / self.total as f64 };
+        format!(
+            "pull: {} of {} ({percent:.0}%), {}/s",
+            HumanBytes(state.done),
+            HumanBytes(self.total),
+            HumanBytes((state.done as f64 / seconds) as u64)
+        )
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+        if let Some(lines) = &self.lines {
+            eprintln!("{}", self.line(&lines.lock().expect("progress lock")));
+        }
+    }
+}
+
