@@ -1,0 +1,35 @@
+"""ztserve_client: load tensors from a ztserve server into numpy arrays or torch tensors.
+
+    from ztserve_client import Client
+    weights = Client("http://127.0.0.1:8080").load("demo/dense")
+"""
+
+from ._client import Client
+from ._errors import (
+    BrokenModel,
+    ClientError,
+    DigestMismatch,
+    HTTPError,
+    NotFound,
+    RangeNotSatisfiable,
+    ServerError,
+    TransferError,
+    Unauthorized,
+    Unavailable,
+    ZtserveError,
+)
+
+__all__ = [
+    "Client",
+    "ZtserveError",
+    "HTTPError",
+    "ClientError",
+    "Unauthorized",
+    "NotFound",
+    "RangeNotSatisfiable",
+    "BrokenModel",
+    "ServerError",
+    "Unavailable",
+    "DigestMismatch",
+    "TransferError",
+]

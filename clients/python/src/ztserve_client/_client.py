@@ -1,0 +1,378 @@
+"""The client: JSON routes, concurrent ranged GETs into final buffers, digest checks, and
+assembly into numpy arrays, scipy sparse arrays or torch tensors."""
+
+import hashlib
+import http.client
+import json
+import os
+import random
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import _dtypes
+from ._errors import DigestMismatch, NotFound, TransferError, ZtserveError, error_for
+
+_TRANSIENT = (ConnectionError, TimeoutError, http.client.HTTPException, OSError)
+
+
+def _segment(text):
+    """A model id or object name as one percent-encoded path segment (`/` becomes `%2F`)."""
+    return urllib.parse.quote(text, safe="")
+
+
+class _Connections:
+    """One keep-alive connection per thread, so concurrent GETs never share a socket."""
+
+    def __init__(self, url, timeout):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        self.scheme = parsed.scheme
+        self.host = parsed.hostname
+        self.port = parsed.port
+        self.base = parsed.path.rstrip("/")
+        self.timeout = timeout
+        self.local = threading.local()
+
+    def get(self):
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            conn = cls(self.host, self.port, timeout=self.timeout)
+            self.local.conn = conn
+        return conn
+
+    def drop(self):
+        conn = getattr(self.local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self.local.conn = None
+
+
+class _Component:
+    """One component being fetched: its buffer, its pending chunks and its digest."""
+
+    def __init__(self, obj, meta, buffer):
+        self.object = obj
+        self.meta = meta
+        self.buffer = buffer
+        self.pending = 0
+        self.lock = threading.Lock()
+
+
+class Client:
+    """A ztserve server. `token` defaults to the `ZTSERVE_TOKEN` environment variable."""
+
+    def __init__(self, url, token=None, *, concurrency=8, chunk_size=8 << 20, retries=4, timeout=60.0):
+        if concurrency < 1 or chunk_size < 1:
+            raise ValueError("concurrency and chunk_size must be at least 1")
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else (os.environ.get("ZTSERVE_TOKEN") or None)
+        self.concurrency = concurrency
+        self.chunk_size = chunk_size
+        self.retries = retries
+        self._connections = _Connections(self.url, timeout)
+
+    # ---------------------------------------------------------------- requests
+
+    def _headers(self, extra=None):
+        headers = {"User-Agent": "ztserve-client/0.1"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if extra:
+            headers.update(extra)
+        return headers
+
+    def _request(self, path, headers, on_response):
+        """GET `path` and hand the open response to `on_response`; retries transient failures
+        (connection errors, bodies ended early, 5xx, 408, 429) with exponential backoff."""
+        attempt = 0
+        while True:
+            conn = self._connections.get()
+            try:
+                conn.request("GET", self._connections.base + path, headers=self._headers(headers))
+                response = conn.getresponse()
+                if response.status >= 400:
+                    error = self._error(response, path)
+                    if response.status >= 500 or response.status in (408, 429):
+                        raise _Retry(error, response.getheader("Retry-After"))
+                    raise error
+                result = on_response(response)
+                if response.will_close:
+                    self._connections.drop()
+                return result
+            except _Retry as retry:
+                self._connections.drop()
+                if attempt >= self.retries:
+                    raise retry.error from None
+                self._sleep(attempt, retry.retry_after)
+            except _TRANSIENT as e:
+                self._connections.drop()
+                if attempt >= self.retries:
+                    raise TransferError(f"GET {self.url}{path}: {e} (after {attempt + 1} attempts)") from e
+                self._sleep(attempt, None)
+            except BaseException:
+                self._connections.drop()
+                raise
+            attempt += 1
+
+    @staticmethod
+    def _sleep(attempt, retry_after):
+        delay = min(0.2 * 2**attempt, 10.0) * (1 + random.random() / 2)
+        try:
+            delay = max(delay, min(float(retry_after), 30.0)) if retry_after else delay
+        except ValueError:
+            pass
+        time.sleep(delay)
+
+    def _error(self, response, path):
+        body = response.read(64 << 10)
+        try:
+            error = json.loads(body)["error"]
+            code, message = error["code"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            code, message = "http_error", body[:200].decode("utf-8", "replace").strip() or response.reason
+        return error_for(response.status, code, message, self.url + path)
+
+    def _json(self, path):
+        return self._request(path, None, lambda r: json.loads(r.read()))
+
+    # ---------------------------------------------------------------- JSON routes
+
+    def models(self):
+        """Every model the server lists (for this token): dicts with id, status, size, url, …"""
+        return self._json("/models")["models"]
+
+    def manifest(self, model):
+        """The model's manifest: version, attributes and every object with its components."""
+        return self._json(f"/models/{_segment(model)}")
+
+    # ---------------------------------------------------------------- loading
+
+    def load(self, model, names=None, device="cpu", framework="numpy"):
+        """The model's objects (all, or those in `names`) as a dict name → array or tensor."""
+        if framework not in ("numpy", "torch"):
+            raise ValueError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+        if framework == "numpy" and device != "cpu":
+            raise ValueError("numpy arrays live on the CPU; use framework='torch' for another device")
+        pinned = False
+        if framework == "torch":
+            import torch
+
+            device = torch.device(device)
+            if device.type == "cuda":
+                if not torch.cuda.is_available():
+                    raise ZtserveError(f"device {device} was asked for, but torch sees no CUDA device")
+                pinned = True
+        manifest = self.manifest(model)
+        objects = manifest["objects"]
+        if names is not None:
+            wanted = list(dict.fromkeys(names))
+            by_name = {o["name"]: o for o in objects}
+            missing = [n for n in wanted if n not in by_name]
+            if missing:
+                raise NotFound(404, "object_not_found", f"model {model!r} has no object named {missing[0]!r}", self.url)
+            objects = [by_name[n] for n in wanted]
+        components = self._fetch(model, objects, pinned)
+        result = {}
+        for obj in objects:
+            parts = {c.meta["role"]: c for c in components[obj["name"]]}
+            if framework == "numpy":
+                result[obj["name"]] = _as_numpy(obj, parts)
+            else:
+                result[obj["name"]] = _as_torch(obj, parts, device)
+        if pinned:
+            import torch
+
+            torch.cuda.synchronize(device)
+        return result
+
+    def _fetch(self, model, objects, pinned):
+        """Every component's decoded bytes, each in its own buffer, fetched concurrently."""
+        out = {}
+        tasks = []
+        for obj in objects:
+            out[obj["name"]] = []
+            for meta in obj["components"]:
+                component = _Component(obj, meta, _buffer(meta["decoded_length"], pinned))
+                out[obj["name"]].append(component)
+                path = f"/models/{_segment(model)}/objects/{_segment(obj['name'])}/components/{_segment(meta['role'])}"
+                if meta["encoding"] == "zstd":
+                    component.pending = 1
+                    tasks.append((meta["stored_length"], self._fetch_frame, (component, path)))
+                else:
+                    length = meta["decoded_length"]
+                    spans = [(start, min(start + self.chunk_size, length)) for start in range(0, length, self.chunk_size)]
+                    component.pending = len(spans)
+                    tasks.extend((end - start, self._fetch_range, (component, path, (start, end))) for start, end in spans)
+                    if not spans:
+                        _check(component, component.buffer)
+        # Largest first, so one big component is not left to run alone at the end.
+        tasks.sort(key=lambda task: -task[0])
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ztserve-client") as pool:
+            futures = [pool.submit(function, *args) for _, function, args in tasks]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        return out
+
+    def _fetch_range(self, component, path, span):
+        start, end = span
+        view = memoryview(component.buffer)[start:end]
+
+        def read_into(response):
+            if response.status != 206 or response.getheader("Content-Range", "").split("/")[0] != f"bytes {start}-{end - 1}":
+                raise ZtserveError(f"asked for bytes {start}-{end - 1} of {path}, got {response.status} {response.getheader('Content-Range')}")
+            _read_exactly(response, view)
+
+        self._request(path, {"Range": f"bytes={start}-{end - 1}"}, read_into)
+        with component.lock:
+            component.pending -= 1
+            last = component.pending == 0
+        if last:
+            _check(component, component.buffer)
+
+    def _fetch_frame(self, component, path):
+        """A zstd component: its stored frame, checked against the stored digest, then
+        decompressed into the component's buffer. Legacy big-endian data is not sent as a
+        frame; its decoded bytes arrive instead and are used as they are."""
+        meta = component.meta
+
+        def read(response):
+            if response.getheader("Content-Encoding") == "zstd":
+                frame = bytearray(meta["stored_length"])
+                _read_exactly(response, memoryview(frame))
+                return frame
+            _read_exactly(response, memoryview(component.buffer))
+            return None
+
+        frame = self._request(path, {"Accept-Encoding": "zstd"}, read)
+        if frame is not None:
+            _check(component, frame)
+            _decompress(frame, component, path)
+
+
+class _Retry(Exception):
+    def __init__(self, error, retry_after):
+        self.error = error
+        self.retry_after = retry_after
+
+
+def _buffer(length, pinned):
+    """A writable byte buffer: numpy memory, or page-locked torch memory for a CUDA copy."""
+    if pinned:
+        import torch
+
+        return torch.empty(length, dtype=torch.uint8, pin_memory=True).numpy()
+    return np.empty(length, dtype=np.uint8)
+
+
+def _read_exactly(response, view):
+    got = 0
+    while got < len(view):
+        n = response.readinto(view[got:])
+        if not n:
+            raise http.client.IncompleteRead(bytes(), len(view) - got)
+        got += n
+    # The server promised exactly this many bytes; anything more is a protocol error.
+    if response.read(1):
+        raise ZtserveError(f"the body is longer than the {len(view)} bytes expected")
+
+
+def _check(component, stored):
+    """Checks stored bytes against the component's declared digest (when it declares one)."""
+    digest = component.meta.get("digest")
+    if not digest:
+        return
+    algorithm, _, expected = digest.partition(":")
+    if algorithm == "sha256":
+        found = hashlib.sha256(stored).hexdigest()
+        matches = found == expected.lower()
+    elif algorithm == "crc32c":
+        import crc32c
+
+        found = f"0x{crc32c.crc32c(stored):08X}"
+        matches = int(expected, 16) == int(found, 16)
+    else:
+        raise ZtserveError(f"{component.object['name']!r}.{component.meta['role']!r}: unknown digest algorithm {algorithm!r}")
+    if not matches:
+        raise DigestMismatch(f"{component.object['name']!r}.{component.meta['role']!r}: bytes received hash to {algorithm}:{found}, the manifest declares {digest}")
+
+
+def _decompress(frame, component, path):
+    import zstandard
+
+    out = memoryview(component.buffer)
+    reader = zstandard.ZstdDecompressor().stream_reader(bytes(frame))
+    got = 0
+    while got < len(out):
+        n = reader.readinto(out[got:])
+        if not n:
+            break
+        got += n
+    if got != len(out) or reader.read(1):
+        raise ZtserveError(f"{path}: the zstd frame does not decode to the {len(out)} bytes the manifest declares")
+
+
+# -------------------------------------------------------------------- assembly
+
+
+def _typed(component):
+    meta = component.meta
+    dtype = _dtypes.numpy_dtype(meta["dtype"], meta.get("type"))
+    return component.buffer.view(dtype)
+
+
+def _as_numpy(obj, parts):
+    fmt, shape = obj["format"], tuple(obj["shape"])
+    if fmt == "dense" and set(parts) == {"data"}:
+        return _typed(parts["data"]).reshape(shape)
+    if fmt == "sparse_csr":
+        import scipy.sparse
+
+        indices = _typed(parts["indices"]).astype(np.int64, copy=False)
+        indptr = _typed(parts["indptr"]).astype(np.int64, copy=False)
+        return scipy.sparse.csr_array((_typed(parts["values"]), indices, indptr), shape=shape)
+    if fmt == "sparse_coo":
+        import scipy.sparse
+
+        values = _typed(parts["values"])
+        coords = _typed(parts["coords"]).astype(np.int64, copy=False).reshape(len(shape), values.shape[0])
+        return scipy.sparse.coo_array((values, tuple(coords)), shape=shape)
+    return {role: _typed(c) for role, c in parts.items()}
+
+
+def _torch_tensor(component, device):
+    import torch
+
+    meta = component.meta
+    raw = torch.from_numpy(component.buffer)
+    tensor = raw.view(_dtypes.torch_dtype(meta["dtype"], meta.get("type"))) if raw.numel() else torch.empty(
+        0, dtype=_dtypes.torch_dtype(meta["dtype"], meta.get("type")))
+    return tensor.to(device, non_blocking=True) if device.type != "cpu" else tensor
+
+
+def _as_torch(obj, parts, device):
+    import torch
+
+    fmt, shape = obj["format"], tuple(obj["shape"])
+    if fmt == "dense" and set(parts) == {"data"}:
+        return _torch_tensor(parts["data"], device).reshape(shape)
+    if fmt == "sparse_csr":
+        values = _torch_tensor(parts["values"], device)
+        indices = _torch_tensor(parts["indices"], device).to(torch.int64)
+        indptr = _torch_tensor(parts["indptr"], device).to(torch.int64)
+        return torch.sparse_csr_tensor(indptr, indices, values, size=shape)
+    if fmt == "sparse_coo":
+        values = _torch_tensor(parts["values"], device)
+        coords = _torch_tensor(parts["coords"], device).to(torch.int64).reshape(len(shape), values.shape[0])
+        return torch.sparse_coo_tensor(coords, values, size=shape)
+    return {role: _torch_tensor(c, device) for role, c in parts.items()}

@@ -1,0 +1,60 @@
+"""Typed errors: one class per kind of failure a caller may want to handle differently."""
+
+
+class ZtserveError(Exception):
+    """Base of every error this client raises."""
+
+
+class HTTPError(ZtserveError):
+    """The server answered with a 4xx or 5xx status."""
+
+    def __init__(self, status, code, message, url):
+        self.status = status
+        self.code = code
+        self.message = message
+        self.url = url
+        super().__init__(f"{status} {code}: {message} ({url})")
+
+
+class ClientError(HTTPError):
+    """A 4xx answer not covered by a more specific class."""
+
+
+class Unauthorized(ClientError):
+    """401: no token, or one the server does not accept."""
+
+
+class NotFound(ClientError):
+    """404: no such model, object or component (or not visible to this token)."""
+
+
+class RangeNotSatisfiable(ClientError):
+    """416."""
+
+
+class BrokenModel(ClientError):
+    """422: the model's file breaks the format, or a component fails to decode or to match its digest."""
+
+
+class ServerError(HTTPError):
+    """A 5xx answer not covered by a more specific class."""
+
+
+class Unavailable(ServerError):
+    """503: not ready, the file changed, its source is down, or decoders are busy."""
+
+
+class DigestMismatch(ZtserveError):
+    """Bytes received do not match the digest the manifest declares for them."""
+
+
+class TransferError(ZtserveError):
+    """The connection failed, or a body ended early, after every retry."""
+
+
+_BY_STATUS = {401: Unauthorized, 404: NotFound, 416: RangeNotSatisfiable, 422: BrokenModel, 503: Unavailable}
+
+
+def error_for(status, code, message, url):
+    cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ClientError)
+    return cls(status, code, message, url)
