@@ -370,9 +370,9 @@ def _as_torch(obj, parts, device):
         values = _torch_tensor(parts["values"], device)
         indices = _torch_tensor(parts["indices"], device).to(torch.int64)
         indptr = _torch_tensor(parts["indptr"], device).to(torch.int64)
-        return torch.sparse_csr_tensor(indptr, indices, values, size=shape)
+        return torch.sparse_csr_tensor(indptr, indices, values, size=shape, check_invariants=True)
     if fmt == "sparse_coo":
         values = _torch_tensor(parts["values"], device)
         coords = _torch_tensor(parts["coords"], device).to(torch.int64).reshape(len(shape), values.shape[0])
-        return torch.sparse_coo_tensor(coords, values, size=shape)
+        return torch.sparse_coo_tensor(coords, values, size=shape, check_invariants=True)
     return {role: _torch_tensor(c, device) for role, c in parts.items()}

@@ -1,0 +1,146 @@
+"""Live ztserve servers for the client tests: the binary from ZTSERVE_BIN (scripts/test builds
+it), on 127.0.0.1 ports of their own, over a models directory made here: the repository's
+demo models, a file written by the official ztensor==1.2.3 package (this venv's ztensor),
+a larger model for multi-range transfers, and a copy with one byte flipped under a digest."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+TOKEN = "client-tests-token-0123456789"
+
+
+def binary():
+    path = Path(os.environ.get("ZTSERVE_BIN", REPO / "target" / "debug" / "ztserve"))
+    if not path.exists():
+        raise RuntimeError(f"{path} does not exist: build it (cargo build) or set ZTSERVE_BIN")
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, models, env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(models.parent / f"server-{self.port}.log", "w+b")
+        self.process = subprocess.Popen(
+            [str(binary()), "serve", "--source", str(models), "--listen", f"127.0.0.1:{self.port}"],
+            # Only the settings given here: ZTSERVE_* from the caller (ZTSERVE_VENVS, say) are not server keys.
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("ZTSERVE_")}, **(env or {})},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                self.log.seek(0)
+                raise RuntimeError(f"ztserve did not become ready:\n{self.log.read().decode(errors='replace')}")
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=15)
+        self.log.close()
+
+
+def write_official(directory):
+    """official.zt from tests/interop/official.py under this venv's ztensor (1.2.3)."""
+    scratch = directory.parent / "official-write"
+    scratch.mkdir()
+    subprocess.run([sys.executable, str(REPO / "tests" / "interop" / "official.py"), "write", str(scratch)], check=True)
+    shutil.copy(scratch / "official.zt", directory / "official.zt")
+
+
+def write_large(path):
+    """Several megabytes across dtypes, written by the official package with both digests."""
+    import ztensor
+
+    rng = np.random.default_rng(8)
+    w = ztensor.Writer(str(path))
+    w.write_numpy("big.f32", rng.standard_normal((512, 1024)).astype(np.float32), checksum="sha256")
+    w.write_numpy("big.i16", rng.integers(-999, 999, size=(300_001,), dtype=np.int16), checksum="crc32c")
+    w.write_numpy("big.zstd", np.repeat(np.arange(4096, dtype=np.float64), 64), compress=True, checksum="sha256")
+    w.write_numpy("small", np.arange(3, dtype=np.uint8))
+    w.finish()
+
+
+def corrupt(source, target):
+    """A copy of `source` with one byte of its first sha256-digested raw blob flipped."""
+    import json
+
+    out = subprocess.run([str(binary()), "inspect", "--json", str(source)], check=True, capture_output=True).stdout
+    manifest = json.loads(out)
+    for obj in manifest["objects"]:
+        for c in obj["components"]:
+            if c["encoding"] == "raw" and (c["digest"] or "").startswith("sha256") and c["stored_length"] > 0:
+                data = bytearray(source.read_bytes())
+                data[c["offset"]] ^= 0xFF
+                target.write_bytes(bytes(data))
+                return obj["name"]
+    raise RuntimeError("no sha256 raw blob to corrupt")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("client")
+    directory = root / "models"
+    (directory / "demo").mkdir(parents=True)
+    for name in ("dense.zt", "structured.zt"):
+        shutil.copy(REPO / "models" / "demo" / name, directory / "demo" / name)
+    write_official(directory)
+    write_large(directory / "large.zt")
+    bad = root / "bad"
+    bad.mkdir()
+    corrupted = corrupt(directory / "large.zt", bad / "large.zt")
+    return {"dir": directory, "bad_dir": bad, "corrupted_object": corrupted}
+
+
+@pytest.fixture(scope="session")
+def server(models):
+    s = Server(models["dir"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def token_server(models):
+    s = Server(models["dir"], env={"ZTSERVE_TOKENS": TOKEN})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def trusting_server(models):
+    """Serves the corrupted copy without checking digests itself, so only the client can."""
+    s = Server(models["bad_dir"], env={"ZTSERVE_VERIFY": "never"})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def checking_server(models):
+    s = Server(models["bad_dir"], env={"ZTSERVE_VERIFY": "always"})
+    yield s
+    s.stop()

@@ -1,0 +1,192 @@
+"""ztserve_client against live servers (conftest.py): listings, manifests, every format and
+dtype, equality with what the official ztensor==1.2.3 package reads from the same local file,
+multi-range transfers, digest checks, typed errors, tokens, and `ztserve pull` interop."""
+
+import subprocess
+
+import numpy as np
+import pytest
+import scipy.sparse
+import ztensor
+
+import ztserve_client
+from ztserve_client import Client
+
+from conftest import TOKEN, binary
+
+
+def official_components(path):
+    """Every object of a local file as the official package reads it: name → {role: 1-D
+    ndarray of the component's dtype}. Per component, because 1.2.3's `Reader.read` fails on
+    its own complex64 objects (it reshapes the f32 blob, twice the elements, to the logical
+    shape); `_read_component_raw` is the read beneath it, pinned with the release."""
+    reader = ztensor.Reader(str(path))
+    out = {}
+    for name in reader.keys():
+        meta = reader._inner._get_metadata(name)
+        out[name] = {}
+        for role in meta["components"]:
+            buf, dtype = reader._inner._read_component_raw(name, role)
+            out[name][role] = ztensor.Reader._buf_to_numpy(buf, dtype, [], False)
+    return out
+
+
+def assert_same_bytes(ours, theirs, what):
+    assert np.ascontiguousarray(ours).tobytes() == np.ascontiguousarray(theirs).tobytes(), what
+
+
+def assert_loaded_equals_official(loaded, manifest, official):
+    assert set(loaded) == set(official), "object names differ from ztensor 1.2.3's"
+    for obj in manifest["objects"]:
+        name, fmt = obj["name"], obj["format"]
+        ours, theirs = loaded[name], official[name]
+        if fmt == "dense":
+            assert ours.shape == tuple(obj["shape"]), name
+            assert_same_bytes(ours, theirs["data"], name)
+            if obj["components"][0]["type"] is None:
+                assert ours.dtype == theirs["data"].dtype, f"{name}: {ours.dtype} against {theirs['data'].dtype}"
+        elif fmt == "sparse_csr":
+            assert isinstance(ours, scipy.sparse.csr_array) and ours.shape == tuple(obj["shape"])
+            assert_same_bytes(ours.data, theirs["values"], name)
+            assert_same_bytes(ours.indices.astype(np.uint64), theirs["indices"], name)
+            assert_same_bytes(ours.indptr.astype(np.uint64), theirs["indptr"], name)
+        elif fmt == "sparse_coo":
+            assert isinstance(ours, scipy.sparse.coo_array) and ours.shape == tuple(obj["shape"])
+            assert_same_bytes(ours.data, theirs["values"], name)
+            assert_same_bytes(np.concatenate(ours.coords).astype(np.uint64), theirs["coords"], name)
+        else:
+            assert set(ours) == set(theirs), name
+            for role in ours:
+                assert_same_bytes(ours[role], theirs[role], f"{name}.{role}")
+
+
+def test_models_and_manifest(server):
+    client = Client(server.url)
+    ids = {m["id"]: m for m in client.models()}
+    assert {"demo/dense", "demo/structured", "official", "large"} <= set(ids)
+    assert all(m["status"] == "ok" for m in ids.values())
+    manifest = client.manifest("demo/dense")
+    assert manifest["id"] == "demo/dense" and len(manifest["objects"]) == 7
+
+
+def test_an_official_1_2_3_file_loads_equal_to_what_ztensor_1_2_3_reads_locally(server, models):
+    client = Client(server.url)
+    loaded = client.load("official")
+    assert_loaded_equals_official(loaded, client.manifest("official"), official_components(models["dir"] / "official.zt"))
+    # The right dtypes, not just the right bytes.
+    assert loaded["bf16"].dtype.name == "bfloat16"
+    assert loaded["fp8"].dtype.name == "float8_e4m3fn"
+    assert loaded["complex"].dtype == np.complex64 and loaded["complex"].shape == (4,)
+    # 1.2.3's write_numpy stores a 0-d array as shape [1]; Writer.write keeps [] (NOTES.md).
+    assert loaded["scalar"].shape == (1,) and loaded["scalar.0d"].shape == ()
+    assert loaded["empty"].shape == (0, 4)
+    assert set(loaded["quant"]) == {"packed_weight", "scales", "zeros"}
+
+
+def test_many_ranges_per_component_assemble_exactly(server, models):
+    expected = official_components(models["dir"] / "large.zt")
+    for concurrency, chunk in [(1, 1 << 20), (8, 65_536), (3, 4_099)]:
+        client = Client(server.url, concurrency=concurrency, chunk_size=chunk)
+        loaded = client.load("large")
+        for name, array in loaded.items():
+            assert_same_bytes(array, expected[name]["data"], f"{name} at chunk {chunk}")
+        assert loaded["big.f32"].shape == (512, 1024) and loaded["big.f32"].dtype == np.float32
+
+
+def test_names_select_objects_and_an_unknown_name_is_not_found(server):
+    client = Client(server.url)
+    loaded = client.load("demo/dense", names=["scale", "embed.weight"])
+    assert list(loaded) == ["scale", "embed.weight"]
+    assert loaded["scale"] == 2.5
+    with pytest.raises(ztserve_client.NotFound):
+        client.load("demo/dense", names=["no such object"])
+
+
+def test_structured_formats(server):
+    loaded = Client(server.url).load("demo/structured")
+    csr = loaded["adjacency"]
+    assert isinstance(csr, scipy.sparse.csr_array) and csr.shape == (8, 8)
+    assert csr.toarray()[7, 5] == 6.0 and csr.nnz == 6
+    coo = loaded["points"]
+    assert isinstance(coo, scipy.sparse.coo_array) and coo.shape == (4, 5, 6)
+    assert list(coo.data) == [10, 20, 30]
+    assert isinstance(loaded["layers.0.q_proj"], dict)
+    assert loaded["vendor/lookup table ü %?#"]["table"].tolist() == list(range(256))
+
+
+def test_torch_tensors_equal_the_numpy_arrays(server):
+    torch = pytest.importorskip("torch", reason="torch is installed by scripts/python-env; missing means a broken venv")
+    client = Client(server.url)
+    as_numpy = client.load("official")
+    as_torch = client.load("official", framework="torch")
+    for name, array in as_numpy.items():
+        tensor = as_torch[name]
+        if isinstance(array, np.ndarray):
+            assert tuple(tensor.shape) == array.shape, name
+            assert tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() == array.tobytes(), name
+        elif isinstance(array, dict):
+            for role in array:
+                assert tensor[role].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() == array[role].tobytes(), f"{name}.{role}"
+        else:
+            assert np.array_equal(tensor.to_dense().numpy(), array.toarray()), name
+    assert as_torch["bf16"].dtype == torch.bfloat16
+    assert as_torch["fp8"].dtype == torch.float8_e4m3fn
+    assert as_torch["csr"].layout == torch.sparse_csr and as_torch["coo"].layout == torch.sparse_coo
+
+
+def test_cuda_without_a_cuda_device_is_an_error_not_a_fallback(server):
+    torch = pytest.importorskip("torch", reason="torch is installed by scripts/python-env; missing means a broken venv")
+    if torch.cuda.is_available():
+        loaded = Client(server.url).load("demo/dense", framework="torch", device="cuda")
+        assert all(t.is_cuda for t in loaded.values())
+        return
+    with pytest.raises(ztserve_client.ZtserveError, match="CUDA"):
+        Client(server.url).load("demo/dense", framework="torch", device="cuda")
+    with pytest.raises(ValueError):
+        Client(server.url).load("demo/dense", device="cuda")
+
+
+def test_bytes_that_miss_their_digest_raise_digest_mismatch(trusting_server, models):
+    with pytest.raises(ztserve_client.DigestMismatch, match="sha256"):
+        Client(trusting_server.url).load("large", names=[models["corrupted_object"]])
+    # The other objects of the same file still load.
+    assert Client(trusting_server.url).load("large", names=["small"])["small"].tolist() == [0, 1, 2]
+
+
+def test_a_server_that_checks_digests_answers_a_typed_422(checking_server, models):
+    with pytest.raises(ztserve_client.BrokenModel) as caught:
+        Client(checking_server.url, retries=0).load("large", names=[models["corrupted_object"]])
+    assert caught.value.status == 422 and caught.value.code == "invalid_component"
+
+
+def test_errors_are_typed(server, token_server):
+    with pytest.raises(ztserve_client.NotFound) as caught:
+        Client(server.url).manifest("no/such/model")
+    assert caught.value.status == 404 and caught.value.code == "model_not_found"
+    with pytest.raises(ztserve_client.Unauthorized):
+        Client(token_server.url, token="").models()
+    with pytest.raises(ztserve_client.Unauthorized):
+        Client(token_server.url, token="wrong-token-wrong-token").models()
+    assert Client(token_server.url, token=TOKEN).load("demo/dense", names=["scale"])["scale"] == 2.5
+    # Nothing listens here: retried, then a TransferError.
+    with pytest.raises(ztserve_client.TransferError):
+        Client("http://127.0.0.1:9", retries=1).models()
+
+
+def test_the_token_comes_from_the_environment(token_server, monkeypatch):
+    monkeypatch.setenv("ZTSERVE_TOKEN", TOKEN)
+    assert {m["id"] for m in Client(token_server.url).models()} >= {"official"}
+
+
+def test_a_pulled_official_file_reads_identically_through_ztensor_1_2_3(server, models, tmp_path):
+    source = models["dir"] / "official.zt"
+    for extra, out in [([], tmp_path / "rebuilt.zt"), (["--raw"], tmp_path / "raw.zt")]:
+        subprocess.run([str(binary()), "pull", "--progress", "none", *extra, f"{server.url}/models/official", str(out)], check=True)
+        theirs, pulled = official_components(source), official_components(out)
+        assert set(theirs) == set(pulled)
+        for name in theirs:
+            assert set(theirs[name]) == set(pulled[name]), name
+            for role in theirs[name]:
+                assert_same_bytes(pulled[name][role], theirs[name][role], f"{out.name}: {name}.{role}")
+            assert ztensor.Reader(str(out)).metadata(name).shape == ztensor.Reader(str(source)).metadata(name).shape
+    assert (tmp_path / "raw.zt").read_bytes() == source.read_bytes()
