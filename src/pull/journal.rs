@@ -57,6 +57,25 @@ impl Journal {
         self.done.get(at).is_some_and(|r| r.start <= range.start && range.end <= r.end)
     }
 
+    /// The parts of `range` not yet written, in order.
+    pub fn missing(&self, range: &Range<u64>) -> Vec<Range<u64>> {
+        let mut out = Vec::new();
+        let mut at = range.start;
+        for done in &self.done[self.done.partition_point(|r| r.end <= range.start)..] {
+            if done.start >= range.end {
+                break;
+            }
+            if done.start > at {
+                out.push(at..done.start);
+            }
+            at = at.max(done.end);
+        }
+        if at < range.end {
+            out.push(at..range.end);
+        }
+        out
+    }
+
     /// Records `range` as written.
     pub fn record(&mut self, range: Range<u64>) -> std::io::Result<()> {
         writeln!(self.file, "{} {}", range.start, range.end)?;
@@ -166,6 +185,9 @@ mod tests {
         assert!(!journal.covers(&(240..260)));
         assert!(journal.covers(&(260..300)));
         assert!(!journal.covers(&(300..301)));
+        assert_eq!(journal.missing(&(0..400)), vec![250..260, 300..400]);
+        assert_eq!(journal.missing(&(255..270)), vec![255..260]);
+        assert_eq!(journal.missing(&(0..100)), vec![]);
 
         let other = Identity { etag: "\"2\"".into(), ..identity() };
         let (journal, kept) = Journal::open(&path, &other).unwrap();

@@ -173,15 +173,13 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     let mut jobs = Vec::new();
     let mut pending: Vec<usize> = vec![0; layout.units.len()];
     for (index, unit) in layout.units.iter().enumerate() {
-        for job in unit_jobs(index, unit, options.chunk_bytes) {
-            if journal.covers(&job.output) {
-                report.resumed += job.output.end - job.output.start;
-                progress.advance(job.output.end - job.output.start);
-            } else {
-                pending[index] += 1;
-                jobs.push(job);
-            }
-        }
+        let unit_jobs = unit_jobs(index, unit, &journal, options.chunk_bytes);
+        let missing: u64 = unit_jobs.iter().map(|j| j.output.end - j.output.start).sum();
+        let kept = (unit.output.end - unit.output.start) - missing;
+        report.resumed += kept;
+        progress.advance(kept);
+        pending[index] = unit_jobs.len();
+        jobs.extend(unit_jobs);
     }
 
     let outcome = copy_and_verify(&remote, &probe_etag, &layout, jobs, pending, &partial, &mut journal, &progress, options, &mut report).await;
@@ -326,18 +324,21 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
     Ok(Layout { output_len, units, local, objects: chosen.len(), fingerprint: hex::encode(fingerprint.finalize()) })
 }
 
-/// A unit's GETs: chunks of at most `chunk` bytes, or one GET per unit that is decoded whole.
-fn unit_jobs(index: usize, unit: &Unit, chunk: u64) -> Vec<Job> {
+/// A unit's GETs for what the journal lacks: chunks of at most `chunk` bytes, or one GET for
+/// a unit that is decoded whole (and so is either complete or fetched again).
+fn unit_jobs(index: usize, unit: &Unit, journal: &Journal, chunk: u64) -> Vec<Job> {
     if unit.transform.is_some() {
-        return vec![Job { source: unit.source.clone(), output: unit.output.clone(), unit: index }];
+        return if journal.covers(&unit.output) { Vec::new() } else { vec![Job { source: unit.source.clone(), output: unit.output.clone(), unit: index }] };
     }
     let mut jobs = Vec::new();
-    let mut at = unit.source.start;
-    while at < unit.source.end {
-        let end = unit.source.end.min(at.saturating_add(chunk));
-        let start = unit.output.start + (at - unit.source.start);
-        jobs.push(Job { source: at..end, output: start..start + (end - at), unit: index });
-        at = end;
+    for missing in journal.missing(&unit.output) {
+        let mut at = missing.start;
+        while at < missing.end {
+            let end = missing.end.min(at.saturating_add(chunk));
+            let source = unit.source.start + (at - unit.output.start);
+            jobs.push(Job { source: source..source + (end - at), output: at..end, unit: index });
+            at = end;
+        }
     }
     jobs
 }

@@ -1,0 +1,250 @@
+//! `ztserve pull` against a real server (the binary, on 127.0.0.1): rebuilt and raw copies
+//! byte for byte, legacy big-endian data, `--objects`, resume after a kill, a model replaced
+//! between runs, digest mismatches, tokens, and retries while the server is not up yet.
+//! Interop of pulled files with the official ztensor==1.2.3 reader is in the Python client's
+//! tests (clients/python/tests), which run in the same `scripts/test`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{cbor, legacy_file, map, model, noise, start_binary, text, uint, RunningServer};
+use ztserve::format::{parse_file, DType, Limits, Value};
+
+fn serve(dir: &Path, envs: &[(&str, &str)]) -> RunningServer {
+    start_binary(&["serve", "--source", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"], envs)
+}
+
+fn pull_command(address: &str, model: &str, out: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ztserve"));
+    command.args(["pull", "--progress", "none"]).args(extra).arg(format!("http://{address}/models/{model}")).arg(out);
+    command.env_remove("ZTSERVE_TOKEN");
+    command
+}
+
+fn pull(address: &str, model: &str, out: &Path, extra: &[&str]) -> Output {
+    pull_command(address, model, out, extra).output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn succeeded(output: &Output) -> String {
+    let text = stderr(output);
+    assert!(output.status.success(), "pull failed: {text}");
+    text
+}
+
+/// The `N fetched` and `N kept` figures of a pull's summary line.
+fn figures(summary: &str) -> (u64, u64) {
+    let number_before = |word: &str| -> u64 {
+        summary.split(word).next().and_then(|s| s.split_whitespace().last()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    (number_before(" fetched"), if summary.contains(" kept from") { number_before(" kept from") } else { 0 })
+}
+
+fn big_model(seed: u64) -> Vec<u8> {
+    let a = noise(3 << 20, seed);
+    let b = noise(5 << 20, seed + 1);
+    let c: Vec<u8> = (0..1u32 << 18).flat_map(|i| (i / 7).to_le_bytes()).collect();
+    model(&[("a", DType::U8, &a, false), ("b.weight", DType::F32, &b, false), ("c", DType::U32, &c, true)])
+}
+
+fn partials(out: &Path) -> (PathBuf, PathBuf) {
+    ztserve::pull::journal::partial_paths(out)
+}
+
+#[test]
+fn a_pull_rebuilds_the_served_file_byte_for_byte_and_raw_copies_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(models.join("demo")).unwrap();
+    let big = big_model(1);
+    std::fs::write(models.join("big.zt"), &big).unwrap();
+    for name in ["dense.zt", "structured.zt"] {
+        std::fs::copy(Path::new("models/demo").join(name), models.join("demo").join(name)).unwrap();
+    }
+    let server = serve(&models, &[]);
+    let out = dir.path().join("out.zt");
+    // Our writer made these files, so a rebuild lays them out exactly as they are.
+    for (id, original) in [("big", big.clone()), ("demo%2Fstructured", std::fs::read("models/demo/structured.zt").unwrap()), ("demo/dense", std::fs::read("models/demo/dense.zt").unwrap())] {
+        for extra in [&[][..], &["--raw"][..], &["--concurrency", "3", "--chunk-size", "100000"][..]] {
+            let summary = succeeded(&pull(&server.address, id, &out, extra));
+            assert!(std::fs::read(&out).unwrap() == original, "{id} {extra:?}: the pulled file differs from the served one");
+            assert!(!partials(&out).0.exists() && !partials(&out).1.exists(), "the partial file and journal are removed");
+            assert!(summary.contains("digests verified"), "{summary}");
+        }
+    }
+    let summary = succeeded(&pull(&server.address, "big", &out, &[]));
+    assert!(summary.contains("3 digests verified"), "{summary}");
+}
+
+#[test]
+fn objects_select_a_subset_and_a_pattern_matching_nothing_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy("models/demo/dense.zt", dir.path().join("dense.zt")).unwrap();
+    let server = serve(dir.path(), &[]);
+    let out = dir.path().join("subset.zt");
+    succeeded(&pull(&server.address, "dense", &out, &["--objects", "*.weight", "--objects", "scale"]));
+    let file = std::fs::read(&out).unwrap();
+    let manifest = parse_file(&file, &Limits::default()).unwrap();
+    let names: Vec<_> = manifest.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["embed.weight", "scale", "head.weight", "fp8.weight"]);
+    assert!(ztserve::cli::verify_bytes(&file, &Limits::default()).is_valid());
+    assert!(manifest.attributes.is_some(), "file attributes are kept");
+
+    let failed = pull(&server.address, "dense", &dir.path().join("none.zt"), &["--objects", "nothing*"]);
+    assert!(!failed.status.success() && stderr(&failed).contains("no object matches"), "{}", stderr(&failed));
+    assert!(!dir.path().join("none.zt").exists());
+}
+
+#[test]
+fn legacy_big_endian_data_is_rebuilt_little_endian() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = vec![0u8; 56];
+    data.extend_from_slice(&[0x00, 0x00, 0x01, 0x02, 0xAA, 0xBB, 0xCC, 0xDD]);
+    let entry = |name: &str, endianness: &str| {
+        map(vec![
+            ("name", text(name)),
+            ("offset", uint(64)),
+            ("size", uint(8)),
+            ("dtype", text("int32")),
+            ("shape", Value::Array(vec![uint(2)])),
+            ("encoding", text("raw")),
+            ("data_endianness", text(endianness)),
+        ])
+    };
+    let index = Value::Array(vec![entry("be", "big"), entry("le", "little")]);
+    std::fs::write(dir.path().join("old.zt"), legacy_file(&data, &cbor(&index))).unwrap();
+    let server = serve(dir.path(), &[]);
+    let out = dir.path().join("new.zt");
+    succeeded(&pull(&server.address, "old", &out, &[]));
+    let file = std::fs::read(&out).unwrap();
+    let manifest = parse_file(&file, &Limits::default()).unwrap();
+    assert_eq!(manifest.version.as_deref(), Some("1.2.0"));
+    let bytes = |name: &str| {
+        let c = manifest.object(name).unwrap().component("data").unwrap();
+        file[c.offset as usize..(c.offset + c.stored_length) as usize].to_vec()
+    };
+    assert_eq!(bytes("be"), [0x02, 0x01, 0x00, 0x00, 0xDD, 0xCC, 0xBB, 0xAA]);
+    assert_eq!(bytes("le"), [0x00, 0x00, 0x01, 0x02, 0xAA, 0xBB, 0xCC, 0xDD]);
+}
+
+/// Starts a slow pull (one connection, 16 KiB GETs) and kills it once its journal records
+/// `lines` ranges.
+fn kill_mid_pull(address: &str, model: &str, out: &Path, lines: usize) {
+    let mut child = pull_command(address, model, out, &["--concurrency", "1", "--chunk-size", "16K"]).spawn().unwrap();
+    let journal = partials(out).1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let recorded = std::fs::read_to_string(&journal).map(|t| t.lines().count()).unwrap_or(0);
+        if recorded > lines {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the pull ended before it could be interrupted");
+        assert!(Instant::now() < deadline, "the pull made no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.exists(), "an interrupted pull leaves no output");
+}
+
+#[test]
+fn a_second_run_after_a_kill_fetches_only_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = big_model(2);
+    std::fs::write(dir.path().join("big.zt"), &big).unwrap();
+    let server = serve(dir.path(), &[]);
+    let out = dir.path().join("big.zt.out");
+    kill_mid_pull(&server.address, "big", &out, 40);
+    let summary = succeeded(&pull(&server.address, "big", &out, &[]));
+    let (fetched, kept) = figures(&summary);
+    assert!(kept >= 40 * 16 * 1024, "at least the journaled ranges are kept: {summary}");
+    let blobs: u64 = {
+        let m = parse_file(&big, &Limits::default()).unwrap();
+        m.objects.iter().flat_map(|o| &o.components).map(|c| c.stored_length).sum()
+    };
+    assert_eq!(fetched + kept, blobs, "every blob byte is fetched once across the two runs: {summary}");
+    assert!(std::fs::read(&out).unwrap() == big);
+}
+
+#[test]
+fn a_model_replaced_between_runs_is_pulled_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.zt");
+    std::fs::write(&path, big_model(3)).unwrap();
+    let server = serve(dir.path(), &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")]);
+    let out = dir.path().join("big.zt.out");
+    kill_mid_pull(&server.address, "big", &out, 10);
+    let etag = || common::request(&server.address, "/models/big/file", &[("Range", "bytes=0-0")]).header("etag").map(str::to_owned);
+    let before = etag();
+    let replacement = big_model(4);
+    let staged = dir.path().join("big.zt.new");
+    std::fs::write(&staged, &replacement).unwrap();
+    std::fs::rename(&staged, &path).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while etag() == before {
+        assert!(Instant::now() < deadline, "the server never picked up the replacement");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let summary = succeeded(&pull(&server.address, "big", &out, &[]));
+    assert!(!summary.contains("kept from"), "nothing of the old version is kept: {summary}");
+    assert!(std::fs::read(&out).unwrap() == replacement);
+}
+
+#[test]
+fn bytes_that_miss_their_digest_fail_the_pull_and_leave_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = big_model(5);
+    let manifest = parse_file(&file, &Limits::default()).unwrap();
+    let blob = manifest.object("b.weight").unwrap().component("data").unwrap().offset as usize;
+    file[blob + 1000] ^= 0x40;
+    std::fs::write(dir.path().join("bad.zt"), &file).unwrap();
+    // The server is told not to check, so only the pull can notice.
+    let server = serve(dir.path(), &[("ZTSERVE_VERIFY", "never")]);
+    for extra in [&[][..], &["--raw"][..]] {
+        let out = dir.path().join("bad.out");
+        let failed = pull(&server.address, "bad", &out, extra);
+        let text = stderr(&failed);
+        assert_eq!(failed.status.code(), Some(1), "{text}");
+        assert!(text.contains("do not match their declared digest") && text.contains("b.weight"), "{text}");
+        assert!(!out.exists(), "{extra:?}: no output from a failed pull");
+    }
+}
+
+#[test]
+fn the_bearer_token_comes_from_ztserve_token() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy("models/demo/dense.zt", dir.path().join("dense.zt")).unwrap();
+    let token = "pull-test-token-0123456789";
+    let server = serve(dir.path(), &[("ZTSERVE_TOKENS", token)]);
+    let out = dir.path().join("out.zt");
+    let refused = pull(&server.address, "dense", &out, &[]);
+    assert!(!refused.status.success() && stderr(&refused).contains("401") && stderr(&refused).contains("ZTSERVE_TOKEN"), "{}", stderr(&refused));
+    let allowed = pull_command(&server.address, "dense", &out, &[]).env("ZTSERVE_TOKEN", token).output().unwrap();
+    succeeded(&allowed);
+    assert!(std::fs::read(&out).unwrap() == std::fs::read("models/demo/dense.zt").unwrap());
+}
+
+#[test]
+fn a_server_that_is_not_up_yet_is_retried_with_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy("models/demo/dense.zt", dir.path().join("dense.zt")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    let out = dir.path().join("out.zt");
+    let child = pull_command(&address, "dense", &out, &["--retries", "8"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _server = start_binary(&["serve", "--source", dir.path().to_str().unwrap(), "--listen", &address], &[]);
+    let output = child.wait_with_output().unwrap();
+    succeeded(&output);
+    assert!(std::fs::read(&out).unwrap() == std::fs::read("models/demo/dense.zt").unwrap());
+
+    // With no retries, the refusal is reported at once.
+    let failed = pull(&format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()), "dense", &out, &["--retries", "0"]);
+    assert!(!failed.status.success(), "{}", stderr(&failed));
+}
