@@ -19,6 +19,9 @@
 //! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
+//! - [`pull`]: `ztserve pull`, the client side: a served model copied to a local file by
+//!   parallel ranged GETs bound to one ETag, journaled for resume, digest-checked, renamed into
+//!   place only when complete (rebuilt through `format::write::plan`, or `--raw`).
 
 pub mod catalog;
 pub mod cli;
