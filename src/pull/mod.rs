@@ -22,11 +22,11 @@ use futures_util::StreamExt;
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::Digest as _;
 
-use crate::format::decode::{decode_component, Hasher};
+use crate::format::decode::{decode_component, verify_digest, Hasher};
 use crate::format::write::{plan, StoredComponent, StoredObject};
 use crate::format::{self, ByteOrder, Container, Digest, Encoding, Limits, Manifest, V1_MAGIC};
 use journal::{Identity, Journal};
-use remote::{FetchError, Remote, RetryPolicy};
+use remote::{Remote, RetryPolicy};
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +112,9 @@ struct Unit {
     output: Range<u64>,
     source: Range<u64>,
     digest: Option<Digest>,
-    /// Set for components whose stored bytes must be decoded before they are written.
-    transform: Option<format::Component>,
+    /// Set (object name, component) for blobs whose stored bytes must be decoded before they
+    /// are written.
+    transform: Option<(String, format::Component)>,
     /// False for the spans of a raw copy between blobs (header, padding, manifest).
     is_component: bool,
 }
@@ -282,7 +283,7 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
                 .components
                 .iter()
                 .map(|c| {
-                    let swapped = c.byte_order == ByteOrder::Big && c.dtype.width() > 1;
+                    let swapped = needs_byte_swap(c);
                     StoredComponent {
                         role: &c.role,
                         dtype: c.dtype,
@@ -301,14 +302,14 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
     let mut units = Vec::new();
     for (object, offsets) in chosen.iter().zip(&planned.offsets) {
         for (component, &offset) in object.components.iter().zip(offsets) {
-            let swapped = component.byte_order == ByteOrder::Big && component.dtype.width() > 1;
+            let swapped = needs_byte_swap(component);
             let written = if swapped { component.decoded_length } else { component.stored_length };
             units.push(Unit {
                 label: label(object, component),
                 output: offset..offset + written,
                 source: component.offset..component.offset + component.stored_length,
                 digest: component.digest,
-                transform: swapped.then(|| component.clone()),
+                transform: swapped.then(|| (object.name.clone(), component.clone())),
                 is_component: true,
             });
         }
@@ -382,7 +383,7 @@ async fn copy_and_verify(
                 tokio::task::spawn_blocking(move || {
                     let unit = &units[job.unit];
                     let written = match &unit.transform {
-                        Some(component) => bytes::Bytes::from(decode_blob(unit, component, &bytes)?),
+                        Some((object, component)) => bytes::Bytes::from(decode_blob(object, component, &bytes)?),
                         None => bytes,
                     };
                     if written.len() as u64 != output.end - output.start {
@@ -434,15 +435,14 @@ async fn copy_and_verify(
 }
 
 /// Decodes a legacy big-endian blob to little-endian after checking its stored digest.
-fn decode_blob(unit: &Unit, component: &format::Component, stored: &[u8]) -> anyhow::Result<Vec<u8>> {
-    if let Some(digest) = &unit.digest {
-        let mut hasher = Hasher::for_digest(digest);
-        hasher.update(stored);
-        if hasher.finish() != *digest {
-            bail!(FetchError::Refused(format!("bytes received for {} do not match their declared digest", unit.label)));
-        }
-    }
-    Ok(decode_component(&unit.label, component, stored)?.into_owned())
+fn decode_blob(object: &str, component: &format::Component, stored: &[u8]) -> anyhow::Result<Vec<u8>> {
+    verify_digest(object, component, stored)?;
+    Ok(decode_component(object, component, stored)?.into_owned())
+}
+
+/// Legacy big-endian data wider than a byte: 1.2 has no byte order, so it is rebuilt decoded.
+fn needs_byte_swap(component: &format::Component) -> bool {
+    component.byte_order == ByteOrder::Big && component.dtype.width() > 1
 }
 
 /// Whether a unit's bytes in the partial file match its digest (true when it has none).

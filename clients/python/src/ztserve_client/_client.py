@@ -16,7 +16,8 @@ import numpy as np
 from . import _dtypes
 from ._errors import DigestMismatch, NotFound, TransferError, ZtserveError, error_for
 
-_TRANSIENT = (ConnectionError, TimeoutError, http.client.HTTPException, OSError)
+# Connection failures and timeouts are OSErrors; a body cut short is an HTTPException.
+_TRANSIENT = (OSError, http.client.HTTPException)
 
 
 def _segment(text):

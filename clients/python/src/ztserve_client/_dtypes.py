@@ -15,6 +15,12 @@ _LOGICAL = {
     "complex64": ("f32", 2), "complex128": ("f64", 2),
 }
 
+# The same logical types by their name in ml_dtypes and in torch.
+_LOGICAL_NAMES = {
+    "f8_e4m3fn": "float8_e4m3fn", "f8_e5m2": "float8_e5m2", "f8_e4m3fnuz": "float8_e4m3fnuz",
+    "f8_e5m2fnuz": "float8_e5m2fnuz", "complex64": "complex64", "complex128": "complex128",
+}
+
 
 def numpy_dtype(dtype, logical=None):
     """The numpy dtype for a component; an unknown logical type reads as its storage dtype."""
@@ -25,8 +31,7 @@ def numpy_dtype(dtype, logical=None):
             return np.dtype(np.complex128)
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, {"f8_e4m3fn": "float8_e4m3fn", "f8_e5m2": "float8_e5m2",
-                                            "f8_e4m3fnuz": "float8_e4m3fnuz", "f8_e5m2fnuz": "float8_e5m2fnuz"}[logical]))
+        return np.dtype(getattr(ml_dtypes, _LOGICAL_NAMES[logical]))
     if dtype == "bf16":
         import ml_dtypes
 
@@ -41,8 +46,7 @@ def torch_dtype(dtype, logical=None):
     import torch
 
     if logical in _LOGICAL and _LOGICAL[logical][0] == dtype:
-        name = {"f8_e4m3fn": "float8_e4m3fn", "f8_e5m2": "float8_e5m2", "f8_e4m3fnuz": "float8_e4m3fnuz",
-                "f8_e5m2fnuz": "float8_e5m2fnuz", "complex64": "complex64", "complex128": "complex128"}[logical]
+        name = _LOGICAL_NAMES[logical]
         found = getattr(torch, name, None)
         if found is None:
             raise ValueError(f"this torch has no {name} for logical type {logical!r}")
