@@ -2,10 +2,13 @@
 
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from importlib.metadata import version
 
 import numpy as np
@@ -32,6 +35,44 @@ def official_read(path):
 def client_load(model):
     arrays = Client(url).load(model)
     assert sum(a.nbytes for a in arrays.values()) == GIB
+
+
+def bare_sockets(file_url, length, connections=8):
+    """What any Python client could reach over this loopback: `connections` plain sockets, one
+    ranged GET of the stored file each, read with recv_into into fresh numpy memory, with no
+    HTTP parsing past the header's end and no digest check."""
+    parsed = urllib.parse.urlsplit(file_url)
+    step = -(-length // connections)
+    buffers = [np.empty(min(step, length - start), np.uint8) for start in range(0, length, step)]
+
+    def fetch(start, buffer):
+        with socket.create_connection((parsed.hostname, parsed.port)) as sock:
+            sock.sendall(f"GET {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+                         f"Range: bytes={start}-{start + len(buffer) - 1}\r\n\r\n".encode())
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                head += sock.recv(1)
+            assert head.startswith(b"HTTP/1.1 206"), head
+            view, got = memoryview(buffer), 0
+            while got < len(view):
+                n = sock.recv_into(view[got:])
+                assert n, "connection closed early"
+                got += n
+
+    threads = [threading.Thread(target=fetch, args=(i * step, b)) for i, b in enumerate(buffers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(len(b) for b in buffers) == length
+
+
+def parallel_curl(file_url, length, connections=2):
+    """The loopback with no memory to fill: `connections` curls, one ranged GET each, to /dev/null."""
+    step = -(-length // connections)
+    curls = [subprocess.Popen(["curl", "-sf", "-o", "/dev/null", "-r", f"{start}-{min(start + step, length) - 1}", file_url])
+             for start in range(0, length, step)]
+    assert all(c.wait() == 0 for c in curls)
 
 
 def run(*command):
@@ -64,6 +105,12 @@ for checksum in ["crc32c", "sha256"]:
     ))
     if checksum == "crc32c":
         file_url = f"{url}/models/{model}/file"
+        length = os.path.getsize(path)
+        official = ("ztensor 1.2.3 reading the local file", lambda p=path: official_read(p))
+        scenarios.append(("ceiling: the loopback itself, no HTTP client, no digests", official,
+                          ("2 parallel curls to /dev/null", lambda: parallel_curl(file_url, length)), None))
+        scenarios.append(("ceiling: the loopback into fresh numpy memory, no HTTP client, no digests", official,
+                          ("8 bare Python sockets", lambda: bare_sockets(file_url, length)), None))
         curl = ("curl -o of the stored file", lambda u=file_url: run("curl", "-sf", "-o", f"{work}/curl.zt", u))
         scenarios.append((f"copy the 1 GiB model ({checksum}) to local disk", curl,
                           ("ztserve pull (rebuilt)", lambda m=model: run(binary, "pull", "--progress", "none", f"{url}/models/{m}", f"{work}/pulled.zt")), 0.8))
@@ -78,7 +125,8 @@ for title, (base_name, base), (ours_name, ours), target in scenarios:
         our_times.append(timed(ours))
     b, o = statistics.median(base_times), statistics.median(our_times)
     ratio = b / o
-    rows.append(f"| {title} | {base_name}: {b:.3f} s ({GIB / b / 1e9:.2f} GB/s) | {ours_name}: {o:.3f} s ({GIB / o / 1e9:.2f} GB/s) | {ratio:.2f}× | ≥ {target}×: {'PASS' if ratio >= target else 'FAIL'} |")
+    verdict = "(what the target would need)" if target is None else f"≥ {target}×: {'PASS' if ratio >= target else 'FAIL'}"
+    rows.append(f"| {title} | {base_name}: {b:.3f} s ({GIB / b / 1e9:.2f} GB/s) | {ours_name}: {o:.3f} s ({GIB / o / 1e9:.2f} GB/s) | {ratio:.2f}× | {verdict} |")
 
 print(f"# Benchmarks: the clients\n")
 print(f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}; {os.cpu_count()} cores, {platform.platform()}; "
@@ -93,4 +141,8 @@ time over ours (above 1, ours is faster). Before timing, the client's arrays are
 the official reader's, the pulled file is read back by ztensor 1.2.3, and curl's copy with the
 stored file. Our clients verify every digest (the baselines verify none); `ztserve pull` also
 fsyncs the file before renaming it into place (curl does not). Client, server and disk share
-the machine's 2 cores; the page cache holds the models.""")
+the machine's 2 cores; the page cache holds the models.
+
+The two "ceiling" rows are not clients of ours: they measure what the loopback allows any
+client on this machine, in the same run. When even bare sockets with no HTTP parsing and no
+digest check stay under the target, no Python client that checks digests can reach it here.""")

@@ -1,7 +1,8 @@
 """Live ztserve servers for the client tests: the binary from ZTSERVE_BIN (scripts/test builds
 it), on 127.0.0.1 ports of their own, over a models directory made here: the repository's
 demo models, a file written by the official ztensor==1.2.3 package (this venv's ztensor),
-a larger model for multi-range transfers, and a copy with one byte flipped under a digest."""
+a larger model for multi-range transfers, and a copy of it with one byte flipped in each raw
+blob that has a digest (one sha256, one crc32c)."""
 
 import os
 import shutil
@@ -87,19 +88,22 @@ def write_large(path):
 
 
 def corrupt(source, target):
-    """A copy of `source` with one byte of its first sha256-digested raw blob flipped."""
+    """A copy of `source` with one byte flipped in the middle of every raw blob that has a
+    digest; returns {object name: digest algorithm}."""
     import json
 
     out = subprocess.run([str(binary()), "inspect", "--json", str(source)], check=True, capture_output=True).stdout
-    manifest = json.loads(out)
-    for obj in manifest["objects"]:
+    data = bytearray(source.read_bytes())
+    corrupted = {}
+    for obj in json.loads(out)["objects"]:
         for c in obj["components"]:
-            if c["encoding"] == "raw" and (c["digest"] or "").startswith("sha256") and c["stored_length"] > 0:
-                data = bytearray(source.read_bytes())
-                data[c["offset"]] ^= 0xFF
-                target.write_bytes(bytes(data))
-                return obj["name"]
-    raise RuntimeError("no sha256 raw blob to corrupt")
+            if c["encoding"] == "raw" and c["digest"] and c["stored_length"] > 0:
+                data[c["offset"] + c["stored_length"] // 2] ^= 0xFF
+                corrupted[obj["name"]] = c["digest"].partition(":")[0]
+    if set(corrupted.values()) != {"sha256", "crc32c"}:
+        raise RuntimeError(f"expected raw blobs under both digests, corrupted {corrupted}")
+    target.write_bytes(bytes(data))
+    return corrupted
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +118,7 @@ def models(tmp_path_factory):
     bad = root / "bad"
     bad.mkdir()
     corrupted = corrupt(directory / "large.zt", bad / "large.zt")
-    return {"dir": directory, "bad_dir": bad, "corrupted_object": corrupted}
+    return {"dir": directory, "bad_dir": bad, "corrupted": corrupted}
 
 
 @pytest.fixture(scope="session")
