@@ -282,6 +282,24 @@ async fn objects_with_several_components_answer_their_description(source: ModelS
     assert_eq!(scales.body, f32_bytes(1000)[16..20]);
 }
 
+async fn every_response_drawn_from_a_model_names_its_version(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let version = get(&state, "/models/org%2Fllama/file", &[("range", "bytes=0-7")]).await.header("etag").to_owned();
+    let responses = [
+        get(&state, "/models/org%2Fllama", &[]).await,
+        get(&state, WEIGHTS, &[]).await,
+        get(&state, WEIGHTS, &[("range", "bytes=4-7")]).await,
+        get(&state, &format!("{WEIGHTS}/components/data"), &[]).await,
+        get(&state, "/models/org%2Fllama/objects/q", &[]).await,
+        send(&state, Method::HEAD, "/models/org%2Fllama/file", &[]).await,
+    ];
+    for reply in &responses {
+        assert_eq!(reply.header("x-zt-model-version"), version);
+    }
+    // Parts have ETags of their own; only the model version is shared.
+    assert_ne!(responses[1].header("etag"), version);
+}
+
 async fn every_error_status_has_a_json_body(source: ModelSource) {
     let state = populated_state(&source).await;
     for (method, uri, status, code) in [
@@ -342,6 +360,7 @@ async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource)
     let after = get(&state, WEIGHTS, &[]).await;
     assert_eq!(after.body, small);
     assert_ne!(after.header("etag"), before.header("etag"));
+    assert_ne!(after.header("x-zt-model-version"), before.header("x-zt-model-version"));
     let ids: Vec<String> =
         get(&state, "/models", &[]).await.json()["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids, ["new", "org/llama"]);
@@ -501,6 +520,7 @@ both_sources!(
     head_sends_the_get_headers_without_a_body,
     the_file_route_serves_the_stored_file_byte_for_byte_with_ranges,
     objects_with_several_components_answer_their_description,
+    every_response_drawn_from_a_model_names_its_version,
     every_error_status_has_a_json_body,
     ids_and_names_cannot_reach_outside_the_source,
     a_rescan_picks_up_added_replaced_and_removed_files,

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use axum::extract::{RawPathParams, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
@@ -73,7 +73,7 @@ pub async fn manifest(
             }
             sendable(serde_json::to_vec(&doc).expect("JSON values serialize"))
         });
-        Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body.clone()).into_response())
+        Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), model_version(&model)], body.clone()).into_response())
     })())
 }
 
@@ -228,6 +228,15 @@ pub(crate) fn etag(model: &Model, part: &str) -> String {
     format!("\"{:x}-{}\"", model.size, hex::encode(&hasher.finalize()[..12]))
 }
 
+/// `X-Zt-Model-Version`: the stored file's ETag, on every response drawn from a model (its
+/// manifest, objects, components and file). Each part has an ETag of its own, so a client
+/// that reads a model in many requests compares this header instead, to know that every
+/// piece came from one version of the file and none from a replacement.
+pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
+    let version = HeaderValue::from_str(&etag(model, "file")).expect("an ETag is a valid header value");
+    (HeaderName::from_static("x-zt-model-version"), version)
+}
+
 /// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.
 pub async fn file(
     State(state): State<Arc<AppState>>,
@@ -245,7 +254,7 @@ pub async fn file(
                 source: bytes.served(&state, &model.id, 0..manifest.file_len),
                 etag: etag(&model, "file"),
                 content_type: "application/octet-stream",
-                headers: Vec::new(),
+                headers: vec![model_version(&model)],
                 guard: None,
             };
             bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config.max_ranges).await

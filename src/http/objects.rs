@@ -14,7 +14,7 @@ use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
 
-use super::models::{etag, model_bytes, storage_failed, ModelBytes};
+use super::models::{etag, model_bytes, model_version, storage_failed, ModelBytes};
 use super::respond::{bytes_response, guard, ByteStream, ExtraHeaders, RangeSource, Representation};
 use super::{answer, header_value, param, path_params, ready_model, segment, ApiError, AppState};
 use crate::catalog::cache::{stream_private, ComponentKey, DecodeError, Decoded, Stored};
@@ -41,7 +41,7 @@ pub async fn object(State(state): State<Arc<AppState>>, Extension(access): Exten
                 _ => {
                     let mut doc = object_json(object);
                     add_urls(&mut doc, object, &format!("/models/{}", segment(&model.id)));
-                    Ok(Json(doc).into_response())
+                    Ok(([model_version(&model)], Json(doc)).into_response())
                 }
             }
         }
@@ -378,6 +378,7 @@ async fn component_bytes(
     };
 
     let mut extra: ExtraHeaders = vec![
+        model_version(model),
         (HeaderName::from_static("x-zt-dtype"), header_value(component.dtype.name())),
         (HeaderName::from_static("x-zt-format"), header_value(&segment(&object.format))),
         (

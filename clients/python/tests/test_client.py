@@ -3,6 +3,7 @@ dtype, equality with what the official ztensor==1.2.3 package reads from the sam
 multi-range transfers, digest checks, typed errors, tokens, and `ztserve pull` interop."""
 
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import ztensor
 import ztserve_client
 from ztserve_client import Client
 
-from conftest import TOKEN, binary
+from conftest import TOKEN, Server, binary
 
 
 def official_components(path):
@@ -175,6 +176,37 @@ def test_errors_are_typed(server, token_server):
     # Nothing listens here: retried, then a TransferError.
     with pytest.raises(ztserve_client.TransferError):
         Client("http://127.0.0.1:9", retries=1).models()
+
+
+def test_a_model_replaced_during_a_load_raises_model_changed(tmp_path):
+    def write(value):
+        scratch = tmp_path / "next.zt"
+        w = ztensor.Writer(str(scratch))
+        for name in ("a", "b"):
+            w.write_numpy(name, np.full(100_000, value, dtype=np.float32))
+        w.finish()
+        scratch.replace(tmp_path / "models" / "swap.zt")  # atomically, as operators should
+
+    (tmp_path / "models").mkdir()
+    write(1.0)
+    server = Server(tmp_path / "models", env={"ZTSERVE_RESCAN_INTERVAL_SECS": "1"})
+    try:
+        class ReplacedAfterTheManifest(Client):
+            def _versioned_manifest(self, model):
+                manifest, version = super()._versioned_manifest(model)
+                write(2.0)
+                deadline = time.monotonic() + 15
+                while super()._versioned_manifest(model)[1] == version:
+                    assert time.monotonic() < deadline, "the server never picked up the new file"
+                    time.sleep(0.1)
+                return manifest, version
+
+        with pytest.raises(ztserve_client.ModelChanged, match="changed on the server during the load"):
+            ReplacedAfterTheManifest(server.url, chunk_size=65_536).load("swap")
+        loaded = Client(server.url).load("swap")
+        assert all((array == 2.0).all() for array in loaded.values())
+    finally:
+        server.stop()
 
 
 def test_the_token_comes_from_the_environment(token_server, monkeypatch):

@@ -10,6 +10,7 @@ from ._errors import (
     ClientError,
     DigestMismatch,
     HTTPError,
+    ModelChanged,
     NotFound,
     RangeNotSatisfiable,
     ServerError,
@@ -31,5 +32,6 @@ __all__ = [
     "ServerError",
     "Unavailable",
     "DigestMismatch",
+    "ModelChanged",
     "TransferError",
 ]

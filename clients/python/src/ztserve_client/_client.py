@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import _dtypes
-from ._errors import DigestMismatch, NotFound, TransferError, ZtserveError, error_for
+from ._errors import DigestMismatch, ModelChanged, NotFound, TransferError, ZtserveError, error_for
 
 # Connection failures and timeouts are OSErrors; a body cut short is an HTTPException.
 _TRANSIENT = (OSError, http.client.HTTPException)
@@ -54,13 +54,18 @@ class _Connections:
             self.local.conn = None
 
 
-class _Component:
-    """One component being fetched: its buffer, its pending chunks and its digest."""
+_MODEL_VERSION = "X-Zt-Model-Version"
 
-    def __init__(self, obj, meta, buffer):
+
+class _Component:
+    """One component being fetched: its buffer, its pending chunks, and the model version
+    (from the manifest's response) every response for it must come from."""
+
+    def __init__(self, obj, meta, buffer, version):
         self.object = obj
         self.meta = meta
         self.buffer = buffer
+        self.version = version
         self.pending = 0
         self.lock = threading.Lock()
 
@@ -152,6 +157,18 @@ class Client:
         """The model's manifest: version, attributes and every object with its components."""
         return self._json(f"/models/{_segment(model)}")
 
+    def _versioned_manifest(self, model):
+        """The manifest and the version of the stored file it was read from."""
+        path = f"/models/{_segment(model)}"
+
+        def read(response):
+            version = response.getheader(_MODEL_VERSION)
+            if not version:
+                raise ZtserveError(f"{self.url}{path} sent no {_MODEL_VERSION} header, so a load could mix versions of the model; is it a ztserve server?")
+            return json.loads(response.read()), version
+
+        return self._request(path, None, read)
+
     # ---------------------------------------------------------------- loading
 
     def load(self, model, names=None, device="cpu", framework="numpy"):
@@ -169,7 +186,7 @@ class Client:
                 if not torch.cuda.is_available():
                     raise ZtserveError(f"device {device} was asked for, but torch sees no CUDA device")
                 pinned = True
-        manifest = self.manifest(model)
+        manifest, version = self._versioned_manifest(model)
         objects = manifest["objects"]
         if names is not None:
             wanted = list(dict.fromkeys(names))
@@ -178,7 +195,7 @@ class Client:
             if missing:
                 raise NotFound(404, "object_not_found", f"model {model!r} has no object named {missing[0]!r}", self.url)
             objects = [by_name[n] for n in wanted]
-        components = self._fetch(model, objects, pinned)
+        components = self._fetch(model, objects, pinned, version)
         result = {}
         for obj in objects:
             parts = {c.meta["role"]: c for c in components[obj["name"]]}
@@ -192,14 +209,15 @@ class Client:
             torch.cuda.synchronize(device)
         return result
 
-    def _fetch(self, model, objects, pinned):
-        """Every component's decoded bytes, each in its own buffer, fetched concurrently."""
+    def _fetch(self, model, objects, pinned, version):
+        """Every component's decoded bytes, each in its own buffer, fetched concurrently, every
+        response from the file `version` the manifest came from."""
         out = {}
         tasks = []
         for obj in objects:
             out[obj["name"]] = []
             for meta in obj["components"]:
-                component = _Component(obj, meta, _buffer(meta["decoded_length"], pinned))
+                component = _Component(obj, meta, _buffer(meta["decoded_length"], pinned), version)
                 out[obj["name"]].append(component)
                 path = f"/models/{_segment(model)}/objects/{_segment(obj['name'])}/components/{_segment(meta['role'])}"
                 if meta["encoding"] == "zstd":
@@ -230,6 +248,7 @@ class Client:
         view = memoryview(component.buffer)[start:end]
 
         def read_into(response):
+            _check_version(component, response, path)
             if response.status != 206 or response.getheader("Content-Range", "").split("/")[0] != f"bytes {start}-{end - 1}":
                 raise ZtserveError(f"asked for bytes {start}-{end - 1} of {path}, got {response.status} {response.getheader('Content-Range')}")
             _read_exactly(response, view)
@@ -248,6 +267,7 @@ class Client:
         meta = component.meta
 
         def read(response):
+            _check_version(component, response, path)
             if response.getheader("Content-Encoding") == "zstd":
                 frame = bytearray(meta["stored_length"])
                 _read_exactly(response, memoryview(frame))
@@ -274,6 +294,13 @@ def _buffer(length, pinned):
 
         return torch.empty(length, dtype=torch.uint8, pin_memory=True).numpy()
     return np.empty(length, dtype=np.uint8)
+
+
+def _check_version(component, response, path):
+    found = response.getheader(_MODEL_VERSION)
+    if found != component.version:
+        raise ModelChanged(f"{path}: the model changed on the server during the load (the manifest came from file version "
+                           f"{component.version}, this response from {found}); load it again")
 
 
 def _read_exactly(response, view):

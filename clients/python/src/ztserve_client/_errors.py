@@ -48,6 +48,11 @@ class DigestMismatch(ZtserveError):
     """Bytes received do not match the digest the manifest declares for them."""
 
 
+class ModelChanged(ZtserveError):
+    """The model was replaced on the server while it loaded: some bytes came from another
+    version of the file than the manifest. Nothing is returned; loading again reads the new one."""
+
+
 class TransferError(ZtserveError):
     """The connection failed, or a body ended early, after every retry."""
 
