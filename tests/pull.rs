@@ -133,14 +133,14 @@ fn legacy_big_endian_data_is_rebuilt_little_endian() {
     assert_eq!(bytes("le"), [0x00, 0x00, 0x01, 0x02, 0xAA, 0xBB, 0xCC, 0xDD]);
 }
 
-/// Starts a slow pull (one connection, 16 KiB GETs) and kills it once its journal records
-/// `lines` ranges.
-fn kill_mid_pull(address: &str, model: &str, out: &Path, lines: usize) {
+/// Starts a slow pull (one connection, 16 KiB GETs) and sends it `signal` (`INT`, as Ctrl-C
+/// does, or `KILL`) once its journal records `lines` ranges.
+fn kill_mid_pull(address: &str, model: &str, out: &Path, lines: usize, signal: &str) {
     let mut child = pull_command(address, model, out, &["--concurrency", "1", "--chunk-size", "16K"]).spawn().unwrap();
     let journal = partials(out).1;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let recorded = std::fs::read_to_string(&journal).map(|t| t.lines().count()).unwrap_or(0);
+        let recorded = std::fs::read_to_string(&journal).map(|t| t.lines().filter(|l| !l.starts_with("sync ")).count()).unwrap_or(0);
         if recorded > lines {
             break;
         }
@@ -148,8 +148,12 @@ fn kill_mid_pull(address: &str, model: &str, out: &Path, lines: usize) {
         assert!(Instant::now() < deadline, "the pull made no progress");
         std::thread::sleep(Duration::from_millis(2));
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let sent = std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let status = child.wait().unwrap();
+    if signal == "INT" {
+        assert_eq!(status.code(), Some(130), "Ctrl-C exits 130");
+    }
     assert!(!out.exists(), "an interrupted pull leaves no output");
 }
 
@@ -160,15 +164,25 @@ fn a_second_run_after_a_kill_fetches_only_what_is_missing() {
     std::fs::write(dir.path().join("big.zt"), &big).unwrap();
     let server = serve(dir.path(), &[]);
     let out = dir.path().join("big.zt.out");
-    kill_mid_pull(&server.address, "big", &out, 40);
-    let summary = succeeded(&pull(&server.address, "big", &out, &[]));
-    let (fetched, kept) = figures(&summary);
-    assert!(kept >= 40 * 16 * 1024, "at least the journaled ranges are kept: {summary}");
     let blobs: u64 = {
         let m = parse_file(&big, &Limits::default()).unwrap();
         m.objects.iter().flat_map(|o| &o.components).map(|c| c.stored_length).sum()
     };
+    // Ctrl-C syncs what was written and keeps all of it.
+    kill_mid_pull(&server.address, "big", &out, 40, "INT");
+    let summary = succeeded(&pull(&server.address, "big", &out, &[]));
+    let (fetched, kept) = figures(&summary);
+    assert!(kept >= 40 * 16 * 1024, "at least the journaled ranges are kept: {summary}");
     assert_eq!(fetched + kept, blobs, "every blob byte is fetched once across the two runs: {summary}");
+    assert!(std::fs::read(&out).unwrap() == big);
+
+    // SIGKILL syncs nothing: what the last background sync vouched for is kept, the rest
+    // fetched again, and the output is still exact.
+    std::fs::remove_file(&out).unwrap();
+    kill_mid_pull(&server.address, "big", &out, 40, "KILL");
+    let summary = succeeded(&pull(&server.address, "big", &out, &[]));
+    let (fetched, kept) = figures(&summary);
+    assert_eq!(fetched + kept, blobs, "{summary}");
     assert!(std::fs::read(&out).unwrap() == big);
 }
 
@@ -179,7 +193,7 @@ fn a_model_replaced_between_runs_is_pulled_afresh() {
     std::fs::write(&path, big_model(3)).unwrap();
     let server = serve(dir.path(), &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")]);
     let out = dir.path().join("big.zt.out");
-    kill_mid_pull(&server.address, "big", &out, 10);
+    kill_mid_pull(&server.address, "big", &out, 10, "INT");
     let etag = || common::request(&server.address, "/models/big/file", &[("Range", "bytes=0-0")]).header("etag").map(str::to_owned);
     let before = etag();
     let replacement = big_model(4);

@@ -1,13 +1,17 @@
 //! What a pull has already written, so a second run after an interruption fetches only what is
 //! missing. Beside the partial output lives a journal: one JSON line naming what is being
 //! pulled (server URL, the file's ETag, the output's layout), then one `START END` line per
-//! byte range of the output written in full. Lines are appended after their bytes are written;
-//! a journal for anything else (another version, another selection) is discarded, not trusted.
+//! byte range of the output written in full, and now and then `sync N`: the partial output was
+//! fsynced after the first N range lines were written. Only ranges under a `sync` are trusted,
+//! so after a power cut a range whose bytes never reached the disk is fetched again rather
+//! than kept as zeros (blobs without a digest could not tell). A journal for anything else
+//! (another version, another selection) is discarded, not trusted.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +32,11 @@ pub struct Identity {
 pub struct Journal {
     file: File,
     done: Vec<Range<u64>>,
+    /// Range lines in the file, and how many of them a `sync` line covers.
+    lines: u64,
+    durable: u64,
+    /// The partial output, synced before the journal is closed (see `Drop`).
+    data: Option<Arc<File>>,
 }
 
 /// The partial output beside `output`, and its journal.
@@ -41,14 +50,25 @@ impl Journal {
     /// Opens the journal at `path` when it belongs to `identity`, keeping what it records;
     /// otherwise starts a new one. Returns whether anything was kept.
     pub fn open(path: &Path, identity: &Identity) -> anyhow::Result<(Journal, bool)> {
-        if let Some(done) = read(path, identity)? {
-            let file = OpenOptions::new().append(true).open(path)?;
-            let kept = !done.is_empty();
-            return Ok((Journal { file, done: merged(done) }, kept));
-        }
-        let mut file = File::create(path)?;
+        let done = read(path, identity)?.unwrap_or_default();
+        // Rewritten with only what is trusted: lines this run appends are numbered after these,
+        // so a `sync` of this run never vouches for an untrusted line of the last one.
+        let scratch = path.with_extension("rewrite");
+        let mut file = File::create(&scratch)?;
         writeln!(file, "{}", serde_json::to_string(identity)?)?;
-        Ok((Journal { file, done: Vec::new() }, false))
+        for range in &done {
+            writeln!(file, "{} {}", range.start, range.end)?;
+        }
+        let lines = done.len() as u64;
+        writeln!(file, "sync {lines}")?;
+        std::fs::rename(&scratch, path)?;
+        let kept = !done.is_empty();
+        Ok((Journal { file, done, lines, durable: lines, data: None }, kept))
+    }
+
+    /// The partial output the journal describes: `Drop` syncs it before its last `sync` line.
+    pub fn describe(&mut self, data: Arc<File>) {
+        self.data = Some(data);
     }
 
     /// Whether every byte of `range` was written by an earlier run or this one.
@@ -76,12 +96,27 @@ impl Journal {
         out
     }
 
-    /// Records `range` as written.
+    /// Records `range` as written (trusted by later runs once a `sync` covers it).
     pub fn record(&mut self, range: Range<u64>) -> std::io::Result<()> {
         writeln!(self.file, "{} {}", range.start, range.end)?;
+        self.lines += 1;
         let at = self.done.partition_point(|r| r.start < range.start);
         self.done.insert(at, range);
         self.done = merged(std::mem::take(&mut self.done));
+        Ok(())
+    }
+
+    /// How many range lines are written: a sync of the data started now covers them.
+    pub fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    /// Notes that the partial output was synced after the first `lines` range lines.
+    pub fn synced(&mut self, lines: u64) -> std::io::Result<()> {
+        if lines > self.durable {
+            writeln!(self.file, "sync {lines}")?;
+            self.durable = lines;
+        }
         Ok(())
     }
 
@@ -93,7 +128,20 @@ impl Journal {
     }
 }
 
-/// The ranges recorded in the journal at `path`, when it exists and is for `identity`.
+impl Drop for Journal {
+    /// An interrupted pull (an error, Ctrl-C) keeps everything it wrote: the data is synced,
+    /// then a last `sync` line vouches for every range.
+    fn drop(&mut self) {
+        if let Some(data) = &self.data {
+            if self.lines > self.durable && data.sync_data().is_ok() {
+                let _ = self.synced(self.lines);
+            }
+        }
+    }
+}
+
+/// The ranges recorded in the journal at `path` and covered by a `sync` line, when it exists
+/// and is for `identity`.
 fn read(path: &Path, identity: &Identity) -> anyhow::Result<Option<Vec<Range<u64>>>> {
     let file = match File::open(path) {
         Ok(file) => file,
@@ -105,10 +153,19 @@ fn read(path: &Path, identity: &Identity) -> anyhow::Result<Option<Vec<Range<u64
     if serde_json::from_str::<Identity>(&first).ok().as_ref() != Some(identity) {
         return Ok(None);
     }
-    let mut done = Vec::new();
+    // Each range with its line's number, so that `sync N` can vouch for the first N.
+    let mut written: Vec<(u64, Range<u64>)> = Vec::new();
+    let (mut lines_read, mut durable) = (0, 0);
     for line in lines {
         // A line cut short by a crash is the last one; everything before it stands.
         let Ok(line) = line else { break };
+        if let Some(count) = line.strip_prefix("sync ") {
+            match count.parse::<u64>() {
+                Ok(n) if n <= lines_read => durable = durable.max(n),
+                _ => break,
+            }
+            continue;
+        }
         let (forget, text) = match line.strip_prefix('-') {
             Some(rest) => (true, rest),
             None => (false, line.as_str()),
@@ -121,12 +178,13 @@ fn read(path: &Path, identity: &Identity) -> anyhow::Result<Option<Vec<Range<u64
             break;
         };
         if forget {
-            done = subtract(merged(done), &range);
+            written = written.into_iter().flat_map(|(n, r)| subtract(vec![r], &range).into_iter().map(move |part| (n, part))).collect();
         } else {
-            done.push(range);
+            written.push((lines_read, range));
+            lines_read += 1;
         }
     }
-    Ok(Some(done))
+    Ok(Some(merged(written.into_iter().filter(|(n, _)| *n < durable).map(|(_, r)| r).collect())))
 }
 
 /// Sorted, disjoint, adjacent ranges joined.
@@ -176,6 +234,7 @@ mod tests {
         journal.record(0..100).unwrap();
         journal.record(200..300).unwrap();
         journal.record(100..200).unwrap();
+        journal.synced(journal.lines()).unwrap();
         journal.forget(&(250..260)).unwrap();
         drop(journal);
 
@@ -199,9 +258,43 @@ mod tests {
     fn a_line_cut_short_ends_the_journal_without_losing_earlier_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        std::fs::write(&path, format!("{}\n0 10\n10 2", serde_json::to_string(&identity()).unwrap())).unwrap();
+        std::fs::write(&path, format!("{}\n0 10\nsync 1\n10 2", serde_json::to_string(&identity()).unwrap())).unwrap();
         let (journal, _) = Journal::open(&path, &identity()).unwrap();
         assert!(journal.covers(&(0..10)));
         assert!(!journal.covers(&(10..11)));
+    }
+
+    #[test]
+    fn only_ranges_a_sync_line_covers_are_trusted_even_after_a_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        // A power cut after `20 30` was written but before any sync vouched for it.
+        std::fs::write(&path, format!("{}\n0 10\n10 20\nsync 2\n20 30\n", serde_json::to_string(&identity()).unwrap())).unwrap();
+        let (mut journal, kept) = Journal::open(&path, &identity()).unwrap();
+        assert!(kept);
+        assert_eq!(journal.missing(&(0..40)), vec![20..40]);
+        // This run's sync vouches for its own lines only, never the untrusted `20 30`.
+        journal.record(30..40).unwrap();
+        journal.synced(journal.lines()).unwrap();
+        drop(journal);
+        let (journal, _) = Journal::open(&path, &identity()).unwrap();
+        assert_eq!(journal.missing(&(0..40)), vec![20..30]);
+    }
+
+    #[test]
+    fn dropping_a_journal_syncs_its_data_and_vouches_for_every_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut journal, _) = Journal::open(&path, &identity()).unwrap();
+        journal.record(0..10).unwrap();
+        drop(journal);
+        assert!(!Journal::open(&path, &identity()).unwrap().1, "without its data to sync, nothing is vouched for");
+
+        let (mut journal, _) = Journal::open(&path, &identity()).unwrap();
+        journal.describe(Arc::new(File::create(dir.path().join("data")).unwrap()));
+        journal.record(0..10).unwrap();
+        drop(journal);
+        let (journal, kept) = Journal::open(&path, &identity()).unwrap();
+        assert!(kept && journal.covers(&(0..10)));
     }
 }

@@ -160,6 +160,7 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     }
     partial.set_len(layout.output_len)?;
     let partial = Arc::new(partial);
+    journal.describe(Arc::clone(&partial));
 
     let progress = Progress::new(options.progress, layout.units.iter().map(|u| u.output.end - u.output.start).sum());
     let mut report = PullReport {
@@ -198,6 +199,7 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         partial.write_all_at(bytes, *offset)?;
     }
     partial.sync_all()?;
+    journal.synced(journal.lines())?;
     let check = crate::storage::local::MappedFile::open(&partial_path)?;
     format::parse_file(&check, &options.limits).context("internal error: the pulled file does not parse; it was not moved into place")?;
     drop(check);
@@ -397,6 +399,12 @@ async fn copy_and_verify(
             }
         })
         .buffer_unordered(options.concurrency);
+    // The partial output is synced in the background every SYNC_EVERY or SYNC_BYTES, one sync
+    // at a time, and the journal then vouches for the ranges written before it began.
+    const SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+    const SYNC_BYTES: u64 = 256 << 20;
+    let mut syncs = tokio::task::JoinSet::new();
+    let (mut last_sync, mut unsynced_bytes) = (std::time::Instant::now(), 0u64);
     let mut mismatched = Vec::new();
     let mut record_check = |(index, verdict): (usize, anyhow::Result<bool>), report: &mut PullReport| -> anyhow::Result<()> {
         let unit = &layout.units[index];
@@ -412,6 +420,12 @@ async fn copy_and_verify(
             Some(done) = transfers.next() => {
                 let (job, fetched) = done?;
                 journal.record(job.output.clone()).context("cannot append to the pull's journal")?;
+                unsynced_bytes += job.output.end - job.output.start;
+                if syncs.is_empty() && (unsynced_bytes >= SYNC_BYTES || last_sync.elapsed() >= SYNC_EVERY) {
+                    let (lines, partial) = (journal.lines(), partial.clone());
+                    syncs.spawn_blocking(move || partial.sync_data().map(|()| lines));
+                    (last_sync, unsynced_bytes) = (std::time::Instant::now(), 0);
+                }
                 report.fetched += fetched;
                 progress.advance(job.output.end - job.output.start);
                 pending[job.unit] -= 1;
@@ -420,6 +434,10 @@ async fn copy_and_verify(
                 }
             }
             Some(checked) = checks.join_next() => record_check(checked?, report)?,
+            Some(synced) = syncs.join_next() => {
+                let lines = synced?.context("cannot sync the partial output")?;
+                journal.synced(lines).context("cannot append to the pull's journal")?;
+            }
             else => break,
         }
     }
