@@ -339,7 +339,7 @@ def _decompress(frame, component, path):
     import zstandard
 
     out = memoryview(component.buffer)
-    reader = zstandard.ZstdDecompressor().stream_reader(bytes(frame))
+    reader = zstandard.ZstdDecompressor().stream_reader(frame)
     got = 0
     while got < len(out):
         n = reader.readinto(out[got:])
