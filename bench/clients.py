@@ -97,16 +97,16 @@ for checksum in ["crc32c", "sha256"]:
     model = f"gib-{checksum}"
     path = f"{work}/models/{model}.zt"
     check_once(model)
+    official = ("ztensor 1.2.3 reading the local file", lambda p=path: official_read(p))
     scenarios.append((
         f"load a 1 GiB model ({checksum} digests) into numpy",
-        ("ztensor 1.2.3 reading the local file", lambda p=path: official_read(p)),
+        official,
         ("Python client over loopback", lambda m=model: client_load(m)),
         0.8,
     ))
     if checksum == "crc32c":
         file_url = f"{url}/models/{model}/file"
         length = os.path.getsize(path)
-        official = ("ztensor 1.2.3 reading the local file", lambda p=path: official_read(p))
         scenarios.append(("ceiling: the loopback itself, no HTTP client, no digests", official,
                           ("2 parallel curls to /dev/null", lambda: parallel_curl(file_url, length)), None))
         scenarios.append(("ceiling: the loopback into fresh numpy memory, no HTTP client, no digests", official,

@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{model, noise, request, serve};
+use common::{model, noise, request, serve, victim_and_other};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -78,11 +78,8 @@ fn truncate_mid_response(address: &str, path: &str, first: usize, victim: &Path,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_truncated_while_its_zstd_component_is_decoded_ends_that_response_short() {
-    let dir = tempfile::tempdir().unwrap();
     let raw = noise(48 * MIB, 2);
-    let victim = dir.path().join("victim.zt");
-    fs::write(&victim, model(&[("packed", DType::U8, &raw, true)])).unwrap();
-    fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &raw[..4096], true)])).unwrap();
+    let (dir, victim) = victim_and_other("packed", &raw, true);
     // A cache too small for the component: it is decoded for this response only, reading its
     // stored bytes as the client takes the decoded ones.
     let (address, _state) = serve(Config { decode_cache_bytes: MIB as u64, ..config(dir.path()) }).await;
@@ -99,11 +96,8 @@ async fn a_file_truncated_while_its_zstd_component_is_decoded_ends_that_response
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_truncated_while_its_digest_is_checked_on_every_read_ends_that_response_short() {
-    let dir = tempfile::tempdir().unwrap();
     let raw = noise(48 * MIB, 3);
-    let victim = dir.path().join("victim.zt");
-    fs::write(&victim, model(&[("raw", DType::U8, &raw, false)])).unwrap();
-    fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &raw[..4096], false)])).unwrap();
+    let (dir, victim) = victim_and_other("raw", &raw, false);
     let (address, _state) = serve(Config { verify: "always".into(), ..config(dir.path()) }).await;
     tokio::task::spawn_blocking(move || {
         let body = truncate_mid_response(&address, "/models/victim/objects/raw", 64 << 10, &victim, MIB as u64);

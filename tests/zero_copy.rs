@@ -101,11 +101,8 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_serving_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
     let raw = noise(32 * MIB, 4);
-    let path = dir.path().join("victim.zt");
-    fs::write(&path, model(&[("raw", DType::U8, &raw, false)])).unwrap();
-    fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &raw[..4096], false)])).unwrap();
+    let (dir, path) = common::victim_and_other("raw", &raw, false);
     // `never`: the digest check would read the file too (by pread, safely: tests/faults.rs).
     let config = Config { sources: vec![dir.path().to_string_lossy().into_owned()], verify: "never".into(), ..Config::default() };
     let (address, _state) = serve(config).await;

@@ -225,6 +225,13 @@ mod tests {
         Identity { url: "http://h/models/m/file".into(), etag: "\"1\"".into(), source_len: 100, raw: false, layout: "ab".into(), output_len: 1000 }
     }
 
+    /// A journal for `identity()` at `dir/j` whose lines after the identity are `body`.
+    fn journal_with(dir: &Path, body: &str) -> PathBuf {
+        let path = dir.join("j");
+        std::fs::write(&path, format!("{}\n{body}", serde_json::to_string(&identity()).unwrap())).unwrap();
+        path
+    }
+
     #[test]
     fn a_journal_keeps_written_ranges_across_runs_and_only_for_the_same_identity() {
         let dir = tempfile::tempdir().unwrap();
@@ -257,8 +264,7 @@ mod tests {
     #[test]
     fn a_line_cut_short_ends_the_journal_without_losing_earlier_lines() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j");
-        std::fs::write(&path, format!("{}\n0 10\nsync 1\n10 2", serde_json::to_string(&identity()).unwrap())).unwrap();
+        let path = journal_with(dir.path(), "0 10\nsync 1\n10 2");
         let (journal, _) = Journal::open(&path, &identity()).unwrap();
         assert!(journal.covers(&(0..10)));
         assert!(!journal.covers(&(10..11)));
@@ -267,9 +273,8 @@ mod tests {
     #[test]
     fn only_ranges_a_sync_line_covers_are_trusted_even_after_a_rewrite() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j");
         // A power cut after `20 30` was written but before any sync vouched for it.
-        std::fs::write(&path, format!("{}\n0 10\n10 20\nsync 2\n20 30\n", serde_json::to_string(&identity()).unwrap())).unwrap();
+        let path = journal_with(dir.path(), "0 10\n10 20\nsync 2\n20 30\n");
         let (mut journal, kept) = Journal::open(&path, &identity()).unwrap();
         assert!(kept);
         assert_eq!(journal.missing(&(0..40)), vec![20..40]);

@@ -283,6 +283,17 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A directory for a fault test: `victim.zt` holds one u8 object `name` of `data` (zstd when
+/// `zstd`), and `other.zt` holds `small`, its first 4 KiB, which must still serve once the
+/// victim breaks. Returns the directory and the victim's path.
+pub fn victim_and_other(name: &str, data: &[u8], zstd: bool) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim.zt");
+    std::fs::write(&victim, model(&[(name, DType::U8, data, zstd)])).unwrap();
+    std::fs::write(dir.path().join("other.zt"), model(&[("small", DType::U8, &data[..4096], zstd)])).unwrap();
+    (dir, victim)
+}
+
 /// A model of `objects`: (name, dtype, bytes, zstd).
 pub fn model(objects: &[(&str, DType, &[u8], bool)]) -> Vec<u8> {
     let mut w = Writer::new(Vec::new()).unwrap();
