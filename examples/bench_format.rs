@@ -9,7 +9,7 @@ use std::fs;
 use std::time::Instant;
 
 use ztserve::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
-use ztserve::format::{parse_file, DType, Limits, Value};
+use ztserve::format::{DType, Limits, Value, parse_file};
 
 /// Bytes that compress like real weights do (about 2-3×), deterministically.
 fn weights_like(len: usize) -> Vec<u8> {
@@ -91,7 +91,11 @@ fn main() {
             let file = fs::read(&args[2]).unwrap();
             let m = parse_file(&file, &Limits::default()).unwrap();
             let c = &m.objects[0].components[0];
-            fs::write(format!("{}.zst", args[2]), &file[c.stored_range().start as usize..c.stored_range().end as usize]).unwrap();
+            fs::write(
+                format!("{}.zst", args[2]),
+                &file[c.stored_range().start as usize..c.stored_range().end as usize],
+            )
+            .unwrap();
         }
         other => panic!("unknown mode {other}"),
     }

@@ -5,10 +5,10 @@ use std::borrow::Cow;
 use std::io::{self, Write};
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{Context, anyhow, bail};
 use serde_json::json;
 
-use crate::format::decode::{decode_component, decode_with, stored_bytes, verify_digest, DECODE_PIECE};
+use crate::format::decode::{DECODE_PIECE, decode_component, decode_with, stored_bytes, verify_digest};
 use crate::format::validate::check_content;
 use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use crate::format::{self, DType, FormatError, Limits, Manifest, Value};
@@ -17,7 +17,8 @@ use crate::storage::local::MappedFile;
 
 fn open(path: &Path, limits: &Limits) -> anyhow::Result<(MappedFile, Manifest)> {
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let manifest = format::parse_file(&file, limits).with_context(|| format!("{} is not a valid .zt file", path.display()))?;
+    let manifest =
+        format::parse_file(&file, limits).with_context(|| format!("{} is not a valid .zt file", path.display()))?;
     Ok((file, manifest))
 }
 
@@ -40,7 +41,9 @@ pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write)
     let attributes = manifest.attributes.as_ref().map_or("(none)".to_owned(), |a| cbor_to_json(a).to_string());
     writeln!(out, "attributes: {attributes}")?;
     writeln!(out, "objects:    {}", manifest.objects.len())?;
-    let mut rows = vec![["NAME", "FORMAT", "SHAPE", "COMPONENT", "DTYPE", "TYPE", "ENCODING", "STORED", "DECODED"].map(String::from)];
+    let mut rows = vec![
+        ["NAME", "FORMAT", "SHAPE", "COMPONENT", "DTYPE", "TYPE", "ENCODING", "STORED", "DECODED"].map(String::from),
+    ];
     for object in &manifest.objects {
         for (i, c) in object.components.iter().enumerate() {
             let first = i == 0;
@@ -57,7 +60,17 @@ pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write)
             ]);
         }
         if object.components.is_empty() {
-            rows.push([shown(&object.name), shown(&object.format), format!("{:?}", object.shape), "-".into(), "".into(), "".into(), "".into(), "0".into(), "0".into()]);
+            rows.push([
+                shown(&object.name),
+                shown(&object.format),
+                format!("{:?}", object.shape),
+                "-".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "0".into(),
+                "0".into(),
+            ]);
         }
     }
     let widths: Vec<usize> = (0..9).map(|col| rows.iter().map(|r| r[col].chars().count()).max().unwrap_or(0)).collect();
@@ -128,7 +141,8 @@ pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) 
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let report = verify_bytes(&file, limits);
     if as_json {
-        let errors: Vec<_> = report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();
+        let errors: Vec<_> =
+            report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();
         let body = json!({
             "file": path.display().to_string(),
             "valid": report.is_valid(),
@@ -154,14 +168,21 @@ pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) 
 }
 
 /// `cat`: the decoded little-endian bytes of one component, after checking its digest.
-pub fn cat(path: &Path, object_name: &str, role: Option<&str>, limits: &Limits, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+pub fn cat(
+    path: &Path,
+    object_name: &str,
+    role: Option<&str>,
+    limits: &Limits,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<()> {
     let (file, manifest) = open(path, limits)?;
-    let object = manifest.object(object_name).ok_or_else(|| anyhow!("no object named {object_name:?} in {}", path.display()))?;
+    let object =
+        manifest.object(object_name).ok_or_else(|| anyhow!("no object named {object_name:?} in {}", path.display()))?;
     let roles = || object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", ");
     let component = match role {
-        Some(role) => object
-            .component(role)
-            .ok_or_else(|| anyhow!("object {object_name:?} has no component {role:?}; its components are {}", roles()))?,
+        Some(role) => object.component(role).ok_or_else(|| {
+            anyhow!("object {object_name:?} has no component {role:?}; its components are {}", roles())
+        })?,
         None => match &object.components[..] {
             [only] => only,
             [] => bail!("object {object_name:?} has no components"),
@@ -182,7 +203,12 @@ pub fn cat(path: &Path, object_name: &str, role: Option<&str>, limits: &Limits, 
 /// Decodes on this thread while another writes, so decoding and output overlap (as the
 /// `zstd` CLI's asynchronous I/O does). Buffers circulate between the two through bounded
 /// channels, so memory stays at a few pieces whatever the component's size.
-fn decode_pipelined(object: &str, component: &format::Component, stored: &[u8], out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+fn decode_pipelined(
+    object: &str,
+    component: &format::Component,
+    stored: &[u8],
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<()> {
     const IN_FLIGHT: usize = 4;
     let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(IN_FLIGHT);
     let (empty_tx, empty_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(IN_FLIGHT);
@@ -348,12 +374,14 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let scalar = 2.5f64.to_le_bytes().to_vec();
     let bf16 = le_bytes(64, |i| ((i as f32 / 8.0).to_bits() >> 16) as u16, u16::to_le_bytes);
     let fp8: Vec<u8> = (0..32).map(|i| (i * 7) as u8).collect();
-    let dense = |name: &'static str, shape: &'static [u64], dtype, logical_type, bytes: &'static [u8], attributes| ObjectInput {
-        name,
-        shape,
-        format: "dense",
-        attributes,
-        components: vec![ComponentInput { role: "data", dtype, logical_type, bytes }],
+    let dense = |name: &'static str, shape: &'static [u64], dtype, logical_type, bytes: &'static [u8], attributes| {
+        ObjectInput {
+            name,
+            shape,
+            format: "dense",
+            attributes,
+            components: vec![ComponentInput { role: "data", dtype, logical_type, bytes }],
+        }
     };
     let leak = |v: Vec<u8>| -> &'static [u8] { v.leak() };
     let layer_attributes = text_map(&[("layer", Value::Integer(0.into())), ("trainable", Value::Bool(true))]);
@@ -401,7 +429,11 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
                 shape: &[8, 8],
                 format: "sparse_csr",
                 attributes: None,
-                components: vec![c("values", DType::F32, &csr_values), c("indices", DType::U64, &csr_indices), c("indptr", DType::U64, &csr_indptr)],
+                components: vec![
+                    c("values", DType::F32, &csr_values),
+                    c("indices", DType::U64, &csr_indices),
+                    c("indptr", DType::U64, &csr_indptr),
+                ],
             },
             sha,
         ),
@@ -421,7 +453,11 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
                 shape: &[64, 64],
                 format: "quantized_group",
                 attributes: Some(quant_attributes),
-                components: vec![c("packed_weight", DType::I32, &packed), c("scales", DType::F16, &scales), c("zeros", DType::F16, &zeros)],
+                components: vec![
+                    c("packed_weight", DType::I32, &packed),
+                    c("scales", DType::F16, &scales),
+                    c("zeros", DType::F16, &zeros),
+                ],
             },
             crc,
         ),
@@ -440,7 +476,10 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         writer.add(object, options)?;
     }
     let structured_path = demo.join("structured.zt");
-    let attributes = text_map(&[("description", Value::Text("ztserve demo: sparse CSR and COO, quantized_group, a custom format".into()))]);
+    let attributes = text_map(&[(
+        "description",
+        Value::Text("ztserve demo: sparse CSR and COO, quantized_group, a custom format".into()),
+    )]);
     std::fs::write(&structured_path, writer.finish(Some(attributes))?)?;
     Ok(vec![dense_path, structured_path])
 }

@@ -185,9 +185,10 @@ impl Config {
         let mut origin: BTreeMap<String, String> = defaults.keys().map(|k| (k.clone(), "default".to_owned())).collect();
 
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-            let table: toml::Table =
-                toml::from_str(&text).map_err(|e| ConfigError::File { path: path.to_owned(), message: e.to_string() })?;
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+            let table: toml::Table = toml::from_str(&text)
+                .map_err(|e| ConfigError::File { path: path.to_owned(), message: e.to_string() })?;
             for (key, value) in table {
                 if !defaults.contains_key(&key) {
                     return Err(ConfigError::File { path: path.to_owned(), message: format!("unknown key {key:?}") });
@@ -201,8 +202,11 @@ impl Config {
         for (key, default) in &defaults {
             let var = env_name(key);
             if let Some(text) = env.get(&var) {
-                let value = parse_env(default, text)
-                    .map_err(|message| ConfigError::Env { var: var.clone(), value: text.clone(), message })?;
+                let value = parse_env(default, text).map_err(|message| ConfigError::Env {
+                    var: var.clone(),
+                    value: text.clone(),
+                    message,
+                })?;
                 origin.insert(key.clone(), format!("environment variable {var}"));
                 merged.insert(key.clone(), value);
             }
@@ -214,9 +218,8 @@ impl Config {
             merged.insert(key, value);
         }
 
-        let config: Config = toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
-            origin: "configuration".into(),
-            message: e.to_string(),
+        let config: Config = toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| {
+            ConfigError::Invalid { origin: "configuration".into(), message: e.to_string() }
         })?;
         config.validate(&origin)?;
         Ok(config)
@@ -236,11 +239,16 @@ impl Config {
         if self.sources.iter().any(|s| s.trim().is_empty()) {
             return Err(fail("sources", "a source is empty".into()));
         }
-        if let Some(bad) = self.sources.iter().find(|s| s.starts_with("s3:") && crate::storage::s3::parse_source(s).is_none()) {
+        if let Some(bad) =
+            self.sources.iter().find(|s| s.starts_with("s3:") && crate::storage::s3::parse_source(s).is_none())
+        {
             return Err(fail("sources", format!("{bad:?} is not s3://bucket/prefix")));
         }
         if !matches!(self.on_unreadable_source.as_str(), "fail" | "degrade") {
-            return Err(fail("on_unreadable_source", format!("{:?} is not fail or degrade", self.on_unreadable_source)));
+            return Err(fail(
+                "on_unreadable_source",
+                format!("{:?} is not fail or degrade", self.on_unreadable_source),
+            ));
         }
         if self.manifest_suffix_bytes < 16 {
             return Err(fail("manifest_suffix_bytes", "must be at least 16 (the trailer)".into()));
@@ -337,7 +345,11 @@ impl Config {
     }
 
     pub fn limits(&self) -> Limits {
-        Limits { max_manifest_bytes: self.max_manifest_bytes, max_decoded_bytes: self.max_decoded_bytes, ..Limits::default() }
+        Limits {
+            max_manifest_bytes: self.max_manifest_bytes,
+            max_decoded_bytes: self.max_decoded_bytes,
+            ..Limits::default()
+        }
     }
 }
 
@@ -367,10 +379,18 @@ impl VerifyPolicy {
 /// and comma-separated lists for arrays.
 fn parse_env(default: &toml::Value, text: &str) -> Result<toml::Value, String> {
     match default {
-        toml::Value::Integer(_) => text.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| "expected an integer".into()),
-        toml::Value::Boolean(_) => text.trim().parse::<bool>().map(toml::Value::Boolean).map_err(|_| "expected true or false".into()),
+        toml::Value::Integer(_) => {
+            text.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| "expected an integer".into())
+        }
+        toml::Value::Boolean(_) => {
+            text.trim().parse::<bool>().map(toml::Value::Boolean).map_err(|_| "expected true or false".into())
+        }
         toml::Value::Array(_) => Ok(toml::Value::Array(
-            text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
         )),
         _ => Ok(toml::Value::String(text.to_owned())),
     }

@@ -4,7 +4,7 @@
 //! `{"$map": [[key, value], …]}`, and non-finite floats to the strings `"NaN"`, `"Infinity"`
 //! and `"-Infinity"`.
 
-use serde_json::{json, Map, Value as Json};
+use serde_json::{Map, Value as Json, json};
 
 use crate::format::{ByteOrder, Component, Manifest, Object, Value};
 
@@ -32,10 +32,8 @@ pub fn cbor_to_json(value: &Value) -> Json {
         Value::Array(items) => Json::Array(items.iter().map(cbor_to_json).collect()),
         Value::Map(entries) => {
             if entries.iter().all(|(k, _)| k.is_text()) {
-                let map: Map<String, Json> = entries
-                    .iter()
-                    .map(|(k, v)| (k.as_text().expect("checked").to_owned(), cbor_to_json(v)))
-                    .collect();
+                let map: Map<String, Json> =
+                    entries.iter().map(|(k, v)| (k.as_text().expect("checked").to_owned(), cbor_to_json(v))).collect();
                 Json::Object(map)
             } else {
                 let pairs = entries.iter().map(|(k, v)| json!([cbor_to_json(k), cbor_to_json(v)])).collect();

@@ -26,9 +26,9 @@
 pub mod catalog;
 pub mod cli;
 pub mod config;
-pub mod json;
 pub mod format;
 pub mod http;
+pub mod json;
 pub mod pull;
 pub mod storage;
 pub mod telemetry;

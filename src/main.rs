@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use ztserve::cli;
 use ztserve::config::Config;
-use ztserve::format::write::WriteOptions;
 use ztserve::format::Limits;
+use ztserve::format::write::WriteOptions;
 
 #[derive(Parser)]
 #[command(name = "ztserve", version, about = "Serve and inspect zTensor (.zt) files")]
@@ -123,7 +123,11 @@ struct LimitArgs {
 
 impl LimitArgs {
     fn limits(&self) -> Limits {
-        Limits { max_manifest_bytes: self.max_manifest_bytes, max_decoded_bytes: self.max_decoded_bytes, ..Limits::default() }
+        Limits {
+            max_manifest_bytes: self.max_manifest_bytes,
+            max_decoded_bytes: self.max_decoded_bytes,
+            ..Limits::default()
+        }
     }
 }
 
@@ -135,7 +139,12 @@ fn raw_stdout() -> io::Result<io::BufWriter<File>> {
     Ok(io::BufWriter::with_capacity(64 << 10, File::from(fd)))
 }
 
-fn serve(sources: Vec<String>, listen: Option<String>, config: Option<PathBuf>, log_format: Option<String>) -> anyhow::Result<ExitCode> {
+fn serve(
+    sources: Vec<String>,
+    listen: Option<String>,
+    config: Option<PathBuf>,
+    log_format: Option<String>,
+) -> anyhow::Result<ExitCode> {
     let mut flags = BTreeMap::new();
     if !sources.is_empty() {
         flags.insert("sources".to_owned(), toml::Value::Array(sources.into_iter().map(toml::Value::String).collect()));
@@ -166,7 +175,12 @@ fn parse_size(text: &str) -> Result<u64, String> {
         "G" => 1 << 30,
         _ => return Err(format!("{text:?} is not a size (examples: 8M, 512K, 1G, 65536)")),
     };
-    digits.parse::<u64>().ok().and_then(|n| n.checked_mul(scale)).filter(|&n| n > 0).ok_or_else(|| format!("{text:?} is not a size above 0"))
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{text:?} is not a size above 0"))
 }
 
 fn pull(options: &ztserve::pull::PullOptions) -> anyhow::Result<ExitCode> {
@@ -258,7 +272,8 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
         }
         Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } => unreachable!("handled by run"),
         Command::Convert { input, output, compress, digest } => {
-            let options = WriteOptions { zstd_level: cli::parse_compress(&compress)?, digest: cli::parse_digest(&digest)? };
+            let options =
+                WriteOptions { zstd_level: cli::parse_compress(&compress)?, digest: cli::parse_digest(&digest)? };
             let count = cli::convert(&input, &output, &options)?;
             writeln!(io::stderr(), "wrote {count} tensors to {}", output.display())?;
         }
@@ -270,7 +285,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(code) => code,
-        Err(e) if e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)

@@ -67,7 +67,7 @@ pub fn metrics() -> &'static PrometheusHandle {
 }
 
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     use names::*;
     describe_counter!(HTTP_REQUESTS, "Requests answered, by route, method and status.");
     describe_counter!(HTTP_RESPONSE_BYTES, Unit::Bytes, "Response body bytes sent, by route.");
@@ -84,11 +84,24 @@ fn describe() {
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
     describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
-    describe_counter!(HTTP_IDLE_TIMEOUTS, "Connections closed after idle_timeout_secs without progress (a client that stopped reading).");
+    describe_counter!(
+        HTTP_IDLE_TIMEOUTS,
+        "Connections closed after idle_timeout_secs without progress (a client that stopped reading)."
+    );
     describe_counter!(DECODE_REFUSALS, "Requests answered 503 because every decoder stayed busy for decode_wait_ms.");
-    describe_counter!(AUTH_FAILURES, "Requests refused for want of a valid bearer token, by reason (missing or invalid).");
+    describe_counter!(
+        AUTH_FAILURES,
+        "Requests refused for want of a valid bearer token, by reason (missing or invalid)."
+    );
     describe_gauge!(AUTH_TOKENS, "Bearer tokens accepted (from the config and the token file).");
-    describe_counter!(AUTH_TOKEN_FILE_RELOADS, "Re-reads of the changed token file, by outcome (ok, or error: its tokens refused).");
+    describe_counter!(
+        AUTH_TOKEN_FILE_RELOADS,
+        "Re-reads of the changed token file, by outcome (ok, or error: its tokens refused)."
+    );
     describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
-    describe_counter!(SENDFILE_BYTES, Unit::Bytes, "Response bytes sent from files with sendfile, never copied through the process.");
+    describe_counter!(
+        SENDFILE_BYTES,
+        Unit::Bytes,
+        "Response bytes sent from files with sendfile, never copied through the process."
+    );
 }

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{model, request, serve, start_binary, Reply};
+use common::{Reply, model, request, serve, start_binary};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -39,10 +39,19 @@ fn ids(reply: &Reply) -> Vec<String> {
 async fn models_need_a_valid_token_and_probes_and_metrics_stay_open() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
-    let config = Config { sources: vec![dir.path().display().to_string()], tokens: vec![ADMIN.into()], ..Config::default() };
+    let config =
+        Config { sources: vec![dir.path().display().to_string()], tokens: vec![ADMIN.into()], ..Config::default() };
     let (address, _state) = serve(config).await;
     tokio::task::spawn_blocking(move || {
-        for path in ["/models", "/models/shared", "/models/shared/objects/w", "/models/shared/objects/w/components/data", "/models/shared/file", "/models/nope", "/nowhere"] {
+        for path in [
+            "/models",
+            "/models/shared",
+            "/models/shared/objects/w",
+            "/models/shared/objects/w/components/data",
+            "/models/shared/file",
+            "/models/nope",
+            "/nowhere",
+        ] {
             let missing = get(&address, path, None);
             assert_eq!(missing.status, 401, "{path}");
             assert_eq!(missing.header("www-authenticate"), Some(r#"Bearer realm="ztserve""#), "{path}");
@@ -117,7 +126,10 @@ async fn a_token_limited_to_a_prefix_sees_nothing_outside_it() {
                 // The same answer as for a model that does not exist, but for its name.
                 let hidden_id = hidden.replace("%2F", "/");
                 let unknown_id = unknown.replace("%2F", "/");
-                assert_eq!(String::from_utf8_lossy(&outside.body), String::from_utf8_lossy(&missing.body).replace(&unknown_id, &hidden_id));
+                assert_eq!(
+                    String::from_utf8_lossy(&outside.body),
+                    String::from_utf8_lossy(&missing.body).replace(&unknown_id, &hidden_id)
+                );
                 assert_eq!(get(&address, &format!("/models/{hidden}{suffix}"), Some(ADMIN)).status, 200);
             }
         }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use ztserve::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
-use ztserve::format::{parse_file, DType, Encoding, Limits};
+use ztserve::format::{DType, Encoding, Limits, parse_file};
 
 fn ztserve(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ztserve")).args(args.iter().map(|a| a.as_ref())).output().unwrap()
@@ -115,7 +115,7 @@ fn cat_writes_decoded_bytes_and_names_the_roles_when_the_component_is_ambiguous(
 
 #[test]
 fn convert_turns_safetensors_into_a_file_with_the_same_tensors() {
-    use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
+    use safetensors::tensor::{Dtype, TensorView, serialize_to_file};
     let dir = tempfile::tempdir().unwrap();
     let f32s: Vec<u8> = (0..12).flat_map(|i| (i as f32).to_le_bytes()).collect();
     let bf16: Vec<u8> = (0..8u8).collect();
@@ -207,7 +207,11 @@ fn the_committed_demo_models_are_exactly_what_write_demo_writes() {
     let mut total = 0;
     for name in ["dense.zt", "structured.zt"] {
         let fresh = fs::read(dir.path().join("demo").join(name)).unwrap();
-        assert_eq!(fs::read(committed.join(name)).unwrap(), fresh, "models/demo/{name}: run `ztserve write-demo models`");
+        assert_eq!(
+            fs::read(committed.join(name)).unwrap(),
+            fresh,
+            "models/demo/{name}: run `ztserve write-demo models`"
+        );
         assert_eq!(ztserve(&[&"verify", &committed.join(name)]).status.code(), Some(0));
         total += fresh.len();
     }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::RunningServer;
 use sha2::Digest as _;
-use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use ztserve::format::DType;
+use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 
 struct Reply {
     status: u16,
@@ -168,7 +168,11 @@ fn the_first_bytes_of_a_64_mib_zstd_component_arrive_long_before_its_whole_decod
         .collect();
     ratios.sort_by(f64::total_cmp);
     eprintln!("time to first byte / time to last byte, three cold 64 MiB components: {ratios:?}");
-    assert!(ratios[1] < 0.25, "time to first byte is {:.0}% of the whole decode (ratios {ratios:?})", ratios[1] * 100.0);
+    assert!(
+        ratios[1] < 0.25,
+        "time to first byte is {:.0}% of the whole decode (ratios {ratios:?})",
+        ratios[1] * 100.0
+    );
     assert_eq!(metric(&server, "ztserve_decodes_started_total"), 3.0);
 }
 
@@ -197,7 +201,10 @@ fn sixty_four_concurrent_range_requests_to_a_cold_component_share_one_decode() {
         thread.join().unwrap();
     }
     assert_eq!(metric(&server, "ztserve_decodes_started_total"), 1.0);
-    assert_eq!(metric(&server, "ztserve_decode_cache_hits_total") + metric(&server, "ztserve_decode_cache_misses_total"), 64.0);
+    assert_eq!(
+        metric(&server, "ztserve_decode_cache_hits_total") + metric(&server, "ztserve_decode_cache_misses_total"),
+        64.0
+    );
     // The whole component, then ranges anywhere: no further decoding.
     let decoded = metric(&server, "ztserve_decoded_bytes_total");
     assert_eq!(request(&server.address, "/models/m/objects/w", &[]).body, body);
@@ -236,7 +243,8 @@ fn a_cache_smaller_than_one_component_still_serves_correct_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let body = payload(4 << 20, 11);
     write_model(dir.path(), "m", &[("w", &body, zstd(Some(DigestAlgorithm::Sha256)))]);
-    let server = serve(dir.path(), &[("ZTSERVE_DECODE_CACHE_BYTES", "1048576"), ("ZTSERVE_MAX_CONCURRENT_DECODES", "1")]);
+    let server =
+        serve(dir.path(), &[("ZTSERVE_DECODE_CACHE_BYTES", "1048576"), ("ZTSERVE_MAX_CONCURRENT_DECODES", "1")]);
     let path = "/models/m/objects/w";
     let whole = request(&server.address, path, &[]);
     assert!(whole.complete && whole.body == body);
@@ -247,7 +255,10 @@ fn a_cache_smaller_than_one_component_still_serves_correct_bytes() {
     let multi = request(&server.address, path, &[("Range", "bytes=0-1,3000000-3000001")]);
     assert_eq!(multi.status, 206);
     let text = String::from_utf8_lossy(&multi.body);
-    assert!(text.contains("Content-Range: bytes 0-1/4194304") && text.contains("Content-Range: bytes 3000000-3000001/4194304"));
+    assert!(
+        text.contains("Content-Range: bytes 0-1/4194304")
+            && text.contains("Content-Range: bytes 3000000-3000001/4194304")
+    );
     // Nothing is held; every read decodes privately.
     assert_eq!(metric(&server, "ztserve_decode_cache_bytes"), 0.0);
     assert_eq!(metric(&server, "ztserve_decodes_started_total"), 5.0);
@@ -274,7 +285,11 @@ fn the_least_recently_used_component_is_evicted_to_make_room() {
 fn accept_encoding_zstd_returns_the_exact_stored_frame_without_decoding() {
     let dir = tempfile::tempdir().unwrap();
     let body = payload(1 << 20, 5);
-    let file = write_model(dir.path(), "m", &[("w", &body, zstd(Some(DigestAlgorithm::Sha256))), ("r", &body[..100], raw(None))]);
+    let file = write_model(
+        dir.path(),
+        "m",
+        &[("w", &body, zstd(Some(DigestAlgorithm::Sha256))), ("r", &body[..100], raw(None))],
+    );
     let server = serve(dir.path(), &[]);
     let frame = stored_frame(&server, &file, "m", "w");
     let path = "/models/m/objects/w";
@@ -316,7 +331,15 @@ fn accept_encoding_zstd_returns_the_exact_stored_frame_without_decoding() {
 fn repr_digest_is_sent_once_the_decoded_sha256_is_known() {
     let dir = tempfile::tempdir().unwrap();
     let body = payload(2 << 20, 9);
-    write_model(dir.path(), "m", &[("z", &body, zstd(None)), ("r", &body, raw(Some(DigestAlgorithm::Sha256))), ("c", &body, raw(Some(DigestAlgorithm::Crc32c)))]);
+    write_model(
+        dir.path(),
+        "m",
+        &[
+            ("z", &body, zstd(None)),
+            ("r", &body, raw(Some(DigestAlgorithm::Sha256))),
+            ("c", &body, raw(Some(DigestAlgorithm::Crc32c))),
+        ],
+    );
     let server = serve(dir.path(), &[]);
     let expected = {
         use base64::Engine as _;
@@ -426,11 +449,7 @@ fn the_metrics_endpoint_parses_as_prometheus_text_and_counts_what_happened() {
     assert!(output.status.success(), "the Prometheus parser refused the scrape:\n{text}");
     let samples: Vec<(String, serde_json::Value, f64)> = serde_json::from_slice(&output.stdout).unwrap();
     let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
-        samples
-            .iter()
-            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l[*k] == *v))
-            .map(|(_, _, v)| v)
-            .sum()
+        samples.iter().filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l[*k] == *v)).map(|(_, _, v)| v).sum()
     };
     let object_route = "/models/{model}/objects/{object}";
     assert_eq!(value("ztserve_http_requests_total", &[("route", object_route), ("status", "200")]), 1.0);
@@ -458,12 +477,18 @@ fn head_and_not_modified_answers_never_start_a_decode() {
     write!(stream, "HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     let mut head = String::new();
     stream.read_to_string(&mut head).unwrap();
-    assert!(head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("content-length: 1048576"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("content-length: 1048576"),
+        "{head}"
+    );
     let tag = head.lines().find_map(|l| l.strip_prefix("etag: ")).unwrap().trim().to_owned();
     assert_eq!(request(&server.address, path, &[("If-None-Match", &tag)]).status, 304);
     assert_eq!(request(&server.address, "/models/m", &[]).status, 200);
     assert_eq!(metric(&server, "ztserve_decodes_started_total"), 0.0);
-    assert_eq!(metric(&server, "ztserve_decode_cache_hits_total") + metric(&server, "ztserve_decode_cache_misses_total"), 0.0);
+    assert_eq!(
+        metric(&server, "ztserve_decode_cache_hits_total") + metric(&server, "ztserve_decode_cache_misses_total"),
+        0.0
+    );
     assert_eq!(request(&server.address, path, &[("Range", "bytes=0-0")]).body, body[..1]);
     assert_eq!(metric(&server, "ztserve_decodes_started_total"), 1.0);
 }

@@ -31,7 +31,15 @@ async fn a_model_truncated_in_place_answers_503_on_every_route_and_the_others_ke
     let raw = noise(4 * MIB, 1);
     let flags: Vec<u8> = (0..4096).map(|i| (i % 3 == 0) as u8).collect();
     let victim = dir.path().join("victim.zt");
-    fs::write(&victim, model(&[("raw", DType::U8, &raw, false), ("packed", DType::U8, &raw, true), ("flags", DType::Bool, &flags, false)])).unwrap();
+    fs::write(
+        &victim,
+        model(&[
+            ("raw", DType::U8, &raw, false),
+            ("packed", DType::U8, &raw, true),
+            ("flags", DType::Bool, &flags, false),
+        ]),
+    )
+    .unwrap();
     fs::write(dir.path().join("other.zt"), model(&[("raw", DType::U8, &raw, true)])).unwrap();
     let (address, _state) = serve(config(dir.path())).await;
     tokio::task::spawn_blocking(move || {

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use ztserve::cli::verify_bytes;
 use ztserve::format::decode::{decode_component, stored_bytes, verify_digest};
-use ztserve::format::{parse_file, ByteOrder, Digest, FormatError, Limits, Value};
+use ztserve::format::{ByteOrder, Digest, FormatError, Limits, Value, parse_file};
 
 fn parse(file: &[u8]) -> Result<ztserve::format::Manifest, FormatError> {
     parse_file(file, &Limits::default())
@@ -147,7 +147,8 @@ fn a_manifest_of_the_wrong_shape_is_refused() {
 fn missing_required_fields_are_refused() {
     assert_eq!(code(&v1_file(&[], &cbor(&map(vec![("objects", map(vec![]))])))), "missing_field");
     assert_eq!(code(&v1_file(&[], &cbor(&map(vec![("version", text("1.2.0"))])))), "missing_field");
-    let no_offset = manifest(vec![("w", vec![0], "dense", vec![("data", map(vec![("dtype", text("f32")), ("length", uint(0))]))])]);
+    let no_offset =
+        manifest(vec![("w", vec![0], "dense", vec![("data", map(vec![("dtype", text("f32")), ("length", uint(0))]))])]);
     match parse(&v1_file(&[], &cbor(&no_offset))) {
         Err(FormatError::MissingField { context, field }) => {
             assert_eq!(field, "offset");
@@ -180,7 +181,17 @@ fn negative_float_and_tagged_integers_are_refused_where_unsigned_belong() {
     }
     let m = map(vec![
         ("version", text("1.2.0")),
-        ("objects", map(vec![("w", map(vec![("shape", Value::Array(vec![Value::Integer((-1).into())])), ("format", text("x")), ("components", map(vec![]))]))])),
+        (
+            "objects",
+            map(vec![(
+                "w",
+                map(vec![
+                    ("shape", Value::Array(vec![Value::Integer((-1).into())])),
+                    ("format", text("x")),
+                    ("components", map(vec![])),
+                ]),
+            )]),
+        ),
     ]);
     assert_eq!(code(&v1_file(&[], &cbor(&m))), "not_unsigned");
 }
@@ -233,11 +244,16 @@ fn raw_length_not_matching_the_shape_is_refused() {
 
 #[test]
 fn component_lengths_not_a_multiple_of_the_dtype_width_are_refused() {
-    let m = manifest(vec![("q", vec![4], "quantized_group", vec![
-        ("packed_weight", map(component("i32", 64, 6))),
-        ("scales", map(component("f16", 128, 2))),
-        ("zeros", map(component("f16", 192, 2))),
-    ])]);
+    let m = manifest(vec![(
+        "q",
+        vec![4],
+        "quantized_group",
+        vec![
+            ("packed_weight", map(component("i32", 64, 6))),
+            ("scales", map(component("f16", 128, 2))),
+            ("zeros", map(component("f16", 192, 2))),
+        ],
+    )]);
     assert_eq!(code(&v1_file(&data_region(5, 0), &cbor(&m))), "length_not_multiple");
 }
 
@@ -265,7 +281,10 @@ fn required_components_missing_are_refused_for_each_well_known_format() {
         ("dense", vec![("other", map(component("u8", 64, 1)))]),
         ("sparse_csr", vec![("values", map(component("f32", 64, 4))), ("indices", map(component("u64", 128, 8)))]),
         ("sparse_coo", vec![("values", map(component("f32", 64, 4)))]),
-        ("quantized_group", vec![("packed_weight", map(component("i32", 64, 4))), ("scales", map(component("f16", 128, 2)))]),
+        (
+            "quantized_group",
+            vec![("packed_weight", map(component("i32", 64, 4))), ("scales", map(component("f16", 128, 2)))],
+        ),
     ] {
         let m = manifest(vec![("x", vec![1, 1], format, present)]);
         assert_eq!(code(&v1_file(&data_region(4, 0), &cbor(&m))), "missing_component", "{format}");
@@ -284,10 +303,12 @@ fn a_version_whose_major_is_not_1_is_refused_in_a_zten1000_container() {
 
 #[test]
 fn sparse_index_components_must_be_u64() {
-    let m = manifest(vec![("s", vec![1, 1], "sparse_coo", vec![
-        ("values", map(component("f32", 64, 4))),
-        ("coords", map(component("u32", 128, 8))),
-    ])]);
+    let m = manifest(vec![(
+        "s",
+        vec![1, 1],
+        "sparse_coo",
+        vec![("values", map(component("f32", 64, 4))), ("coords", map(component("u32", 128, 8)))],
+    )]);
     assert_eq!(code(&v1_file(&data_region(3, 0), &cbor(&m))), "sparse_index_dtype");
 }
 
@@ -317,11 +338,17 @@ fn unknown_fields_formats_and_logical_types_are_kept_and_served_by_dtype() {
     let m = map(vec![
         ("version", text("1.3.0")),
         ("future_root_field", uint(7)),
-        ("objects", map(vec![("w", map(vec![
-            ("shape", Value::Array(vec![uint(2)])),
-            ("format", text("x_vendor.packed")),
-            ("components", map(vec![("blob", map(c))])),
-        ]))])),
+        (
+            "objects",
+            map(vec![(
+                "w",
+                map(vec![
+                    ("shape", Value::Array(vec![uint(2)])),
+                    ("format", text("x_vendor.packed")),
+                    ("components", map(vec![("blob", map(c))])),
+                ]),
+            )]),
+        ),
     ]);
     let mut data = data_region(2, 0);
     data[56..60].copy_from_slice(&[1, 2, 3, 4]);
@@ -396,7 +423,14 @@ fn legacy_big_endian_data_is_byte_swapped_to_little_endian() {
 
 #[test]
 fn legacy_indefinite_maps_long_dtypes_layouts_and_custom_fields_are_read() {
-    let entry = legacy_entry("sp", "uint8", vec![3], 64, 3, vec![("layout", text("sparse")), ("sparse_format", text("csr")), ("mine", uint(5))]);
+    let entry = legacy_entry(
+        "sp",
+        "uint8",
+        vec![3],
+        64,
+        3,
+        vec![("layout", text("sparse")), ("sparse_format", text("csr")), ("mine", uint(5))],
+    );
     // Re-encode the map as indefinite-length, as the 0.1.4 writer does.
     let definite = cbor(&Value::Array(vec![entry]));
     let mut index = vec![0x81, 0xbf];
@@ -420,7 +454,8 @@ fn legacy_files_refuse_short_dtype_names_unknown_endianness_and_duplicate_names(
     };
     let short = Value::Array(vec![legacy_entry("a", "f32", vec![1], 64, 4, vec![])]);
     assert_eq!(code(&legacy_file(&data, &cbor(&short))), "unknown_dtype");
-    let endian = Value::Array(vec![legacy_entry("a", "float32", vec![1], 64, 4, vec![("data_endianness", text("middle"))])]);
+    let endian =
+        Value::Array(vec![legacy_entry("a", "float32", vec![1], 64, 4, vec![("data_endianness", text("middle"))])]);
     assert_eq!(code(&legacy_file(&data, &cbor(&endian))), "unknown_endianness");
     let twice = Value::Array(vec![
         legacy_entry("a", "float32", vec![1], 64, 4, vec![]),
@@ -457,11 +492,16 @@ fn csr_file(indptr: &[u64], indices: &[u64], shape: Vec<u64>) -> Vec<u8> {
     data.extend_from_slice(&block);
     let indptr_off = 8 + data.len() as u64;
     data.extend_from_slice(&u64s(indptr));
-    let m = manifest(vec![("csr", shape, "sparse_csr", vec![
-        ("values", map(component("f32", values_off, nnz * 4))),
-        ("indices", map(component("u64", indices_off, nnz * 8))),
-        ("indptr", map(component("u64", indptr_off, indptr.len() as u64 * 8))),
-    ])]);
+    let m = manifest(vec![(
+        "csr",
+        shape,
+        "sparse_csr",
+        vec![
+            ("values", map(component("f32", values_off, nnz * 4))),
+            ("indices", map(component("u64", indices_off, nnz * 8))),
+            ("indptr", map(component("u64", indptr_off, indptr.len() as u64 * 8))),
+        ],
+    )]);
     v1_file(&data, &cbor(&m))
 }
 
@@ -493,10 +533,15 @@ fn coo_coords_must_hold_ndim_times_nnz_entries_in_range() {
         data.extend_from_slice(&[0u8; 64]); // values: 2 × f32 at offset 64
         let coords_bytes: Vec<u8> = coords.iter().flat_map(|x| x.to_le_bytes()).collect();
         data.extend_from_slice(&coords_bytes);
-        let m = manifest(vec![("coo", shape, "sparse_coo", vec![
-            ("values", map(component("f32", 64, 8))),
-            ("coords", map(component("u64", 128, coords_bytes.len() as u64))),
-        ])]);
+        let m = manifest(vec![(
+            "coo",
+            shape,
+            "sparse_coo",
+            vec![
+                ("values", map(component("f32", 64, 8))),
+                ("coords", map(component("u64", 128, coords_bytes.len() as u64))),
+            ],
+        )]);
         v1_file(&data, &cbor(&m))
     };
     assert!(verify_codes(&build(&[0, 1, 2, 0], vec![2, 3])).is_empty());

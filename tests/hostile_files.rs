@@ -33,10 +33,16 @@ enum Mutation {
 fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
-        (any::<usize>(), prop::sample::select(vec![0u8, 1, 0x17, 0x18, 0x1b, 0x3f, 0x40, 0x7f, 0x80, 0x9f, 0xa0, 0xbf, 0xc2, 0xf9, 0xff]))
+        (
+            any::<usize>(),
+            prop::sample::select(vec![
+                0u8, 1, 0x17, 0x18, 0x1b, 0x3f, 0x40, 0x7f, 0x80, 0x9f, 0xa0, 0xbf, 0xc2, 0xf9, 0xff
+            ])
+        )
             .prop_map(|(at, byte)| Mutation::Set { at, byte }),
         any::<usize>().prop_map(|len| Mutation::Truncate { len }),
-        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..16))
+            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
         (any::<usize>(), 1usize..32).prop_map(|(at, len)| Mutation::Remove { at, len }),
     ]
 }

@@ -27,7 +27,8 @@ fn send_raw(address: &str, raw: &[u8]) -> (Option<u16>, Vec<u8>) {
     }
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response);
-    let status = response.starts_with(b"HTTP/1.1 ").then(|| String::from_utf8_lossy(&response[9..12]).parse().ok()).flatten();
+    let status =
+        response.starts_with(b"HTTP/1.1 ").then(|| String::from_utf8_lossy(&response[9..12]).parse().ok()).flatten();
     (status, response)
 }
 
@@ -75,19 +76,32 @@ async fn traversal_in_any_spelling_never_leaves_the_source() {
             for suffix in ["", "/file", "/objects/w", "/objects/w/components/data"] {
                 let reply = request(&address, &format!("/models/{id}{suffix}"), &[]);
                 assert!(matches!(reply.status, 400 | 404), "/models/{id}{suffix} answered {}", reply.status);
-                assert!(!reply.body.windows(secret.len()).any(|w| w == secret), "/models/{id}{suffix} leaked the secret");
+                assert!(
+                    !reply.body.windows(secret.len()).any(|w| w == secret),
+                    "/models/{id}{suffix} leaked the secret"
+                );
             }
         }
         // Traversal in object names and roles of a real model.
         for name in ["..%2F..%2Fsecret", "..", "w%00", "%C0%AEw", "w%2F..%2Fw"] {
-            for path in [format!("/models/org%2Fllama/objects/{name}"), format!("/models/org%2Fllama/objects/w/components/{name}")] {
+            for path in [
+                format!("/models/org%2Fllama/objects/{name}"),
+                format!("/models/org%2Fllama/objects/w/components/{name}"),
+            ] {
                 let reply = request(&address, &path, &[]);
                 assert!(matches!(reply.status, 400 | 404), "{path} answered {}", reply.status);
             }
         }
         // Raw traversal in the request target, which no client library would send.
-        for target in ["/models/../secret", "/models/../../passwd", "/models/..\\secret", "/models/org/../../secret/file", "/../../etc/passwd"] {
-            let (status, response) = send_raw(&address, format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+        for target in [
+            "/models/../secret",
+            "/models/../../passwd",
+            "/models/..\\secret",
+            "/models/org/../../secret/file",
+            "/../../etc/passwd",
+        ] {
+            let (status, response) =
+                send_raw(&address, format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
             assert!(matches!(status, Some(400 | 404)), "{target} answered {status:?}");
             assert!(!response.windows(secret.len()).any(|w| w == secret), "{target} leaked the secret");
         }

@@ -14,9 +14,9 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use tower::ServiceExt;
 use ztserve::config::Config;
-use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use ztserve::format::DType;
-use ztserve::http::{app, AppState};
+use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
+use ztserve::http::{AppState, app};
 
 struct Reply {
     status: StatusCode,
@@ -29,7 +29,8 @@ impl Reply {
         self.headers.get(name).map_or("", |v| v.to_str().unwrap())
     }
     fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
     fn error_code(&self) -> String {
         self.json()["error"]["code"].as_str().unwrap().to_owned()
@@ -70,7 +71,11 @@ fn llama() -> Vec<u8> {
     };
     let weights: &'static [u8] = weights.leak();
     let ids: &'static [u8] = ids.leak();
-    w.add(&dense("weights", &[10, 100], DType::F32, weights), &WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Sha256) }).unwrap();
+    w.add(
+        &dense("weights", &[10, 100], DType::F32, weights),
+        &WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Sha256) },
+    )
+    .unwrap();
     w.add(&dense("ids.zstd", &[4096], DType::U64, ids), &WriteOptions { zstd_level: Some(3), digest: None }).unwrap();
     w.add(&dense("a/b c%?#ü", &[4], DType::F32, &weights[..16]), &WriteOptions::default()).unwrap();
     w.add(
@@ -139,7 +144,11 @@ async fn the_model_list_shows_good_and_broken_files_with_reasons(source: ModelSo
     let broken = get(&state, "/models/broken", &[]).await;
     assert_eq!((broken.status, broken.error_code().as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"));
     assert_eq!(get(&state, "/models/broken/objects/x", &[]).await.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(get(&state, "/models/org%2Fllama", &[]).await.status, StatusCode::OK, "a broken file never stops the others");
+    assert_eq!(
+        get(&state, "/models/org%2Fllama", &[]).await.status,
+        StatusCode::OK,
+        "a broken file never stops the others"
+    );
 }
 
 async fn the_manifest_lists_every_object_with_component_urls(source: ModelSource) {
@@ -204,7 +213,9 @@ async fn ranges_single_suffix_open_and_multiple(source: ModelSource) {
     assert_eq!(multi.header("content-length"), text.len().to_string());
     let parts: Vec<&[u8]> = split(&text, format!("--{boundary}").as_bytes());
     assert_eq!(parts.len(), 4, "preamble, two parts, epilogue");
-    for (part, (range, bytes)) in parts[1..3].iter().zip([("bytes 0-3/4000", &all[0..4]), ("bytes 3996-3999/4000", &all[3996..])]) {
+    for (part, (range, bytes)) in
+        parts[1..3].iter().zip([("bytes 0-3/4000", &all[0..4]), ("bytes 3996-3999/4000", &all[3996..])])
+    {
         let head_end = part.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
         let head = String::from_utf8_lossy(&part[..head_end]);
         assert!(head.contains(&format!("Content-Range: {range}")), "{head}");
@@ -238,7 +249,10 @@ async fn unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ig
     let invalid = get(&state, WEIGHTS, &[("range", "bytes=9-1")]).await;
     assert_eq!((invalid.status, invalid.body.len()), (StatusCode::OK, 4000));
     let too_many = get(&state, WEIGHTS, &[("range", "bytes=0-0,1-1,2-2,3-3,4-4,5-5,6-6,7-7,8-8")]).await;
-    assert_eq!((too_many.status, too_many.error_code().as_str()), (StatusCode::RANGE_NOT_SATISFIABLE, "too_many_ranges"));
+    assert_eq!(
+        (too_many.status, too_many.error_code().as_str()),
+        (StatusCode::RANGE_NOT_SATISFIABLE, "too_many_ranges")
+    );
 }
 
 async fn conditional_requests_follow_rfc_9110(source: ModelSource) {
@@ -325,11 +339,16 @@ async fn ids_and_names_cannot_reach_outside_the_source(source: ModelSource) {
         ModelSource::Local(dir) => fs::write(dir.path().parent().unwrap().join("secret.zt"), b"secret").unwrap(),
         ModelSource::S3 { client, .. } => {
             use object_store::ObjectStoreExt as _;
-            client.put(&object_store::path::Path::from("secret.zt"), object_store::PutPayload::from_static(b"secret")).await.unwrap();
+            client
+                .put(&object_store::path::Path::from("secret.zt"), object_store::PutPayload::from_static(b"secret"))
+                .await
+                .unwrap();
         }
     }
     let state = state_for(&source).await;
-    for uri in ["/models/..%2Fsecret", "/models/%2Fetc%2Fpasswd", "/models/org%2F..%2F..%2Fsecret", "/models/..%252Fsecret"] {
+    for uri in
+        ["/models/..%2Fsecret", "/models/%2Fetc%2Fpasswd", "/models/org%2F..%2F..%2Fsecret", "/models/..%252Fsecret"]
+    {
         let reply = get(&state, uri, &[]).await;
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{uri}");
     }
@@ -361,8 +380,12 @@ async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource)
     assert_eq!(after.body, small);
     assert_ne!(after.header("etag"), before.header("etag"));
     assert_ne!(after.header("x-zt-model-version"), before.header("x-zt-model-version"));
-    let ids: Vec<String> =
-        get(&state, "/models", &[]).await.json()["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect();
+    let ids: Vec<String> = get(&state, "/models", &[]).await.json()["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(ids, ["new", "org/llama"]);
 }
 
@@ -411,7 +434,9 @@ async fn sixty_four_concurrent_range_requests_return_correct_bytes(source: Model
                 let (status, body) = raw_get(addr, WEIGHTS, &format!("bytes={start}-{end}")).await;
                 assert_eq!(status, 206);
                 assert_eq!(body, all[start as usize..=end as usize]);
-                let (status, body) = raw_get(addr, "/models/org%2Fllama/objects/ids.zstd", &format!("bytes={}-{}", i * 8, i * 8 + 7)).await;
+                let (status, body) =
+                    raw_get(addr, "/models/org%2Fllama/objects/ids.zstd", &format!("bytes={}-{}", i * 8, i * 8 + 7))
+                        .await;
                 assert_eq!(status, 206);
                 assert_eq!(body, (i / 3).to_le_bytes());
             })
@@ -459,7 +484,13 @@ async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve
     let (values, indices, bad_indptr) = (f32_bytes(2), u64s(&[0, 1]), u64s(&[0, 2, 1]));
     let mut w = Writer::new(Vec::new()).unwrap();
     let c = |role, dtype, bytes| ComponentInput { role, dtype, logical_type: None, bytes };
-    let dense = |name, dtype, bytes| ObjectInput { name, shape: &[3], format: "dense", attributes: None, components: vec![c("data", dtype, bytes)] };
+    let dense = |name, dtype, bytes| ObjectInput {
+        name,
+        shape: &[3],
+        format: "dense",
+        attributes: None,
+        components: vec![c("data", dtype, bytes)],
+    };
     w.add(&dense("flags", DType::Bool, &[0, 2, 1]), &WriteOptions::default()).unwrap();
     w.add(&dense("fine", DType::U8, &[7, 8, 9]), &WriteOptions::default()).unwrap();
     w.add(
@@ -468,14 +499,20 @@ async fn components_failing_content_checks_answer_422_and_valid_ones_still_serve
             shape: &[2, 2],
             format: "sparse_csr",
             attributes: None,
-            components: vec![c("values", DType::F32, &values), c("indices", DType::U64, &indices), c("indptr", DType::U64, &bad_indptr)],
+            components: vec![
+                c("values", DType::F32, &values),
+                c("indices", DType::U64, &indices),
+                c("indptr", DType::U64, &bad_indptr),
+            ],
         },
         &WriteOptions::default(),
     )
     .unwrap();
     source.put("m.zt", &w.finish(None).unwrap()).await;
     let state = state_for(&source).await;
-    for (uri, reason) in [("/models/m/objects/flags", "bool_byte"), ("/models/m/objects/csr/components/values", "sparse_structure")] {
+    for (uri, reason) in
+        [("/models/m/objects/flags", "bool_byte"), ("/models/m/objects/csr/components/values", "sparse_structure")]
+    {
         for _ in 0..2 {
             let reply = get(&state, uri, &[]).await;
             assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{uri}");

@@ -11,7 +11,7 @@ use common::run_official;
 use ztserve::cli::verify_bytes;
 use ztserve::format::decode::{decode_component, stored_bytes};
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use ztserve::format::{parse_file, DType, Limits, Value};
+use ztserve::format::{DType, Limits, Value, parse_file};
 
 fn official_file_decodes_to_what_its_writer_was_given(version: &str) {
     let dir = tempfile::tempdir().unwrap();
@@ -34,7 +34,10 @@ fn official_file_decodes_to_what_its_writer_was_given(version: &str) {
             let component = object.component(role).unwrap_or_else(|| panic!("{name}.{role} missing"));
             let stored = stored_bytes(&file, name, component).unwrap();
             let decoded = decode_component(name, component, stored).unwrap();
-            assert!(decoded.as_ref() == expected.as_slice(), "{name}.{role}: decoded bytes differ from what ztensor=={version} was given");
+            assert!(
+                decoded.as_ref() == expected.as_slice(),
+                "{name}.{role}: decoded bytes differ from what ztensor=={version} was given"
+            );
             compared += 1;
         }
     }
@@ -92,8 +95,14 @@ fn files_from_our_writer_read_back_identically_through_ztensor_1_2_3() {
     let fp8: &'static [u8] = fp8.leak();
     let objects = vec![
         (dense("weights", &[10, 100], DType::F32, None, f32s), WriteOptions::default()),
-        (dense("weights.zstd", &[1000], DType::F32, None, f32s), WriteOptions { zstd_level: Some(9), digest: Some(DigestAlgorithm::Sha256) }),
-        (dense("ints", &[2, 2], DType::I64, None, i64s), WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Crc32c) }),
+        (
+            dense("weights.zstd", &[1000], DType::F32, None, f32s),
+            WriteOptions { zstd_level: Some(9), digest: Some(DigestAlgorithm::Sha256) },
+        ),
+        (
+            dense("ints", &[2, 2], DType::I64, None, i64s),
+            WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Crc32c) },
+        ),
         (dense("flags", &[5], DType::Bool, None, bools), WriteOptions::default()),
         (dense("scalar", &[], DType::I64, None, &i64s[..8]), WriteOptions::default()),
         (dense("empty", &[0, 3], DType::F32, None, &[]), WriteOptions::default()),
@@ -146,7 +155,12 @@ fn files_from_our_writer_read_back_identically_through_ztensor_1_2_3() {
                 shape: &[4],
                 format: "x_vendor.table",
                 attributes: None,
-                components: vec![ComponentInput { role: "table", dtype: DType::U8, logical_type: None, bytes: &fp8[..4] }],
+                components: vec![ComponentInput {
+                    role: "table",
+                    dtype: DType::U8,
+                    logical_type: None,
+                    bytes: &fp8[..4],
+                }],
             },
             WriteOptions::default(),
         ),

@@ -83,7 +83,9 @@ async fn a_client_trickling_its_headers_is_cut_off_after_header_timeout_secs() {
         let mut sent = 0;
         let request = b"GET /models/small/objects/w HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_vec();
         // One byte every 100 ms: always progressing, never finishing.
-        while slow.write_all(&request[sent % request.len()..][..1]).is_ok() && started.elapsed() < Duration::from_secs(5) {
+        while slow.write_all(&request[sent % request.len()..][..1]).is_ok()
+            && started.elapsed() < Duration::from_secs(5)
+        {
             sent += 1;
             std::thread::sleep(Duration::from_millis(100));
             still_served_sometimes(&address, &bytes, sent);
@@ -162,7 +164,8 @@ async fn connections_over_max_connections_wait_until_one_closes() {
     let (dir, bytes) = source();
     let (address, _state) = serve(Config { max_connections: 2, ..config(dir.path()) }).await;
     tokio::task::spawn_blocking(move || {
-        let get = |stream: &mut TcpStream| write!(stream, "GET /models/small/objects/w HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let get =
+            |stream: &mut TcpStream| write!(stream, "GET /models/small/objects/w HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let mut first = TcpStream::connect(&address).unwrap();
         let mut second = TcpStream::connect(&address).unwrap();
         for held in [&mut first, &mut second] {
@@ -196,9 +199,10 @@ async fn a_decode_that_finds_every_decoder_busy_for_decode_wait_ms_is_answered_5
     // The only decoder, taken as a long decode would hold it.
     let busy = Arc::clone(state.cache.decoders()).acquire_owned().await.unwrap();
     let address2 = address.clone();
-    let refused = tokio::task::spawn_blocking(move || request(&address2, "/models/packed/objects/z", &[("Range", "bytes=0-99")]))
-        .await
-        .unwrap();
+    let refused =
+        tokio::task::spawn_blocking(move || request(&address2, "/models/packed/objects/z", &[("Range", "bytes=0-99")]))
+            .await
+            .unwrap();
     assert_eq!(refused.status, 503, "{}", String::from_utf8_lossy(&refused.body));
     assert_eq!(refused.json()["error"]["code"], "decoders_busy");
     assert_eq!(refused.header("retry-after"), Some("1"));
@@ -216,7 +220,8 @@ async fn a_decode_that_finds_every_decoder_busy_for_decode_wait_ms_is_answered_5
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_cannot_start_its_answer_within_request_timeout_secs_is_answered_503() {
     let (dir, bytes) = source();
-    let limits = Config { max_concurrent_decodes: 1, decode_wait_ms: 60_000, request_timeout_secs: 1, ..config(dir.path()) };
+    let limits =
+        Config { max_concurrent_decodes: 1, decode_wait_ms: 60_000, request_timeout_secs: 1, ..config(dir.path()) };
     let (address, state) = serve(limits).await;
     let busy = Arc::clone(state.cache.decoders()).acquire_owned().await.unwrap();
     tokio::task::spawn_blocking(move || {
@@ -245,7 +250,10 @@ async fn ranges_over_max_ranges_are_refused_and_overlapping_ones_merged() {
         assert_eq!(overlapping.header("content-range"), Some("bytes 0-4095/4096"));
         assert_eq!(overlapping.body, bytes[..4096]);
         // Huge numbers are unsatisfiable, not an error; malformed headers are ignored.
-        assert_eq!(request(&address, "/models/small/objects/w", &[("Range", "bytes=99999999999999999999999999-")]).status, 416);
+        assert_eq!(
+            request(&address, "/models/small/objects/w", &[("Range", "bytes=99999999999999999999999999-")]).status,
+            416
+        );
         assert_eq!(request(&address, "/models/small/objects/w", &[("Range", "bytes=--1,x")]).status, 200);
     })
     .await
@@ -256,7 +264,8 @@ async fn ranges_over_max_ranges_are_refused_and_overlapping_ones_merged() {
 async fn components_and_manifests_over_their_size_limits_are_refused_and_the_rest_serves() {
     let (dir, bytes) = source();
     let many: Vec<(String, Vec<u8>)> = (0..400).map(|i| (format!("tensor.{i:04}"), vec![i as u8; 8])).collect();
-    let objects: Vec<(&str, DType, &[u8], bool)> = many.iter().map(|(n, b)| (n.as_str(), DType::U8, &b[..], false)).collect();
+    let objects: Vec<(&str, DType, &[u8], bool)> =
+        many.iter().map(|(n, b)| (n.as_str(), DType::U8, &b[..], false)).collect();
     fs::write(dir.path().join("wide.zt"), model(&objects)).unwrap();
     let limits = Config { max_decoded_bytes: 16 * MIB as u64, max_manifest_bytes: 16 << 10, ..config(dir.path()) };
     let (address, _state) = serve(limits).await;

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{model, noise, Connection, ModelSource, Reply};
+use common::{Connection, ModelSource, Reply, model, noise};
 use ztserve::format::DType;
 
 const MIB: usize = 1 << 20;
@@ -91,7 +91,11 @@ fn range_of(rng: &mut Rng, len: usize) -> (usize, usize) {
 
 fn exact(reply: &Reply, status: u16, expected: &[u8]) -> Outcome {
     if reply.status != status {
-        return Outcome::Error(format!("status {} (expected {status}): {}", reply.status, String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)])));
+        return Outcome::Error(format!(
+            "status {} (expected {status}): {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)])
+        ));
     }
     if reply.body != expected {
         return Outcome::Error(format!("{} bytes differ from the expected {}", reply.body.len(), expected.len()));
@@ -103,13 +107,17 @@ fn exact(reply: &Reply, status: u16, expected: &[u8]) -> Outcome {
 fn repr_digest_matches(reply: &Reply) -> bool {
     use base64::Engine as _;
     use sha2::Digest as _;
-    let declared = reply.header("repr-digest").and_then(|v| v.strip_prefix("sha-256=:")?.strip_suffix(':').map(str::to_owned));
+    let declared =
+        reply.header("repr-digest").and_then(|v| v.strip_prefix("sha-256=:")?.strip_suffix(':').map(str::to_owned));
     let actual = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&reply.body));
     declared.is_some_and(|declared| declared == actual)
 }
 
 fn error_code(reply: &Reply) -> String {
-    serde_json::from_slice::<serde_json::Value>(&reply.body).ok().and_then(|v| v["error"]["code"].as_str().map(str::to_owned)).unwrap_or_default()
+    serde_json::from_slice::<serde_json::Value>(&reply.body)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// One request of the mix; `None` from the connection means it failed (closed, reset).
@@ -123,96 +131,133 @@ fn one_request(
 ) -> (&'static str, Outcome) {
     let get = |connection: &mut Connection, path: &str, headers: &[(&str, &str)]| connection.try_get(path, headers);
     match kind {
-        0 => ("manifest", match get(connection, "/models/dense", &[]) {
-            Ok(reply) if reply.status == 200 && reply.json()["id"] == "dense" => Outcome::Ok,
-            Ok(reply) => Outcome::Error(format!("manifest answered {}", reply.status)),
-            Err(e) => Outcome::Error(e.to_string()),
-        }),
-        1 => ("full raw", match get(connection, "/models/dense/objects/w", &[]) {
-            Ok(reply) => exact(&reply, 200, &fixture.raw),
-            Err(e) => Outcome::Error(e.to_string()),
-        }),
+        0 => (
+            "manifest",
+            match get(connection, "/models/dense", &[]) {
+                Ok(reply) if reply.status == 200 && reply.json()["id"] == "dense" => Outcome::Ok,
+                Ok(reply) => Outcome::Error(format!("manifest answered {}", reply.status)),
+                Err(e) => Outcome::Error(e.to_string()),
+            },
+        ),
+        1 => (
+            "full raw",
+            match get(connection, "/models/dense/objects/w", &[]) {
+                Ok(reply) => exact(&reply, 200, &fixture.raw),
+                Err(e) => Outcome::Error(e.to_string()),
+            },
+        ),
         2 | 3 => {
             let (start, end) = range_of(rng, fixture.raw.len());
             let range = format!("bytes={start}-{}", end - 1);
-            ("range raw", match get(connection, "/models/dense/objects/w", &[("Range", &range)]) {
-                Ok(reply) => exact(&reply, 206, &fixture.raw[start..end]),
-                Err(e) => Outcome::Error(e.to_string()),
-            })
+            (
+                "range raw",
+                match get(connection, "/models/dense/objects/w", &[("Range", &range)]) {
+                    Ok(reply) => exact(&reply, 206, &fixture.raw[start..end]),
+                    Err(e) => Outcome::Error(e.to_string()),
+                },
+            )
         }
-        4 => ("full zstd", match get(connection, "/models/packed/objects/z", &[]) {
-            Ok(reply) => exact(&reply, 200, &fixture.packed),
-            Err(e) => Outcome::Error(e.to_string()),
-        }),
+        4 => (
+            "full zstd",
+            match get(connection, "/models/packed/objects/z", &[]) {
+                Ok(reply) => exact(&reply, 200, &fixture.packed),
+                Err(e) => Outcome::Error(e.to_string()),
+            },
+        ),
         5 => {
             let (start, end) = range_of(rng, fixture.packed.len());
             let range = format!("bytes={start}-{}", end - 1);
-            ("range zstd", match get(connection, "/models/packed/objects/z", &[("Range", &range)]) {
-                Ok(reply) => exact(&reply, 206, &fixture.packed[start..end]),
-                Err(e) => Outcome::Error(e.to_string()),
-            })
+            (
+                "range zstd",
+                match get(connection, "/models/packed/objects/z", &[("Range", &range)]) {
+                    Ok(reply) => exact(&reply, 206, &fixture.packed[start..end]),
+                    Err(e) => Outcome::Error(e.to_string()),
+                },
+            )
         }
-        6 => ("list", match get(connection, "/models", &[]) {
-            Ok(reply) if reply.status == 200 => {
-                let list = reply.json();
-                let dense_ok = list["models"].as_array().is_some_and(|m| m.iter().any(|m| m["id"] == "dense" && m["status"] == "ok"));
-                if dense_ok { Outcome::Ok } else { Outcome::Error("dense is not listed ok".into()) }
-            }
-            Ok(reply) => Outcome::Error(format!("list answered {}", reply.status)),
-            Err(e) => Outcome::Error(e.to_string()),
-        }),
+        6 => (
+            "list",
+            match get(connection, "/models", &[]) {
+                Ok(reply) if reply.status == 200 => {
+                    let list = reply.json();
+                    let dense_ok = list["models"]
+                        .as_array()
+                        .is_some_and(|m| m.iter().any(|m| m["id"] == "dense" && m["status"] == "ok"));
+                    if dense_ok { Outcome::Ok } else { Outcome::Error("dense is not listed ok".into()) }
+                }
+                Ok(reply) => Outcome::Error(format!("list answered {}", reply.status)),
+                Err(e) => Outcome::Error(e.to_string()),
+            },
+        ),
         7 => {
             let replaced = phase.replaced.load(Ordering::SeqCst);
-            ("replaced", match get(connection, "/models/replace/objects/w", &[]) {
-                Ok(reply) if reply.status == 200 => {
-                    let is_b = if reply.body == fixture.version_a {
-                        false
-                    } else if reply.body == fixture.version_b {
-                        true
-                    } else {
-                        return ("replaced", Outcome::Error("a body that is neither version (a mix)".into()));
-                    };
-                    if is_b && !replaced {
-                        return ("replaced", Outcome::Error("the new version before the replacement".into()));
+            (
+                "replaced",
+                match get(connection, "/models/replace/objects/w", &[]) {
+                    Ok(reply) if reply.status == 200 => {
+                        let is_b = if reply.body == fixture.version_a {
+                            false
+                        } else if reply.body == fixture.version_b {
+                            true
+                        } else {
+                            return ("replaced", Outcome::Error("a body that is neither version (a mix)".into()));
+                        };
+                        if is_b && !replaced {
+                            return ("replaced", Outcome::Error("the new version before the replacement".into()));
+                        }
+                        let etag = reply.header("etag").unwrap_or_default().to_owned();
+                        match etags.lock().unwrap().insert(etag.clone(), is_b) {
+                            Some(before) if before != is_b => {
+                                Outcome::Error(format!("ETag {etag} served both versions"))
+                            }
+                            _ => Outcome::Ok,
+                        }
                     }
-                    let etag = reply.header("etag").unwrap_or_default().to_owned();
-                    match etags.lock().unwrap().insert(etag.clone(), is_b) {
-                        Some(before) if before != is_b => Outcome::Error(format!("ETag {etag} served both versions")),
-                        _ => Outcome::Ok,
-                    }
-                }
-                // Between the rename and the rescan the old mapping still serves: nothing else
-                // is expected.
-                Ok(reply) => Outcome::Error(format!("replaced model answered {}", reply.status)),
-                Err(e) => Outcome::Error(e.to_string()),
-            })
+                    // Between the rename and the rescan the old mapping still serves: nothing else
+                    // is expected.
+                    Ok(reply) => Outcome::Error(format!("replaced model answered {}", reply.status)),
+                    Err(e) => Outcome::Error(e.to_string()),
+                },
+            )
         }
         8 => {
             let reply = get(connection, "/models/victim/objects/w", &[]);
             // Read after the answer: a request under way when the file was cut may see it.
             let truncated = phase.truncated.load(Ordering::SeqCst);
-            ("truncated", match reply {
-                Ok(reply) if reply.status == 200 && reply.body == fixture.victim => Outcome::Ok,
-                Ok(reply) if truncated && matches!(reply.status, 422 | 503) => Outcome::Fault,
-                // Queued in kernel buffers before the truncation, sent by sendfile from pages
-                // the truncation zeroed: complete but altered, and its Repr-Digest says so
-                // (README "Storage": files must be replaced by rename, not cut in place).
-                Ok(reply) if truncated && reply.status == 200 && !repr_digest_matches(&reply) => Outcome::Fault,
-                Ok(reply) => Outcome::Error(format!("victim answered {} with {} bytes", reply.status, reply.body.len())),
-                // A response cut short by the truncation: the client sees it is incomplete.
-                Err(_) if truncated => Outcome::Fault,
-                Err(e) => Outcome::Error(e.to_string()),
-            })
+            (
+                "truncated",
+                match reply {
+                    Ok(reply) if reply.status == 200 && reply.body == fixture.victim => Outcome::Ok,
+                    Ok(reply) if truncated && matches!(reply.status, 422 | 503) => Outcome::Fault,
+                    // Queued in kernel buffers before the truncation, sent by sendfile from pages
+                    // the truncation zeroed: complete but altered, and its Repr-Digest says so
+                    // (README "Storage": files must be replaced by rename, not cut in place).
+                    Ok(reply) if truncated && reply.status == 200 && !repr_digest_matches(&reply) => Outcome::Fault,
+                    Ok(reply) => {
+                        Outcome::Error(format!("victim answered {} with {} bytes", reply.status, reply.body.len()))
+                    }
+                    // A response cut short by the truncation: the client sees it is incomplete.
+                    Err(_) if truncated => Outcome::Fault,
+                    Err(e) => Outcome::Error(e.to_string()),
+                },
+            )
         }
         9 => {
             let n = rng.below(HOSTILE as u64);
-            let path = if rng.below(2) == 0 { format!("/models/hostile%2F{n:02}") } else { format!("/models/hostile%2F{n:02}/objects/w") };
-            ("hostile", match get(connection, &path, &[]) {
-                Ok(reply) if reply.status < 500 => Outcome::Ok,
-                Ok(reply) => Outcome::Error(format!("{path} answered {}: {}", reply.status, error_code(&reply))),
-                // A mutated digest or zstd frame found mid-body ends it short, by design.
-                Err(_) => Outcome::OkClosed,
-            })
+            let path = if rng.below(2) == 0 {
+                format!("/models/hostile%2F{n:02}")
+            } else {
+                format!("/models/hostile%2F{n:02}/objects/w")
+            };
+            (
+                "hostile",
+                match get(connection, &path, &[]) {
+                    Ok(reply) if reply.status < 500 => Outcome::Ok,
+                    Ok(reply) => Outcome::Error(format!("{path} answered {}: {}", reply.status, error_code(&reply))),
+                    // A mutated digest or zstd frame found mid-body ends it short, by design.
+                    Err(_) => Outcome::OkClosed,
+                },
+            )
         }
         _ => {
             let (path, body) = if rng.below(2) == 0 {
@@ -225,12 +270,15 @@ fn one_request(
             let reply = get(connection, path, &[("Range", &range)]);
             // Read after the answer, as for the truncation.
             let down = phase.s3_down.load(Ordering::SeqCst);
-            ("s3 range", match reply {
-                Ok(reply) if down && reply.status == 503 => Outcome::Fault,
-                Ok(reply) => exact(&reply, 206, &body[start..end]),
-                Err(_) if down => Outcome::Fault,
-                Err(e) => Outcome::Error(e.to_string()),
-            })
+            (
+                "s3 range",
+                match reply {
+                    Ok(reply) if down && reply.status == 503 => Outcome::Fault,
+                    Ok(reply) => exact(&reply, 206, &body[start..end]),
+                    Err(_) if down => Outcome::Fault,
+                    Err(e) => Outcome::Error(e.to_string()),
+                },
+            )
         }
     }
 }
@@ -247,7 +295,11 @@ impl Drop for KillOnDrop {
 /// The server's anonymous resident memory (mapped model files excluded), in MiB.
 fn rss_anon_mib(pid: u32) -> f64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("RssAnon:")).and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()).unwrap_or(0.0);
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0.0);
     kib / 1024.0
 }
 
@@ -303,15 +355,22 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, bytes).unwrap();
     };
-    write("dense.zt", model(&[("w", DType::U8, &fixture.raw, false), ("small", DType::U8, &fixture.raw[..1000], false)]));
+    write(
+        "dense.zt",
+        model(&[("w", DType::U8, &fixture.raw, false), ("small", DType::U8, &fixture.raw[..1000], false)]),
+    );
     write("packed.zt", model(&[("z", DType::U8, &fixture.packed, true)]));
     write("replace.zt", model(&[("w", DType::U8, &fixture.version_a, false)]));
     write("victim.zt", model(&[("w", DType::U8, &fixture.victim, false)]));
-    let valid = model(&[("w", DType::U8, &fixture.raw[..64 << 10], false), ("z", DType::U8, &fixture.packed[..64 << 10], true)]);
+    let valid = model(&[
+        ("w", DType::U8, &fixture.raw[..64 << 10], false),
+        ("z", DType::U8, &fixture.packed[..64 << 10], true),
+    ]);
     for (n, file) in hostile_files(&valid).into_iter().enumerate() {
         write(&format!("hostile/{n:02}.zt"), file);
     }
-    let remote_model = model(&[("w", DType::U8, &fixture.remote_raw, false), ("z", DType::U8, &fixture.remote_packed, true)]);
+    let remote_model =
+        model(&[("w", DType::U8, &fixture.remote_raw, false), ("z", DType::U8, &fixture.remote_packed, true)]);
     let mut s3 = ModelSource::s3();
     s3.put("remote/model.zt", &remote_model).await;
 
@@ -347,7 +406,8 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     let workers: Vec<_> = (0..CONNECTIONS)
         .map(|worker| {
             let started = started;
-            let (address, fixture, phase, tally, etags) = (address.clone(), Arc::clone(&fixture), Arc::clone(&phase), Arc::clone(&tally), Arc::clone(&etags));
+            let (address, fixture, phase, tally, etags) =
+                (address.clone(), Arc::clone(&fixture), Arc::clone(&phase), Arc::clone(&tally), Arc::clone(&etags));
             std::thread::spawn(move || {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (worker as u64 + 1) * 0x1000_0001);
                 let mut connection = None;
@@ -382,7 +442,9 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
                         Outcome::Error(message) => {
                             slot[2] += 1;
                             if tally.errors.len() < 20 {
-                                tally.errors.push(format!("{:.1} s: {name}: {message}", started.elapsed().as_secs_f64()));
+                                tally
+                                    .errors
+                                    .push(format!("{:.1} s: {name}: {message}", started.elapsed().as_secs_f64()));
                             }
                             connection = None;
                         }
@@ -395,7 +457,8 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     // The timeline, sampling memory all along.
     let at = |fraction: f64| started + Duration::from_secs_f64(seconds as f64 * fraction);
     let mut samples: Vec<(f64, f64)> = Vec::new();
-    let mut steps: Vec<(f64, &str)> = vec![(0.25, "replace"), (0.40, "truncate"), (0.50, "stop s3"), (0.65, "start s3")];
+    let mut steps: Vec<(f64, &str)> =
+        vec![(0.25, "replace"), (0.40, "truncate"), (0.50, "stop s3"), (0.65, "start s3")];
     while Instant::now() < deadline {
         let now = started.elapsed().as_secs_f64() / seconds as f64;
         samples.push((now, rss_anon_mib(pid)));
@@ -413,7 +476,12 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
                 }
                 "truncate" => {
                     phase.truncated.store(true, Ordering::SeqCst);
-                    fs::OpenOptions::new().write(true).open(dir.join("victim.zt")).unwrap().set_len(MIB as u64).unwrap();
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .open(dir.join("victim.zt"))
+                        .unwrap()
+                        .set_len(MIB as u64)
+                        .unwrap();
                 }
                 "stop s3" => {
                     eprintln!("{:.1} s: stopping S3", started.elapsed().as_secs_f64());
@@ -448,15 +516,19 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     let remote = check("/models/remote%2Fmodel/objects/w");
     assert!(remote.status == 200 && remote.body == fixture.remote_raw, "S3 did not recover: {}", remote.status);
     let listed = check("/models").json();
-    let status = |id: &str| listed["models"].as_array().unwrap().iter().find(|m| m["id"] == id).map(|m| m["status"].clone());
+    let status =
+        |id: &str| listed["models"].as_array().unwrap().iter().find(|m| m["id"] == id).map(|m| m["status"].clone());
     assert_eq!(status("dense"), Some("ok".into()));
     let broken = (0..HOSTILE).filter(|n| status(&format!("hostile/{n:02}")) == Some("broken".into())).count();
 
     // Memory: after warm-up (the first 30%), the peak of the last 30% must stay near it.
-    let window = |from: f64, to: f64| samples.iter().filter(|(t, _)| (from..to).contains(t)).map(|(_, m)| *m).fold(0.0, f64::max);
+    let window = |from: f64, to: f64| {
+        samples.iter().filter(|(t, _)| (from..to).contains(t)).map(|(_, m)| *m).fold(0.0, f64::max)
+    };
     let (warm, late) = (window(0.2, 0.3), window(0.7, 1.01));
     let tally = tally.lock().unwrap();
-    let mut report = format!("{seconds} s at {CONNECTIONS} connections; hostile models listed broken: {broken} of {HOSTILE}\n");
+    let mut report =
+        format!("{seconds} s at {CONNECTIONS} connections; hostile models listed broken: {broken} of {HOSTILE}\n");
     writeln!(report, "{:<12} {:>8} {:>8} {:>8}", "kind", "ok", "fault", "error").unwrap();
     let mut total = [0u64; 3];
     for (kind, [ok, fault, error]) in &tally.counts {

@@ -14,10 +14,20 @@ fn the_running_server_conforms_to_openapi_yaml() {
     let schemathesis = common::venv_root().join("tools/bin/schemathesis");
     assert!(schemathesis.exists(), "{} is missing: run scripts/test", schemathesis.display());
     const TOKEN: &str = "conformance-0123456789abcdef";
-    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[("ZTSERVE_TOKENS", TOKEN)]);
+    let server =
+        common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[("ZTSERVE_TOKENS", TOKEN)]);
     let address = server.address.clone();
     let output = Command::new(&schemathesis)
-        .args(["--config-file", "tests/schemathesis.toml", "run", "openapi.yaml", "--url", &format!("http://{address}"), "--checks", "all"])
+        .args([
+            "--config-file",
+            "tests/schemathesis.toml",
+            "run",
+            "openapi.yaml",
+            "--url",
+            &format!("http://{address}"),
+            "--checks",
+            "all",
+        ])
         .args(["--max-examples", "40", "--seed", "20261121", "--no-color"])
         .args(["--header", &format!("Authorization: Bearer {TOKEN}")])
         .current_dir(root)
@@ -25,7 +35,11 @@ fn the_running_server_conforms_to_openapi_yaml() {
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "schemathesis found issues:\n{report}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "schemathesis found issues:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(report.contains("No issues found"), "{report}");
     drop(server);
 }

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 /// The JSON array of a Dockerfile instruction (`CMD ["serve", …]`).
 fn dockerfile_array(instruction: &str) -> Vec<String> {
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile")).unwrap();
-    let line = dockerfile.lines().find(|l| l.starts_with(instruction)).unwrap_or_else(|| panic!("no {instruction} in Dockerfile"));
+    let line = dockerfile
+        .lines()
+        .find(|l| l.starts_with(instruction))
+        .unwrap_or_else(|| panic!("no {instruction} in Dockerfile"));
     serde_json::from_str(line[instruction.len()..].trim()).unwrap()
 }
 
@@ -67,18 +70,26 @@ fn invalid_configuration_fails_at_start_naming_the_key() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(expected), "{stderr}");
     }
-    let output = Command::new(env!("CARGO_BIN_EXE_ztserve")).args(["serve", "--config", "/nonexistent.toml"]).output().unwrap();
+    let output =
+        Command::new(env!("CARGO_BIN_EXE_ztserve")).args(["serve", "--config", "/nonexistent.toml"]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent.toml"));
 }
 
 #[test]
 fn each_request_logs_one_json_line_with_route_model_object_status_bytes_and_duration() {
-    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models", "--log-format", "json"], &[]);
+    let server =
+        common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models", "--log-format", "json"], &[]);
     assert_eq!(common::http_get(&server.address, "/models/demo%2Fdense/objects/mask").0, 200);
     let started = Instant::now();
     let line = loop {
-        let found = server.log.lock().unwrap().iter().find(|l| l.contains("\"path\":\"/models/demo%2Fdense/objects/mask\"")).cloned();
+        let found = server
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("\"path\":\"/models/demo%2Fdense/objects/mask\""))
+            .cloned();
         if let Some(line) = found {
             break line;
         }
@@ -108,21 +119,31 @@ fn the_rescan_timer_picks_up_new_and_removed_files_without_a_restart() {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/models/demo/dense.zt");
     std::fs::copy(demo, dir.path().join("first.zt")).unwrap();
     let source = dir.path().display().to_string();
-    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", &source], &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")]);
+    let server = common::start_binary(
+        &["serve", "--listen", "127.0.0.1:0", "--source", &source],
+        &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")],
+    );
     assert_eq!(model_ids(&server.address), ["first"]);
     std::fs::copy(demo, dir.path().join("second.zt.tmp")).unwrap();
     std::fs::rename(dir.path().join("second.zt.tmp"), dir.path().join("second.zt")).unwrap();
     std::fs::remove_file(dir.path().join("first.zt")).unwrap();
     let started = Instant::now();
     while model_ids(&server.address) != ["second"] {
-        assert!(started.elapsed() < Duration::from_secs(10), "rescan did not pick up the change: {:?}", model_ids(&server.address));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "rescan did not pick up the change: {:?}",
+            model_ids(&server.address)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 #[test]
 fn requests_beyond_the_concurrency_limit_wait_for_a_slot_instead_of_failing() {
-    let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[("ZTSERVE_MAX_CONCURRENT_REQUESTS", "1")]);
+    let server = common::start_binary(
+        &["serve", "--listen", "127.0.0.1:0", "--source", "models"],
+        &[("ZTSERVE_MAX_CONCURRENT_REQUESTS", "1")],
+    );
     let address = server.address.clone();
     let threads: Vec<_> = (0..16)
         .map(|_| {
@@ -196,7 +217,8 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
         .collect();
     assert_eq!(served, [("demo/dense", "s3://models", "ok"), ("demo/structured", "s3://models", "ok")]);
     let address = server.address.clone();
-    let (status, body) = tokio::task::spawn_blocking(move || common::http_get(&address, "/models/demo%2Fdense/file")).await.unwrap();
+    let (status, body) =
+        tokio::task::spawn_blocking(move || common::http_get(&address, "/models/demo%2Fdense/file")).await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(body, std::fs::read(models.join("demo/dense.zt")).unwrap());
 }

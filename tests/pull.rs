@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{cbor, legacy_file, map, model, noise, start_binary, text, uint, RunningServer};
-use ztserve::format::{parse_file, DType, Limits, Value};
+use common::{RunningServer, cbor, legacy_file, map, model, noise, start_binary, text, uint};
+use ztserve::format::{DType, Limits, Value, parse_file};
 
 fn serve(dir: &Path, envs: &[(&str, &str)]) -> RunningServer {
     start_binary(&["serve", "--source", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"], envs)
@@ -70,11 +70,21 @@ fn a_pull_rebuilds_the_served_file_byte_for_byte_and_raw_copies_it() {
     let server = serve(&models, &[]);
     let out = dir.path().join("out.zt");
     // Our writer made these files, so a rebuild lays them out exactly as they are.
-    for (id, original) in [("big", big.clone()), ("demo%2Fstructured", std::fs::read("models/demo/structured.zt").unwrap()), ("demo/dense", std::fs::read("models/demo/dense.zt").unwrap())] {
+    for (id, original) in [
+        ("big", big.clone()),
+        ("demo%2Fstructured", std::fs::read("models/demo/structured.zt").unwrap()),
+        ("demo/dense", std::fs::read("models/demo/dense.zt").unwrap()),
+    ] {
         for extra in [&[][..], &["--raw"][..], &["--concurrency", "3", "--chunk-size", "100000"][..]] {
             let summary = succeeded(&pull(&server.address, id, &out, extra));
-            assert!(std::fs::read(&out).unwrap() == original, "{id} {extra:?}: the pulled file differs from the served one");
-            assert!(!partials(&out).0.exists() && !partials(&out).1.exists(), "the partial file and journal are removed");
+            assert!(
+                std::fs::read(&out).unwrap() == original,
+                "{id} {extra:?}: the pulled file differs from the served one"
+            );
+            assert!(
+                !partials(&out).0.exists() && !partials(&out).1.exists(),
+                "the partial file and journal are removed"
+            );
             assert!(summary.contains("digests verified"), "{summary}");
         }
     }
@@ -140,7 +150,9 @@ fn kill_mid_pull(address: &str, model: &str, out: &Path, lines: usize, signal: &
     let journal = partials(out).1;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let recorded = std::fs::read_to_string(&journal).map(|t| t.lines().filter(|l| !l.starts_with("sync ")).count()).unwrap_or(0);
+        let recorded = std::fs::read_to_string(&journal)
+            .map(|t| t.lines().filter(|l| !l.starts_with("sync ")).count())
+            .unwrap_or(0);
         if recorded > lines {
             break;
         }
@@ -148,7 +160,8 @@ fn kill_mid_pull(address: &str, model: &str, out: &Path, lines: usize, signal: &
         assert!(Instant::now() < deadline, "the pull made no progress");
         std::thread::sleep(Duration::from_millis(2));
     }
-    let sent = std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    let sent =
+        std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
     assert!(sent.success());
     let status = child.wait().unwrap();
     if signal == "INT" {
@@ -194,7 +207,11 @@ fn a_model_replaced_between_runs_is_pulled_afresh() {
     let server = serve(dir.path(), &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")]);
     let out = dir.path().join("big.zt.out");
     kill_mid_pull(&server.address, "big", &out, 10, "INT");
-    let etag = || common::request(&server.address, "/models/big/file", &[("Range", "bytes=0-0")]).header("etag").map(str::to_owned);
+    let etag = || {
+        common::request(&server.address, "/models/big/file", &[("Range", "bytes=0-0")])
+            .header("etag")
+            .map(str::to_owned)
+    };
     let before = etag();
     let replacement = big_model(4);
     let staged = dir.path().join("big.zt.new");
@@ -238,7 +255,11 @@ fn the_bearer_token_comes_from_ztserve_token() {
     let server = serve(dir.path(), &[("ZTSERVE_TOKENS", token)]);
     let out = dir.path().join("out.zt");
     let refused = pull(&server.address, "dense", &out, &[]);
-    assert!(!refused.status.success() && stderr(&refused).contains("401") && stderr(&refused).contains("ZTSERVE_TOKEN"), "{}", stderr(&refused));
+    assert!(
+        !refused.status.success() && stderr(&refused).contains("401") && stderr(&refused).contains("ZTSERVE_TOKEN"),
+        "{}",
+        stderr(&refused)
+    );
     let allowed = pull_command(&server.address, "dense", &out, &[]).env("ZTSERVE_TOKEN", token).output().unwrap();
     succeeded(&allowed);
     assert!(std::fs::read(&out).unwrap() == std::fs::read("models/demo/dense.zt").unwrap());
@@ -251,7 +272,10 @@ fn a_server_that_is_not_up_yet_is_retried_with_backoff() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let address = format!("127.0.0.1:{port}");
     let out = dir.path().join("out.zt");
-    let child = pull_command(&address, "dense", &out, &["--retries", "8"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = pull_command(&address, "dense", &out, &["--retries", "8"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(700));
     let _server = start_binary(&["serve", "--source", dir.path().to_str().unwrap(), "--listen", &address], &[]);
     let output = child.wait_with_output().unwrap();
@@ -259,6 +283,11 @@ fn a_server_that_is_not_up_yet_is_retried_with_backoff() {
     assert!(std::fs::read(&out).unwrap() == std::fs::read("models/demo/dense.zt").unwrap());
 
     // With no retries, the refusal is reported at once.
-    let failed = pull(&format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()), "dense", &out, &["--retries", "0"]);
+    let failed = pull(
+        &format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()),
+        "dense",
+        &out,
+        &["--retries", "0"],
+    );
     assert!(!failed.status.success(), "{}", stderr(&failed));
 }

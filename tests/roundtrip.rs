@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use ztserve::cli::verify_bytes;
 use ztserve::format::decode::{decode_component, stored_bytes};
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use ztserve::format::{parse_file, DType, Encoding, Limits, Value};
+use ztserve::format::{DType, Encoding, Limits, Value, parse_file};
 
 #[derive(Debug, Clone)]
 struct ComponentSpec {
@@ -29,7 +29,10 @@ fn dtype() -> impl Strategy<Value = DType> {
 }
 
 fn options() -> impl Strategy<Value = WriteOptions> {
-    (prop::option::of(-3i32..=9), prop::option::of(prop::sample::select(vec![DigestAlgorithm::Crc32c, DigestAlgorithm::Sha256])))
+    (
+        prop::option::of(-3i32..=9),
+        prop::option::of(prop::sample::select(vec![DigestAlgorithm::Crc32c, DigestAlgorithm::Sha256])),
+    )
         .prop_map(|(zstd_level, digest)| WriteOptions { zstd_level, digest })
 }
 
@@ -110,8 +113,18 @@ fn sparse_csr() -> impl Strategy<Value = ObjectSpec> {
                     attributes: None,
                     components: vec![
                         ComponentSpec { role: "values".into(), dtype, logical_type: None, bytes: values },
-                        ComponentSpec { role: "indices".into(), dtype: DType::U64, logical_type: None, bytes: indices(cols_of.clone()) },
-                        ComponentSpec { role: "indptr".into(), dtype: DType::U64, logical_type: None, bytes: indices(indptr.clone()) },
+                        ComponentSpec {
+                            role: "indices".into(),
+                            dtype: DType::U64,
+                            logical_type: None,
+                            bytes: indices(cols_of.clone()),
+                        },
+                        ComponentSpec {
+                            role: "indptr".into(),
+                            dtype: DType::U64,
+                            logical_type: None,
+                            bytes: indices(indptr.clone()),
+                        },
                     ],
                     options,
                 })
@@ -121,26 +134,33 @@ fn sparse_csr() -> impl Strategy<Value = ObjectSpec> {
 }
 
 fn sparse_coo() -> impl Strategy<Value = ObjectSpec> {
-    (prop::collection::vec(1u64..6, 1..4), 0usize..6, dtype(), options()).prop_flat_map(|(shape, nnz, dtype, options)| {
-        let dims: Vec<_> = shape.iter().map(|&d| prop::collection::vec(0..d, nnz)).collect();
-        (dims, bytes_for(dtype, nnz)).prop_map(move |(dims, values)| ObjectSpec {
-            name: String::new(),
-            shape: shape.clone(),
-            format: "sparse_coo".into(),
-            attributes: None,
-            components: vec![
-                ComponentSpec { role: "values".into(), dtype, logical_type: None, bytes: values },
-                ComponentSpec { role: "coords".into(), dtype: DType::U64, logical_type: None, bytes: indices(dims.concat()) },
-            ],
-            options,
-        })
-    })
+    (prop::collection::vec(1u64..6, 1..4), 0usize..6, dtype(), options()).prop_flat_map(
+        |(shape, nnz, dtype, options)| {
+            let dims: Vec<_> = shape.iter().map(|&d| prop::collection::vec(0..d, nnz)).collect();
+            (dims, bytes_for(dtype, nnz)).prop_map(move |(dims, values)| ObjectSpec {
+                name: String::new(),
+                shape: shape.clone(),
+                format: "sparse_coo".into(),
+                attributes: None,
+                components: vec![
+                    ComponentSpec { role: "values".into(), dtype, logical_type: None, bytes: values },
+                    ComponentSpec {
+                        role: "coords".into(),
+                        dtype: DType::U64,
+                        logical_type: None,
+                        bytes: indices(dims.concat()),
+                    },
+                ],
+                options,
+            })
+        },
+    )
 }
 
 fn grouped(format: &'static str, roles: &'static [&'static str]) -> impl Strategy<Value = ObjectSpec> {
     let component = (dtype(), 0usize..40).prop_flat_map(|(d, n)| bytes_for(d, n).prop_map(move |b| (d, b)));
-    (prop::collection::vec(component, roles.len()), prop::collection::vec(1u64..64, 2), options(), attributes()).prop_map(
-        move |(parts, shape, options, attributes)| ObjectSpec {
+    (prop::collection::vec(component, roles.len()), prop::collection::vec(1u64..64, 2), options(), attributes())
+        .prop_map(move |(parts, shape, options, attributes)| ObjectSpec {
             name: String::new(),
             shape,
             format: format.into(),
@@ -151,8 +171,7 @@ fn grouped(format: &'static str, roles: &'static [&'static str]) -> impl Strateg
                 .map(|(role, (dtype, bytes))| ComponentSpec { role: (*role).into(), dtype, logical_type: None, bytes })
                 .collect(),
             options,
-        },
-    )
+        })
 }
 
 fn object() -> impl Strategy<Value = ObjectSpec> {
@@ -189,7 +208,12 @@ fn write(objects: &[ObjectSpec], attributes: Option<Value>) -> Vec<u8> {
             components: o
                 .components
                 .iter()
-                .map(|c| ComponentInput { role: &c.role, dtype: c.dtype, logical_type: c.logical_type, bytes: &c.bytes })
+                .map(|c| ComponentInput {
+                    role: &c.role,
+                    dtype: c.dtype,
+                    logical_type: c.logical_type,
+                    bytes: &c.bytes,
+                })
                 .collect(),
         };
         writer.add(&input, &o.options).unwrap();

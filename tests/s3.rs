@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read as _, Write as _};
 use std::time::{Duration, Instant};
 
-use common::{metric, model, noise, request, serve, ModelSource, Reply};
+use common::{ModelSource, Reply, metric, model, noise, request, serve};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -46,15 +46,20 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
     source.put("large.zt", &model(&[("w", DType::U8, &payload, false)])).await;
     // A manifest larger than the suffix: one more read for the rest of it.
     let names: Vec<String> = (0..1500).map(|i| format!("tensor.{i:05}.with.a.long.descriptive.name")).collect();
-    let many: Vec<(&str, DType, &[u8], bool)> = names.iter().map(|n| (n.as_str(), DType::U8, &payload[..4], false)).collect();
+    let many: Vec<(&str, DType, &[u8], bool)> =
+        names.iter().map(|n| (n.as_str(), DType::U8, &payload[..4], false)).collect();
     let wide = model(&many);
     source.put("wide.zt", &wide).await;
 
     let (address, state) = serve(source.config(Config::default())).await;
     assert_eq!(s3_reads("manifest"), 6.0, "1 + 2 + 3 reads");
     let list = ask(&address, "/models", &[]).await.json();
-    let statuses: Vec<(&str, &str)> =
-        list["models"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap())).collect();
+    let statuses: Vec<(&str, &str)> = list["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
+        .collect();
     assert_eq!(statuses, [("large", "ok"), ("small", "ok"), ("wide", "ok")]);
     assert_eq!(list["models"][2]["objects"], 1500);
 

@@ -64,7 +64,12 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-async fn collect(storage: &dyn Storage, key: &str, range: ByteRange, version: &str) -> Result<(u64, Vec<u8>), StorageError> {
+async fn collect(
+    storage: &dyn Storage,
+    key: &str,
+    range: ByteRange,
+    version: &str,
+) -> Result<(u64, Vec<u8>), StorageError> {
     let (size, _, bytes) = storage.read(key, range, version).await?.collect(storage.name()).await?;
     Ok((size, bytes))
 }
@@ -85,7 +90,10 @@ async fn suite(fixture: &impl Fixture) {
     // Ranges: bounded, suffix, suffix longer than the object; large reads arrive whole.
     assert_eq!(collect(storage, "a.zt", ByteRange::Bounded(6..13), &a).await.unwrap(), (13, b"version".to_vec()));
     assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(7), &a).await.unwrap(), (13, b"version".to_vec()));
-    assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(64 << 10), &a).await.unwrap(), (13, b"first version".to_vec()));
+    assert_eq!(
+        collect(storage, "a.zt", ByteRange::Suffix(64 << 10), &a).await.unwrap(),
+        (13, b"first version".to_vec())
+    );
     let middle = (1 << 20) + 3..(3 << 20) - 5;
     let (_, got) = collect(storage, "org/big.zt", ByteRange::Bounded(middle.clone()), &big_version).await.unwrap();
     assert!(got == big[middle.start as usize..middle.end as usize], "{}: large range differs", storage.name());
@@ -96,7 +104,10 @@ async fn suite(fixture: &impl Fixture) {
     assert!(matches!(stale, Err(StorageError::Changed { .. })), "{}: {stale:?}", storage.name());
     let fresh = storage.list().await.unwrap().into_iter().find(|l| l.key == "a.zt").unwrap();
     assert_ne!(fresh.version, a);
-    assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(8), &fresh.version).await.unwrap(), (15, b"version!".to_vec()));
+    assert_eq!(
+        collect(storage, "a.zt", ByteRange::Suffix(8), &fresh.version).await.unwrap(),
+        (15, b"version!".to_vec())
+    );
 
     // A removed object is missing.
     fixture.remove("a.zt").await;
@@ -132,7 +143,9 @@ async fn an_unreachable_store_fails_promptly_as_unavailable_and_a_missing_bucket
     drop(server);
     let gone = S3Storage::new("s3://models", &options).unwrap();
     let started = std::time::Instant::now();
-    let read = tokio::time::timeout(Duration::from_secs(30), gone.read("a.zt", ByteRange::Bounded(0..1), "\"x\"")).await.expect("no hang");
+    let read = tokio::time::timeout(Duration::from_secs(30), gone.read("a.zt", ByteRange::Bounded(0..1), "\"x\""))
+        .await
+        .expect("no hang");
     assert!(matches!(read, Err(StorageError::Unavailable { .. })), "{:?}", read.map(|r| r.size));
     assert!(started.elapsed() < Duration::from_secs(15), "gave up after {:?}", started.elapsed());
 }

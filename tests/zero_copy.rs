@@ -12,7 +12,7 @@ use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{metric, model, noise, serve, Connection};
+use common::{Connection, metric, model, noise, serve};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -44,10 +44,15 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
     let raw = noise(12 * MIB + 5, 1);
     let packed = noise(6 * MIB, 2);
     let small = noise(1024, 3);
-    let stored = model(&[("raw", DType::U8, &raw, false), ("packed", DType::U8, &packed, true), ("small", DType::U8, &small, false)]);
+    let stored = model(&[
+        ("raw", DType::U8, &raw, false),
+        ("packed", DType::U8, &packed, true),
+        ("small", DType::U8, &small, false),
+    ]);
     fs::write(dir.path().join("big.zt"), &stored).unwrap();
     let names: Vec<String> = (0..2000).map(|i| format!("model.layers.{i}.mlp.up_proj.weight")).collect();
-    let tiny: Vec<(&str, DType, &[u8], bool)> = names.iter().map(|n| (n.as_str(), DType::U8, &small[..16], false)).collect();
+    let tiny: Vec<(&str, DType, &[u8], bool)> =
+        names.iter().map(|n| (n.as_str(), DType::U8, &small[..16], false)).collect();
     fs::write(dir.path().join("many.zt"), model(&tiny)).unwrap();
     let config = Config { sources: vec![dir.path().to_string_lossy().into_owned()], ..Config::default() };
     let (address, _state) = serve(config).await;
@@ -104,7 +109,11 @@ async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_se
     let raw = noise(32 * MIB, 4);
     let (dir, path) = common::victim_and_other("raw", &raw, false);
     // `never`: the digest check would read the file too (by pread, safely: tests/faults.rs).
-    let config = Config { sources: vec![dir.path().to_string_lossy().into_owned()], verify: "never".into(), ..Config::default() };
+    let config = Config {
+        sources: vec![dir.path().to_string_lossy().into_owned()],
+        verify: "never".into(),
+        ..Config::default()
+    };
     let (address, _state) = serve(config).await;
 
     let (received, other) = tokio::task::spawn_blocking(move || {

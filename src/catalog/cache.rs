@@ -17,11 +17,11 @@ use bytes::{Buf as _, Bytes, BytesMut};
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt as _, TryStreamExt as _};
 use sha2::Digest as _;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{Semaphore, watch};
 
 use crate::format::decode::Decoder;
-use crate::storage::{ObjectVersion, StorageError};
 use crate::format::{Component, Encoding, FormatError};
+use crate::storage::{ObjectVersion, StorageError};
 use crate::telemetry::names;
 
 /// Largest piece decoded and published at once: small enough that the first bytes of a
@@ -449,7 +449,8 @@ impl Decoded {
                     return self.finish(Err(e.into()));
                 }
             }
-            let permit = Arc::clone(&self.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
+            let permit =
+                Arc::clone(&self.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
             let entry = Arc::clone(&self);
             let stepped = tokio::task::spawn_blocking(move || {
                 let stop = entry.decode_until_stop(&mut cursor, &mut input);
@@ -495,7 +496,8 @@ impl Decoded {
     /// Decodes and publishes chunk after chunk until nobody wants more (`None`), the input
     /// runs dry, or the encoding ends.
     fn decode_until_stop(&self, cursor: &mut Cursor, input: &mut Input) -> Result<Option<Stop>, FormatError> {
-        let span = tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
+        let span =
+            tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
         let _entered = span.enter();
         loop {
             {
@@ -572,7 +574,9 @@ impl Decoded {
         futures_util::stream::unfold((Some(hold), progress, range.start), move |(hold, mut progress, at)| async move {
             let hold = hold.filter(|_| at < end)?;
             let seen = progress
-                .wait_for(|p| matches!(p.outcome, Some(Err(_))) || (p.produced > at && (p.produced < len || p.outcome.is_some())))
+                .wait_for(|p| {
+                    matches!(p.outcome, Some(Err(_))) || (p.produced > at && (p.produced < len || p.outcome.is_some()))
+                })
                 .await
                 .map(|p| p.outcome.clone());
             let failure = match seen {
@@ -652,7 +656,8 @@ pub fn stream_private(
                         return Some((Err(error), walk));
                     }
                 }
-                let permit = Arc::clone(&shared.3).acquire_owned().await.expect("the decoder semaphore is never closed");
+                let permit =
+                    Arc::clone(&shared.3).acquire_owned().await.expect("the decoder semaphore is never closed");
                 let shared = Arc::clone(&shared);
                 let stepped = tokio::task::spawn_blocking(move || {
                     let (object, component, _, _, range) = &*shared;
@@ -689,7 +694,12 @@ impl Walk {
 
 /// Decodes until a piece overlaps `range` and returns that overlap; the piece that ends the
 /// component comes only after the encoding is proved complete.
-fn next_private_piece(walk: &mut Walk, object: &str, component: &Component, range: &Range<u64>) -> Result<Private, DecodeError> {
+fn next_private_piece(
+    walk: &mut Walk,
+    object: &str,
+    component: &Component,
+    range: &Range<u64>,
+) -> Result<Private, DecodeError> {
     let len = component.decoded_length;
     let cursor = match &mut walk.cursor {
         Some(cursor) => cursor,
@@ -868,7 +878,9 @@ mod tests {
 
     fn entry(cache: &DecodeCache, object: &str, len: u64) -> Option<Hold> {
         let c = component(len);
-        cache.entry(&key(object), len, |decoders| Decoded::new(object, &c, Stored::Whole(Bytes::from(vec![0; len as usize])), decoders, Arc::default()))
+        cache.entry(&key(object), len, |decoders| {
+            Decoded::new(object, &c, Stored::Whole(Bytes::from(vec![0; len as usize])), decoders, Arc::default())
+        })
     }
 
     #[test]
@@ -895,10 +907,8 @@ mod tests {
         }
         drop(entry(&cache, "a", 30)); // a is now the most recent; b the least
         drop(entry(&cache, "d", 30));
-        let resident: Vec<bool> = ["a", "b", "c", "d"]
-            .iter()
-            .map(|k| cache.lock().entries.contains_key(&key(k)))
-            .collect();
+        let resident: Vec<bool> =
+            ["a", "b", "c", "d"].iter().map(|k| cache.lock().entries.contains_key(&key(k))).collect();
         assert_eq!(resident, [true, false, true, true]);
         cache.retain(|k| k.object != "c");
         assert_eq!(cache.held(), 60);

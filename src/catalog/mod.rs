@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use futures_util::StreamExt as _;
 
 use crate::format::{self, Container, FormatError, Limits, Manifest};
-use crate::storage::local::{version_of, MappedFile};
-use crate::storage::scan::{scan_local, FileIdentity};
+use crate::storage::local::{MappedFile, version_of};
+use crate::storage::scan::{FileIdentity, scan_local};
 use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
 
 /// Why a model cannot be served.
@@ -154,7 +154,14 @@ pub struct ComponentFacts {
 }
 
 impl Model {
-    fn new(id: &str, source: &Arc<Source>, size: u64, version: String, location: Location, state: Result<Arc<Manifest>, CatalogError>) -> Model {
+    fn new(
+        id: &str,
+        source: &Arc<Source>,
+        size: u64,
+        version: String,
+        location: Location,
+        state: Result<Arc<Manifest>, CatalogError>,
+    ) -> Model {
         if let Err(e) = &state {
             tracing::warn!(model = id, source = %source.name, code = e.code(), error = %e, "model is broken");
         }
@@ -179,7 +186,9 @@ impl Model {
 
     /// Whether this model can stand for `version` of the same object in a new catalog.
     fn still_valid_for(&self, source: &Source, version: &str) -> bool {
-        self.source.name == source.name && self.version == version && self.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true)
+        self.source.name == source.name
+            && self.version == version
+            && self.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true)
     }
 }
 
@@ -210,10 +219,13 @@ impl Catalog {
         for source in sources {
             let listed = match &source.backend {
                 Backend::Local(root) => {
-                    let (walked, root, previous, limits) = (Arc::clone(source), root.clone(), Arc::clone(previous), options.limits);
-                    tokio::task::spawn_blocking(move || list_local(&walked, &root, &previous, &limits)).await.unwrap_or_else(|e| {
-                        Err(StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })
-                    })
+                    let (walked, root, previous, limits) =
+                        (Arc::clone(source), root.clone(), Arc::clone(previous), options.limits);
+                    tokio::task::spawn_blocking(move || list_local(&walked, &root, &previous, &limits))
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })
+                        })
                 }
                 Backend::Remote(storage) => list_remote(source, storage, previous, options).await,
             };
@@ -256,9 +268,14 @@ impl Catalog {
 }
 
 /// Walks a local source; new and changed files are opened and parsed. Blocking.
-fn list_local(source: &Arc<Source>, root: &Path, previous: &Catalog, limits: &Limits) -> Result<Vec<Arc<Model>>, StorageError> {
-    let (found, _skipped) =
-        scan_local(root).map_err(|e| StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })?;
+fn list_local(
+    source: &Arc<Source>,
+    root: &Path,
+    previous: &Catalog,
+    limits: &Limits,
+) -> Result<Vec<Arc<Model>>, StorageError> {
+    let (found, _skipped) = scan_local(root)
+        .map_err(|e| StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })?;
     Ok(found
         .into_iter()
         .map(|file| {
@@ -275,7 +292,12 @@ fn list_local(source: &Arc<Source>, root: &Path, previous: &Catalog, limits: &Li
 }
 
 /// Lists a remote source; new and changed objects have their manifests read, several at once.
-async fn list_remote(source: &Arc<Source>, storage: &Arc<dyn Storage>, previous: &Catalog, options: &ScanOptions) -> Result<Vec<Arc<Model>>, StorageError> {
+async fn list_remote(
+    source: &Arc<Source>,
+    storage: &Arc<dyn Storage>,
+    previous: &Catalog,
+    options: &ScanOptions,
+) -> Result<Vec<Arc<Model>>, StorageError> {
     let listed = storage.list().await?;
     let models = futures_util::stream::iter(listed)
         .map(|object: Listed| async move {
@@ -283,7 +305,12 @@ async fn list_remote(source: &Arc<Source>, storage: &Arc<dyn Storage>, previous:
             if let Some(model) = previous.get(&id).filter(|m| m.still_valid_for(source, &object.version)) {
                 return Arc::clone(model);
             }
-            let object = ObjectVersion { storage: Arc::clone(storage), key: object.key, version: object.version, size: object.size };
+            let object = ObjectVersion {
+                storage: Arc::clone(storage),
+                key: object.key,
+                version: object.version,
+                size: object.size,
+            };
             let state = read_remote_manifest(&object, options).await;
             if let Err(CatalogError::Storage(e)) = &state {
                 source.report_failure(e);
@@ -307,7 +334,9 @@ async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> 
         let whole = object.fetch(0..size, "manifest").await?;
         (whole.slice(..whole.len().min(8)), whole)
     } else {
-        let (head, tail) = futures_util::future::join(object.fetch(0..8, "manifest"), object.fetch(tail_start..size, "manifest")).await;
+        let (head, tail) =
+            futures_util::future::join(object.fetch(0..8, "manifest"), object.fetch(tail_start..size, "manifest"))
+                .await;
         (head?, tail?)
     };
     let container = Container::sniff(&head)?;
@@ -324,7 +353,12 @@ async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> 
     let limits = options.limits;
     tokio::task::spawn_blocking(move || format::parse_manifest(container, &manifest, span, size, &limits))
         .await
-        .map_err(|e| CatalogError::Storage(StorageError::Unavailable { source_name: object.storage.name().to_owned(), message: e.to_string() }))?
+        .map_err(|e| {
+            CatalogError::Storage(StorageError::Unavailable {
+                source_name: object.storage.name().to_owned(),
+                message: e.to_string(),
+            })
+        })?
         .map_err(CatalogError::from)
 }
 
@@ -389,8 +423,8 @@ fn read_manifest(file: &File, len: u64, limits: &Limits) -> Result<(Manifest, u6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
     use crate::format::DType;
+    use crate::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
 
     fn zt(values: &[u8]) -> Vec<u8> {
         let mut w = Writer::new(Vec::new()).unwrap();

@@ -21,11 +21,21 @@ pub(super) fn decode(bytes: &[u8], limits: &Limits) -> Result<Value> {
 
 /// A container being filled.
 enum Open {
-    Array { items: Vec<Value>, left: Option<u64> },
-    Map { entries: Vec<(Value, Value)>, key: Option<Value>, left: Option<u64> },
+    Array {
+        items: Vec<Value>,
+        left: Option<u64>,
+    },
+    Map {
+        entries: Vec<(Value, Value)>,
+        key: Option<Value>,
+        left: Option<u64>,
+    },
     Tag(u64),
     /// An indefinite byte or text string: definite chunks of the same major type, then a break.
-    Chunks { text: bool, bytes: Vec<u8> },
+    Chunks {
+        text: bool,
+        bytes: Vec<u8>,
+    },
 }
 
 /// Walks the item headers iteratively (depth never reaches the call stack), checking every
@@ -89,7 +99,9 @@ fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
                 _ => return Err(FormatError::CborInvalid { offset, detail: "unexpected break".into() }),
             },
             Header::Bytes(Some(len)) => Value::Bytes(read_payload(&mut decoder, len, offset, bytes.len())?),
-            Header::Text(Some(len)) => Value::Text(utf8(read_payload(&mut decoder, len, offset, bytes.len())?, offset)?),
+            Header::Text(Some(len)) => {
+                Value::Text(utf8(read_payload(&mut decoder, len, offset, bytes.len())?, offset)?)
+            }
             Header::Bytes(None) | Header::Text(None) => {
                 open.push(Open::Chunks { text: matches!(header, Header::Text(_)), bytes: Vec::new() });
                 check_depth(&open, limits)?;
@@ -212,7 +224,9 @@ fn read_payload(decoder: &mut Decoder<&[u8]>, len: usize, offset: usize, total: 
 
 fn cbor_error<E: std::fmt::Debug>(error: ciborium_ll::Error<E>, offset: usize) -> FormatError {
     match error {
-        ciborium_ll::Error::Syntax(at) => FormatError::CborInvalid { offset: at, detail: "malformed item header".into() },
+        ciborium_ll::Error::Syntax(at) => {
+            FormatError::CborInvalid { offset: at, detail: "malformed item header".into() }
+        }
         ciborium_ll::Error::Io(_) => FormatError::CborInvalid { offset, detail: "unexpected end of input".into() },
     }
 }

@@ -51,7 +51,15 @@ impl Decoder {
         };
         let width = component.dtype.width() as usize;
         let swap_width = (component.byte_order == ByteOrder::Big && width > 1).then_some(width);
-        Ok(Decoder { at, stage, declared: component.decoded_length, produced: 0, swap_width, carry: [0; 8], carry_len: 0 })
+        Ok(Decoder {
+            at,
+            stage,
+            declared: component.decoded_length,
+            produced: 0,
+            swap_width,
+            carry: [0; 8],
+            carry_len: 0,
+        })
     }
 
     /// Decoded bytes produced so far.
@@ -264,9 +272,5 @@ pub fn stored_bytes<'a>(file: &'a [u8], object: &str, component: &Component) -> 
     usize::try_from(range.end)
         .ok()
         .and_then(|end| file.get(range.start as usize..end))
-        .ok_or_else(|| FormatError::StoredLengthMismatch {
-            at: at(),
-            expected: range.end,
-            actual: file.len() as u64,
-        })
+        .ok_or_else(|| FormatError::StoredLengthMismatch { at: at(), expected: range.end, actual: file.len() as u64 })
 }

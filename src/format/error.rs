@@ -93,15 +93,10 @@ pub enum FormatError {
     RangeIntoHeader { at: Location, start: u64, end: u64, header: u64 },
     #[error("{at}: bytes {start}..{end} run past the data region, which ends at {data_end} where the manifest begins")]
     RangeIntoManifest { at: Location, start: u64, end: u64, data_end: u64 },
-    #[error("{first} (bytes {first_start}..{first_end}) partially overlaps {second} (bytes {second_start}..{second_end})")]
-    Overlap {
-        first: Location,
-        first_start: u64,
-        first_end: u64,
-        second: Location,
-        second_start: u64,
-        second_end: u64,
-    },
+    #[error(
+        "{first} (bytes {first_start}..{first_end}) partially overlaps {second} (bytes {second_start}..{second_end})"
+    )]
+    Overlap { first: Location, first_start: u64, first_end: u64, second: Location, second_start: u64, second_end: u64 },
     #[error("{at}: {what} is {actual} bytes but {expected} were expected")]
     LengthMismatch { at: Location, what: &'static str, expected: u64, actual: u64 },
     #[error("{at}: length {length} is not a multiple of the {width}-byte dtype width")]

@@ -7,20 +7,19 @@ use std::ops::Range;
 
 use super::cbor::Fields;
 use super::v1::decoded_length;
-use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value};
+use super::{
+    ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value,
+};
 
 /// Fields the model represents directly; all others go to the object's attributes.
-const KNOWN_FIELDS: [&str; 9] = ["name", "offset", "size", "dtype", "shape", "encoding", "data_endianness", "checksum", "layout"];
+const KNOWN_FIELDS: [&str; 9] =
+    ["name", "offset", "size", "dtype", "shape", "encoding", "data_endianness", "checksum", "layout"];
 
 pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Manifest> {
     let Value::Array(entries) = &root else {
         return Err(FormatError::WrongShape { context: "index".into(), expected: "an array of tensor maps" });
     };
-    let objects = entries
-        .iter()
-        .enumerate()
-        .map(|(i, entry)| object(i, entry))
-        .collect::<Result<Vec<_>>>()?;
+    let objects = entries.iter().enumerate().map(|(i, entry)| object(i, entry)).collect::<Result<Vec<_>>>()?;
     Manifest::new(Container::Legacy01, None, None, objects, span, file_len)
 }
 
@@ -47,7 +46,9 @@ fn object(index: usize, entry: &Value) -> Result<Object> {
     };
     let digest = match fields.text("checksum")? {
         None => None,
-        Some(text) => Some(Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?),
+        Some(text) => Some(
+            Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?,
+        ),
     };
     let format = fields.text("layout")?.unwrap_or("dense").to_owned();
     let extra: Vec<(Value, Value)> = fields

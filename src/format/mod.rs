@@ -424,7 +424,13 @@ pub fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &
 }
 
 /// Decodes and structurally validates a manifest found at `span` in a file of `file_len` bytes.
-pub fn parse_manifest(container: Container, bytes: &[u8], span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {
+pub fn parse_manifest(
+    container: Container,
+    bytes: &[u8],
+    span: Range<u64>,
+    file_len: u64,
+    limits: &Limits,
+) -> Result<Manifest> {
     let value = cbor::decode(bytes, limits)?;
     let manifest = match container {
         Container::Legacy01 => legacy::parse(value, span, file_len)?,

@@ -5,7 +5,9 @@
 use std::ops::Range;
 
 use super::cbor::Fields;
-use super::{ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value};
+use super::{
+    ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value,
+};
 
 pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Manifest> {
     let fields = Fields::of(&root, "manifest")?;
@@ -21,10 +23,7 @@ pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Mani
     if object_map.entries().count() != raw_entries.len() {
         return Err(object_map.wrong("<key>", "text object names"));
     }
-    let objects = object_map
-        .entries()
-        .map(|(name, value)| object(name, value))
-        .collect::<Result<Vec<_>>>()?;
+    let objects = object_map.entries().map(|(name, value)| object(name, value)).collect::<Result<Vec<_>>>()?;
     Manifest::new(Container::V1, Some(version.to_owned()), attributes, objects, span, file_len)
 }
 
@@ -57,10 +56,8 @@ fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value) 
     let at = Location::component(&object.name, role);
     let fields = Fields::of(value, at.to_string())?;
     let dtype_name = fields.required_text("dtype")?;
-    let (dtype, implied_type) = parse_dtype(dtype_name).ok_or_else(|| FormatError::UnknownDtype {
-        at: at.clone(),
-        dtype: dtype_name.to_owned(),
-    })?;
+    let (dtype, implied_type) = parse_dtype(dtype_name)
+        .ok_or_else(|| FormatError::UnknownDtype { at: at.clone(), dtype: dtype_name.to_owned() })?;
     let logical_type = fields.text("type")?.map(str::to_owned).or(implied_type.map(str::to_owned));
     let offset = fields.required_uint("offset")?;
     let stored_length = fields.required_uint("length")?;
@@ -71,7 +68,9 @@ fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value) 
     };
     let digest = match fields.text("digest")? {
         None => None,
-        Some(text) => Some(Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?),
+        Some(text) => Some(
+            Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?,
+        ),
     };
     let declared = fields.uint("uncompressed_length")?;
     let mut component = Component {
@@ -125,9 +124,7 @@ pub(super) fn decoded_length(
         }
         (Encoding::Raw, _) => component.stored_length,
         (Encoding::Zstd, Some(declared)) => declared,
-        (Encoding::Zstd, None) if is_dense_data(object, component) => {
-            dense_size(object, elements, component, at)?
-        }
+        (Encoding::Zstd, None) if is_dense_data(object, component) => dense_size(object, elements, component, at)?,
         (Encoding::Zstd, None) => return Err(FormatError::UnknownDecodedLength { at: at.clone() }),
     };
     Ok(size)

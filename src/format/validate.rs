@@ -4,7 +4,10 @@
 //! index structure), which `verify` and the server run before calling a component valid.
 
 use super::v1::{dense_size, is_dense_data};
-use super::{known_logical_type, Component, DType, Encoding, FormatError, Limits, Location, Manifest, Object, Result, ALIGNMENT, HEADER_LEN};
+use super::{
+    ALIGNMENT, Component, DType, Encoding, FormatError, HEADER_LEN, Limits, Location, Manifest, Object, Result,
+    known_logical_type,
+};
 
 /// Components each well-known format requires; custom formats require nothing.
 pub fn required_roles(format: &str) -> &'static [&'static str] {
@@ -88,7 +91,11 @@ fn check_component(
         return Err(FormatError::SparseIndexDtype { at: at.clone(), found: component.dtype.name() });
     }
     if component.decoded_length > limits.max_decoded_bytes {
-        return Err(FormatError::DecodedTooLarge { at: at.clone(), size: component.decoded_length, limit: limits.max_decoded_bytes });
+        return Err(FormatError::DecodedTooLarge {
+            at: at.clone(),
+            size: component.decoded_length,
+            limit: limits.max_decoded_bytes,
+        });
     }
     let unit = component.dtype.width() * component.logical_ratio();
     if component.decoded_length % unit != 0 {
@@ -101,7 +108,12 @@ fn check_component(
                 Encoding::Raw => "raw length",
                 Encoding::Zstd => "uncompressed_length",
             };
-            return Err(FormatError::LengthMismatch { at: at.clone(), what, expected, actual: component.decoded_length });
+            return Err(FormatError::LengthMismatch {
+                at: at.clone(),
+                what,
+                expected,
+                actual: component.decoded_length,
+            });
         }
     }
     Ok(())
@@ -190,10 +202,18 @@ where
     let indices = object.component("indices").expect("structure check requires indices");
     let indptr_count = indptr.decoded_length / 8;
     if Some(indptr_count) != rows.checked_add(1) {
-        return Err(sparse_error(object, "indptr", format!("holds {indptr_count} entries, expected rows + 1 = {}", rows as u128 + 1)));
+        return Err(sparse_error(
+            object,
+            "indptr",
+            format!("holds {indptr_count} entries, expected rows + 1 = {}", rows as u128 + 1),
+        ));
     }
     if indices.decoded_length / 8 != nnz {
-        return Err(sparse_error(object, "indices", format!("holds {} entries, expected nnz = {nnz}", indices.decoded_length / 8)));
+        return Err(sparse_error(
+            object,
+            "indices",
+            format!("holds {} entries, expected nnz = {nnz}", indices.decoded_length / 8),
+        ));
     }
     let bytes = decoded(indptr)?;
     let mut previous = 0u64;
@@ -225,7 +245,11 @@ where
     let ndim = object.shape.len() as u64;
     let count = coords.decoded_length / 8;
     if Some(count) != ndim.checked_mul(nnz) {
-        return Err(sparse_error(object, "coords", format!("holds {count} entries, expected ndim × nnz = {ndim} × {nnz}")));
+        return Err(sparse_error(
+            object,
+            "coords",
+            format!("holds {count} entries, expected ndim × nnz = {ndim} × {nnz}"),
+        ));
     }
     let bytes = decoded(coords)?;
     for (i, c) in u64s(&bytes).enumerate() {
@@ -234,7 +258,11 @@ where
             return Err(sparse_error(
                 object,
                 "coords",
-                format!("entry {} of dimension {dim} is {c}, beyond its size {}", i as u64 % nnz.max(1), object.shape[dim]),
+                format!(
+                    "entry {} of dimension {dim} is {c}, beyond its size {}",
+                    i as u64 % nnz.max(1),
+                    object.shape[dim]
+                ),
             ));
         }
     }

@@ -7,7 +7,7 @@ use std::io::Write;
 
 use super::decode::Hasher;
 use super::validate::{is_sparse_index, required_roles};
-use super::{known_logical_type, DType, Digest, Encoding, Value, ALIGNMENT, V1_MAGIC};
+use super::{ALIGNMENT, DType, Digest, Encoding, V1_MAGIC, Value, known_logical_type};
 
 /// The manifest version this writer emits.
 pub const WRITTEN_VERSION: &str = "1.2.0";
@@ -104,7 +104,12 @@ impl<W: Write> Writer<W> {
         let facts: Vec<_> = object
             .components
             .iter()
-            .map(|c| ComponentFacts { role: c.role, dtype: c.dtype, logical_type: c.logical_type, decoded_length: c.bytes.len() as u64 })
+            .map(|c| ComponentFacts {
+                role: c.role,
+                dtype: c.dtype,
+                logical_type: c.logical_type,
+                decoded_length: c.bytes.len() as u64,
+            })
             .collect();
         check_components(&shape, &facts)?;
         if object.attributes.as_ref().is_some_and(|a| !matches!(a, Value::Map(_))) {
@@ -218,7 +223,12 @@ pub fn plan(objects: &[StoredObject<'_>], attributes: Option<Value>) -> Result<P
         let facts: Vec<_> = object
             .components
             .iter()
-            .map(|c| ComponentFacts { role: c.role, dtype: c.dtype, logical_type: c.logical_type, decoded_length: c.decoded_length })
+            .map(|c| ComponentFacts {
+                role: c.role,
+                dtype: c.dtype,
+                logical_type: c.logical_type,
+                decoded_length: c.decoded_length,
+            })
             .collect();
         check_components(&shape, &facts)?;
         let mut object_offsets = Vec::with_capacity(object.components.len());
@@ -253,11 +263,14 @@ fn component_entry(component: &StoredComponent<'_>, offset: u64) -> Value {
     Value::Map(fields)
 }
 
-fn object_entry(shape: &[u64], format: &str, attributes: &Option<Value>, components: Vec<(Value, Value)>) -> Result<Value, WriteError> {
-    let mut fields = vec![
-        (text("shape"), Value::Array(shape.iter().map(|&d| uint(d)).collect())),
-        (text("format"), text(format)),
-    ];
+fn object_entry(
+    shape: &[u64],
+    format: &str,
+    attributes: &Option<Value>,
+    components: Vec<(Value, Value)>,
+) -> Result<Value, WriteError> {
+    let mut fields =
+        vec![(text("shape"), Value::Array(shape.iter().map(|&d| uint(d)).collect())), (text("format"), text(format))];
     if let Some(attributes) = attributes {
         if !matches!(attributes, Value::Map(_)) {
             return Err(WriteError::AttributesNotMap);
@@ -306,7 +319,10 @@ fn check_components(object: &ShapeCheck<'_>, components: &[ComponentFacts<'_>]) 
     let mut roles = HashSet::new();
     for component in components {
         if !roles.insert(component.role) {
-            return Err(WriteError::DuplicateComponent { object: object.name.to_owned(), role: component.role.to_owned() });
+            return Err(WriteError::DuplicateComponent {
+                object: object.name.to_owned(),
+                role: component.role.to_owned(),
+            });
         }
         let bad = |detail: String| WriteError::BadComponent {
             object: object.name.to_owned(),
@@ -337,7 +353,11 @@ fn check_components(object: &ShapeCheck<'_>, components: &[ComponentFacts<'_>]) 
     }
     for &role in required_roles(object.format) {
         if !roles.contains(role) {
-            return Err(WriteError::MissingComponent { object: object.name.to_owned(), format: object.format.to_owned(), role });
+            return Err(WriteError::MissingComponent {
+                object: object.name.to_owned(),
+                format: object.format.to_owned(),
+                role,
+            });
         }
     }
     Ok(())

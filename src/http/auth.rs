@@ -71,7 +71,10 @@ fn parse_entry(entry: &str, origin: &str) -> Result<Grant, TokenError> {
     // RFC 6750's b64token: what a client can send in `Authorization: Bearer`.
     let b64token = token.trim_end_matches('=').bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b));
     if !b64token || token.starts_with('=') {
-        return Err(fail("the token has characters a bearer token cannot carry (allowed: A-Z a-z 0-9 - . _ ~ + / and trailing =)".into()));
+        return Err(fail(
+            "the token has characters a bearer token cannot carry (allowed: A-Z a-z 0-9 - . _ ~ + / and trailing =)"
+                .into(),
+        ));
     }
     if token.len() < MIN_TOKEN_LEN {
         return Err(fail(format!("the token is {} characters; at least {MIN_TOKEN_LEN} are required", token.len())));
@@ -122,10 +125,18 @@ impl Tokens {
     /// entry, or an unreadable file, is an error: the server must not start with less
     /// protection than configured.
     pub fn new(entries: &[String], file: &str) -> Result<Tokens, TokenError> {
-        let from_config =
-            entries.iter().enumerate().map(|(n, e)| parse_entry(e, &format!("tokens entry {}", n + 1))).collect::<Result<_, _>>()?;
+        let from_config = entries
+            .iter()
+            .enumerate()
+            .map(|(n, e)| parse_entry(e, &format!("tokens entry {}", n + 1)))
+            .collect::<Result<_, _>>()?;
         let file = (!file.is_empty()).then(|| PathBuf::from(file));
-        let tokens = Tokens { open: entries.is_empty() && file.is_none(), from_config, file, from_file: RwLock::new((Vec::new(), None)) };
+        let tokens = Tokens {
+            open: entries.is_empty() && file.is_none(),
+            from_config,
+            file,
+            from_file: RwLock::new((Vec::new(), None)),
+        };
         if let Some(path) = &tokens.file {
             let read = std::fs::read_to_string(path)
                 .map_err(|e| TokenError { origin: format!("token file {}", path.display()), message: e.to_string() })?;

@@ -85,7 +85,11 @@ pub async fn serve(
         });
     }
     drop(listener);
-    tracing::info!(connections = graceful.count(), drain_secs = drain.as_secs(), "shutting down: draining in-flight requests");
+    tracing::info!(
+        connections = graceful.count(),
+        drain_secs = drain.as_secs(),
+        "shutting down: draining in-flight requests"
+    );
     if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
         tracing::warn!("drain time ran out; closing remaining connections");
     }
@@ -122,7 +126,12 @@ impl<S> IdleTimeout<S> {
     }
 
     /// Pushes the deadline back after progress, or fails a wait that has lasted too long.
-    fn after<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>, progressed: impl FnOnce(&T) -> bool) -> Poll<io::Result<T>> {
+    fn after<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+        progressed: impl FnOnce(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
         match &polled {
             Poll::Ready(Ok(value)) if progressed(value) => {
                 self.deadline.as_mut().reset(Instant::now() + self.timeout);
@@ -165,7 +174,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
         this.after(cx, polled, |n| *n > 0)
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.expired {
             return Poll::Ready(Err(Self::timed_out()));

@@ -1,7 +1,7 @@
 //! `ApiError` and the only place HTTP statuses are chosen for errors. Every error answers
 //! `{"error": {"code", "message"}}`; 5xx bodies stay generic and their details go to the log.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -114,7 +114,11 @@ impl IntoResponse for ApiError {
                 headers.insert(header::CONTENT_RANGE, value);
             }
             ApiError::Unauthorized { invalid } => {
-                let challenge = if invalid { r#"Bearer realm="ztserve", error="invalid_token""# } else { r#"Bearer realm="ztserve""# };
+                let challenge = if invalid {
+                    r#"Bearer realm="ztserve", error="invalid_token""#
+                } else {
+                    r#"Bearer realm="ztserve""#
+                };
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
             }
             ApiError::NotReady | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => {

@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::{RawPathParams, Request};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -32,8 +32,8 @@ pub use error::ApiError;
 
 use crate::catalog::cache::DecodeCache;
 use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
-use crate::storage::Readahead;
 use crate::config::Config;
+use crate::storage::Readahead;
 use crate::telemetry::names;
 
 /// What every handler shares.
@@ -60,7 +60,8 @@ impl AppState {
     pub fn new(config: Config) -> anyhow::Result<Arc<AppState>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
-        let env: std::collections::BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
+        let env: std::collections::BTreeMap<String, String> =
+            std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
         let s3 = config.s3_options(&env);
         let mut sources = Vec::new();
         for name in &config.sources {
@@ -77,7 +78,9 @@ impl AppState {
             chunk: config.s3_range_chunk_bytes,
             concurrency: config.s3_range_concurrency,
             budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(config.s3_readahead_bytes / 1024).unwrap_or(usize::MAX).min(tokio::sync::Semaphore::MAX_PERMITS),
+                usize::try_from(config.s3_readahead_bytes / 1024)
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
         };
         Ok(Arc::new(AppState {
@@ -164,18 +167,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state);
     let layers = ServiceBuilder::new()
         .layer(axum::middleware::from_fn(metered))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(request_span)
-                .on_request(())
-                .on_response(record_response),
-        )
+        .layer(TraceLayer::new_for_http().make_span_with(request_span).on_request(()).on_response(record_response))
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             ApiError::Internal("a handler panicked".into()).into_response()
         }))
-        .option_layer((timeout > 0).then(|| {
-            TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(timeout))
-        }))
+        .option_layer(
+            (timeout > 0)
+                .then(|| TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(timeout))),
+        )
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency));
     router.layer(layers)
 }
@@ -200,8 +199,13 @@ fn request_span(request: &Request) -> tracing::Span {
 }
 
 /// Completes the request span and logs one line per request.
-fn record_response<B: axum::body::HttpBody>(response: &axum::http::Response<B>, latency: Duration, span: &tracing::Span) {
-    let declared = response.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+fn record_response<B: axum::body::HttpBody>(
+    response: &axum::http::Response<B>,
+    latency: Duration,
+    span: &tracing::Span,
+) {
+    let declared =
+        response.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let bytes = declared.or_else(|| response.body().size_hint().exact());
     span.record("status", response.status().as_u16());
     if let Some(bytes) = bytes {
@@ -219,7 +223,8 @@ async fn metered(request: Request, next: axum::middleware::Next) -> Response {
     let started = std::time::Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "method" => method, "status" => status).increment(1);
+    metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "method" => method, "status" => status)
+        .increment(1);
     let sent = metrics::counter!(names::HTTP_RESPONSE_BYTES, "route" => route.clone());
     let duration = metrics::histogram!(names::HTTP_DURATION, "route" => route);
     response.map(|body| axum::body::Body::new(MeteredBody { body, sent, duration, started }))
@@ -274,7 +279,9 @@ async fn method_not_allowed(request: Request) -> ApiError {
 }
 
 /// Path parameters by name, percent-decoded; invalid UTF-8 is a 400 in our JSON shape.
-pub(crate) fn path_params(params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn path_params(
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+) -> Result<Vec<(String, String)>, ApiError> {
     let params = params.map_err(|e| ApiError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
     Ok(params.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
 }
@@ -285,13 +292,18 @@ pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
 
 /// Looks a model up, refusing when not ready, unknown or broken.
 /// A model outside the request's [`auth::Access`] is answered exactly as an unknown one.
-pub(crate) fn ready_model(state: &AppState, access: &auth::Access, id: &str) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
+pub(crate) fn ready_model(
+    state: &AppState,
+    access: &auth::Access,
+    id: &str,
+) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
     tracing::Span::current().record("model", id);
     if !state.is_ready() {
         return Err(ApiError::NotReady);
     }
     let catalog = state.catalog();
-    let model = catalog.get(id).filter(|_| access.allows(id)).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
+    let model =
+        catalog.get(id).filter(|_| access.allows(id)).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
     let manifest = match &model.state {
         Ok(manifest) => Arc::clone(manifest),
         Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone() }),
@@ -314,7 +326,8 @@ pub(crate) fn header_value(text: &str) -> HeaderValue {
 /// Serves until SIGTERM or SIGINT, then gives in-flight requests the drain time to finish.
 pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
     let addr = state.config.listen_addr();
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, sources = ?state.config.sources, "listening");
     serve_on(listener, state).await
 }
@@ -360,9 +373,13 @@ struct ShutdownSignals {
 
 impl ShutdownSignals {
     fn install() -> anyhow::Result<ShutdownSignals> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let listen = |kind: SignalKind, name: &str| signal(kind).map_err(|e| anyhow::anyhow!("cannot listen for {name}: {e}"));
-        Ok(ShutdownSignals { terminate: listen(SignalKind::terminate(), "SIGTERM")?, interrupt: listen(SignalKind::interrupt(), "SIGINT")? })
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen =
+            |kind: SignalKind, name: &str| signal(kind).map_err(|e| anyhow::anyhow!("cannot listen for {name}: {e}"));
+        Ok(ShutdownSignals {
+            terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+            interrupt: listen(SignalKind::interrupt(), "SIGINT")?,
+        })
     }
 
     async fn received(mut self) {

@@ -5,24 +5,27 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use axum::extract::{RawPathParams, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::auth::Access;
 use super::objects::add_urls;
-use super::respond::{bytes_response, ByteStream, RangeSource, Representation};
-use super::{answer, param, path_params, ready_model, segment, ApiError, AppState};
+use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
+use super::{ApiError, AppState, answer, param, path_params, ready_model, segment};
 use crate::catalog::cache::Stored;
 use crate::catalog::{Location, Model, Source};
-use crate::storage::{ObjectVersion, Readahead, StorageError};
 use crate::json::manifest_json;
+use crate::storage::{ObjectVersion, Readahead, StorageError};
 
 /// `GET /models`: every model the request may read, with its status.
-pub async fn list(State(state): State<Arc<AppState>>, Extension(access): Extension<Access>) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<Access>,
+) -> Result<Json<Value>, ApiError> {
     if !state.is_ready() {
         return Err(ApiError::NotReady);
     }
@@ -73,7 +76,11 @@ pub async fn manifest(
             }
             sendable(serde_json::to_vec(&doc).expect("JSON values serialize"))
         });
-        Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), model_version(&model)], body.clone()).into_response())
+        Ok((
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), model_version(&model)],
+            body.clone(),
+        )
+            .into_response())
     })())
 }
 
@@ -139,7 +146,11 @@ impl ModelBytes {
 
 /// Records a remote read's outcome on its source's health and turns a failure into the
 /// response's error.
-pub(crate) fn storage_outcome<T>(source: &Source, model: &str, outcome: Result<T, StorageError>) -> Result<T, ApiError> {
+pub(crate) fn storage_outcome<T>(
+    source: &Source,
+    model: &str,
+    outcome: Result<T, StorageError>,
+) -> Result<T, ApiError> {
     match outcome {
         Ok(value) => {
             source.report_success();
@@ -185,7 +196,9 @@ impl RangeSource for RemoteRange {
 /// place is refused rather than read.
 pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ApiError> {
     let (path, mapping) = match &model.location {
-        Location::Remote(object) => return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) }),
+        Location::Remote(object) => {
+            return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) });
+        }
         Location::Local { path, mapping, .. } => (path, mapping),
     };
     let mapping = match mapping.get() {
@@ -205,7 +218,12 @@ pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result
     }
     let file = Arc::clone(mapping.file());
     let key = path.strip_prefix(&*model.source.name).unwrap_or(path).display().to_string();
-    Ok(ModelBytes::Mapped { bytes: Bytes::from_owner(ArcBytes(mapping)), file, source_name: model.source.name.clone(), key })
+    Ok(ModelBytes::Mapped {
+        bytes: Bytes::from_owner(ArcBytes(mapping)),
+        file,
+        source_name: model.source.name.clone(),
+        key,
+    })
 }
 
 /// Lets `Bytes` share ownership of a mapping.

@@ -4,20 +4,20 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use axum::extract::{RawPathParams, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
-use axum::response::{IntoResponse, Response};
 use axum::Json;
+use axum::extract::{RawPathParams, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
 
-use super::models::{etag, model_bytes, model_version, storage_failed, ModelBytes};
-use super::respond::{bytes_response, guard, ByteStream, ExtraHeaders, RangeSource, Representation};
-use super::{answer, header_value, param, path_params, ready_model, segment, ApiError, AppState};
-use crate::catalog::cache::{stream_private, ComponentKey, DecodeError, Decoded, Stored};
+use super::models::{ModelBytes, etag, model_bytes, model_version, storage_failed};
+use super::respond::{ByteStream, ExtraHeaders, RangeSource, Representation, bytes_response, guard};
+use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model, segment};
+use crate::catalog::cache::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
@@ -30,14 +30,22 @@ use axum::Extension;
 type Params = Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>;
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
-pub async fn object(State(state): State<Arc<AppState>>, Extension(access): Extension<Access>, method: Method, headers: HeaderMap, params: Params) -> Response {
+pub async fn object(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<Access>,
+    method: Method,
+    headers: HeaderMap,
+    params: Params,
+) -> Response {
     answer(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let object = find_object(&model, &manifest, param(&params, "object"))?;
             match &object.components[..] {
-                [only] => component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, only).await,
+                [only] => {
+                    component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, only).await
+                }
                 _ => {
                     let mut doc = object_json(object);
                     add_urls(&mut doc, object, &format!("/models/{}", segment(&model.id)));
@@ -50,7 +58,13 @@ pub async fn object(State(state): State<Arc<AppState>>, Extension(access): Exten
 }
 
 /// `GET /models/{m}/objects/{o}/components/{role}`: that component's bytes.
-pub async fn component(State(state): State<Arc<AppState>>, Extension(access): Extension<Access>, method: Method, headers: HeaderMap, params: Params) -> Response {
+pub async fn component(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<Access>,
+    method: Method,
+    headers: HeaderMap,
+    params: Params,
+) -> Response {
     answer(
         async {
             let params = path_params(params)?;
@@ -87,7 +101,8 @@ fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<
 
 /// Whether an object has content the format can check beyond its manifest.
 fn has_content_rules(object: &Object) -> bool {
-    matches!(object.format.as_str(), "sparse_csr" | "sparse_coo") || object.components.iter().any(|c| c.dtype == crate::format::DType::Bool)
+    matches!(object.format.as_str(), "sparse_csr" | "sparse_coo")
+        || object.components.iter().any(|c| c.dtype == crate::format::DType::Bool)
 }
 
 /// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
@@ -109,7 +124,11 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBy
             let object_owned = object.clone();
             let result = tokio::task::spawn_blocking(move || {
                 crate::format::validate::check_content(&object_owned, |c| {
-                    let index = object_owned.components.iter().position(|x| x.role == c.role).expect("a component of the object");
+                    let index = object_owned
+                        .components
+                        .iter()
+                        .position(|x| x.role == c.role)
+                        .expect("a component of the object");
                     crate::format::decode::decode_component(&object_owned.name, c, &stored[index])
                 })
             })
@@ -151,7 +170,11 @@ impl CheckError {
 
 /// Hashes a component's stored bytes off the async runtime and compares with its digest.
 /// Remote bytes stream through the hasher as they arrive, never held whole.
-async fn hash_stored(object: String, component: Component, stored: Stored) -> Result<Result<(), FormatError>, CheckError> {
+async fn hash_stored(
+    object: String,
+    component: Component,
+    stored: Stored,
+) -> Result<Result<(), FormatError>, CheckError> {
     let Some(expected) = component.digest.clone() else { return Ok(Ok(())) };
     let hasher = crate::format::decode::Hasher::for_digest(&expected);
     let hashed = match stored {
@@ -218,11 +241,9 @@ fn digest_check(
     let (facts, name, component, stored) = (Arc::clone(facts), object.name.clone(), component.clone(), stored.clone());
     let check = async move {
         let verdict = match policy {
-            VerifyPolicy::FirstRead => facts
-                .verdict
-                .get_or_try_init(|| hash_stored(name, component, stored))
-                .await?
-                .clone(),
+            VerifyPolicy::FirstRead => {
+                facts.verdict.get_or_try_init(|| hash_stored(name, component, stored)).await?.clone()
+            }
             _ => hash_stored(name, component, stored).await?,
         };
         verdict.map_err(CheckError::Mismatch)
@@ -236,12 +257,8 @@ fn digest_check(
 
 /// Whether the request accepts the `zstd` content coding (listed with a non-zero weight).
 fn accepts_zstd(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|item| {
+    headers.get_all(header::ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(
+        |item| {
             let mut parts = item.split(';');
             let coding = parts.next().unwrap_or("").trim();
             coding.eq_ignore_ascii_case("zstd")
@@ -251,7 +268,8 @@ fn accepts_zstd(headers: &HeaderMap) -> bool {
                     }
                     _ => true,
                 })
-        })
+        },
+    )
 }
 
 /// `sha-256=:<base64>:`, the RFC 9530 form.
@@ -280,7 +298,9 @@ impl RangeSource for DecodedSource {
 
     fn open(&self, range: Range<u64>) -> ByteStream {
         let cache = &self.state.cache;
-        let make = |decoders| Decoded::new(&self.key.object, &self.component, self.stored.clone(), decoders, Arc::clone(&self.sha256));
+        let make = |decoders| {
+            Decoded::new(&self.key.object, &self.component, self.stored.clone(), decoders, Arc::clone(&self.sha256))
+        };
         let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
         let failed = move |e: DecodeError| match e {
             DecodeError::Invalid(invalid) => ApiError::InvalidComponent { model: model.clone(), source: invalid },
@@ -300,9 +320,15 @@ impl RangeSource for DecodedSource {
                 metrics::counter!(names::CACHE_MISSES).increment(1);
                 span.record("cache", "bypass");
                 let decoders = Arc::clone(cache.decoders());
-                let body = stream_private(self.key.object.clone(), self.component.clone(), self.stored.clone(), range, decoders)
-                    .map(move |piece| piece.map_err(&failed))
-                    .boxed();
+                let body = stream_private(
+                    self.key.object.clone(),
+                    self.component.clone(),
+                    self.stored.clone(),
+                    range,
+                    decoders,
+                )
+                .map(move |piece| piece.map_err(&failed))
+                .boxed();
                 self.admitted(body)
             }
         }
@@ -398,28 +424,37 @@ async fn component_bytes(
     if offers_zstd {
         extra.push((header::VARY, HeaderValue::from_static("accept-encoding")));
     }
-    let (source, etag, sha256): (Arc<dyn RangeSource>, String, Option<[u8; 32]>) = if offers_zstd && !ranged && accepts_zstd(headers) {
-        // The stored frame as it is: its digest, when SHA-256, is the representation's.
-        extra.push((header::CONTENT_ENCODING, HeaderValue::from_static("zstd")));
-        span.record("cache", "passthrough");
-        (bytes.served(state, &model.id, range), etag(model, &format!("{part}\0zstd")), declared_sha256)
-    } else if component.is_verbatim() {
-        (bytes.served(state, &model.id, range), etag(model, &part), declared_sha256)
-    } else {
-        let key = ComponentKey {
-            model: model.id.clone(),
-            version: model.version.clone(),
-            object: object.name.clone(),
-            role: component.role.clone(),
+    let (source, etag, sha256): (Arc<dyn RangeSource>, String, Option<[u8; 32]>) =
+        if offers_zstd && !ranged && accepts_zstd(headers) {
+            // The stored frame as it is: its digest, when SHA-256, is the representation's.
+            extra.push((header::CONTENT_ENCODING, HeaderValue::from_static("zstd")));
+            span.record("cache", "passthrough");
+            (bytes.served(state, &model.id, range), etag(model, &format!("{part}\0zstd")), declared_sha256)
+        } else if component.is_verbatim() {
+            (bytes.served(state, &model.id, range), etag(model, &part), declared_sha256)
+        } else {
+            let key = ComponentKey {
+                model: model.id.clone(),
+                version: model.version.clone(),
+                object: object.name.clone(),
+                role: component.role.clone(),
+            };
+            let sha256 = facts.decoded_sha256.get().copied();
+            let source = DecodedSource {
+                state: Arc::clone(state),
+                source: Arc::clone(&model.source),
+                key,
+                component: component.clone(),
+                stored,
+                sha256: Arc::clone(&facts.decoded_sha256),
+            };
+            (Arc::new(source), etag(model, &part), sha256)
         };
-        let sha256 = facts.decoded_sha256.get().copied();
-        let source = DecodedSource { state: Arc::clone(state), source: Arc::clone(&model.source), key, component: component.clone(), stored, sha256: Arc::clone(&facts.decoded_sha256) };
-        (Arc::new(source), etag(model, &part), sha256)
-    };
     if let Some(sha256) = &sha256 {
         extra.push((HeaderName::from_static("repr-digest"), repr_digest(sha256)));
     }
-    let representation = Representation { source, etag, content_type: "application/octet-stream", headers: extra, guard };
+    let representation =
+        Representation { source, etag, content_type: "application/octet-stream", headers: extra, guard };
     bytes_response(headers, head, representation, state.config.max_ranges).await
 }
 

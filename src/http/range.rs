@@ -28,7 +28,11 @@ pub fn evaluate(range: Option<&str>, len: u64, max_ranges: usize) -> RangeDecisi
         return RangeDecision::TooManyRanges { requested: specs.len(), limit: max_ranges };
     }
     let satisfiable: Vec<Range<u64>> = specs.into_iter().filter_map(|spec| spec.resolve(len)).collect();
-    if satisfiable.is_empty() { RangeDecision::Unsatisfiable } else { RangeDecision::Partial(without_overlaps(satisfiable)) }
+    if satisfiable.is_empty() {
+        RangeDecision::Unsatisfiable
+    } else {
+        RangeDecision::Partial(without_overlaps(satisfiable))
+    }
 }
 
 /// Ranges that overlap are merged, in ascending order (RFC 9110 §14.2 lets a server coalesce

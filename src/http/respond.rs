@@ -6,11 +6,11 @@
 //! body before its last byte so it never ends cleanly.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, Shared};
@@ -18,7 +18,7 @@ use futures_util::stream::{self, BoxStream};
 use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::error::ApiError;
-use super::range::{evaluate, if_none_match_matches, if_range_allows, RangeDecision};
+use super::range::{RangeDecision, evaluate, if_none_match_matches, if_range_allows};
 
 /// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
 pub type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
@@ -51,7 +51,9 @@ impl RangeSource for Bytes {
     fn open(&self, range: Range<u64>) -> ByteStream {
         let bytes = self.slice(range.start as usize..range.end as usize);
         crate::storage::local::record_mapped("serve", bytes.len() as u64);
-        let pieces = (0..bytes.len()).step_by(SLICE_PIECE).map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
+        let pieces = (0..bytes.len())
+            .step_by(SLICE_PIECE)
+            .map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
         stream::iter(pieces).boxed()
     }
 }
@@ -143,16 +145,15 @@ pub async fn bytes_response(
     let Representation { source, etag, content_type, headers: extra, guard } = representation;
     let len = source.len();
     let etag_value = HeaderValue::from_str(&etag).map_err(|e| ApiError::Internal(format!("bad etag {etag:?}: {e}")))?;
-    let mut builder = Response::builder()
-        .header(header::ETAG, etag_value)
-        .header(header::ACCEPT_RANGES, "bytes");
+    let mut builder = Response::builder().header(header::ETAG, etag_value).header(header::ACCEPT_RANGES, "bytes");
     for (name, value) in extra {
         builder = builder.header(name, value);
     }
     if if_none_match_matches(header_str(request, &header::IF_NONE_MATCH), &etag) {
         return Ok(builder.status(StatusCode::NOT_MODIFIED).body(Body::empty()).expect("valid response"));
     }
-    let range = header_str(request, &header::RANGE).filter(|_| if_range_allows(header_str(request, &header::IF_RANGE), &etag));
+    let range =
+        header_str(request, &header::RANGE).filter(|_| if_range_allows(header_str(request, &header::IF_RANGE), &etag));
     let (builder, content_length, body): (_, u64, Option<ByteStream>) = match evaluate(range, len, max_ranges) {
         RangeDecision::Full => {
             let body = if head { None } else { Some(primed(source.open(0..len)).await?) };

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
@@ -69,7 +69,11 @@ fn next(bufs: &[IoSlice<'_>]) -> Next {
 
 /// Runs a non-blocking write `op` when the socket is writable, waiting again while it would
 /// block (tokio's readiness protocol for system calls it does not wrap).
-fn poll_writing(stream: &TcpStream, cx: &mut Context<'_>, mut op: impl FnMut() -> io::Result<usize>) -> Poll<io::Result<usize>> {
+fn poll_writing(
+    stream: &TcpStream,
+    cx: &mut Context<'_>,
+    mut op: impl FnMut() -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
     loop {
         ready!(stream.poll_write_ready(cx))?;
         match stream.try_io(Interest::WRITABLE, &mut op) {
@@ -84,7 +88,11 @@ impl AsyncWrite for ZeroCopyStream {
         self.poll_write_vectored(cx, &[IoSlice::new(buf)])
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let stream = &mut self.get_mut().0;
         match next(bufs) {
             Next::Copy { count, more: false } => Pin::new(stream).poll_write_vectored(cx, &bufs[..count]),
@@ -100,7 +108,10 @@ impl AsyncWrite for ZeroCopyStream {
                 // The mapping still spans these bytes, so the file was truncated under it:
                 // end the response rather than let hyper write the rest from the mapping.
                 if sent == 0 {
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the mapped file was truncated")));
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the mapped file was truncated",
+                    )));
                 }
                 SENDFILE_BYTES.increment(sent as u64);
                 Poll::Ready(Ok(sent))
@@ -149,7 +160,11 @@ mod tests {
         assert_eq!(sent_from(next(&[IoSlice::new(large), IoSlice::new(head)])), Some((1000, 149_000)));
         assert_eq!(sent_from(next(&[IoSlice::new(&[]), IoSlice::new(large)])), Some((1000, 149_000)));
         assert_eq!(copied(next(&[IoSlice::new(head), IoSlice::new(small), IoSlice::new(large)])), Some((2, true)));
-        assert_eq!(copied(next(&[IoSlice::new(head), IoSlice::new(small)])), Some((2, false)), "small slices are copied");
+        assert_eq!(
+            copied(next(&[IoSlice::new(head), IoSlice::new(small)])),
+            Some((2, false)),
+            "small slices are copied"
+        );
         let heap = bytes[1000..150_000].to_vec();
         assert_eq!(copied(next(&[IoSlice::new(&heap)])), Some((1, false)), "heap bytes are copied");
     }

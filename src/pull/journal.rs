@@ -178,7 +178,10 @@ fn read(path: &Path, identity: &Identity) -> anyhow::Result<Option<Vec<Range<u64
             break;
         };
         if forget {
-            written = written.into_iter().flat_map(|(n, r)| subtract(vec![r], &range).into_iter().map(move |part| (n, part))).collect();
+            written = written
+                .into_iter()
+                .flat_map(|(n, r)| subtract(vec![r], &range).into_iter().map(move |part| (n, part)))
+                .collect();
         } else {
             written.push((lines_read, range));
             lines_read += 1;
@@ -222,7 +225,14 @@ mod tests {
     use super::*;
 
     fn identity() -> Identity {
-        Identity { url: "http://h/models/m/file".into(), etag: "\"1\"".into(), source_len: 100, raw: false, layout: "ab".into(), output_len: 1000 }
+        Identity {
+            url: "http://h/models/m/file".into(),
+            etag: "\"1\"".into(),
+            source_len: 100,
+            raw: false,
+            layout: "ab".into(),
+            output_len: 1000,
+        }
     }
 
     /// A journal for `identity()` at `dir/j` whose lines after the identity are `body`.

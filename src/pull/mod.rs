@@ -17,13 +17,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use futures_util::StreamExt;
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::Digest as _;
 
-use crate::format::decode::{decode_component, verify_digest, Hasher};
-use crate::format::write::{plan, StoredComponent, StoredObject};
+use crate::format::decode::{Hasher, decode_component, verify_digest};
+use crate::format::write::{StoredComponent, StoredObject, plan};
 use crate::format::{self, ByteOrder, Container, Digest, Encoding, Limits, Manifest, V1_MAGIC};
 use journal::{Identity, Journal};
 use remote::{Remote, RetryPolicy};
@@ -85,7 +85,9 @@ pub fn file_url(model_url: &str) -> anyhow::Result<reqwest::Url> {
         bail!("{model_url:?} is not a model URL: expected http://HOST:PORT/models/MODEL_ID");
     };
     let id = id.trim_end_matches('/');
-    let id = percent_encoding::percent_decode_str(id).decode_utf8().with_context(|| format!("the model id in {model_url:?} is not UTF-8"))?;
+    let id = percent_encoding::percent_decode_str(id)
+        .decode_utf8()
+        .with_context(|| format!("the model id in {model_url:?} is not UTF-8"))?;
     if id.is_empty() {
         bail!("{model_url:?} names no model: expected http://HOST:PORT/models/MODEL_ID");
     }
@@ -136,7 +138,8 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     }
     let remote = Remote::new(file_url(&options.url)?, options.token.clone(), options.retry, options.concurrency)?;
     let (probe_etag, source_len, manifest) = fetch_manifest(&remote, &options.limits).await?;
-    let layout = if options.raw { raw_layout(&manifest, source_len, options)? } else { rebuilt_layout(&manifest, options)? };
+    let layout =
+        if options.raw { raw_layout(&manifest, source_len, options)? } else { rebuilt_layout(&manifest, options)? };
 
     let (partial_path, journal_path) = journal::partial_paths(&options.output);
     let identity = Identity {
@@ -147,7 +150,8 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         layout: layout.fingerprint.clone(),
         output_len: layout.output_len,
     };
-    let (mut journal, kept) = Journal::open(&journal_path, &identity).with_context(|| format!("cannot open {}", journal_path.display()))?;
+    let (mut journal, kept) =
+        Journal::open(&journal_path, &identity).with_context(|| format!("cannot open {}", journal_path.display()))?;
     let partial = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -156,7 +160,11 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         .open(&partial_path)
         .with_context(|| format!("cannot write {}", partial_path.display()))?;
     if kept && partial.metadata()?.len() != layout.output_len {
-        bail!("{} does not have the length its journal implies; delete it and {} to start over", partial_path.display(), journal_path.display());
+        bail!(
+            "{} does not have the length its journal implies; delete it and {} to start over",
+            partial_path.display(),
+            journal_path.display()
+        );
     }
     partial.set_len(layout.output_len)?;
     let partial = Arc::new(partial);
@@ -184,7 +192,19 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         jobs.extend(unit_jobs);
     }
 
-    let outcome = copy_and_verify(&remote, &probe_etag, &layout, jobs, pending, &partial, &mut journal, &progress, options, &mut report).await;
+    let outcome = copy_and_verify(
+        &remote,
+        &probe_etag,
+        &layout,
+        jobs,
+        pending,
+        &partial,
+        &mut journal,
+        &progress,
+        options,
+        &mut report,
+    )
+    .await;
     progress.finish();
     if let Err(e) = outcome {
         return Err(e.context(format!(
@@ -201,9 +221,11 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     partial.sync_all()?;
     journal.synced(journal.lines())?;
     let check = crate::storage::local::MappedFile::open(&partial_path)?;
-    format::parse_file(&check, &options.limits).context("internal error: the pulled file does not parse; it was not moved into place")?;
+    format::parse_file(&check, &options.limits)
+        .context("internal error: the pulled file does not parse; it was not moved into place")?;
     drop(check);
-    std::fs::rename(&partial_path, &options.output).with_context(|| format!("cannot move the pulled file to {}", options.output.display()))?;
+    std::fs::rename(&partial_path, &options.output)
+        .with_context(|| format!("cannot move the pulled file to {}", options.output.display()))?;
     if let Some(dir) = options.output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::File::open(dir)?.sync_all()?;
     }
@@ -216,10 +238,16 @@ async fn fetch_manifest(remote: &Remote, limits: &Limits) -> anyhow::Result<(Str
     let probe = remote.probe(V1_MAGIC.len() as u64).await?;
     let container = Container::sniff(&probe.head).with_context(|| format!("{} is not a .zt file", remote.url()))?;
     let tail_start = probe.len.saturating_sub(container.trailer_len());
-    let tail = if tail_start < probe.len { remote.range(tail_start..probe.len, &probe.etag).await? } else { Default::default() };
-    let span = format::manifest_span(container, probe.len, &tail, limits).with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
+    let tail = if tail_start < probe.len {
+        remote.range(tail_start..probe.len, &probe.etag).await?
+    } else {
+        Default::default()
+    };
+    let span = format::manifest_span(container, probe.len, &tail, limits)
+        .with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
     let bytes = remote.range(span.clone(), &probe.etag).await?;
-    let manifest = format::parse_manifest(container, &bytes, span, probe.len, limits).with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
+    let manifest = format::parse_manifest(container, &bytes, span, probe.len, limits)
+        .with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
     Ok((probe.etag, probe.len, manifest))
 }
 
@@ -230,7 +258,12 @@ fn selector(patterns: &[String]) -> anyhow::Result<Option<globset::GlobSet>> {
     }
     let mut set = globset::GlobSetBuilder::new();
     for pattern in patterns {
-        set.add(globset::GlobBuilder::new(pattern).literal_separator(false).build().with_context(|| format!("--objects {pattern:?}"))?);
+        set.add(
+            globset::GlobBuilder::new(pattern)
+                .literal_separator(false)
+                .build()
+                .with_context(|| format!("--objects {pattern:?}"))?,
+        );
     }
     Ok(Some(set.build()?))
 }
@@ -253,14 +286,35 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
         let blob = component.offset..component.offset + component.stored_length;
         // Bytes between blobs (header, padding) and zero-length blobs sharing an offset.
         if covered < blob.start {
-            units.push(Unit { label: "padding".into(), output: covered..blob.start, source: covered..blob.start, digest: None, transform: None, is_component: false });
+            units.push(Unit {
+                label: "padding".into(),
+                output: covered..blob.start,
+                source: covered..blob.start,
+                digest: None,
+                transform: None,
+                is_component: false,
+            });
         }
         if !blob.is_empty() && blob.start >= covered {
-            units.push(Unit { label: label(object, component), output: blob.clone(), source: blob.clone(), digest: component.digest, transform: None, is_component: true });
+            units.push(Unit {
+                label: label(object, component),
+                output: blob.clone(),
+                source: blob.clone(),
+                digest: component.digest,
+                transform: None,
+                is_component: true,
+            });
             covered = blob.end;
         }
     }
-    units.push(Unit { label: "manifest".into(), output: covered..source_len, source: covered..source_len, digest: None, transform: None, is_component: false });
+    units.push(Unit {
+        label: "manifest".into(),
+        output: covered..source_len,
+        source: covered..source_len,
+        digest: None,
+        transform: None,
+        is_component: false,
+    });
     units.retain(|u| !u.output.is_empty());
     let objects = manifest.objects.len();
     Ok(Layout { output_len: source_len, units, local: Vec::new(), objects, fingerprint: "raw".into() })
@@ -270,7 +324,8 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
 /// decoded to little-endian, since 1.2 has no byte order).
 fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<Layout> {
     let select = selector(&options.objects)?;
-    let chosen: Vec<&format::Object> = manifest.objects.iter().filter(|o| select.as_ref().is_none_or(|s| s.is_match(&o.name))).collect();
+    let chosen: Vec<&format::Object> =
+        manifest.objects.iter().filter(|o| select.as_ref().is_none_or(|s| s.is_match(&o.name))).collect();
     if chosen.is_empty() {
         bail!("no object matches --objects {}", options.objects.join(" "));
     }
@@ -300,7 +355,8 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
                 .collect(),
         })
         .collect();
-    let planned = plan(&stored_objects, manifest.attributes.clone()).context("the served model cannot be rewritten as a 1.2 file")?;
+    let planned = plan(&stored_objects, manifest.attributes.clone())
+        .context("the served model cannot be rewritten as a 1.2 file")?;
     let mut units = Vec::new();
     for (object, offsets) in chosen.iter().zip(&planned.offsets) {
         for (component, &offset) in object.components.iter().zip(offsets) {
@@ -331,7 +387,11 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
 /// a unit that is decoded whole (and so is either complete or fetched again).
 fn unit_jobs(index: usize, unit: &Unit, journal: &Journal, chunk: u64) -> Vec<Job> {
     if unit.transform.is_some() {
-        return if journal.covers(&unit.output) { Vec::new() } else { vec![Job { source: unit.source.clone(), output: unit.output.clone(), unit: index }] };
+        return if journal.covers(&unit.output) {
+            Vec::new()
+        } else {
+            vec![Job { source: unit.source.clone(), output: unit.output.clone(), unit: index }]
+        };
     }
     let mut jobs = Vec::new();
     for missing in journal.missing(&unit.output) {
@@ -406,15 +466,16 @@ async fn copy_and_verify(
     let mut syncs = tokio::task::JoinSet::new();
     let (mut last_sync, mut unsynced_bytes) = (std::time::Instant::now(), 0u64);
     let mut mismatched = Vec::new();
-    let mut record_check = |(index, verdict): (usize, anyhow::Result<bool>), report: &mut PullReport| -> anyhow::Result<()> {
-        let unit = &layout.units[index];
-        if verdict.with_context(|| format!("cannot read back {}", unit.label))? {
-            report.digests_verified += usize::from(unit.digest.is_some());
-        } else {
-            mismatched.push(index);
-        }
-        Ok(())
-    };
+    let mut record_check =
+        |(index, verdict): (usize, anyhow::Result<bool>), report: &mut PullReport| -> anyhow::Result<()> {
+            let unit = &layout.units[index];
+            if verdict.with_context(|| format!("cannot read back {}", unit.label))? {
+                report.digests_verified += usize::from(unit.digest.is_some());
+            } else {
+                mismatched.push(index);
+            }
+            Ok(())
+        };
     loop {
         tokio::select! {
             Some(done) = transfers.next() => {
@@ -499,14 +560,20 @@ impl Progress {
             ProgressMode::Auto if terminal => {
                 let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
                 bar.set_style(
-                    ProgressStyle::with_template("{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
-                        .expect("the template is valid"),
+                    ProgressStyle::with_template(
+                        "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+                    )
+                    .expect("the template is valid"),
                 );
                 Progress { bar: Some(bar), lines: None, total }
             }
             ProgressMode::Auto | ProgressMode::Lines => {
                 let now = Instant::now();
-                Progress { bar: None, lines: Some(std::sync::Mutex::new(LineState { done: 0, started: now, last: now })), total }
+                Progress {
+                    bar: None,
+                    lines: Some(std::sync::Mutex::new(LineState { done: 0, started: now, last: now })),
+                    total,
+                }
             }
             ProgressMode::Quiet => Progress { bar: None, lines: None, total },
         }
@@ -546,4 +613,3 @@ impl Progress {
         }
     }
 }
-

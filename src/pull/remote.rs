@@ -7,14 +7,16 @@ use std::ops::Range;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{self, HeaderMap};
 use reqwest::StatusCode;
+use reqwest::header::{self, HeaderMap};
 
 /// Why a fetch failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// The file on the server is not the version this pull started from.
-    #[error("the model changed on the server during the pull (ETag {expected} is now {found}); run the pull again to start over")]
+    #[error(
+        "the model changed on the server during the pull (ETag {expected} is now {found}); run the pull again to start over"
+    )]
     Changed { expected: String, found: String },
     /// Worth trying again: the network, a 5xx, a 408 or a 429, or a body that ended early.
     #[error("{message}")]
@@ -61,7 +63,9 @@ impl RetryPolicy {
 fn rand_fraction() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    hasher.write_u64(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+    );
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -75,7 +79,12 @@ pub struct Remote {
 }
 
 impl Remote {
-    pub fn new(url: reqwest::Url, token: Option<String>, policy: RetryPolicy, connections: usize) -> anyhow::Result<Remote> {
+    pub fn new(
+        url: reqwest::Url,
+        token: Option<String>,
+        policy: RetryPolicy,
+        connections: usize,
+    ) -> anyhow::Result<Remote> {
         let client = reqwest::Client::builder()
             .user_agent(concat!("ztserve-pull/", env!("CARGO_PKG_VERSION")))
             .pool_max_idle_per_host(connections)
@@ -118,7 +127,10 @@ impl Remote {
                     tokio::time::sleep(delay).await;
                 }
                 Err(FetchError::Transient { message, .. }) if tries > 0 => {
-                    return Err(FetchError::Transient { message: format!("{message} (gave up after {} attempts)", tries + 1), retry_after: None });
+                    return Err(FetchError::Transient {
+                        message: format!("{message} (gave up after {} attempts)", tries + 1),
+                        retry_after: None,
+                    });
                 }
                 other => return other,
             }
@@ -126,11 +138,17 @@ impl Remote {
     }
 
     /// One ranged GET. `clamp` lets the range run past the end (for the probe).
-    async fn get(&self, range: Range<u64>, etag: Option<&str>, clamp: bool) -> Result<(String, u64, Bytes), FetchError> {
+    async fn get(
+        &self,
+        range: Range<u64>,
+        etag: Option<&str>,
+        clamp: bool,
+    ) -> Result<(String, u64, Bytes), FetchError> {
         if range.is_empty() {
             return Err(FetchError::Refused("internal error: an empty range was requested".into()));
         }
-        let mut request = self.client.get(self.url.clone()).header(header::RANGE, format!("bytes={}-{}", range.start, range.end - 1));
+        let mut request =
+            self.client.get(self.url.clone()).header(header::RANGE, format!("bytes={}-{}", range.start, range.end - 1));
         if let Some(etag) = etag {
             request = request.header(header::IF_RANGE, etag);
         }
@@ -146,11 +164,19 @@ impl Remote {
             StatusCode::OK if etag.is_some() => {
                 return Err(FetchError::Changed { expected: etag.unwrap_or_default().to_owned(), found: found_etag });
             }
-            StatusCode::OK => return Err(FetchError::Refused(format!("{} answered 200 to a Range request: it is not a ztserve file URL", self.url))),
+            StatusCode::OK => {
+                return Err(FetchError::Refused(format!(
+                    "{} answered 200 to a Range request: it is not a ztserve file URL",
+                    self.url
+                )));
+            }
             status => return Err(status_error(&self.url, status, &headers, response).await),
         }
         if found_etag.is_empty() || found_etag.starts_with("W/") {
-            return Err(FetchError::Refused(format!("{} sent no strong ETag; a pull cannot tell versions apart without one", self.url)));
+            return Err(FetchError::Refused(format!(
+                "{} sent no strong ETag; a pull cannot tell versions apart without one",
+                self.url
+            )));
         }
         if let Some(expected) = etag
             && expected != found_etag
@@ -158,13 +184,19 @@ impl Remote {
             return Err(FetchError::Changed { expected: expected.to_owned(), found: found_etag });
         }
         let content_range = headers.get(header::CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let (served, total) = parse_content_range(content_range)
-            .ok_or_else(|| FetchError::Refused(format!("{} sent an unusable Content-Range {content_range:?}", self.url)))?;
+        let (served, total) = parse_content_range(content_range).ok_or_else(|| {
+            FetchError::Refused(format!("{} sent an unusable Content-Range {content_range:?}", self.url))
+        })?;
         let wanted = if clamp { range.start..range.end.min(total) } else { range.clone() };
         if served != wanted {
-            return Err(FetchError::Refused(format!("asked {} for bytes {range:?}, it sent {served:?} of {total}", self.url)));
+            return Err(FetchError::Refused(format!(
+                "asked {} for bytes {range:?}, it sent {served:?} of {total}",
+                self.url
+            )));
         }
-        let body = read_body(response, served.end - served.start).await.map_err(|message| transient(format!("GET {} bytes {served:?}: {message}", self.url)))?;
+        let body = read_body(response, served.end - served.start)
+            .await
+            .map_err(|message| transient(format!("GET {} bytes {served:?}: {message}", self.url)))?;
         Ok((found_etag, total, body))
     }
 }
@@ -209,14 +241,23 @@ fn parse_content_range(text: &str) -> Option<(Range<u64>, u64)> {
 }
 
 /// A failure status as an error: the server's own `{"error": {...}}` message when it sent one.
-async fn status_error(url: &reqwest::Url, status: StatusCode, headers: &HeaderMap, response: reqwest::Response) -> FetchError {
+async fn status_error(
+    url: &reqwest::Url,
+    status: StatusCode,
+    headers: &HeaderMap,
+    response: reqwest::Response,
+) -> FetchError {
     let retry_after = headers
         .get(header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);
     // Error bodies are small JSON; a hostile server cannot make this read unbounded.
-    let body = tokio::time::timeout(Duration::from_secs(10), response.bytes()).await.ok().and_then(Result::ok).unwrap_or_default();
+    let body = tokio::time::timeout(Duration::from_secs(10), response.bytes())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
     let body = &body[..body.len().min(64 << 10)];
     let detail = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -224,7 +265,9 @@ async fn status_error(url: &reqwest::Url, status: StatusCode, headers: &HeaderMa
         .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned());
     let message = format!("GET {url}: {status}{}{detail}", if detail.is_empty() { "" } else { ": " });
     match status {
-        StatusCode::UNAUTHORIZED => FetchError::Refused(format!("{message} (set ZTSERVE_TOKEN to a token the server accepts)")),
+        StatusCode::UNAUTHORIZED => {
+            FetchError::Refused(format!("{message} (set ZTSERVE_TOKEN to a token the server accepts)"))
+        }
         StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS => FetchError::Transient { message, retry_after },
         status if status.is_server_error() => FetchError::Transient { message, retry_after },
         _ => FetchError::Refused(message),
@@ -246,7 +289,8 @@ mod tests {
 
     #[test]
     fn backoff_grows_is_capped_and_honours_retry_after() {
-        let policy = RetryPolicy { retries: 9, first_delay: Duration::from_millis(100), max_delay: Duration::from_secs(2) };
+        let policy =
+            RetryPolicy { retries: 9, first_delay: Duration::from_millis(100), max_delay: Duration::from_secs(2) };
         let first = policy.delay(0, None);
         assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(150), "{first:?}");
         let late = policy.delay(8, None);

@@ -179,7 +179,8 @@ pub fn pread_stream(
     use futures_util::StreamExt as _;
     use std::os::unix::fs::FileExt as _;
     let (source_name, key) = (source_name.to_owned(), key.to_owned());
-    let pieces = (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
+    let pieces =
+        (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
     futures_util::stream::iter(pieces)
         .map(move |(start, end)| {
             let (file, source_name, key) = (Arc::clone(&file), source_name.clone(), key.clone());
@@ -233,7 +234,11 @@ impl super::Storage for LocalStorage {
                 .map_err(|e| self.unavailable(e))?;
             let mut listed: Vec<super::Listed> = found
                 .into_iter()
-                .map(|f| super::Listed { key: format!("{}.zt", f.id), size: f.identity.size, version: version_of(&f.identity) })
+                .map(|f| super::Listed {
+                    key: format!("{}.zt", f.id),
+                    size: f.identity.size,
+                    version: version_of(&f.identity),
+                })
                 .collect();
             listed.sort_by(|a, b| a.key.cmp(&b.key));
             Ok(listed)

@@ -9,8 +9,8 @@
 //! backend.
 
 pub mod local;
-pub mod scan;
 pub mod s3;
+pub mod scan;
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -198,7 +198,12 @@ impl ObjectVersion {
     /// in flight. The chunk being sent streams straight through; chunks after it are fetched
     /// whole, in parallel, but only while the shared budget has room, so memory stays bounded
     /// however many responses run and however slow their clients are.
-    pub fn read_ahead(&self, range: Range<u64>, readahead: &Readahead, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
+    pub fn read_ahead(
+        &self,
+        range: Range<u64>,
+        readahead: &Readahead,
+        purpose: &'static str,
+    ) -> BoxStream<'static, Result<Bytes, StorageError>> {
         if readahead.concurrency <= 1 || range.end - range.start <= readahead.chunk {
             return self.stream(range, purpose);
         }
@@ -207,7 +212,8 @@ impl ObjectVersion {
             .step_by(chunk as usize)
             .map(|start| Chunk::Pending(start..(start + chunk).min(range.end)))
             .collect();
-        let ahead = Ahead { object: self.clone(), queue, current: None, readahead: readahead.clone(), purpose, failed: false };
+        let ahead =
+            Ahead { object: self.clone(), queue, current: None, readahead: readahead.clone(), purpose, failed: false };
         stream::unfold(ahead, |mut ahead| async move {
             loop {
                 if let Some(current) = &mut ahead.current {
@@ -229,7 +235,8 @@ impl ObjectVersion {
                     Chunk::Pending(range) => ahead.current = Some(ahead.object.stream(range, ahead.purpose)),
                     Chunk::Fetching(mut task) => {
                         let fetched = (&mut task.0).await;
-                        let piece = fetched.map_err(|e| ahead.object.fail(e.to_string())).and_then(|(bytes, _permit)| bytes);
+                        let piece =
+                            fetched.map_err(|e| ahead.object.fail(e.to_string())).and_then(|(bytes, _permit)| bytes);
                         ahead.failed = piece.is_err();
                         return Some((piece, ahead));
                     }

@@ -20,8 +20,14 @@ use super::{ByteRange, Listed, Read, Storage, StorageError};
 /// S3 error codes that no retry will cure: credentials, permissions or a missing bucket.
 /// `object_store` reports them (on listings, for instance) as generic errors carrying the
 /// store's answer, and does not expose the status, so the code in the answer decides.
-const REFUSALS: [&str; 6] =
-    ["NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden", "401 Unauthorized"];
+const REFUSALS: [&str; 6] = [
+    "NoSuchBucket",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "403 Forbidden",
+    "401 Unauthorized",
+];
 
 /// How to reach the store; `None` leaves the `AWS_*` environment's value.
 #[derive(Debug, Clone)]
@@ -82,7 +88,11 @@ impl S3Storage {
             .with_timeout_disabled()
             .with_allow_http(options.allow_http);
         let retry = RetryConfig {
-            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(5), base: 2.0 },
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
             max_retries: options.retries,
             retry_timeout: Duration::from_secs(60),
         };
@@ -192,7 +202,9 @@ impl Storage for S3Storage {
             let name = self.name.clone();
             let bytes = result
                 .into_stream()
-                .map(move |piece| piece.map_err(|e| StorageError::Unavailable { source_name: name.clone(), message: e.to_string() }))
+                .map(move |piece| {
+                    piece.map_err(|e| StorageError::Unavailable { source_name: name.clone(), message: e.to_string() })
+                })
                 .boxed();
             Ok(Read { size, range: served, bytes })
         }

@@ -16,7 +16,9 @@ use ztserve::http::AppState;
 
 /// Where `scripts/python-env` puts its venvs.
 pub fn venv_root() -> PathBuf {
-    std::env::var_os("ZTSERVE_VENVS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))
+    std::env::var_os("ZTSERVE_VENVS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))
 }
 
 /// The Python of the venv holding `ztensor==version`, made by `scripts/test`. A missing venv
@@ -183,7 +185,8 @@ impl Reply {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 }
 
@@ -234,7 +237,10 @@ impl Connection {
             }
             head.push_str(&line);
         }
-        let status = head.get(9..12).and_then(|s| s.parse().ok()).ok_or_else(|| Error::new(ErrorKind::InvalidData, "no status"))?;
+        let status = head
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| Error::new(ErrorKind::InvalidData, "no status"))?;
         let mut reply = Reply { status, head, body: Vec::new() };
         let len: usize = reply
             .header("content-length")
@@ -377,7 +383,8 @@ impl S3Server {
         use std::io::{Read, Write};
         let address = self.endpoint.trim_start_matches("http://");
         let mut stream = std::net::TcpStream::connect(address).unwrap();
-        write!(stream, "PUT /{bucket} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+        write!(stream, "PUT /{bucket} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         assert!(response.starts_with("HTTP/1.1 200"), "cannot create bucket {bucket}: {response}");
