@@ -62,6 +62,7 @@ pub fn metrics() -> &'static PrometheusHandle {
             tracing::warn!("another metrics recorder is installed; /metrics will stay empty");
         }
         describe();
+        register_at_zero();
         handle
     })
 }
@@ -104,4 +105,77 @@ fn describe() {
         Unit::Bytes,
         "Response bytes sent from files with sendfile, never copied through the process."
     );
+}
+
+/// What storage reads are for, in `ztserve_storage_read_*` labels.
+const READ_PURPOSES: &[&str] = &["manifest", "serve", "decode", "verify", "check"];
+
+/// The routes a request can match, for the per-route series registered at start.
+pub const ROUTES: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/models",
+    "/models/{model}",
+    "/models/{model}/file",
+    "/models/{model}/objects/{object}",
+    "/models/{model}/objects/{object}/components/{role}",
+    "/models/{model}/objects/",
+    "/models/{model}/objects//components/{role}",
+];
+
+/// Registers every series whose labels are known in advance at zero, so that `rate()` and
+/// alerts see them from the first scrape, not only after the first decode, digest check or
+/// refused token. Series keyed by what only requests reveal (a status, a model) appear with
+/// their first request.
+fn register_at_zero() {
+    use metrics::{counter, gauge, histogram};
+    use names::*;
+    for name in [
+        DECODE_FAILURES,
+        CACHE_HITS,
+        CACHE_MISSES,
+        CACHE_EVICTIONS,
+        DIGEST_FAILURES,
+        SENDFILE_BYTES,
+        HTTP_IDLE_TIMEOUTS,
+        DECODE_REFUSALS,
+    ] {
+        counter!(name).absolute(0);
+    }
+    for encoding in ["zstd", "byteswap"] {
+        counter!(DECODES_STARTED, "encoding" => encoding).absolute(0);
+        counter!(DECODED_BYTES, "encoding" => encoding).absolute(0);
+    }
+    for outcome in ["ok", "mismatch"] {
+        counter!(DIGEST_CHECKS, "outcome" => outcome).absolute(0);
+    }
+    for reason in ["missing", "invalid"] {
+        counter!(AUTH_FAILURES, "reason" => reason).absolute(0);
+    }
+    for outcome in ["ok", "error"] {
+        counter!(AUTH_TOKEN_FILE_RELOADS, "outcome" => outcome).absolute(0);
+    }
+    for status in ["ok", "broken"] {
+        gauge!(MODELS, "status" => status).set(0.0);
+    }
+    for name in [CACHE_BYTES, HTTP_CONNECTIONS, AUTH_TOKENS] {
+        gauge!(name).set(0.0);
+    }
+    for backend in ["local", "s3"] {
+        for purpose in READ_PURPOSES {
+            counter!(STORAGE_READ_BYTES, "backend" => backend, "purpose" => *purpose).absolute(0);
+        }
+    }
+    for (backend, kind) in [("local", "manifest"), ("local", "map"), ("s3", "list")] {
+        let _ = histogram!(STORAGE_READ_DURATION, "backend" => backend, "kind" => kind);
+    }
+    for purpose in READ_PURPOSES {
+        let _ = histogram!(STORAGE_READ_DURATION, "backend" => "s3", "kind" => *purpose);
+    }
+    for route in ROUTES {
+        counter!(HTTP_REQUESTS, "route" => *route, "method" => "GET", "status" => "200").absolute(0);
+        counter!(HTTP_RESPONSE_BYTES, "route" => *route).absolute(0);
+        let _ = histogram!(HTTP_DURATION, "route" => *route);
+    }
 }

@@ -467,6 +467,42 @@ fn the_metrics_endpoint_parses_as_prometheus_text_and_counts_what_happened() {
 }
 
 #[test]
+fn every_metric_the_readme_lists_is_exported_from_the_first_scrape() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    // The Metrics table's rows: | `name` (or `name`, `_suffix`) | labels | meaning |
+    let mut listed = Vec::new();
+    for row in readme.lines().filter(|l| l.starts_with("| `ztserve_")) {
+        let names = row.split('|').nth(1).unwrap();
+        let mut base = String::new();
+        for name in names.split(',').map(|n| n.trim().trim_matches('`')) {
+            // A suffix such as `_misses_total` replaces as many trailing words of the name before.
+            let name = match name.strip_prefix('_') {
+                Some(suffix) => {
+                    let words: Vec<&str> = base.split('_').collect();
+                    format!("{}_{suffix}", words[..words.len() - suffix.split('_').count()].join("_"))
+                }
+                None => name.to_owned(),
+            };
+            base = name.clone();
+            listed.push(name);
+        }
+    }
+    assert!(listed.len() >= 20, "the README's metric table was not found: {listed:?}");
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), "m", &[("w", &payload(1024, 1), zstd(None))]);
+    let server = serve(dir.path(), &[]);
+    let scrape = String::from_utf8(request(&server.address, "/metrics", &[]).body).unwrap();
+    let exported = |name: &str| {
+        scrape.lines().filter(|l| !l.starts_with('#')).any(|l| {
+            let series = l.split(['{', ' ']).next().unwrap();
+            series == name || series.strip_prefix(name).is_some_and(|s| ["_bucket", "_count", "_sum"].contains(&s))
+        })
+    };
+    let missing: Vec<&String> = listed.iter().filter(|n| !exported(n)).collect();
+    assert!(missing.is_empty(), "not exported before any request needed them: {missing:?}\n{scrape}");
+}
+
+#[test]
 fn head_and_not_modified_answers_never_start_a_decode() {
     let dir = tempfile::tempdir().unwrap();
     let body = payload(1 << 20, 17);
