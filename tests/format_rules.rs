@@ -165,6 +165,16 @@ fn unknown_dtypes_are_refused() {
 }
 
 #[test]
+fn the_1_1_compound_dtype_names_are_read_only_in_manifests_that_declare_1_1() {
+    for (version, expected) in [("1.1.0", "ok"), ("1.1.7", "ok"), ("1.2.0", "unknown_dtype"), ("1.3.0", "unknown_dtype")] {
+        let mut m = manifest(vec![("w", vec![8], "dense", vec![("data", map(component("f8_e4m3", 64, 8)))])]);
+        let Value::Map(fields) = &mut m else { unreachable!() };
+        fields[0].1 = text(version);
+        assert_eq!(code(&v1_file(&data_region(2, 0), &cbor(&m))), expected, "f8_e4m3 in a {version} manifest");
+    }
+}
+
+#[test]
 fn unknown_encodings_are_refused() {
     let mut c = component("f32", 64, 8);
     c.push(("encoding", text("lz4")));

@@ -23,7 +23,11 @@ pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Mani
     if object_map.entries().count() != raw_entries.len() {
         return Err(object_map.wrong("<key>", "text object names"));
     }
-    let objects = object_map.entries().map(|(name, value)| object(name, value)).collect::<Result<Vec<_>>>()?;
+    // 1.1.0's compound dtype names are read only where 1.1 defined them: ztensor 1.2.3 refuses
+    // them in a 1.2 manifest, and so do we.
+    let spelling = if version.split('.').nth(1) == Some("1") { Spelling::V1_1 } else { Spelling::V1_2 };
+    let objects =
+        object_map.entries().map(|(name, value)| object(name, value, spelling)).collect::<Result<Vec<_>>>()?;
     Manifest::new(Container::V1, Some(version.to_owned()), attributes, objects, span, file_len)
 }
 
@@ -36,7 +40,16 @@ pub(super) fn attributes(fields: &Fields<'_>) -> Result<Option<Value>> {
     }
 }
 
-fn object(name: &str, value: &Value) -> Result<Object> {
+/// Which 1.x dtype names a manifest may use.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spelling {
+    /// 1.1.x: the short names and the compound ones (`f8_e4m3`, `complex64`, ...).
+    V1_1,
+    /// 1.2 and later: the short storage names only, the logical type apart.
+    V1_2,
+}
+
+fn object(name: &str, value: &Value, spelling: Spelling) -> Result<Object> {
     let fields = Fields::of(value, format!("object {name:?}"))?;
     let shape = fields.uint_array("shape")?;
     let format = fields.required_text("format")?.to_owned();
@@ -46,17 +59,17 @@ fn object(name: &str, value: &Value) -> Result<Object> {
     let mut object = Object { name: name.to_owned(), shape, format, attributes, components: Vec::new() };
     let elements = object.element_count();
     for (role, value) in component_map.entries() {
-        let component = component(&object, elements, role, value)?;
+        let component = component(&object, elements, role, value, spelling)?;
         object.components.push(component);
     }
     Ok(object)
 }
 
-fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value) -> Result<Component> {
+fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value, spelling: Spelling) -> Result<Component> {
     let at = Location::component(&object.name, role);
     let fields = Fields::of(value, at.to_string())?;
     let dtype_name = fields.required_text("dtype")?;
-    let (dtype, implied_type) = parse_dtype(dtype_name)
+    let (dtype, implied_type) = parse_dtype(dtype_name, spelling)
         .ok_or_else(|| FormatError::UnknownDtype { at: at.clone(), dtype: dtype_name.to_owned() })?;
     let logical_type = fields.text("type")?.map(str::to_owned).or(implied_type.map(str::to_owned));
     let offset = fields.required_uint("offset")?;
@@ -88,11 +101,15 @@ fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value) 
     Ok(component)
 }
 
-/// 1.x short names, plus the 1.1.0 spec's compound and FP8 dtype names, which are normalised
-/// to their 1.2 storage dtype and logical type (the byte layout is identical).
-fn parse_dtype(name: &str) -> Option<(DType, Option<&'static str>)> {
+/// 1.x short names, plus, in 1.1 manifests, the 1.1.0 spec's compound and FP8 dtype names,
+/// which are normalised to their 1.2 storage dtype and logical type (the byte layout is
+/// identical).
+fn parse_dtype(name: &str, spelling: Spelling) -> Option<(DType, Option<&'static str>)> {
     if let Some(dtype) = DType::from_name(name) {
         return Some((dtype, None));
+    }
+    if spelling != Spelling::V1_1 {
+        return None;
     }
     match name {
         "f8_e4m3" => Some((DType::U8, Some("f8_e4m3fn"))),
