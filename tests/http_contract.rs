@@ -269,6 +269,20 @@ async fn conditional_requests_follow_rfc_9110(source: ModelSource) {
     assert_eq!((stale.status, stale.body.len()), (StatusCode::OK, 4000));
 }
 
+async fn the_manifest_has_an_etag_and_answers_304_when_it_matches(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let first = get(&state, "/models/org%2Fllama", &[]).await;
+    let etag = first.header("etag").to_owned();
+    assert!(etag.starts_with('"') && etag.len() > 2, "{etag:?}");
+    assert_eq!(get(&state, "/models/org%2Fllama", &[]).await.header("etag"), etag, "stable per version");
+    let not_modified = get(&state, "/models/org%2Fllama", &[("if-none-match", &etag)]).await;
+    assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED);
+    assert!(not_modified.body.is_empty());
+    assert_eq!(not_modified.header("etag"), etag);
+    assert_eq!(not_modified.header("x-zt-model-version"), first.header("x-zt-model-version"));
+    assert_eq!(get(&state, "/models/org%2Fllama", &[("if-none-match", "\"other\"")]).await.status, StatusCode::OK);
+}
+
 async fn head_sends_the_get_headers_without_a_body(source: ModelSource) {
     let state = populated_state(&source).await;
     let reply = send(&state, Method::HEAD, WEIGHTS, &[]).await;
@@ -462,10 +476,19 @@ async fn files_from_the_official_writers_are_served_byte_exact(source: ModelSour
     let mut compared = 0;
     for (version, dir, expect) in &expectations {
         let model = encode(&format!("{version}/official"));
+        // Every component is fetched at the URL the manifest gives it, whatever its name.
+        let (status, manifest) = raw_get(addr, &format!("/models/{model}"), "").await;
+        assert_eq!(status, 200, "{version} manifest");
+        let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+        let url_of = |object: &str, role: &str| -> String {
+            let rendered = manifest["objects"].as_array().unwrap().iter().find(|o| o["name"] == object);
+            let component = rendered.and_then(|o| o["components"].as_array()?.iter().find(|c| c["role"] == role));
+            component.and_then(|c| c["url"].as_str()).unwrap_or_else(|| panic!("{version} {object:?}.{role} unlisted")).into()
+        };
         for (object, roles) in expect["objects"].as_object().unwrap() {
             for (role, bin) in roles.as_object().unwrap() {
                 let expected = fs::read(dir.join(bin.as_str().unwrap())).unwrap();
-                let path = format!("/models/{model}/objects/{}/components/{}", encode(object), encode(role));
+                let path = url_of(object, role);
                 let (status, body) = raw_get(addr, &path, "bytes=0-").await;
                 let expected_status = if expected.is_empty() { 416 } else { 206 };
                 assert_eq!(status, expected_status, "{version} {object}.{role}");
@@ -554,6 +577,7 @@ both_sources!(
     ranges_single_suffix_open_and_multiple,
     unsatisfiable_ranges_answer_416_with_the_length_and_invalid_ones_are_ignored,
     conditional_requests_follow_rfc_9110,
+    the_manifest_has_an_etag_and_answers_304_when_it_matches,
     head_sends_the_get_headers_without_a_body,
     the_file_route_serves_the_stored_file_byte_for_byte_with_ranges,
     objects_with_several_components_answer_their_description,

@@ -134,13 +134,21 @@ pub struct Model {
     pub location: Location,
     pub state: Result<Arc<Manifest>, CatalogError>,
     /// The manifest rendered as JSON once, not per request.
-    pub manifest_json: OnceLock<bytes::Bytes>,
+    pub manifest_json: OnceLock<Rendered>,
     /// Results of the content checks (bool bytes, sparse structure) by object name, run once
     /// per object while the file is unchanged.
     pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
     /// What has been learnt about each component (by object name and role) of this file
     /// version: kept for as long as the file is unchanged, whatever the decode cache evicts.
     facts: Mutex<HashMap<(String, String), Arc<ComponentFacts>>>,
+}
+
+/// A body rendered once per model version and its strong ETag (a digest of the body itself,
+/// so a change in how the server renders it changes the tag too).
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub body: bytes::Bytes,
+    pub etag: String,
 }
 
 /// What the server has learnt about one component of one file version.

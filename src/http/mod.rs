@@ -160,6 +160,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/models/{model}/file", get(models::file))
         .route("/models/{model}/objects/{object}", get(objects::object))
         .route("/models/{model}/objects/{object}/components/{role}", get(objects::component))
+        // An object may be named "" (the official 1.2.3 writer allows it): its URLs are these.
+        .route("/models/{model}/objects/", get(objects::object))
+        .route("/models/{model}/objects//components/{role}", get(objects::component))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside the trace and metrics layers, so refusals are logged and counted too.
@@ -286,8 +289,9 @@ pub(crate) fn path_params(
     Ok(params.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
 }
 
+/// The parameter `name`; an object name the route leaves empty (`/objects/`) is `""`.
 pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
-    params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).expect("route declares the parameter")
+    params.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.as_str())
 }
 
 /// Looks a model up, refusing when not ready, unknown or broken.

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use axum::extract::{RawPathParams, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
@@ -15,9 +15,10 @@ use serde_json::{Value, json};
 use super::auth::Access;
 use super::objects::add_urls;
 use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
-use super::{ApiError, AppState, answer, param, path_params, ready_model, segment};
+use super::range::if_none_match_matches;
+use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model, segment};
 use crate::catalog::cache::Stored;
-use crate::catalog::{Location, Model, Source};
+use crate::catalog::{Location, Model, Rendered, Source};
 use crate::json::manifest_json;
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 
@@ -60,12 +61,13 @@ pub async fn list(
 pub async fn manifest(
     State(state): State<Arc<AppState>>,
     Extension(access): Extension<Access>,
+    headers: HeaderMap,
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
 ) -> Response {
     answer((|| {
         let params = path_params(params)?;
         let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-        let body = model.manifest_json.get_or_init(|| {
+        let rendered = model.manifest_json.get_or_init(|| {
             let mut doc = manifest_json(&manifest);
             doc["id"] = json!(model.id);
             let base = format!("/models/{}", segment(&model.id));
@@ -74,11 +76,18 @@ pub async fn manifest(
                     add_urls(rendered, object, &base);
                 }
             }
-            sendable(serde_json::to_vec(&doc).expect("JSON values serialize"))
+            let body = serde_json::to_vec(&doc).expect("JSON values serialize");
+            let digest = <sha2::Sha256 as sha2::Digest>::digest(&body);
+            Rendered { etag: format!("\"{}\"", hex::encode(&digest[..16])), body: sendable(body) }
         });
+        let etag = (header::ETAG, header_value(&rendered.etag));
+        let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
+        if if_none_match_matches(if_none_match, &rendered.etag) {
+            return Ok((StatusCode::NOT_MODIFIED, [etag, model_version(&model)]).into_response());
+        }
         Ok((
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), model_version(&model)],
-            body.clone(),
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), etag, model_version(&model)],
+            rendered.body.clone(),
         )
             .into_response())
     })())

@@ -147,6 +147,10 @@ def write_123(out, expect):
     cx = rng.standard_normal(8).astype(np.float32)
     w.write("complex", Tensor({"data": cx}, shape=[4], type="complex64"))
     expect.add("complex", "data", cx)
+    # 1.2.3 accepts an empty object name; it must be served at the URL the manifest gives.
+    unnamed = np.arange(6, dtype=np.int16)
+    w.write_numpy("", unnamed)
+    expect.add("", "data", unnamed)
     w.finish()
 
 
