@@ -26,6 +26,8 @@ pub struct Config {
     pub on_unreadable_source: String,
     /// Seconds between rescans of the sources.
     pub rescan_interval_secs: u64,
+    /// Manifests read at once during a scan of a remote source.
+    pub scan_concurrency: usize,
     /// Seconds a request may take before it is answered 503 (0: no limit).
     pub request_timeout_secs: u64,
     /// Requests handled at once; further ones wait.
@@ -103,6 +105,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".into(),
             sources: vec!["models".into()],
             rescan_interval_secs: 30,
+            scan_concurrency: 8,
             request_timeout_secs: 300,
             max_concurrent_requests: 1024,
             max_connections: 4096,
@@ -271,6 +274,7 @@ impl Config {
             return Err(fail("rescan_interval_secs", "must be at least 1".into()));
         }
         for (key, value) in [
+            ("scan_concurrency", self.scan_concurrency as u64),
             ("max_concurrent_requests", self.max_concurrent_requests as u64),
             ("max_connections", self.max_connections as u64),
             ("header_timeout_secs", self.header_timeout_secs),

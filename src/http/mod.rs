@@ -109,7 +109,7 @@ impl AppState {
         let options = ScanOptions {
             limits: self.config.limits(),
             manifest_suffix_bytes: self.config.manifest_suffix_bytes,
-            concurrent_reads: 8,
+            concurrent_reads: self.config.scan_concurrency,
         };
         // In its own task, so a panic in a scan is contained like one in a handler.
         let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;

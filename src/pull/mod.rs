@@ -38,6 +38,11 @@ pub enum ProgressMode {
     Quiet,
 }
 
+/// How often the partial output is synced, so the journal can vouch for what was written: a
+/// power cut costs at most this much time or these many bytes fetched again.
+pub const SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+pub const SYNC_BYTES: u64 = 256 << 20;
+
 /// Everything `pull` needs.
 #[derive(Debug, Clone)]
 pub struct PullOptions {
@@ -461,8 +466,6 @@ async fn copy_and_verify(
         .buffer_unordered(options.concurrency);
     // The partial output is synced in the background every SYNC_EVERY or SYNC_BYTES, one sync
     // at a time, and the journal then vouches for the ranges written before it began.
-    const SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-    const SYNC_BYTES: u64 = 256 << 20;
     let mut syncs = tokio::task::JoinSet::new();
     let (mut last_sync, mut unsynced_bytes) = (std::time::Instant::now(), 0u64);
     let mut mismatched = Vec::new();
