@@ -219,13 +219,13 @@ fn pull(options: &ztserve::pull::PullOptions) -> anyhow::Result<ExitCode> {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { sources, listen, config, log_format } => return serve(sources, listen, config, log_format),
+        Command::Serve { sources, listen, config, log_format } => serve(sources, listen, config, log_format),
         Command::WriteDemo { dir } => {
             let written = cli::write_demo(&dir)?;
             for path in written {
                 eprintln!("wrote {}", path.display());
             }
-            return Ok(ExitCode::SUCCESS);
+            Ok(ExitCode::SUCCESS)
         }
         Command::Pull { url, output, raw, objects, concurrency, chunk_size, retries, progress, limits } => {
             let progress = match progress.as_str() {
@@ -246,7 +246,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 progress,
                 limits: limits.limits(),
             };
-            return pull(&options);
+            pull(&options)
         }
         command => run_file_command(command),
     }

@@ -237,7 +237,7 @@ fn partially_overlapping_components_are_refused_but_identical_and_empty_ones_are
     };
     match parse(&two(64, 8)) {
         Err(FormatError::Overlap { first, second, .. }) => {
-            assert_eq!((first.object.as_str(), second.object.as_str()), ("b", "a"));
+            assert_eq!((&*first.object, &*second.object), ("b", "a"));
         }
         other => panic!("{other:?}"),
     }
@@ -494,7 +494,7 @@ fn csr_file(indptr: &[u64], indices: &[u64], shape: Vec<u64>) -> Vec<u8> {
     let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let mut data = data_region(1, 0);
     let values_off = 8 + data.len() as u64;
-    data.extend_from_slice(&vec![0u8; 64]); // up to 16 f32 values
+    data.extend_from_slice(&[0u8; 64]); // up to 16 f32 values
     let nnz = indices.len() as u64;
     let indices_off = 8 + data.len() as u64;
     let mut block = u64s(indices);

@@ -410,11 +410,10 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     let deadline = started + Duration::from_secs(seconds);
     let workers: Vec<_> = (0..CONNECTIONS)
         .map(|worker| {
-            let started = started;
             let (address, fixture, phase, tally, etags) =
                 (address.clone(), Arc::clone(&fixture), Arc::clone(&phase), Arc::clone(&tally), Arc::clone(&etags));
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (worker as u64 + 1) * 0x1000_0001);
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((worker as u64 + 1) * 0x1000_0001));
                 let mut connection = None;
                 while Instant::now() < deadline {
                     let conn = match &mut connection {
@@ -547,7 +546,7 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
         samples.iter().filter(|(t, _)| (from..to).contains(t)).map(|(_, m)| *m).fold(0.0, f64::max)
     };
     let (warm, late) = (window(0.2, 0.3), window(0.7, 1.01));
-    let tally = tally.lock().unwrap();
+    let tally = std::mem::take(&mut *tally.lock().unwrap());
     let mut report =
         format!("{seconds} s at {CONNECTIONS} connections; hostile models listed broken: {broken} of {HOSTILE}\n");
     writeln!(report, "{:<12} {:>8} {:>8} {:>8}", "kind", "ok", "fault", "error").unwrap();

@@ -117,7 +117,7 @@ fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
                 let left = match len {
                     None => None,
                     Some(n) => {
-                        let count = (n as u64).checked_mul(if is_map { 2 } else { 1 }).unwrap_or(u64::MAX);
+                        let count = (n as u64).saturating_mul(if is_map { 2 } else { 1 });
                         // Every item takes at least one byte, so a count above what remains is a lie.
                         if count > remaining {
                             return Err(FormatError::CborLengthBeyondInput { offset, declared: n as u64, remaining });

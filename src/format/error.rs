@@ -4,18 +4,19 @@
 use std::fmt;
 
 /// Where in a manifest a fault was found: an object, optionally one of its components.
+/// Boxed strings keep every `FormatError` small enough to return by value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
-    pub object: String,
-    pub component: Option<String>,
+    pub object: Box<str>,
+    pub component: Option<Box<str>>,
 }
 
 impl Location {
     pub fn object(name: &str) -> Self {
-        Location { object: name.to_owned(), component: None }
+        Location { object: name.into(), component: None }
     }
     pub fn component(object: &str, role: &str) -> Self {
-        Location { object: object.to_owned(), component: Some(role.to_owned()) }
+        Location { object: object.into(), component: Some(role.into()) }
     }
 }
 

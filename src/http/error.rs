@@ -30,9 +30,9 @@ pub enum ApiError {
     #[error("{requested} ranges requested; at most {limit} are served per request")]
     TooManyRanges { requested: usize, limit: usize, length: u64 },
     #[error("model {model:?} is broken: {source}")]
-    BrokenModel { model: String, source: CatalogError },
+    BrokenModel { model: String, source: Box<CatalogError> },
     #[error("model {model:?}: {source}")]
-    InvalidComponent { model: String, source: FormatError },
+    InvalidComponent { model: String, source: Box<FormatError> },
     #[error("the catalog is not ready yet")]
     NotReady,
     /// Every decoder stayed busy for `decode_wait_ms`.

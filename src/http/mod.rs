@@ -310,7 +310,7 @@ pub(crate) fn ready_model(
         catalog.get(id).filter(|_| access.allows(id)).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
     let manifest = match &model.state {
         Ok(manifest) => Arc::clone(manifest),
-        Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone() }),
+        Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone().into() }),
     };
     Ok((model, manifest))
 }

@@ -138,7 +138,7 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBy
             result
         }
     };
-    result.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })
+    result.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source: source.into() })
 }
 
 /// How a component's stored bytes stand against their declared digest for this request.
@@ -161,7 +161,7 @@ enum CheckError {
 impl CheckError {
     fn into_api(self, model: &Model) -> ApiError {
         match self {
-            CheckError::Mismatch(source) => ApiError::InvalidComponent { model: model.id.clone(), source },
+            CheckError::Mismatch(source) => ApiError::InvalidComponent { model: model.id.clone(), source: source.into() },
             CheckError::Storage(e) => storage_failed(&model.source, &model.id, e),
             CheckError::Crashed(reason) => ApiError::Internal(reason),
         }
@@ -175,7 +175,7 @@ async fn hash_stored(
     component: Component,
     stored: Stored,
 ) -> Result<Result<(), FormatError>, CheckError> {
-    let Some(expected) = component.digest.clone() else { return Ok(Ok(())) };
+    let Some(expected) = component.digest else { return Ok(Ok(())) };
     let hasher = crate::format::decode::Hasher::for_digest(&expected);
     let hashed = match stored {
         Stored::Whole(bytes) => tokio::task::spawn_blocking(move || {
@@ -303,7 +303,7 @@ impl RangeSource for DecodedSource {
         };
         let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
         let failed = move |e: DecodeError| match e {
-            DecodeError::Invalid(invalid) => ApiError::InvalidComponent { model: model.clone(), source: invalid },
+            DecodeError::Invalid(invalid) => ApiError::InvalidComponent { model: model.clone(), source: invalid.into() },
             DecodeError::Storage(e) => storage_failed(&source, &model, e),
             DecodeError::Aborted(reason) => ApiError::Internal(reason),
         };
@@ -380,7 +380,7 @@ async fn component_bytes(
         DigestCheck::Skipped => None,
         DigestCheck::Known(verdict) => {
             span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });
-            verdict.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source })?;
+            verdict.map_err(|source| ApiError::InvalidComponent { model: model.id.clone(), source: source.into() })?;
             None
         }
         // A range is small next to the check: wait, and answer a clean error if it fails.

@@ -87,7 +87,10 @@ pub fn component(dtype: &str, offset: u64, length: u64) -> Vec<(&'static str, Va
 }
 
 /// A 1.2 manifest of objects given as (name, shape, format, components).
-pub fn manifest(objects: Vec<(&str, Vec<u64>, &str, Vec<(&str, Value)>)>) -> Value {
+/// An object for [`manifest`]: name, shape, format and its components' fields by role.
+pub type ObjectFields<'a> = (&'a str, Vec<u64>, &'a str, Vec<(&'a str, Value)>);
+
+pub fn manifest(objects: Vec<ObjectFields<'_>>) -> Value {
     let objects = objects
         .into_iter()
         .map(|(name, shape, format, components)| {
