@@ -4,6 +4,7 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY format ./format
 COPY examples ./examples
 RUN cargo build --release --locked --bin ztserve
 

@@ -1,18 +1,16 @@
 //! The file subcommands: `inspect`, `verify`, `cat` and `convert`. Each takes paths and
 //! writers so tests drive them directly; `main.rs` only parses arguments and sets exit codes.
 
-use std::borrow::Cow;
 use std::io::{self, Write};
 use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
 use serde_json::json;
 
-use crate::format::decode::{DECODE_PIECE, decode_component, decode_with, stored_bytes, verify_digest};
-use crate::format::validate::check_content;
+use crate::format::decode::{DECODE_PIECE, stored_bytes, verify_digest};
+use crate::format::json::{cbor_to_json, manifest_json};
 use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use crate::format::{self, DType, FormatError, Limits, Manifest, Value};
-use crate::json::{cbor_to_json, manifest_json};
+use crate::format::{self, DType, Limits, Manifest, Value};
 use crate::storage::local::MappedFile;
 
 fn open(path: &Path, limits: &Limits) -> anyhow::Result<(MappedFile, Manifest)> {
@@ -81,65 +79,10 @@ pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write)
     Ok(())
 }
 
-/// What `verify` found.
-pub struct VerifyReport {
-    pub objects: usize,
-    pub components: usize,
-    pub digests_checked: usize,
-    /// Every failure: one structural one, or each failing component.
-    pub errors: Vec<FormatError>,
-}
-
-impl VerifyReport {
-    pub fn is_valid(&self) -> bool {
-        self.errors.is_empty()
-    }
-}
-
-/// Runs every structural, decoding, digest and content check over a file's bytes.
-pub fn verify_bytes(file: &[u8], limits: &Limits) -> VerifyReport {
-    let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, errors: Vec::new() };
-    let manifest = match format::parse_file(file, limits) {
-        Ok(m) => m,
-        Err(e) => {
-            report.errors.push(e);
-            return report;
-        }
-    };
-    let mut scratch = vec![0u8; DECODE_PIECE];
-    for object in &manifest.objects {
-        report.objects += 1;
-        let mut object_ok = true;
-        for component in &object.components {
-            report.components += 1;
-            let result = stored_bytes(file, &object.name, component).and_then(|stored| {
-                if component.digest.is_some() {
-                    report.digests_checked += 1;
-                    verify_digest(&object.name, component, stored)?;
-                }
-                decode_with::<FormatError>(&object.name, component, stored, &mut scratch, |_| Ok(()))
-            });
-            if let Err(e) = result {
-                object_ok = false;
-                report.errors.push(e);
-            }
-        }
-        if object_ok {
-            let content = check_content(object, |c| -> format::Result<Cow<'_, [u8]>> {
-                decode_component(&object.name, c, stored_bytes(file, &object.name, c)?)
-            });
-            if let Err(e) = content {
-                report.errors.push(e);
-            }
-        }
-    }
-    report
-}
-
 /// `verify`: returns whether the file is valid, after printing the report.
 pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let report = verify_bytes(&file, limits);
+    let report = format::verify::verify_file(&file, limits);
     if as_json {
         let errors: Vec<_> =
             report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();

@@ -2,7 +2,8 @@
 //!
 //! Module map (data flows one way, each layer knows only the one below it):
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
-//! - [`format`]: pure byte layout: parse, validate, decode and write every `.zt` generation.
+//! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
+//!   decode, verify and write every `.zt` generation, and render manifests as JSON.
 //! - [`storage`]: where bytes come from: the `Storage` trait over local directories (scanned,
 //!   read, or memory-mapped) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget.
@@ -16,7 +17,6 @@
 //!   access control (`auth`); the connection loop and its limits (`connections`: count, head
 //!   size, header and idle timeouts); connections that send slices of mapped files with
 //!   `sendfile` instead of copying them (`zero_copy`).
-//! - [`json`]: JSON renderings of manifests (CBOR values JSON lacks are tagged, not dropped).
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
 //! - [`pull`]: `ztserve pull`, the client side: a served model copied to a local file by
@@ -26,9 +26,10 @@
 pub mod catalog;
 pub mod cli;
 pub mod config;
-pub mod format;
 pub mod http;
-pub mod json;
 pub mod pull;
 pub mod storage;
 pub mod telemetry;
+
+/// The byte layout, a crate of its own (`format/`) so the compiler keeps it pure.
+pub use ztserve_format as format;

@@ -138,7 +138,10 @@ fn convert_turns_safetensors_into_a_file_with_the_same_tensors() {
     let fp8_component = m.object("c.fp8").unwrap().component("data").unwrap();
     assert_eq!(fp8_component.logical_type.as_deref(), Some("f8_e4m3fn"));
     assert_eq!(fp8_component.encoding, Encoding::Zstd);
-    assert_eq!(ztserve::json::cbor_to_json(m.attributes.as_ref().unwrap()), serde_json::json!({"format": "pt"}));
+    assert_eq!(
+        ztserve::format::json::cbor_to_json(m.attributes.as_ref().unwrap()),
+        serde_json::json!({"format": "pt"})
+    );
     let cat = ztserve(&[&"cat", &output, &"b.weight"]);
     assert_eq!(cat.stdout, f32s);
     assert_eq!(ztserve(&[&"verify", &output]).status.code(), Some(0));

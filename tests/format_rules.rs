@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use ztserve::cli::verify_bytes;
 use ztserve::format::decode::{decode_component, stored_bytes, verify_digest};
+use ztserve::format::verify::verify_file;
 use ztserve::format::{ByteOrder, Digest, FormatError, Limits, Value, parse_file};
 
 fn parse(file: &[u8]) -> Result<ztserve::format::Manifest, FormatError> {
@@ -166,7 +166,9 @@ fn unknown_dtypes_are_refused() {
 
 #[test]
 fn the_1_1_compound_dtype_names_are_read_only_in_manifests_that_declare_1_1() {
-    for (version, expected) in [("1.1.0", "ok"), ("1.1.7", "ok"), ("1.2.0", "unknown_dtype"), ("1.3.0", "unknown_dtype")] {
+    for (version, expected) in
+        [("1.1.0", "ok"), ("1.1.7", "ok"), ("1.2.0", "unknown_dtype"), ("1.3.0", "unknown_dtype")]
+    {
         let mut m = manifest(vec![("w", vec![8], "dense", vec![("data", map(component("f8_e4m3", 64, 8)))])]);
         let Value::Map(fields) = &mut m else { unreachable!() };
         fields[0].1 = text(version);
@@ -452,7 +454,7 @@ fn legacy_indefinite_maps_long_dtypes_layouts_and_custom_fields_are_read() {
     let object = parsed.object("sp").unwrap();
     assert_eq!(object.format, "sparse");
     let attributes = object.attributes.as_ref().unwrap();
-    assert_eq!(ztserve::json::cbor_to_json(attributes), serde_json::json!({"sparse_format": "csr", "mine": 5}));
+    assert_eq!(ztserve::format::json::cbor_to_json(attributes), serde_json::json!({"sparse_format": "csr", "mine": 5}));
 }
 
 #[test]
@@ -477,7 +479,7 @@ fn legacy_files_refuse_short_dtype_names_unknown_endianness_and_duplicate_names(
 // --- content checks -------------------------------------------------------------------
 
 fn verify_codes(file: &[u8]) -> Vec<&'static str> {
-    verify_bytes(file, &Limits::default()).errors.iter().map(|e| e.code()).collect()
+    verify_file(file, &Limits::default()).errors.iter().map(|e| e.code()).collect()
 }
 
 #[test]

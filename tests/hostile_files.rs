@@ -6,8 +6,8 @@ use std::fs;
 use std::path::Path;
 
 use proptest::prelude::*;
-use ztserve::cli::verify_bytes;
 use ztserve::format::Limits;
+use ztserve::format::verify::verify_file;
 
 fn limits() -> Limits {
     Limits { max_manifest_bytes: 1 << 20, max_decoded_bytes: 16 << 20, ..Limits::default() }
@@ -77,7 +77,7 @@ proptest! {
         for m in &mutations {
             apply(&mut file, m);
         }
-        let report = verify_bytes(&file, &limits());
+        let report = verify_file(&file, &limits());
         for e in &report.errors {
             prop_assert!(!e.to_string().is_empty());
         }
@@ -97,9 +97,9 @@ fn every_fuzz_seed_corpus_and_regression_input_is_handled_without_panic() {
             }
             let bytes = fs::read(&path).unwrap();
             // What the fuzz target does with each input.
-            let _ = verify_bytes(&bytes, &limits());
+            let _ = verify_file(&bytes, &limits());
             if let Ok(manifest) = ztserve::format::parse_file(&bytes, &limits()) {
-                let _ = ztserve::json::manifest_json(&manifest).to_string();
+                let _ = ztserve::format::json::manifest_json(&manifest).to_string();
             }
             count += 1;
         }
@@ -110,7 +110,7 @@ fn every_fuzz_seed_corpus_and_regression_input_is_handled_without_panic() {
 #[test]
 fn every_official_seed_is_valid() {
     for seed in seeds() {
-        let report = verify_bytes(&seed, &Limits::default());
+        let report = verify_file(&seed, &Limits::default());
         assert!(report.is_valid(), "{:?}", report.errors);
     }
 }

@@ -483,7 +483,10 @@ async fn files_from_the_official_writers_are_served_byte_exact(source: ModelSour
         let url_of = |object: &str, role: &str| -> String {
             let rendered = manifest["objects"].as_array().unwrap().iter().find(|o| o["name"] == object);
             let component = rendered.and_then(|o| o["components"].as_array()?.iter().find(|c| c["role"] == role));
-            component.and_then(|c| c["url"].as_str()).unwrap_or_else(|| panic!("{version} {object:?}.{role} unlisted")).into()
+            component
+                .and_then(|c| c["url"].as_str())
+                .unwrap_or_else(|| panic!("{version} {object:?}.{role} unlisted"))
+                .into()
         };
         for (object, roles) in expect["objects"].as_object().unwrap() {
             for (role, bin) in roles.as_object().unwrap() {

@@ -8,8 +8,8 @@ use std::fs;
 use std::path::Path;
 
 use common::run_official;
-use ztserve::cli::verify_bytes;
 use ztserve::format::decode::{decode_component, stored_bytes};
+use ztserve::format::verify::verify_file;
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use ztserve::format::{DType, Limits, Value, parse_file};
 
@@ -20,7 +20,7 @@ fn official_file_decodes_to_what_its_writer_was_given(version: &str) {
     let expect: serde_json::Value = serde_json::from_slice(&fs::read(dir.path().join("expect.json")).unwrap()).unwrap();
     assert_eq!(expect["version"], version);
 
-    let report = verify_bytes(&file, &Limits::default());
+    let report = verify_file(&file, &Limits::default());
     assert!(report.is_valid(), "ztensor=={version} file fails verify: {:?}", report.errors);
     let manifest = parse_file(&file, &Limits::default()).unwrap();
     let objects = expect["objects"].as_object().unwrap();

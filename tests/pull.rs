@@ -103,7 +103,7 @@ fn objects_select_a_subset_and_a_pattern_matching_nothing_is_an_error() {
     let manifest = parse_file(&file, &Limits::default()).unwrap();
     let names: Vec<_> = manifest.objects.iter().map(|o| o.name.as_str()).collect();
     assert_eq!(names, ["embed.weight", "scale", "head.weight", "fp8.weight"]);
-    assert!(ztserve::cli::verify_bytes(&file, &Limits::default()).is_valid());
+    assert!(ztserve::format::verify::verify_file(&file, &Limits::default()).is_valid());
     assert!(manifest.attributes.is_some(), "file attributes are kept");
 
     let failed = pull(&server.address, "dense", &dir.path().join("none.zt"), &["--objects", "nothing*"]);

@@ -1,8 +1,8 @@
 //! Writer → reader round trips over random objects, and the writer's determinism.
 
 use proptest::prelude::*;
-use ztserve::cli::verify_bytes;
 use ztserve::format::decode::{decode_component, stored_bytes};
+use ztserve::format::verify::verify_file;
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use ztserve::format::{DType, Encoding, Limits, Value, parse_file};
 
@@ -247,7 +247,7 @@ proptest! {
                 prop_assert_eq!(decoded.as_ref(), cs.bytes.as_slice());
             }
         }
-        let report = verify_bytes(&bytes, &Limits::default());
+        let report = verify_file(&bytes, &Limits::default());
         prop_assert!(report.is_valid(), "{:?}", report.errors);
     }
 

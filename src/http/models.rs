@@ -14,12 +14,12 @@ use serde_json::{Value, json};
 
 use super::auth::Access;
 use super::objects::add_urls;
-use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
 use super::range::if_none_match_matches;
+use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
 use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model, segment};
 use crate::catalog::cache::Stored;
 use crate::catalog::{Location, Model, Rendered, Source};
-use crate::json::manifest_json;
+use crate::format::json::manifest_json;
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 
 /// `GET /models`: every model the request may read, with its status.

@@ -20,8 +20,8 @@ use super::{ApiError, AppState, answer, header_value, param, path_params, ready_
 use crate::catalog::cache::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
+use crate::format::json::object_json;
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
-use crate::json::object_json;
 use crate::telemetry::names;
 
 use super::auth::Access;
@@ -161,7 +161,9 @@ enum CheckError {
 impl CheckError {
     fn into_api(self, model: &Model) -> ApiError {
         match self {
-            CheckError::Mismatch(source) => ApiError::InvalidComponent { model: model.id.clone(), source: source.into() },
+            CheckError::Mismatch(source) => {
+                ApiError::InvalidComponent { model: model.id.clone(), source: source.into() }
+            }
             CheckError::Storage(e) => storage_failed(&model.source, &model.id, e),
             CheckError::Crashed(reason) => ApiError::Internal(reason),
         }
@@ -303,7 +305,9 @@ impl RangeSource for DecodedSource {
         };
         let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
         let failed = move |e: DecodeError| match e {
-            DecodeError::Invalid(invalid) => ApiError::InvalidComponent { model: model.clone(), source: invalid.into() },
+            DecodeError::Invalid(invalid) => {
+                ApiError::InvalidComponent { model: model.clone(), source: invalid.into() }
+            }
             DecodeError::Storage(e) => storage_failed(&source, &model, e),
             DecodeError::Aborted(reason) => ApiError::Internal(reason),
         };

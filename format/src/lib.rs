@@ -1,4 +1,4 @@
-//! The zTensor byte layout, and nothing else: bytes in, typed values out. This module owns the
+//! The zTensor byte layout, and nothing else: bytes in, typed values out. This crate owns the
 //! container framing of every supported generation (`ZTEN0001` legacy, `ZTEN1000` 1.x), turns
 //! each into one generation-neutral [`Manifest`], validates it, decodes components and writes
 //! files. It does no IO and never touches async code, so the server, the CLI and the fuzzer all
@@ -11,9 +11,11 @@
 mod cbor;
 pub mod decode;
 mod error;
+pub mod json;
 mod legacy;
 mod v1;
 pub mod validate;
+pub mod verify;
 pub mod write;
 
 use std::collections::HashMap;

@@ -65,7 +65,13 @@ fn object(name: &str, value: &Value, spelling: Spelling) -> Result<Object> {
     Ok(object)
 }
 
-fn component(object: &Object, elements: Option<u64>, role: &str, value: &Value, spelling: Spelling) -> Result<Component> {
+fn component(
+    object: &Object,
+    elements: Option<u64>,
+    role: &str,
+    value: &Value,
+    spelling: Spelling,
+) -> Result<Component> {
     let at = Location::component(&object.name, role);
     let fields = Fields::of(value, at.to_string())?;
     let dtype_name = fields.required_text("dtype")?;

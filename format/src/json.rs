@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::format::{ByteOrder, Component, Manifest, Object, Value};
+use crate::{ByteOrder, Component, Manifest, Object, Value};
 
 /// A CBOR value as JSON.
 pub fn cbor_to_json(value: &Value) -> Json {
