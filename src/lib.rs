@@ -1,6 +1,8 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files.
 //!
 //! Module map (data flows one way, each layer knows only the one below it):
+//! - [`api`]: what server and clients share: route templates, URL builders (percent-encoded
+//!   segments), `X-Zt-*` header names.
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, and render manifests as JSON.
@@ -23,6 +25,7 @@
 //!   parallel ranged GETs bound to one ETag, journaled for resume, digest-checked, renamed into
 //!   place only when complete (rebuilt through `format::write::plan`, or `--raw`).
 
+pub mod api;
 pub mod catalog;
 pub mod cli;
 pub mod config;

@@ -110,20 +110,6 @@ fn describe() {
 /// What storage reads are for, in `ztserve_storage_read_*` labels.
 const READ_PURPOSES: &[&str] = &["manifest", "serve", "decode", "verify", "check"];
 
-/// The routes a request can match, for the per-route series registered at start.
-pub const ROUTES: &[&str] = &[
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/models",
-    "/models/{model}",
-    "/models/{model}/file",
-    "/models/{model}/objects/{object}",
-    "/models/{model}/objects/{object}/components/{role}",
-    "/models/{model}/objects/",
-    "/models/{model}/objects//components/{role}",
-];
-
 /// Registers every series whose labels are known in advance at zero, so that `rate()` and
 /// alerts see them from the first scrape, not only after the first decode, digest check or
 /// refused token. Series keyed by what only requests reveal (a status, a model) appear with
@@ -173,7 +159,7 @@ fn register_at_zero() {
     for purpose in READ_PURPOSES {
         let _ = histogram!(STORAGE_READ_DURATION, "backend" => "s3", "kind" => *purpose);
     }
-    for route in ROUTES {
+    for route in crate::api::routes::ALL {
         counter!(HTTP_REQUESTS, "route" => *route, "method" => "GET", "status" => "200").absolute(0);
         counter!(HTTP_RESPONSE_BYTES, "route" => *route).absolute(0);
         let _ = histogram!(HTTP_DURATION, "route" => *route);

@@ -22,7 +22,6 @@ use axum::extract::{RawPathParams, Request};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -30,6 +29,7 @@ use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 
+use crate::api::routes;
 use crate::catalog::cache::DecodeCache;
 use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
 use crate::config::Config;
@@ -152,17 +152,16 @@ pub fn app(state: Arc<AppState>) -> Router {
     let timeout = state.config.request_timeout_secs;
     let concurrency = state.config.max_concurrent_requests;
     let router = Router::new()
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
-        .route("/models", get(models::list))
-        .route("/models/{model}", get(models::manifest))
-        .route("/models/{model}/file", get(models::file))
-        .route("/models/{model}/objects/{object}", get(objects::object))
-        .route("/models/{model}/objects/{object}/components/{role}", get(objects::component))
-        // An object may be named "" (the official 1.2.3 writer allows it): its URLs are these.
-        .route("/models/{model}/objects/", get(objects::object))
-        .route("/models/{model}/objects//components/{role}", get(objects::component))
+        .route(routes::HEALTHZ, get(ops::healthz))
+        .route(routes::READYZ, get(ops::readyz))
+        .route(routes::METRICS, get(ops::metrics))
+        .route(routes::MODELS, get(models::list))
+        .route(routes::MANIFEST, get(models::manifest))
+        .route(routes::FILE, get(models::file))
+        .route(routes::OBJECT, get(objects::object))
+        .route(routes::COMPONENT, get(objects::component))
+        .route(routes::UNNAMED_OBJECT, get(objects::object))
+        .route(routes::UNNAMED_COMPONENT, get(objects::component))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside the trace and metrics layers, so refusals are logged and counted too.
@@ -313,14 +312,6 @@ pub(crate) fn ready_model(
         Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone().into() }),
     };
     Ok((model, manifest))
-}
-
-/// Characters left as they are in a path segment; everything else (including `/`, `%`, `?`,
-/// `#` and spaces) is percent-encoded.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
-
-pub fn segment(text: &str) -> String {
-    utf8_percent_encode(text, SEGMENT).to_string()
 }
 
 pub(crate) fn header_value(text: &str) -> HeaderValue {

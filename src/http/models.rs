@@ -16,7 +16,8 @@ use super::auth::Access;
 use super::objects::add_urls;
 use super::range::if_none_match_matches;
 use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
-use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model, segment};
+use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
+use crate::api;
 use crate::catalog::cache::Stored;
 use crate::catalog::{Location, Model, Rendered, Source};
 use crate::format::json::manifest_json;
@@ -39,7 +40,7 @@ pub async fn list(
                 "id": m.id,
                 "source": m.source.name,
                 "size": m.size,
-                "url": format!("/models/{}", segment(&m.id)),
+                "url": api::model_url(&m.id),
             });
             match &m.state {
                 Ok(manifest) => {
@@ -70,10 +71,9 @@ pub async fn manifest(
         let rendered = model.manifest_json.get_or_init(|| {
             let mut doc = manifest_json(&manifest);
             doc["id"] = json!(model.id);
-            let base = format!("/models/{}", segment(&model.id));
             if let Some(objects) = doc["objects"].as_array_mut() {
                 for (object, rendered) in manifest.objects.iter().zip(objects) {
-                    add_urls(rendered, object, &base);
+                    add_urls(rendered, &model.id, object);
                 }
             }
             let body = serde_json::to_vec(&doc).expect("JSON values serialize");
@@ -261,7 +261,7 @@ pub(crate) fn etag(model: &Model, part: &str) -> String {
 /// piece came from one version of the file and none from a replacement.
 pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
     let version = HeaderValue::from_str(&etag(model, "file")).expect("an ETag is a valid header value");
-    (HeaderName::from_static("x-zt-model-version"), version)
+    (HeaderName::from_static(api::headers::MODEL_VERSION), version)
 }
 
 /// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.

@@ -16,7 +16,8 @@ use serde_json::json;
 
 use super::models::{ModelBytes, etag, model_bytes, model_version, storage_failed};
 use super::respond::{ByteStream, ExtraHeaders, RangeSource, Representation, bytes_response, guard};
-use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model, segment};
+use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
+use crate::api;
 use crate::catalog::cache::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
@@ -48,7 +49,7 @@ pub async fn object(
                 }
                 _ => {
                     let mut doc = object_json(object);
-                    add_urls(&mut doc, object, &format!("/models/{}", segment(&model.id)));
+                    add_urls(&mut doc, &model.id, object);
                     Ok(([model_version(&model)], Json(doc)).into_response())
                 }
             }
@@ -84,14 +85,13 @@ pub async fn component(
 }
 
 /// Adds the object's URL and each component's URL to its rendered JSON.
-pub(crate) fn add_urls(rendered: &mut serde_json::Value, object: &Object, model_url: &str) {
-    let object_url = format!("{model_url}/objects/{}", segment(&object.name));
+pub(crate) fn add_urls(rendered: &mut serde_json::Value, model: &str, object: &Object) {
     if let Some(components) = rendered["components"].as_array_mut() {
         for (component, rendered) in object.components.iter().zip(components) {
-            rendered["url"] = json!(format!("{object_url}/components/{}", segment(&component.role)));
+            rendered["url"] = json!(api::component_url(model, &object.name, &component.role));
         }
     }
-    rendered["url"] = json!(object_url);
+    rendered["url"] = json!(api::object_url(model, &object.name));
 }
 
 fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ApiError> {
@@ -409,15 +409,15 @@ async fn component_bytes(
 
     let mut extra: ExtraHeaders = vec![
         model_version(model),
-        (HeaderName::from_static("x-zt-dtype"), header_value(component.dtype.name())),
-        (HeaderName::from_static("x-zt-format"), header_value(&segment(&object.format))),
+        (HeaderName::from_static(api::headers::DTYPE), header_value(component.dtype.name())),
+        (HeaderName::from_static(api::headers::FORMAT), header_value(&api::segment(&object.format))),
         (
-            HeaderName::from_static("x-zt-shape"),
+            HeaderName::from_static(api::headers::SHAPE),
             header_value(&object.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
         ),
     ];
     if let Some(logical) = &component.logical_type {
-        extra.push((HeaderName::from_static("x-zt-type"), header_value(&segment(logical))));
+        extra.push((HeaderName::from_static(api::headers::TYPE), header_value(&api::segment(logical))));
     }
     let part = format!("{}\0{}", object.name, component.role);
     let declared_sha256 = match &component.digest {
@@ -455,7 +455,7 @@ async fn component_bytes(
             (Arc::new(source), etag(model, &part), sha256)
         };
     if let Some(sha256) = &sha256 {
-        extra.push((HeaderName::from_static("repr-digest"), repr_digest(sha256)));
+        extra.push((HeaderName::from_static(api::headers::REPR_DIGEST), repr_digest(sha256)));
     }
     let representation =
         Representation { source, etag, content_type: "application/octet-stream", headers: extra, guard };

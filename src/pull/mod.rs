@@ -96,7 +96,7 @@ pub fn file_url(model_url: &str) -> anyhow::Result<reqwest::Url> {
     if id.is_empty() {
         bail!("{model_url:?} names no model: expected http://HOST:PORT/models/MODEL_ID");
     }
-    url.set_path(&format!("{base}/models/{}/file", crate::http::segment(&id)));
+    url.set_path(&format!("{base}{}", crate::api::file_url(&id)));
     url.set_query(None);
     url.set_fragment(None);
     Ok(url)
