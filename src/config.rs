@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::Limits;
+/// The limits the format layer enforces by default.
+const FORMAT_LIMITS: crate::format::Limits = crate::format::Limits::DEFAULT;
 
 /// Every setting. `config/ztserve.toml` documents each key with its default; a test keeps the
 /// two identical.
@@ -18,12 +19,12 @@ use crate::format::Limits;
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address to listen on.
-    pub listen: String,
+    pub listen: SocketAddr,
     /// Directories and `s3://bucket/prefix` locations whose `*.zt` files are served.
-    pub sources: Vec<String>,
+    pub sources: Vec<SourceSpec>,
     /// At start, a source that cannot be listed either stops the server (`fail`) or is
     /// served degraded until it answers (`degrade`).
-    pub on_unreadable_source: String,
+    pub on_unreadable_source: OnUnreadableSource,
     /// Seconds between rescans of the sources.
     pub rescan_interval_secs: u64,
     /// Manifests read at once during a scan of a remote source.
@@ -45,7 +46,7 @@ pub struct Config {
     /// Seconds in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_drain_secs: u64,
     /// Log format: `text` or `json`.
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Ranges one request may ask for.
     pub max_ranges: usize,
     /// Largest manifest accepted, in bytes.
@@ -61,7 +62,7 @@ pub struct Config {
     pub decode_wait_ms: u64,
     /// When stored bytes are checked against their declared digest: `never`, `first-read`
     /// (once per component and file version) or `always` (every request).
-    pub verify: String,
+    pub verify: VerifyPolicy,
     /// Bytes read from the end of a remote object in the first request for its manifest.
     pub manifest_suffix_bytes: u64,
     /// Bearer tokens accepted on `/models…`, each `TOKEN [PREFIX ...]` (empty, with no
@@ -100,10 +101,9 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        let limits = Limits::default();
         Config {
-            listen: "127.0.0.1:8080".into(),
-            sources: vec!["models".into()],
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            sources: vec![SourceSpec::Local("models".into())],
             rescan_interval_secs: 30,
             scan_concurrency: 8,
             request_timeout_secs: 300,
@@ -113,15 +113,15 @@ impl Default for Config {
             header_timeout_secs: 30,
             idle_timeout_secs: 60,
             shutdown_drain_secs: 30,
-            log_format: "text".into(),
+            log_format: LogFormat::Text,
             max_ranges: 64,
-            max_manifest_bytes: limits.max_manifest_bytes,
-            max_decoded_bytes: limits.max_decoded_bytes,
+            max_manifest_bytes: FORMAT_LIMITS.max_manifest_bytes,
+            max_decoded_bytes: FORMAT_LIMITS.max_decoded_bytes,
             decode_cache_bytes: 1 << 30,
             max_concurrent_decodes: 0,
             decode_wait_ms: 1000,
-            verify: "first-read".into(),
-            on_unreadable_source: "fail".into(),
+            verify: VerifyPolicy::FirstRead,
+            on_unreadable_source: OnUnreadableSource::Fail,
             manifest_suffix_bytes: 64 << 10,
             tokens: Vec::new(),
             token_file: String::new(),
@@ -221,9 +221,10 @@ impl Config {
             merged.insert(key, value);
         }
 
-        let config: Config = toml::Value::Table(merged).try_into().map_err(|e: toml::de::Error| {
-            ConfigError::Invalid { origin: "configuration".into(), message: e.to_string() }
-        })?;
+        let config: Config = match toml::Value::Table(merged.clone()).try_into() {
+            Ok(config) => config,
+            Err(whole) => return Err(culprit(&defaults, &merged, &origin).unwrap_or_else(|| invalid_as_a_whole(whole))),
+        };
         config.validate(&origin)?;
         Ok(config)
     }
@@ -233,25 +234,8 @@ impl Config {
             origin: format!("{key} (from {})", origin.get(key).map_or("default", String::as_str)),
             message,
         };
-        self.listen
-            .parse::<SocketAddr>()
-            .map_err(|e| fail("listen", format!("{:?} is not an address like 127.0.0.1:8080 ({e})", self.listen)))?;
         if self.sources.is_empty() {
             return Err(fail("sources", "at least one source directory is needed".into()));
-        }
-        if self.sources.iter().any(|s| s.trim().is_empty()) {
-            return Err(fail("sources", "a source is empty".into()));
-        }
-        if let Some(bad) =
-            self.sources.iter().find(|s| s.starts_with("s3:") && crate::storage::s3::parse_source(s).is_none())
-        {
-            return Err(fail("sources", format!("{bad:?} is not s3://bucket/prefix")));
-        }
-        if !matches!(self.on_unreadable_source.as_str(), "fail" | "degrade") {
-            return Err(fail(
-                "on_unreadable_source",
-                format!("{:?} is not fail or degrade", self.on_unreadable_source),
-            ));
         }
         if self.manifest_suffix_bytes < 16 {
             return Err(fail("manifest_suffix_bytes", "must be at least 16 (the trailer)".into()));
@@ -287,78 +271,19 @@ impl Config {
         if !(1024..=1 << 20).contains(&self.max_header_bytes) {
             return Err(fail("max_header_bytes", "must be between 1024 and 1048576".into()));
         }
-        if !matches!(self.log_format.as_str(), "text" | "json") {
-            return Err(fail("log_format", format!("{:?} is not text or json", self.log_format)));
-        }
         if self.max_ranges == 0 {
             return Err(fail("max_ranges", "must be at least 1".into()));
         }
         if self.max_manifest_bytes == 0 {
             return Err(fail("max_manifest_bytes", "must be at least 1".into()));
         }
-        if VerifyPolicy::parse(&self.verify).is_none() {
-            return Err(fail("verify", format!("{:?} is not never, first-read or always", self.verify)));
-        }
         Ok(())
-    }
-
-    pub fn listen_addr(&self) -> SocketAddr {
-        self.listen.parse().expect("validated at load")
-    }
-
-    /// Decoders allowed to run at once.
-    pub fn decoders(&self) -> usize {
-        match self.max_concurrent_decodes {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
-            n => n,
-        }
-    }
-
-    pub fn connection_limits(&self) -> crate::http::ConnectionLimits {
-        crate::http::ConnectionLimits {
-            max_connections: self.max_connections,
-            max_header_bytes: self.max_header_bytes,
-            header_timeout: std::time::Duration::from_secs(self.header_timeout_secs),
-            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_secs),
-        }
-    }
-
-    pub fn verify_policy(&self) -> VerifyPolicy {
-        VerifyPolicy::parse(&self.verify).expect("validated at load")
-    }
-
-    /// How S3 sources are reached: these settings, else the `AWS_*` variables in `env`.
-    pub fn s3_options(&self, env: &BTreeMap<String, String>) -> crate::storage::s3::S3Options {
-        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
-        let env_true = |var: &str| env.get(var).is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        crate::storage::s3::S3Options {
-            endpoint: non_empty(&self.s3_endpoint),
-            region: non_empty(&self.s3_region),
-            allow_http: self.s3_allow_http || env_true("AWS_ALLOW_HTTP"),
-            virtual_hosted_style: self.s3_virtual_hosted_style || env_true("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"),
-            connect_timeout: std::time::Duration::from_secs(self.s3_connect_timeout_secs),
-            read_timeout: std::time::Duration::from_secs(self.s3_read_timeout_secs),
-            retries: self.s3_retries,
-            credentials: non_empty(&self.s3_access_key_id).zip(non_empty(&self.s3_secret_access_key)),
-        }
-    }
-
-    /// Whether a source that cannot be listed at start stops the server.
-    pub fn fail_on_unreadable_source(&self) -> bool {
-        self.on_unreadable_source == "fail"
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            max_manifest_bytes: self.max_manifest_bytes,
-            max_decoded_bytes: self.max_decoded_bytes,
-            ..Limits::default()
-        }
     }
 }
 
 /// When a component's stored bytes are checked against its declared digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum VerifyPolicy {
     /// Never: digests are only reported.
     Never,
@@ -368,15 +293,91 @@ pub enum VerifyPolicy {
     Always,
 }
 
-impl VerifyPolicy {
-    pub fn parse(text: &str) -> Option<VerifyPolicy> {
-        match text {
-            "never" => Some(VerifyPolicy::Never),
-            "first-read" => Some(VerifyPolicy::FirstRead),
-            "always" => Some(VerifyPolicy::Always),
-            _ => None,
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What a source that cannot be listed at start does to the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnreadableSource {
+    /// Stop the server with the source's error.
+    Fail,
+    /// Serve the other sources; this one is reported degraded until it answers.
+    Degrade,
+}
+
+/// A source as configured: a local directory or an `s3://bucket/prefix` location, written
+/// and read as that text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum SourceSpec {
+    Local(PathBuf),
+    S3 { bucket: String, prefix: String },
+}
+
+impl SourceSpec {
+    /// A local directory.
+    pub fn local(path: impl Into<PathBuf>) -> SourceSpec {
+        SourceSpec::Local(path.into())
+    }
+}
+
+impl TryFrom<String> for SourceSpec {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<SourceSpec, String> {
+        if text.trim().is_empty() {
+            return Err("a source is empty".into());
+        }
+        if !text.starts_with("s3:") {
+            return Ok(SourceSpec::Local(text.into()));
+        }
+        let rest = text.strip_prefix("s3://").unwrap_or("");
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(format!("{text:?} is not s3://bucket/prefix"));
+        }
+        Ok(SourceSpec::S3 { bucket: bucket.to_owned(), prefix: prefix.trim_matches('/').to_owned() })
+    }
+}
+
+impl From<SourceSpec> for String {
+    fn from(spec: SourceSpec) -> String {
+        spec.to_string()
+    }
+}
+
+impl std::fmt::Display for SourceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceSpec::Local(path) => write!(f, "{}", path.display()),
+            SourceSpec::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
+            SourceSpec::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
         }
     }
+}
+
+/// The first key whose merged value alone makes the configuration fail, as that key's error
+/// with where its value came from (serde's own error does not say which layer set it).
+fn culprit(defaults: &toml::Table, merged: &toml::Table, origin: &BTreeMap<String, String>) -> Option<ConfigError> {
+    merged.iter().find_map(|(key, value)| {
+        let mut alone = defaults.clone();
+        alone.insert(key.clone(), value.clone());
+        let refused = toml::Value::Table(alone).try_into::<Config>().err()?;
+        let from = origin.get(key).map_or("default", String::as_str);
+        Some(ConfigError::Invalid { origin: format!("{key} (from {from})"), message: refused.message().to_owned() })
+    })
+}
+
+fn invalid_as_a_whole(error: toml::de::Error) -> ConfigError {
+    ConfigError::Invalid { origin: "configuration".into(), message: error.to_string() }
 }
 
 /// Parses an environment value as the type of the key's default: integers, booleans, strings,
@@ -438,10 +439,10 @@ mod tests {
             flags,
         )
         .unwrap();
-        assert_eq!(c.listen, "127.0.0.1:9100", "flag beats env and file");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9100", "flag beats env and file");
         assert_eq!(c.max_ranges, 9, "env beats file");
         assert_eq!(c.rescan_interval_secs, 7, "file beats default");
-        assert_eq!(c.sources, ["a", "b"]);
+        assert_eq!(c.sources, [SourceSpec::local("a"), SourceSpec::local("b")]);
         assert_eq!(c.max_concurrent_requests, Config::default().max_concurrent_requests);
     }
 
@@ -463,6 +464,19 @@ mod tests {
         let e = Config::load(None, env(&[("ZTSERVE_MAX_RANGES", "-1")]), BTreeMap::new()).unwrap_err().to_string();
         assert!(e.contains("max_ranges") || e.contains("configuration"), "{e}");
         assert!(Config::load(Some(Path::new("/nonexistent/ztserve.toml")), env(&[]), BTreeMap::new()).is_err());
+    }
+
+    #[test]
+    fn sources_are_directories_or_a_bucket_with_an_optional_prefix() {
+        let spec = |text: &str| SourceSpec::try_from(text.to_owned());
+        let s3 = |bucket: &str, prefix: &str| SourceSpec::S3 { bucket: bucket.into(), prefix: prefix.into() };
+        assert_eq!(spec("s3://models/prod/v1/"), Ok(s3("models", "prod/v1")));
+        assert_eq!(spec("s3://models"), Ok(s3("models", "")));
+        assert_eq!(spec("models"), Ok(SourceSpec::local("models")));
+        assert!(spec("s3:///x").is_err() && spec("s3:models").is_err() && spec(" ").is_err());
+        assert_eq!(s3("models", "prod/v1").to_string(), "s3://models/prod/v1");
+        let e = Config::load(None, env(&[("ZTSERVE_SOURCES", "s3://")]), BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("sources (from environment variable ZTSERVE_SOURCES)") && e.contains("s3://bucket"), "{e}");
     }
 
     #[test]

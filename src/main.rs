@@ -156,7 +156,7 @@ fn serve(
         flags.insert("log_format".to_owned(), toml::Value::String(format));
     }
     let config = Config::load(config.as_deref(), std::env::vars(), flags)?;
-    ztserve::telemetry::init(&config.log_format);
+    ztserve::telemetry::init(config.log_format);
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async { ztserve::http::serve(ztserve::http::AppState::new(config)?).await })?;
     Ok(ExitCode::SUCCESS)

@@ -9,13 +9,18 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber; `format` is `text` or `json` (validated by the config).
-pub fn init(format: &str) {
+use crate::config::LogFormat;
+
+/// Installs the global subscriber, writing `format`.
+pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only on a terminal: escape codes in a log file or a pipe garble it for readers.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
 }
 
 /// Metric names (Prometheus conventions: base units, `_total` counters).

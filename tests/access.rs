@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Reply, model, request, serve, start_binary};
-use ztserve::config::Config;
+use ztserve::config::{Config, SourceSpec};
 use ztserve::format::DType;
 
 const ADMIN: &str = "admin-0123456789abcdef";
@@ -40,7 +40,7 @@ async fn models_need_a_valid_token_and_probes_and_metrics_stay_open() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
     let config =
-        Config { sources: vec![dir.path().display().to_string()], tokens: vec![ADMIN.into()], ..Config::default() };
+        Config { sources: vec![SourceSpec::local(dir.path())], tokens: vec![ADMIN.into()], ..Config::default() };
     let (address, _state) = serve(config).await;
     tokio::task::spawn_blocking(move || {
         for path in [
@@ -84,7 +84,7 @@ async fn metrics_can_require_a_token() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
     let config = Config {
-        sources: vec![dir.path().display().to_string()],
+        sources: vec![SourceSpec::local(dir.path())],
         tokens: vec![ADMIN.into()],
         metrics_require_token: true,
         ..Config::default()
@@ -107,7 +107,7 @@ async fn a_token_limited_to_a_prefix_sees_nothing_outside_it() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
     let config = Config {
-        sources: vec![dir.path().display().to_string()],
+        sources: vec![SourceSpec::local(dir.path())],
         tokens: vec![ADMIN.into(), format!("{TEAM_A} team-a/")],
         ..Config::default()
     };
@@ -146,7 +146,7 @@ async fn the_token_file_is_re_read_when_it_changes() {
     let file = tokens.path().join("tokens");
     fs::write(&file, format!("# operators\n{ADMIN}\n")).unwrap();
     let config = Config {
-        sources: vec![dir.path().display().to_string()],
+        sources: vec![SourceSpec::local(dir.path())],
         token_file: file.display().to_string(),
         ..Config::default()
     };

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{model, noise, request, serve, victim_and_other};
-use ztserve::config::Config;
+use ztserve::config::{Config, SourceSpec, VerifyPolicy};
 use ztserve::format::DType;
 
 const MIB: usize = 1 << 20;
@@ -22,7 +22,7 @@ fn truncate(path: &Path, len: u64) {
 }
 
 fn config(dir: &Path) -> Config {
-    Config { sources: vec![dir.to_string_lossy().into_owned()], rescan_interval_secs: 3600, ..Config::default() }
+    Config { sources: vec![SourceSpec::local(dir)], rescan_interval_secs: 3600, ..Config::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +106,7 @@ async fn a_file_truncated_while_its_zstd_component_is_decoded_ends_that_response
 async fn a_file_truncated_while_its_digest_is_checked_on_every_read_ends_that_response_short() {
     let raw = noise(48 * MIB, 3);
     let (dir, victim) = victim_and_other("raw", &raw, false);
-    let (address, _state) = serve(Config { verify: "always".into(), ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config { verify: VerifyPolicy::Always, ..config(dir.path()) }).await;
     tokio::task::spawn_blocking(move || {
         let body = truncate_mid_response(&address, "/models/victim/objects/raw", 64 << 10, &victim, MIB as u64);
         assert!(body.len() < raw.len(), "the whole body arrived from a truncated file");

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{metric, model, noise, request, serve};
-use ztserve::config::Config;
+use ztserve::config::{Config, SourceSpec};
 use ztserve::format::DType;
 
 const MIB: usize = 1 << 20;
 
 fn config(dir: &Path) -> Config {
-    Config { sources: vec![dir.display().to_string()], ..Config::default() }
+    Config { sources: vec![SourceSpec::local(dir)], ..Config::default() }
 }
 
 /// A directory with `small` (a 4 KiB raw object `w`) and `packed` (a 32 MiB zstd object `z`).

@@ -130,7 +130,7 @@ async fn a_stopped_s3_answers_503_with_retry_after_readyz_degrades_and_service_r
     let local = tempfile::tempdir().unwrap();
     std::fs::write(local.path().join("here.zt"), &file).unwrap();
     let mut config = source.config(Config::default());
-    config.sources.push(local.path().display().to_string());
+    config.sources.push(ztserve::config::SourceSpec::local(local.path()));
     let (address, state) = serve(config).await;
     let get = |path: &'static str| ask(&address, path, &[]);
     assert!(get("/models/remote/objects/raw").await.body == raw);

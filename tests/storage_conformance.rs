@@ -129,7 +129,7 @@ async fn an_s3_prefix_passes_the_storage_suite() {
     let client = server.client("models");
     // Objects outside the prefix are not listed.
     client.put(&StorePath::from("other/x.zt"), PutPayload::from_static(b"elsewhere")).await.unwrap();
-    let storage = S3Storage::new("s3://models/prod", &server.options()).unwrap();
+    let storage = S3Storage::new("s3://models/prod", "models", "prod", &server.options()).unwrap();
     suite(&S3 { client, prefix: "prod".into(), storage, _server: server }).await;
 }
 
@@ -137,11 +137,11 @@ async fn an_s3_prefix_passes_the_storage_suite() {
 async fn an_unreachable_store_fails_promptly_as_unavailable_and_a_missing_bucket_is_reported() {
     let server = common::start_s3();
     let options = ztserve::storage::s3::S3Options { retries: 1, ..server.options() };
-    let missing_bucket = S3Storage::new("s3://nobucket", &options).unwrap();
+    let missing_bucket = S3Storage::new("s3://nobucket", "nobucket", "", &options).unwrap();
     let listed = tokio::time::timeout(Duration::from_secs(30), missing_bucket.list()).await.expect("no hang");
     assert!(matches!(listed, Err(StorageError::Refused { .. })), "{listed:?}");
     drop(server);
-    let gone = S3Storage::new("s3://models", &options).unwrap();
+    let gone = S3Storage::new("s3://models", "models", "", &options).unwrap();
     let started = std::time::Instant::now();
     let read = tokio::time::timeout(Duration::from_secs(30), gone.read("a.zt", ByteRange::Bounded(0..1), "\"x\""))
         .await

@@ -97,14 +97,19 @@ pub struct Limits {
     pub max_cbor_items: u64,
 }
 
+impl Limits {
+    /// The defaults, usable in constant expressions.
+    pub const DEFAULT: Limits = Limits {
+        max_manifest_bytes: 1 << 30,
+        max_decoded_bytes: 64 << 30,
+        max_cbor_depth: 64,
+        max_cbor_items: 8_000_000,
+    };
+}
+
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_manifest_bytes: 1 << 30,
-            max_decoded_bytes: 64 << 30,
-            max_cbor_depth: 64,
-            max_cbor_items: 8_000_000,
-        }
+        Limits::DEFAULT
     }
 }
 

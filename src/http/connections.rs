@@ -37,6 +37,17 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
 }
 
+impl ConnectionLimits {
+    pub fn from_config(config: &crate::config::Config) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: config.max_connections,
+            max_header_bytes: config.max_header_bytes,
+            header_timeout: Duration::from_secs(config.header_timeout_secs),
+            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+        }
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting and gives
 /// open connections `drain` to finish their responses before they are dropped.
 pub async fn serve(

@@ -32,8 +32,10 @@ pub use error::ApiError;
 use crate::api::routes;
 use crate::catalog::cache::DecodeCache;
 use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
-use crate::config::Config;
+use crate::config::{Config, OnUnreadableSource, SourceSpec};
+use crate::format::Limits;
 use crate::storage::Readahead;
+use crate::storage::s3::{S3Options, S3Storage};
 use crate::telemetry::names;
 
 /// What every handler shares.
@@ -62,18 +64,24 @@ impl AppState {
         crate::telemetry::metrics();
         let env: std::collections::BTreeMap<String, String> =
             std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
-        let s3 = config.s3_options(&env);
+        let s3 = S3Options::from_config(&config, &env);
         let mut sources = Vec::new();
-        for name in &config.sources {
-            let backend = if name.starts_with("s3://") {
-                Backend::Remote(Arc::new(crate::storage::s3::S3Storage::new(name, &s3)?))
-            } else {
-                Backend::Local(name.into())
+        for spec in &config.sources {
+            let name = spec.to_string();
+            let backend = match spec {
+                SourceSpec::S3 { bucket, prefix } => {
+                    Backend::Remote(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?))
+                }
+                SourceSpec::Local(path) => Backend::Local(path.clone()),
             };
-            sources.push(Source::new(name, backend));
+            sources.push(Source::new(&name, backend));
         }
         let tokens = Arc::new(auth::Tokens::new(&config.tokens, &config.token_file)?);
-        let cache = DecodeCache::new(config.decode_cache_bytes, config.decoders());
+        let decoders = match config.max_concurrent_decodes {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        };
+        let cache = DecodeCache::new(config.decode_cache_bytes, decoders);
         let readahead = Readahead {
             chunk: config.s3_range_chunk_bytes,
             concurrency: config.s3_range_concurrency,
@@ -107,7 +115,11 @@ impl AppState {
         let state = Arc::clone(self);
         let previous = self.catalog();
         let options = ScanOptions {
-            limits: self.config.limits(),
+            limits: Limits {
+                max_manifest_bytes: self.config.max_manifest_bytes,
+                max_decoded_bytes: self.config.max_decoded_bytes,
+                ..Limits::default()
+            },
             manifest_suffix_bytes: self.config.manifest_suffix_bytes,
             concurrent_reads: self.config.scan_concurrency,
         };
@@ -320,7 +332,7 @@ pub(crate) fn header_value(text: &str) -> HeaderValue {
 
 /// Serves until SIGTERM or SIGINT, then gives in-flight requests the drain time to finish.
 pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
-    let addr = state.config.listen_addr();
+    let addr = state.config.listen;
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, sources = ?state.config.sources, "listening");
@@ -334,7 +346,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     // when the shutdown future was first polled left a window after the first answers.)
     let signals = ShutdownSignals::install()?;
     state.rescan().await;
-    if state.config.fail_on_unreadable_source() {
+    if state.config.on_unreadable_source == OnUnreadableSource::Fail {
         if let Some((source, reason)) = state.catalog().unreadable_sources.first() {
             anyhow::bail!(
                 "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
@@ -352,7 +364,7 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
         }
     });
     let drain = Duration::from_secs(state.config.shutdown_drain_secs);
-    let limits = state.config.connection_limits();
+    let limits = ConnectionLimits::from_config(&state.config);
     connections::serve(listener, app(state), limits, signals.received(), drain).await;
     rescans.abort();
     upkeep.abort();

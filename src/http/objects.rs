@@ -380,7 +380,7 @@ async fn component_bytes(
     let facts = model.facts(&object.name, &component.role);
     let ranged = headers.contains_key(header::RANGE);
     let span = tracing::Span::current();
-    let guard = match digest_check(state.config.verify_policy(), &facts, object, component, &stored, head, ranged) {
+    let guard = match digest_check(state.config.verify, &facts, object, component, &stored, head, ranged) {
         DigestCheck::Skipped => None,
         DigestCheck::Known(verdict) => {
             span.record("digest", if verdict.is_ok() { "verified" } else { "mismatch" });

@@ -5,6 +5,7 @@
 //! that ignores the condition. Endpoint, region, credentials and addressing come from the
 //! standard `AWS_*` variables, overridden by [`S3Options`].
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 
 use super::{ByteRange, Listed, Read, Storage, StorageError};
+use crate::config::Config;
 
 /// S3 error codes that no retry will cure: credentials, permissions or a missing bucket.
 /// `object_store` reports them (on listings, for instance) as generic errors carrying the
@@ -70,18 +72,30 @@ pub struct S3Storage {
     store: Arc<AmazonS3>,
 }
 
-/// Splits `s3://bucket/prefix` into the bucket and the prefix (possibly empty).
-pub fn parse_source(source: &str) -> Option<(String, String)> {
-    let rest = source.strip_prefix("s3://")?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    (!bucket.is_empty()).then(|| (bucket.to_owned(), prefix.trim_matches('/').to_owned()))
+impl S3Options {
+    /// The configured settings, else the `AWS_*` variables in `env` for the switches.
+    pub fn from_config(config: &Config, env: &BTreeMap<String, String>) -> S3Options {
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let env_true = |var: &str| env.get(var).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        S3Options {
+            endpoint: non_empty(&config.s3_endpoint),
+            region: non_empty(&config.s3_region),
+            allow_http: config.s3_allow_http || env_true("AWS_ALLOW_HTTP"),
+            virtual_hosted_style: config.s3_virtual_hosted_style || env_true("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"),
+            connect_timeout: Duration::from_secs(config.s3_connect_timeout_secs),
+            read_timeout: Duration::from_secs(config.s3_read_timeout_secs),
+            retries: config.s3_retries,
+            credentials: non_empty(&config.s3_access_key_id).zip(non_empty(&config.s3_secret_access_key)),
+        }
+    }
 }
 
 impl S3Storage {
-    /// A source for `s3://bucket/prefix`. Nothing is contacted yet.
-    pub fn new(source: &str, options: &S3Options) -> Result<S3Storage, StorageError> {
+    /// The source `name` (`s3://bucket/prefix`) over `prefix` of `bucket`. Nothing is
+    /// contacted yet.
+    pub fn new(name: &str, bucket: &str, prefix: &str, options: &S3Options) -> Result<S3Storage, StorageError> {
+        let source = name;
         let refused = |message: String| StorageError::Refused { source_name: source.to_owned(), message };
-        let (bucket, prefix) = parse_source(source).ok_or_else(|| refused("expected s3://bucket/prefix".into()))?;
         let client = ClientOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_read_timeout(options.read_timeout)
@@ -209,18 +223,5 @@ impl Storage for S3Storage {
             Ok(Read { size, range: served, bytes })
         }
         .boxed()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sources_name_a_bucket_and_an_optional_prefix() {
-        assert_eq!(parse_source("s3://models/prod/v1/"), Some(("models".into(), "prod/v1".into())));
-        assert_eq!(parse_source("s3://models"), Some(("models".into(), "".into())));
-        assert_eq!(parse_source("s3:///x"), None);
-        assert_eq!(parse_source("models"), None);
     }
 }

@@ -458,7 +458,8 @@ impl ModelSource {
 
     /// `base` serving this source (with the S3 server's endpoint and credentials).
     pub fn config(&self, base: ztserve::config::Config) -> ztserve::config::Config {
-        let mut config = ztserve::config::Config { sources: vec![self.name()], ..base };
+        let source = ztserve::config::SourceSpec::try_from(self.name()).expect("a valid source");
+        let mut config = ztserve::config::Config { sources: vec![source], ..base };
         if let ModelSource::S3 { server, .. } = self {
             config.s3_endpoint = server.endpoint.clone();
             config.s3_region = "us-east-1".into();
