@@ -20,19 +20,20 @@
 //!   size, header and idle timeouts); connections that send slices of mapped files with
 //!   `sendfile` instead of copying them (`zero_copy`).
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
-//! - [`cli`]: the `inspect`, `verify`, `cat` and `convert` subcommands over local files.
+//! - [`tools`]: the file tools over local files: `inspect`, `verify`, `cat`, `convert`,
+//!   `write-demo`, one module each.
 //! - [`pull`]: `ztserve pull`, the client side: a served model copied to a local file by
 //!   parallel ranged GETs bound to one ETag, journaled for resume, digest-checked, renamed into
 //!   place only when complete (rebuilt through `format::write::plan`, or `--raw`).
 
 pub mod api;
 pub mod catalog;
-pub mod cli;
 pub mod config;
 pub mod http;
 pub mod pull;
 pub mod storage;
 pub mod telemetry;
+pub mod tools;
 
 /// The byte layout, a crate of its own (`format/`) so the compiler keeps it pure.
 pub use ztserve_format as format;

@@ -9,10 +9,10 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use std::collections::BTreeMap;
 
-use ztserve::cli;
 use ztserve::config::Config;
 use ztserve::format::Limits;
 use ztserve::format::write::WriteOptions;
+use ztserve::tools;
 
 #[derive(Parser)]
 #[command(name = "ztserve", version, about = "Serve and inspect zTensor (.zt) files")]
@@ -221,7 +221,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { sources, listen, config, log_format } => serve(sources, listen, config, log_format),
         Command::WriteDemo { dir } => {
-            let written = cli::write_demo(&dir)?;
+            let written = tools::write_demo(&dir)?;
             for path in written {
                 eprintln!("wrote {}", path.display());
             }
@@ -262,19 +262,19 @@ fn run_file_command(command: Command) -> anyhow::Result<ExitCode> {
 fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<ExitCode> {
     let mut out: &mut (dyn Write + Send) = out;
     match command {
-        Command::Inspect { file, json, limits } => cli::inspect(&file, json, &limits.limits(), &mut out)?,
+        Command::Inspect { file, json, limits } => tools::inspect(&file, json, &limits.limits(), &mut out)?,
         Command::Verify { file, json, limits } => {
-            let valid = cli::verify(&file, json, &limits.limits(), &mut out)?;
+            let valid = tools::verify(&file, json, &limits.limits(), &mut out)?;
             return Ok(if valid { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         Command::Cat { file, object, component, limits } => {
-            cli::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
+            tools::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
         }
         Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } => unreachable!("handled by run"),
         Command::Convert { input, output, compress, digest } => {
             let options =
-                WriteOptions { zstd_level: cli::parse_compress(&compress)?, digest: cli::parse_digest(&digest)? };
-            let count = cli::convert(&input, &output, &options)?;
+                WriteOptions { zstd_level: tools::parse_compress(&compress)?, digest: tools::parse_digest(&digest)? };
+            let count = tools::convert(&input, &output, &options)?;
             writeln!(io::stderr(), "wrote {count} tensors to {}", output.display())?;
         }
     }

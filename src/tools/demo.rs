@@ -1,0 +1,155 @@
+//! `ztserve write-demo`: the demo models `serve` shows by default, written by our own writer.
+
+use std::path::Path;
+
+use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
+use crate::format::{DType, Value};
+
+/// Deterministic little-endian bytes of `n` values produced by `f`.
+fn le_bytes<T, const W: usize>(n: usize, f: impl Fn(usize) -> T, to_le: impl Fn(T) -> [u8; W]) -> Vec<u8> {
+    (0..n).flat_map(|i| to_le(f(i))).collect()
+}
+
+fn text_map(entries: &[(&str, Value)]) -> Value {
+    Value::Map(entries.iter().map(|(k, v)| (Value::Text((*k).to_owned()), v.clone())).collect())
+}
+
+/// `write-demo`: the demo models `serve` shows by default, written by our own writer. They
+/// cover every format, raw and zstd, both digests, file and object attributes, a logical type
+/// and names that need percent-encoding. Output is deterministic, so the committed files can
+/// be regenerated and compared.
+pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let demo = dir.join("demo");
+    std::fs::create_dir_all(&demo)?;
+    let half = |x: f32| -> [u8; 2] {
+        // f32 → f16 for values that f16 holds exactly (small multiples of 1/8).
+        let bits = x.to_bits();
+        let sign = ((bits >> 16) & 0x8000) as u16;
+        if x == 0.0 {
+            return sign.to_le_bytes();
+        }
+        let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+        let mantissa = ((bits >> 13) & 0x3ff) as u16;
+        (sign | ((exp as u16) << 10) | mantissa).to_le_bytes()
+    };
+    let sha = WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Sha256) };
+    let crc = WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Crc32c) };
+    let zstd = WriteOptions { zstd_level: Some(9), digest: Some(DigestAlgorithm::Sha256) };
+    let raw = WriteOptions::default();
+
+    let embed = le_bytes(64 * 32, |i| ((i % 97) as f32 - 48.0) / 16.0, f32::to_le_bytes);
+    let bias = le_bytes(32, |i| (i as f32 - 16.0) / 8.0, half);
+    let counts = le_bytes(4096, |i| (i / 64) as i64, i64::to_le_bytes);
+    let mask: Vec<u8> = (0..16).map(|i| u8::from(i % 3 == 0)).collect();
+    let scalar = 2.5f64.to_le_bytes().to_vec();
+    let bf16 = le_bytes(64, |i| ((i as f32 / 8.0).to_bits() >> 16) as u16, u16::to_le_bytes);
+    let fp8: Vec<u8> = (0..32).map(|i| (i * 7) as u8).collect();
+    let dense = |name: &'static str, shape: &'static [u64], dtype, logical_type, bytes: &'static [u8], attributes| {
+        ObjectInput {
+            name,
+            shape,
+            format: "dense",
+            attributes,
+            components: vec![ComponentInput { role: "data", dtype, logical_type, bytes }],
+        }
+    };
+    let leak = |v: Vec<u8>| -> &'static [u8] { v.leak() };
+    let layer_attributes = text_map(&[("layer", Value::Integer(0.into())), ("trainable", Value::Bool(true))]);
+    let mut writer = Writer::new(Vec::new())?;
+    for (object, options) in [
+        (dense("embed.weight", &[64, 32], DType::F32, None, leak(embed), None), sha),
+        (dense("layers.0.bias", &[32], DType::F16, None, leak(bias), Some(layer_attributes)), crc),
+        (dense("counts", &[4096], DType::I64, None, leak(counts), None), zstd),
+        (dense("mask", &[16], DType::Bool, None, leak(mask), None), raw),
+        (dense("scale", &[], DType::F64, None, leak(scalar), None), raw),
+        (dense("head.weight", &[8, 8], DType::BF16, None, leak(bf16), None), zstd),
+        (dense("fp8.weight", &[32], DType::U8, Some("f8_e4m3fn"), leak(fp8), None), crc),
+    ] {
+        writer.add(&object, &options)?;
+    }
+    let file_attributes = text_map(&[
+        ("description", Value::Text("ztserve demo: dense tensors of several dtypes, zstd, digests".into())),
+        ("license", Value::Text("Apache-2.0".into())),
+        ("written_by", Value::Text("ztserve write-demo".into())),
+    ]);
+    let dense_path = demo.join("dense.zt");
+    std::fs::write(&dense_path, writer.finish(Some(file_attributes))?)?;
+
+    let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let csr_values = le_bytes(6, |i| i as f32 + 1.0, f32::to_le_bytes);
+    let csr_indices = u64s(&[0, 3, 1, 7, 2, 5]);
+    let csr_indptr = u64s(&[0, 2, 2, 3, 3, 3, 4, 4, 6]);
+    let coo_values = le_bytes(3, |i| (i as i32 + 1) * 10, i32::to_le_bytes);
+    let coo_coords = u64s(&[0, 1, 3, 4, 0, 2, 5, 0, 1]);
+    let packed = le_bytes(64 * 64 / 8, |i| (i as u32).wrapping_mul(2_654_435_761) as i32, i32::to_le_bytes);
+    let scales = le_bytes(64 * 64 / 32, |i| (i % 8) as f32 / 8.0 + 0.125, half);
+    let zeros = le_bytes(64 * 64 / 32, |i| (i % 4) as f32, half);
+    let lut: Vec<u8> = (0..=255).collect();
+    let quant_attributes = text_map(&[
+        ("bits", Value::Integer(4.into())),
+        ("group_size", Value::Integer(32.into())),
+        ("packing", Value::Text("8_per_i32".into())),
+    ]);
+    let c = |role, dtype, bytes| ComponentInput { role, dtype, logical_type: None, bytes };
+    let mut writer = Writer::new(Vec::new())?;
+    let objects = [
+        (
+            ObjectInput {
+                name: "adjacency",
+                shape: &[8, 8],
+                format: "sparse_csr",
+                attributes: None,
+                components: vec![
+                    c("values", DType::F32, &csr_values),
+                    c("indices", DType::U64, &csr_indices),
+                    c("indptr", DType::U64, &csr_indptr),
+                ],
+            },
+            sha,
+        ),
+        (
+            ObjectInput {
+                name: "points",
+                shape: &[4, 5, 6],
+                format: "sparse_coo",
+                attributes: None,
+                components: vec![c("values", DType::I32, &coo_values), c("coords", DType::U64, &coo_coords)],
+            },
+            zstd,
+        ),
+        (
+            ObjectInput {
+                name: "layers.0.q_proj",
+                shape: &[64, 64],
+                format: "quantized_group",
+                attributes: Some(quant_attributes),
+                components: vec![
+                    c("packed_weight", DType::I32, &packed),
+                    c("scales", DType::F16, &scales),
+                    c("zeros", DType::F16, &zeros),
+                ],
+            },
+            crc,
+        ),
+        (
+            ObjectInput {
+                name: "vendor/lookup table ü %?#",
+                shape: &[256],
+                format: "x_vendor.lut",
+                attributes: None,
+                components: vec![c("table", DType::U8, &lut)],
+            },
+            raw,
+        ),
+    ];
+    for (object, options) in &objects {
+        writer.add(object, options)?;
+    }
+    let structured_path = demo.join("structured.zt");
+    let attributes = text_map(&[(
+        "description",
+        Value::Text("ztserve demo: sparse CSR and COO, quantized_group, a custom format".into()),
+    )]);
+    std::fs::write(&structured_path, writer.finish(Some(attributes))?)?;
+    Ok(vec![dense_path, structured_path])
+}

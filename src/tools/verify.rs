@@ -1,0 +1,41 @@
+//! `ztserve verify`: every rule, decode and digest of a file, reported as text or JSON.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::format::{self, Limits};
+use crate::storage::local::MappedFile;
+
+/// `verify`: returns whether the file is valid, after printing the report.
+pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
+    let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let report = format::verify::verify_file(&file, limits);
+    if as_json {
+        let errors: Vec<_> =
+            report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();
+        let body = json!({
+            "file": path.display().to_string(),
+            "valid": report.is_valid(),
+            "objects": report.objects,
+            "components": report.components,
+            "digests_checked": report.digests_checked,
+            "errors": errors,
+        });
+        serde_json::to_writer_pretty(&mut *out, &body)?;
+        writeln!(out)?;
+    } else if report.is_valid() {
+        writeln!(
+            out,
+            "valid: {} objects, {} components decoded, {} digests verified",
+            report.objects, report.components, report.digests_checked
+        )?;
+    } else {
+        for e in &report.errors {
+            writeln!(out, "invalid [{}]: {e}", e.code())?;
+        }
+    }
+    Ok(report.is_valid())
+}
