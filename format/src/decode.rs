@@ -12,7 +12,7 @@ use super::{ByteOrder, Component, Digest, Encoding, FormatError, Location, Resul
 
 /// How far one [`Decoder::decode`] call got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
+pub struct Step {
     /// Stored bytes taken from the input.
     pub consumed: usize,
     /// Decoded bytes written to the start of the output.
@@ -69,7 +69,7 @@ impl Decoder {
 
     /// Decodes from `input` into `output` (at least 16 bytes). Call again with the unconsumed
     /// input (or with none, to drain) until it writes nothing and consumes everything.
-    pub fn decode(&mut self, input: &[u8], output: &mut [u8]) -> Result<Progress> {
+    pub fn decode(&mut self, input: &[u8], output: &mut [u8]) -> Result<Step> {
         debug_assert!(output.len() >= 16, "output buffer too small for carrying an element");
         let carried = self.carry_len;
         output[..carried].copy_from_slice(&self.carry[..carried]);
@@ -121,7 +121,7 @@ impl Decoder {
                 whole
             }
         };
-        Ok(Progress { consumed, written: complete })
+        Ok(Step { consumed, written: complete })
     }
 
     /// Confirms that all input was a complete encoding of exactly the declared size.

@@ -104,7 +104,7 @@ impl<W: Write> Writer<W> {
         let facts: Vec<_> = object
             .components
             .iter()
-            .map(|c| ComponentFacts {
+            .map(|c| ComponentShape {
                 role: c.role,
                 dtype: c.dtype,
                 logical_type: c.logical_type,
@@ -223,7 +223,7 @@ pub fn plan(objects: &[StoredObject<'_>], attributes: Option<Value>) -> Result<P
         let facts: Vec<_> = object
             .components
             .iter()
-            .map(|c| ComponentFacts {
+            .map(|c| ComponentShape {
                 role: c.role,
                 dtype: c.dtype,
                 logical_type: c.logical_type,
@@ -307,7 +307,7 @@ struct ShapeCheck<'a> {
 }
 
 /// What the checks need to know of a component.
-struct ComponentFacts<'a> {
+struct ComponentShape<'a> {
     role: &'a str,
     dtype: DType,
     logical_type: Option<&'a str>,
@@ -315,7 +315,7 @@ struct ComponentFacts<'a> {
 }
 
 /// Refuses objects the reader would refuse, so this writer never produces a broken file.
-fn check_components(object: &ShapeCheck<'_>, components: &[ComponentFacts<'_>]) -> Result<(), WriteError> {
+fn check_components(object: &ShapeCheck<'_>, components: &[ComponentShape<'_>]) -> Result<(), WriteError> {
     let mut roles = HashSet::new();
     for component in components {
         if !roles.insert(component.role) {

@@ -298,7 +298,7 @@ fn record_failure(error: &DecodeError) {
 
 /// Where a shared decode stands, as readers see it.
 #[derive(Debug, Clone, Default)]
-struct Progress {
+struct SharedProgress {
     produced: u64,
     outcome: Option<Result<(), DecodeError>>,
 }
@@ -326,7 +326,7 @@ pub struct Decoded {
     /// Filled with the decoded bytes' SHA-256 once a decode completes.
     sha256: Arc<OnceLock<[u8; 32]>>,
     state: Mutex<State>,
-    progress: watch::Sender<Progress>,
+    progress: watch::Sender<SharedProgress>,
     /// Readers and decoders at work on this entry: while any is, the cache keeps it.
     holds: AtomicUsize,
     /// Set once the decoded bytes' digest is being computed.
@@ -387,7 +387,7 @@ impl Decoded {
             decoders,
             sha256,
             state: Mutex::new(state),
-            progress: watch::channel(Progress::default()).0,
+            progress: watch::channel(SharedProgress::default()).0,
             holds: AtomicUsize::new(0),
             hashing: std::sync::atomic::AtomicBool::new(false),
         }

@@ -109,9 +109,9 @@ impl Source {
     }
 }
 
-/// Where one model's bytes are.
+/// One stored file of a model, and where its bytes are.
 #[derive(Debug)]
-pub enum Location {
+pub enum StoredFile {
     Local {
         path: PathBuf,
         identity: FileIdentity,
@@ -131,7 +131,7 @@ pub struct Model {
     pub size: u64,
     /// What identifies this version of the object (a file's identity, an ETag).
     pub version: String,
-    pub location: Location,
+    pub file: StoredFile,
     pub state: Result<Arc<Manifest>, CatalogError>,
     /// The manifest rendered as JSON once, not per request.
     pub manifest_json: OnceLock<Rendered>,
@@ -167,7 +167,7 @@ impl Model {
         source: &Arc<Source>,
         size: u64,
         version: String,
-        location: Location,
+        file: StoredFile,
         state: Result<Arc<Manifest>, CatalogError>,
     ) -> Model {
         if let Err(e) = &state {
@@ -178,7 +178,7 @@ impl Model {
             source: Arc::clone(source),
             size,
             version,
-            location,
+            file,
             state,
             manifest_json: OnceLock::new(),
             content_checks: Mutex::new(HashMap::new()),
@@ -288,7 +288,7 @@ fn list_local(
         .into_iter()
         .map(|file| {
             let reused = previous.get(&file.id).filter(|m| {
-                matches!(&m.location, Location::Local { path, .. } if *path == file.path)
+                matches!(&m.file, StoredFile::Local { path, .. } if *path == file.path)
                     && m.still_valid_for(source, &version_of(&file.identity))
             });
             match reused {
@@ -324,7 +324,7 @@ async fn list_remote(
                 source.report_failure(e);
             }
             let (size, version) = (object.size, object.version.clone());
-            Arc::new(Model::new(&id, source, size, version, Location::Remote(object), state.map(Arc::new)))
+            Arc::new(Model::new(&id, source, size, version, StoredFile::Remote(object), state.map(Arc::new)))
         })
         .buffer_unordered(options.concurrent_reads.max(1))
         .collect()
@@ -390,8 +390,8 @@ fn load_local(id: &str, source: &Arc<Source>, path: &Path, limits: &Limits) -> M
             (state, identity)
         }
     };
-    let location = Location::Local { path: path.to_owned(), identity, mapping: OnceLock::new() };
-    Model::new(id, source, identity.size, version_of(&identity), location, state)
+    let file = StoredFile::Local { path: path.to_owned(), identity, mapping: OnceLock::new() };
+    Model::new(id, source, identity.size, version_of(&identity), file, state)
 }
 
 enum ReadError {

@@ -6,6 +6,7 @@
 //! `/readyz` stay open, `/metrics` is open unless `metrics_require_token` is set. A model
 //! outside a token's prefixes answers exactly as a model that does not exist.
 
+use crate::storage::scan::FileIdentity;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -100,14 +101,12 @@ fn parse_file(text: &str, path: &Path) -> Result<Vec<Grant>, TokenError> {
         .collect()
 }
 
-/// What identifies one version of the token file (a change to any of these re-reads it).
-type FileStamp = (u64, u64, u64, i128);
+/// What identifies one version of the token file (a change to any of it re-reads the file).
+type FileStamp = FileIdentity;
 
 fn stamp(path: &Path) -> std::io::Result<FileStamp> {
-    use std::os::unix::fs::MetadataExt as _;
     // `metadata` follows symlinks, so a Kubernetes secret's `..data` swap is seen as a change.
-    let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino(), m.len(), i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec())))
+    Ok(FileIdentity::of(&std::fs::metadata(path)?))
 }
 
 /// The tokens in force.

@@ -19,7 +19,7 @@ use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
 use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
 use crate::api;
 use crate::catalog::cache::Stored;
-use crate::catalog::{Location, Model, Rendered, Source};
+use crate::catalog::{Model, Rendered, Source, StoredFile};
 use crate::format::json::manifest_json;
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 
@@ -204,11 +204,11 @@ impl RangeSource for RemoteRange {
 /// the async runtime) and checked against the file's current length, so a file truncated in
 /// place is refused rather than read.
 pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ApiError> {
-    let (path, mapping) = match &model.location {
-        Location::Remote(object) => {
+    let (path, mapping) = match &model.file {
+        StoredFile::Remote(object) => {
             return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) });
         }
-        Location::Local { path, mapping, .. } => (path, mapping),
+        StoredFile::Local { path, mapping, .. } => (path, mapping),
     };
     let mapping = match mapping.get() {
         Some(mapping) => Arc::clone(mapping),

@@ -24,7 +24,7 @@ use sha2::Digest as _;
 
 use crate::format::decode::{Hasher, decode_component, verify_digest};
 use crate::format::write::{StoredComponent, StoredObject, plan};
-use crate::format::{self, ByteOrder, Container, Digest, Encoding, Limits, Manifest, V1_MAGIC};
+use crate::format::{self, Container, Digest, Encoding, Limits, Manifest, V1_MAGIC};
 use journal::{Identity, Journal};
 use remote::{Remote, RetryPolicy};
 
@@ -175,7 +175,8 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     let partial = Arc::new(partial);
     journal.describe(Arc::clone(&partial));
 
-    let progress = Progress::new(options.progress, layout.units.iter().map(|u| u.output.end - u.output.start).sum());
+    let progress =
+        ProgressDisplay::new(options.progress, layout.units.iter().map(|u| u.output.end - u.output.start).sum());
     let mut report = PullReport {
         output_len: layout.output_len,
         fetched: 0,
@@ -345,7 +346,7 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
                 .components
                 .iter()
                 .map(|c| {
-                    let swapped = needs_byte_swap(c);
+                    let swapped = c.needs_swap();
                     StoredComponent {
                         role: &c.role,
                         dtype: c.dtype,
@@ -365,7 +366,7 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
     let mut units = Vec::new();
     for (object, offsets) in chosen.iter().zip(&planned.offsets) {
         for (component, &offset) in object.components.iter().zip(offsets) {
-            let swapped = needs_byte_swap(component);
+            let swapped = component.needs_swap();
             let written = if swapped { component.decoded_length } else { component.stored_length };
             units.push(Unit {
                 label: label(object, component),
@@ -422,7 +423,7 @@ async fn copy_and_verify(
     mut pending: Vec<usize>,
     partial: &Arc<std::fs::File>,
     journal: &mut Journal,
-    progress: &Progress,
+    progress: &ProgressDisplay,
     options: &PullOptions,
     report: &mut PullReport,
 ) -> anyhow::Result<()> {
@@ -522,11 +523,6 @@ fn decode_blob(object: &str, component: &format::Component, stored: &[u8]) -> an
     Ok(decode_component(object, component, stored)?.into_owned())
 }
 
-/// Legacy big-endian data wider than a byte: 1.2 has no byte order, so it is rebuilt decoded.
-fn needs_byte_swap(component: &format::Component) -> bool {
-    component.byte_order == ByteOrder::Big && component.dtype.width() > 1
-}
-
 /// Whether a unit's bytes in the partial file match its digest (true when it has none).
 fn check_unit(partial: &std::fs::File, unit: &Unit) -> anyhow::Result<bool> {
     // A decoded unit's stored digest was checked before decoding (`decode_blob`).
@@ -544,7 +540,7 @@ fn check_unit(partial: &std::fs::File, unit: &Unit) -> anyhow::Result<bool> {
 }
 
 /// A bar on a terminal, a line every few seconds elsewhere, or nothing.
-struct Progress {
+struct ProgressDisplay {
     bar: Option<ProgressBar>,
     lines: Option<std::sync::Mutex<LineState>>,
     total: u64,
@@ -556,8 +552,8 @@ struct LineState {
     last: Instant,
 }
 
-impl Progress {
-    fn new(mode: ProgressMode, total: u64) -> Progress {
+impl ProgressDisplay {
+    fn new(mode: ProgressMode, total: u64) -> ProgressDisplay {
         let terminal = std::io::stderr().is_terminal();
         match mode {
             ProgressMode::Auto if terminal => {
@@ -568,17 +564,17 @@ impl Progress {
                     )
                     .expect("the template is valid"),
                 );
-                Progress { bar: Some(bar), lines: None, total }
+                ProgressDisplay { bar: Some(bar), lines: None, total }
             }
             ProgressMode::Auto | ProgressMode::Lines => {
                 let now = Instant::now();
-                Progress {
+                ProgressDisplay {
                     bar: None,
                     lines: Some(std::sync::Mutex::new(LineState { done: 0, started: now, last: now })),
                     total,
                 }
             }
-            ProgressMode::Quiet => Progress { bar: None, lines: None, total },
+            ProgressMode::Quiet => ProgressDisplay { bar: None, lines: None, total },
         }
     }
 
