@@ -237,8 +237,9 @@ impl Config {
         if self.sources.is_empty() {
             return Err(fail("sources", "at least one source directory is needed".into()));
         }
-        if self.manifest_suffix_bytes < 16 {
-            return Err(fail("manifest_suffix_bytes", "must be at least 16 (the trailer)".into()));
+        if self.manifest_suffix_bytes < crate::format::MAX_TRAILER_LEN {
+            let message = format!("must be at least {} (the longest trailer)", crate::format::MAX_TRAILER_LEN);
+            return Err(fail("manifest_suffix_bytes", message));
         }
         if self.s3_access_key_id.is_empty() != self.s3_secret_access_key.is_empty() {
             let key = if self.s3_access_key_id.is_empty() { "s3_access_key_id" } else { "s3_secret_access_key" };

@@ -4,9 +4,10 @@
 //! files. It does no IO and never touches async code, so the server, the CLI and the fuzzer all
 //! share exactly the same rules.
 //!
-//! Reading is split so that a remote reader can fetch only what it needs: [`Container::sniff`]
-//! on the first 8 bytes, [`manifest_span`] on the last 16, then [`parse_manifest`] on the
-//! manifest bytes. [`parse_file`] does all three over a whole file in memory.
+//! Reading is split so that a remote reader fetches only what it needs, whatever does the
+//! reading: [`ManifestReads`] names the header and tail reads, then the one read a large
+//! manifest may still need, and parses what they brought. [`parse_file`] does it all over a
+//! whole file in memory.
 
 mod cbor;
 pub mod decode;
@@ -402,7 +403,7 @@ impl Manifest {
 
 /// Finds the manifest from the file length and the file's last bytes (at least 16, or the
 /// whole file when shorter). Checks the footer magic, the size field and the size limit.
-pub fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &Limits) -> Result<Range<u64>> {
+fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &Limits) -> Result<Range<u64>> {
     if file_len < container.min_file_len() {
         return Err(FormatError::Truncated { len: file_len, min: container.min_file_len() });
     }
@@ -431,7 +432,7 @@ pub fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &
 }
 
 /// Decodes and structurally validates a manifest found at `span` in a file of `file_len` bytes.
-pub fn parse_manifest(
+fn parse_manifest(
     container: Container,
     bytes: &[u8],
     span: Range<u64>,
@@ -449,14 +450,120 @@ pub fn parse_manifest(
 
 /// Parses and validates a whole file held in memory (or mapped).
 pub fn parse_file(file: &[u8], limits: &Limits) -> Result<Manifest> {
-    let container = Container::sniff(file)?;
-    let file_len = file.len() as u64;
-    let tail = &file[file.len().saturating_sub(16)..];
-    let span = manifest_span(container, file_len, tail, limits)?;
-    parse_manifest(container, &file[span.start as usize..span.end as usize], span, file_len, limits)
+    let reads = ManifestReads::new(file.len() as u64, MAX_TRAILER_LEN);
+    let slice = |range: Range<u64>| &file[range.start as usize..range.end as usize];
+    let (head, tail) = (slice(reads.head()), slice(reads.tail()));
+    let located = reads.locate(head, tail, limits)?;
+    located.parse(tail, slice(located.missing.clone()), limits)
+}
+
+/// The longest trailer of any container: a tail this long always holds the manifest's size.
+pub const MAX_TRAILER_LEN: u64 = 16;
+
+/// The reads that find and parse a file's manifest, whoever makes them (a local `pread`, an
+/// S3 ranged GET, an HTTP range request): the header and the file's tail, read together, then
+/// at most one more read for the part of a large manifest the tail did not hold.
+#[derive(Debug, Clone)]
+pub struct ManifestReads {
+    file_len: u64,
+    tail: Range<u64>,
+}
+
+/// Where a manifest is, once the header and the tail have been read.
+#[derive(Debug, Clone)]
+pub struct Located {
+    pub container: Container,
+    /// The manifest's bytes in the file.
+    pub span: Range<u64>,
+    /// The manifest's bytes before the tail, still to be read (empty when the tail holds them).
+    pub missing: Range<u64>,
+    file_len: u64,
+    tail_start: u64,
+}
+
+impl ManifestReads {
+    /// Reads of a `file_len`-byte file whose tail read is `suffix` bytes (at least
+    /// [`MAX_TRAILER_LEN`], at most the file): a larger suffix often holds a whole manifest.
+    pub fn new(file_len: u64, suffix: u64) -> ManifestReads {
+        ManifestReads { file_len, tail: file_len - suffix.max(MAX_TRAILER_LEN).min(file_len)..file_len }
+    }
+
+    /// The first read: the container's magic.
+    pub fn head(&self) -> Range<u64> {
+        0..self.file_len.min(HEADER_LEN)
+    }
+
+    /// The read made with the first: the file's last bytes.
+    pub fn tail(&self) -> Range<u64> {
+        self.tail.clone()
+    }
+
+    /// Identifies the container from `head` and finds the manifest from the trailer at the end
+    /// of `tail` (checking the footer, the size field and the size limit).
+    pub fn locate(&self, head: &[u8], tail: &[u8], limits: &Limits) -> Result<Located> {
+        let container = Container::sniff(head)?;
+        let span = manifest_span(container, self.file_len, tail, limits)?;
+        let missing = span.start.min(self.tail.start)..self.tail.start.min(span.end);
+        Ok(Located { container, span, missing, file_len: self.file_len, tail_start: self.tail.start })
+    }
+}
+
+impl Located {
+    /// Decodes and validates the manifest from the `tail` read and the `missing` bytes.
+    pub fn parse(&self, tail: &[u8], missing: &[u8], limits: &Limits) -> Result<Manifest> {
+        let in_tail = |at: u64| (at.max(self.tail_start) - self.tail_start) as usize;
+        let from_tail = &tail[in_tail(self.span.start)..in_tail(self.span.end)];
+        if missing.is_empty() {
+            return parse_manifest(self.container, from_tail, self.span.clone(), self.file_len, limits);
+        }
+        let whole = [missing, from_tail].concat();
+        parse_manifest(self.container, &whole, self.span.clone(), self.file_len, limits)
+    }
 }
 
 /// Renders bytes for an error message: ASCII kept, everything else escaped.
 fn printable(bytes: &[u8]) -> String {
     bytes.escape_ascii().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
+
+    /// A 1.2 file of `objects` one-byte tensors: its manifest grows with the count.
+    fn file(objects: usize) -> Vec<u8> {
+        let names: Vec<String> = (0..objects).map(|i| format!("tensor.{i}")).collect();
+        let mut writer = Writer::new(Vec::new()).unwrap();
+        for name in &names {
+            let data = ComponentInput { role: "data", dtype: DType::U8, logical_type: None, bytes: &[7] };
+            let object = ObjectInput { name, shape: &[1], format: "dense", attributes: None, components: vec![data] };
+            writer.add(&object, &WriteOptions::default()).unwrap();
+        }
+        writer.finish(None).unwrap()
+    }
+
+    /// Drives the reads as a remote reader would, counting the bytes it fetched.
+    fn read(file: &[u8], suffix: u64) -> (Manifest, u64, bool) {
+        let reads = ManifestReads::new(file.len() as u64, suffix);
+        let slice = |range: Range<u64>| &file[range.start as usize..range.end as usize];
+        let located = reads.locate(slice(reads.head()), slice(reads.tail()), &Limits::default()).unwrap();
+        let fetched =
+            reads.head().end + (reads.tail().end - reads.tail().start) + located.missing.end - located.missing.start;
+        let manifest = located.parse(slice(reads.tail()), slice(located.missing.clone()), &Limits::default()).unwrap();
+        (manifest, fetched, located.missing.is_empty())
+    }
+
+    #[test]
+    fn a_manifest_is_found_with_a_second_read_only_when_the_tail_does_not_hold_it() {
+        let bytes = file(200);
+        let whole = parse_file(&bytes, &Limits::default()).unwrap();
+        for suffix in [0, 16, 100, 4096, 1 << 20] {
+            let (manifest, fetched, one_read) = read(&bytes, suffix);
+            assert_eq!(manifest, whole, "suffix {suffix}");
+            let span_len = whole.manifest_span.end - whole.manifest_span.start;
+            assert_eq!(one_read, suffix.max(MAX_TRAILER_LEN) >= span_len + 16, "suffix {suffix}");
+            assert!(fetched <= HEADER_LEN + suffix.max(MAX_TRAILER_LEN).min(bytes.len() as u64) + span_len);
+        }
+    }
 }

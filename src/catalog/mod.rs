@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::StreamExt as _;
 
-use crate::format::{self, Container, FormatError, Limits, Manifest};
+use crate::format::{FormatError, Limits, MAX_TRAILER_LEN, Manifest, ManifestReads};
 use crate::storage::local::{MappedFile, version_of};
 use crate::storage::scan::{FileIdentity, scan_local};
 use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
@@ -336,30 +336,20 @@ async fn list_remote(
 /// trailer and, when it fits, the manifest; a second read fetches the rest of a larger one.
 /// The 8-byte header is read alongside the suffix (or taken from it, for a small object).
 async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> Result<Manifest, CatalogError> {
-    let size = object.size;
-    let tail_start = size - options.manifest_suffix_bytes.max(16).min(size);
-    let (head, tail) = if tail_start == 0 {
-        let whole = object.fetch(0..size, "manifest").await?;
-        (whole.slice(..whole.len().min(8)), whole)
+    let reads = ManifestReads::new(object.size, options.manifest_suffix_bytes);
+    let (head, tail) = if reads.tail().start == 0 {
+        let whole = object.fetch(reads.tail(), "manifest").await?;
+        (whole.slice(..reads.head().end as usize), whole)
     } else {
         let (head, tail) =
-            futures_util::future::join(object.fetch(0..8, "manifest"), object.fetch(tail_start..size, "manifest"))
+            futures_util::future::join(object.fetch(reads.head(), "manifest"), object.fetch(reads.tail(), "manifest"))
                 .await;
         (head?, tail?)
     };
-    let container = Container::sniff(&head)?;
-    let span = format::manifest_span(container, size, &tail, &options.limits)?;
-    let manifest = if span.start >= tail_start {
-        tail.slice((span.start - tail_start) as usize..(span.end - tail_start) as usize)
-    } else {
-        let rest = object.fetch(span.start..tail_start, "manifest").await?;
-        let mut whole = Vec::with_capacity((span.end - span.start) as usize);
-        whole.extend_from_slice(&rest);
-        whole.extend_from_slice(&tail[..(span.end - tail_start) as usize]);
-        bytes::Bytes::from(whole)
-    };
+    let located = reads.locate(&head, &tail, &options.limits)?;
+    let missing = object.fetch(located.missing.clone(), "manifest").await?;
     let limits = options.limits;
-    tokio::task::spawn_blocking(move || format::parse_manifest(container, &manifest, span, size, &limits))
+    tokio::task::spawn_blocking(move || located.parse(&tail, &missing, &limits))
         .await
         .map_err(|e| {
             CatalogError::Storage(StorageError::Unavailable {
@@ -414,18 +404,17 @@ impl From<std::io::Error> for ReadError {
 /// Reads the header, the trailer and the manifest: three reads, never the component bytes.
 /// Returns the manifest and the bytes read.
 fn read_manifest(file: &File, len: u64, limits: &Limits) -> Result<(Manifest, u64), ReadError> {
-    let mut head = [0u8; 8];
-    let head_len = len.min(8) as usize;
-    file.read_exact_at(&mut head[..head_len], 0)?;
-    let container = Container::sniff(&head[..head_len])?;
-    let tail_len = len.min(16);
-    let mut tail = [0u8; 16];
-    file.read_exact_at(&mut tail[..tail_len as usize], len - tail_len)?;
-    let span = format::manifest_span(container, len, &tail[..tail_len as usize], limits)?;
-    let mut manifest = vec![0u8; (span.end - span.start) as usize];
-    file.read_exact_at(&mut manifest, span.start)?;
-    let read = head_len as u64 + tail_len + manifest.len() as u64;
-    Ok((format::parse_manifest(container, &manifest, span, len, limits)?, read))
+    let reads = ManifestReads::new(len, MAX_TRAILER_LEN);
+    let read = |range: std::ops::Range<u64>| -> std::io::Result<Vec<u8>> {
+        let mut bytes = vec![0u8; (range.end - range.start) as usize];
+        file.read_exact_at(&mut bytes, range.start)?;
+        Ok(bytes)
+    };
+    let (head, tail) = (read(reads.head())?, read(reads.tail())?);
+    let located = reads.locate(&head, &tail, limits)?;
+    let missing = read(located.missing.clone())?;
+    let total = (head.len() + tail.len() + missing.len()) as u64;
+    Ok((located.parse(&tail, &missing, limits)?, total))
 }
 
 #[cfg(test)]

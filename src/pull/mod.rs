@@ -24,7 +24,7 @@ use sha2::Digest as _;
 
 use crate::format::decode::{Hasher, decode_component, verify_digest};
 use crate::format::write::{StoredComponent, StoredObject, plan};
-use crate::format::{self, Container, Digest, Encoding, Limits, Manifest, V1_MAGIC};
+use crate::format::{self, Digest, Encoding, HEADER_LEN, Limits, MAX_TRAILER_LEN, Manifest, ManifestReads, V1_MAGIC};
 use journal::{Identity, Journal};
 use remote::{Remote, RetryPolicy};
 
@@ -241,19 +241,17 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
 
 /// The file's ETag, length and parsed manifest, from three small ranged GETs.
 async fn fetch_manifest(remote: &Remote, limits: &Limits) -> anyhow::Result<(String, u64, Manifest)> {
-    let probe = remote.probe(V1_MAGIC.len() as u64).await?;
-    let container = Container::sniff(&probe.head).with_context(|| format!("{} is not a .zt file", remote.url()))?;
-    let tail_start = probe.len.saturating_sub(container.trailer_len());
-    let tail = if tail_start < probe.len {
-        remote.range(tail_start..probe.len, &probe.etag).await?
-    } else {
-        Default::default()
+    let probe = remote.probe(HEADER_LEN).await?;
+    let reads = ManifestReads::new(probe.len, MAX_TRAILER_LEN);
+    let etag = probe.etag.as_str();
+    let fetch = |range: std::ops::Range<u64>| async move {
+        if range.is_empty() { Ok(Default::default()) } else { remote.range(range, etag).await }
     };
-    let span = format::manifest_span(container, probe.len, &tail, limits)
-        .with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
-    let bytes = remote.range(span.clone(), &probe.etag).await?;
-    let manifest = format::parse_manifest(container, &bytes, span, probe.len, limits)
-        .with_context(|| format!("{} is not a valid .zt file", remote.url()))?;
+    let tail = fetch(reads.tail()).await?;
+    let invalid = || format!("{} is not a valid .zt file", remote.url());
+    let located = reads.locate(&probe.head, &tail, limits).with_context(invalid)?;
+    let missing = fetch(located.missing.clone()).await?;
+    let manifest = located.parse(&tail, &missing, limits).with_context(invalid)?;
     Ok((probe.etag, probe.len, manifest))
 }
 
