@@ -10,10 +10,12 @@
 //!   read, or memory-mapped) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget.
 //! - [`catalog`]: the sources and their health, which models exist under them, their parsed
-//!   manifests (cached by file identity or ETag), broken files, what is learnt per component
-//!   (digest verdicts), and the bounded cache of shared decodes (from bytes read with `pread`
-//!   or streamed from S3; never loaded from a mapping, so a file truncated in place cannot
-//!   raise SIGBUS).
+//!   manifests (cached by file identity or ETag), broken files, and what is learnt per
+//!   component (digest verdicts).
+//! - [`decode`]: shared, cached decoding of components not stored verbatim, one concern per
+//!   file (stored-byte sources read with `pread` or streamed from S3, never loaded from a
+//!   mapping, so a file truncated in place cannot raise SIGBUS; the decode cursor; the shared
+//!   decode; private decodes; the cache bounded in bytes).
 //! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content
 //!   negotiation, digest policy, streaming bodies, errors, metrics per request; bearer-token
 //!   access control (`auth`); the connection loop and its limits (`connections`: count, head
@@ -29,6 +31,7 @@
 pub mod api;
 pub mod catalog;
 pub mod config;
+pub mod decode;
 pub mod http;
 pub mod pull;
 pub mod storage;

@@ -5,8 +5,6 @@
 //! reason, and never stops the others from serving. A source that cannot be listed keeps the
 //! models it had, and is reported degraded until it answers again.
 
-pub mod cache;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -30,9 +30,9 @@ use tower_http::trace::TraceLayer;
 pub use error::ApiError;
 
 use crate::api::routes;
-use crate::catalog::cache::DecodeCache;
 use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, OnUnreadableSource, SourceSpec};
+use crate::decode::DecodeCache;
 use crate::format::Limits;
 use crate::storage::Readahead;
 use crate::storage::s3::{S3Options, S3Storage};

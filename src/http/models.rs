@@ -18,8 +18,8 @@ use super::range::if_none_match_matches;
 use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
 use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
 use crate::api;
-use crate::catalog::cache::Stored;
 use crate::catalog::{Model, Rendered, Source, StoredFile};
+use crate::decode::Stored;
 use crate::format::json::manifest_json;
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 

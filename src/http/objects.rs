@@ -18,9 +18,9 @@ use super::models::{ModelBytes, etag, model_bytes, model_version, storage_failed
 use super::respond::{ByteStream, ExtraHeaders, RangeSource, Representation, bytes_response, guard};
 use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
 use crate::api;
-use crate::catalog::cache::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
+use crate::decode::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::format::json::object_json;
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
 use crate::telemetry::names;

@@ -1,0 +1,335 @@
+//! The shared decode of one component: every reader waits only for the chunks it needs, the
+//! decoder goes no further than the furthest byte anyone asked for and parks there, and the
+//! decoded bytes' SHA-256 is computed once the entry is complete and idle.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use sha2::Digest as _;
+use tokio::sync::{Semaphore, watch};
+
+use super::DecodeError;
+use super::cursor::{BLOCK, Cursor, Stop, record_failure};
+use super::source::{Input, Stored};
+use crate::format::{Component, FormatError};
+
+/// Where a shared decode stands, as readers see it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SharedProgress {
+    pub(super) produced: u64,
+    pub(super) outcome: Option<Result<(), DecodeError>>,
+}
+
+pub(super) struct State {
+    pub(super) chunks: Vec<Bytes>,
+    /// Decoded offset where each chunk ends.
+    pub(super) ends: Vec<u64>,
+    pub(super) produced: u64,
+    /// The furthest byte any reader asked for.
+    pub(super) wanted: u64,
+    pub(super) running: bool,
+    pub(super) paused: Option<(Cursor, Input)>,
+    pub(super) outcome: Option<Result<(), DecodeError>>,
+}
+
+/// The shared decode of one component: decoded chunks so far, and the decoder that continues
+/// when a reader needs more.
+pub struct Decoded {
+    pub(super) object: String,
+    pub(super) component: Component,
+    pub(super) stored: Stored,
+    pub(super) len: u64,
+    pub(super) decoders: Arc<Semaphore>,
+    /// Filled with the decoded bytes' SHA-256 once a decode completes.
+    pub(super) sha256: Arc<OnceLock<[u8; 32]>>,
+    pub(super) state: Mutex<State>,
+    pub(super) progress: watch::Sender<SharedProgress>,
+    /// Readers and decoders at work on this entry: while any is, the cache keeps it.
+    pub(super) holds: AtomicUsize,
+    /// Set once the decoded bytes' digest is being computed.
+    pub(super) hashing: std::sync::atomic::AtomicBool,
+}
+
+/// A reader's or a decoder's hold on an entry. The cache never evicts an entry that is held,
+/// so the bytes someone is reading stay counted in the cache's bound. A hold is let go as soon
+/// as its work is done (a reader's before its last piece is sent, a decoder's before it
+/// announces the end), so a client that has all its bytes never finds the entry still held.
+pub struct Hold(Arc<Decoded>);
+
+impl Hold {
+    pub(super) fn new(entry: &Arc<Decoded>) -> Hold {
+        entry.holds.fetch_add(1, Ordering::SeqCst);
+        Hold(Arc::clone(entry))
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.0.holds.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.hash_when_idle();
+        }
+    }
+}
+
+impl std::ops::Deref for Hold {
+    type Target = Arc<Decoded>;
+    fn deref(&self) -> &Arc<Decoded> {
+        &self.0
+    }
+}
+
+impl Decoded {
+    /// A decode of `component` (of `object`) from its `stored` bytes, not yet started.
+    pub fn new(
+        object: &str,
+        component: &Component,
+        stored: Stored,
+        decoders: Arc<Semaphore>,
+        sha256: Arc<OnceLock<[u8; 32]>>,
+    ) -> Decoded {
+        let state = State {
+            chunks: Vec::new(),
+            ends: Vec::new(),
+            produced: 0,
+            wanted: 0,
+            running: false,
+            paused: None,
+            outcome: None,
+        };
+        Decoded {
+            object: object.to_owned(),
+            component: component.clone(),
+            stored,
+            len: component.decoded_length,
+            decoders,
+            sha256,
+            state: Mutex::new(state),
+            progress: watch::channel(SharedProgress::default()).0,
+            holds: AtomicUsize::new(0),
+            hashing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("decode state lock is never poisoned")
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(super) fn failed(&self) -> bool {
+        matches!(self.lock().outcome, Some(Err(_)))
+    }
+
+    /// Whether the bytes up to `end` are decoded and can be served without decoding.
+    pub fn covers(&self, end: u64) -> bool {
+        let state = self.lock();
+        if end < self.len { state.produced >= end } else { matches!(state.outcome, Some(Ok(()))) }
+    }
+
+    /// Makes sure the decoder runs until byte `end` (to the proved end of the encoding when
+    /// `end` is the length). Must be called within the tokio runtime, by a holder.
+    pub(super) fn want(self: &Arc<Self>, end: u64) {
+        let mut state = self.lock();
+        state.wanted = state.wanted.max(end);
+        let more = state.produced < state.wanted || (state.wanted == self.len && state.outcome.is_none());
+        if state.running || state.outcome.is_some() || !more {
+            return;
+        }
+        state.running = true;
+        drop(state);
+        tokio::spawn(Arc::clone(self).drive(Hold::new(self)));
+    }
+
+    /// Runs the decoder until the furthest wanted byte, then parks it. Decoding happens on
+    /// blocking threads under a decoder permit; waiting for remote stored bytes happens here,
+    /// holding no permit, so a slow store never keeps a decoder from other components. Once
+    /// the last byte is decoded it goes on to the proved end of the encoding, so the entry
+    /// never rests with every byte decoded and no outcome.
+    async fn drive(self: Arc<Self>, hold: Hold) {
+        let paused = self.lock().paused.take();
+        let (mut cursor, mut input) = match paused {
+            Some(paused) => paused,
+            None => match Cursor::new(&self.object, &self.component, BLOCK) {
+                Ok(cursor) => (cursor, Input::new(&self.stored)),
+                Err(e) => return self.finish(Err(e.into())),
+            },
+        };
+        loop {
+            if input.starved() {
+                if let Err(e) = input.fill(&self.stored).await {
+                    return self.finish(Err(e.into()));
+                }
+            }
+            let permit =
+                Arc::clone(&self.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
+            let entry = Arc::clone(&self);
+            let stepped = tokio::task::spawn_blocking(move || {
+                let stop = entry.decode_until_stop(&mut cursor, &mut input);
+                (cursor, input, stop)
+            })
+            .await;
+            drop(permit);
+            let stop = match stepped {
+                Ok((returned_cursor, returned_input, stop)) => {
+                    (cursor, input) = (returned_cursor, returned_input);
+                    stop
+                }
+                Err(e) => return self.finish(Err(DecodeError::Aborted(e.to_string()))),
+            };
+            match stop {
+                Ok(None) => {
+                    // Parked under the lock `want` checks, so a new want restarts it.
+                    let mut state = self.lock();
+                    if state.produced >= state.wanted && state.produced < self.len {
+                        input.park();
+                        state.paused = Some((cursor, input));
+                        state.running = false;
+                        return;
+                    }
+                }
+                Ok(Some(Stop::Starved | Stop::Full)) => {}
+                Ok(Some(Stop::Done)) => {
+                    // Let go before announcing the end, so no reader can finish first and find
+                    // the entry still held; then hash if the readers are already gone.
+                    drop(hold);
+                    self.finish(Ok(()));
+                    tracing::debug!(object = %self.object, component = %self.component.role, "decoded to the end");
+                    if self.holds.load(Ordering::SeqCst) == 0 {
+                        self.hash_when_idle();
+                    }
+                    return;
+                }
+                Err(e) => return self.finish(Err(e.into())),
+            }
+        }
+    }
+
+    /// Decodes and publishes chunk after chunk until nobody wants more (`None`), the input
+    /// runs dry, or the encoding ends.
+    pub(super) fn decode_until_stop(
+        &self,
+        cursor: &mut Cursor,
+        input: &mut Input,
+    ) -> Result<Option<Stop>, FormatError> {
+        let span =
+            tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
+        let _entered = span.enter();
+        loop {
+            {
+                let state = self.lock();
+                if state.produced >= state.wanted && state.produced < self.len {
+                    return Ok(None);
+                }
+            }
+            let (piece, stop) = cursor.next_piece(input, self.len)?;
+            if !piece.is_empty() {
+                let mut state = self.lock();
+                state.produced += piece.len() as u64;
+                let end = state.produced;
+                state.ends.push(end);
+                state.chunks.push(piece);
+                drop(state);
+                self.progress.send_modify(|p| p.produced = end);
+            }
+            if stop != Stop::Full {
+                return Ok(Some(stop));
+            }
+        }
+    }
+
+    /// Once a complete entry is idle (nobody reading it), computes the decoded bytes' SHA-256
+    /// for `Repr-Digest`, under a decoder permit. Not while anyone reads: on a busy machine the
+    /// hash would compete with the responses for the CPU, and it serves only later requests.
+    pub(super) fn hash_when_idle(&self) {
+        let complete = matches!(self.lock().outcome, Some(Ok(())));
+        if !complete || self.sha256.get().is_some() || self.hashing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let chunks = self.lock().chunks.clone();
+        let (decoders, sha256) = (Arc::clone(&self.decoders), Arc::clone(&self.sha256));
+        runtime.spawn(async move {
+            let Ok(permit) = decoders.acquire_owned().await else { return };
+            let _ = tokio::task::spawn_blocking(move || {
+                let mut hasher = sha2::Sha256::new();
+                for chunk in &chunks {
+                    hasher.update(chunk);
+                }
+                let _ = sha256.set(hasher.finalize().into());
+                drop(permit);
+            })
+            .await;
+        });
+    }
+
+    /// Publishes the outcome; a failed entry drops its bytes.
+    pub(super) fn finish(&self, outcome: Result<(), DecodeError>) {
+        if let Err(e) = &outcome {
+            record_failure(e);
+        }
+        let mut state = self.lock();
+        state.running = false;
+        state.paused = None;
+        if outcome.is_err() {
+            state.chunks.clear();
+        }
+        state.outcome = Some(outcome.clone());
+        drop(state);
+        self.progress.send_modify(|p| p.outcome = Some(outcome));
+    }
+
+    /// The decoded bytes of `range`, as they are decoded, for the holder of `hold`. The piece
+    /// holding the component's last byte is released only once the whole encoding is proved
+    /// valid.
+    pub fn stream(hold: Hold, range: Range<u64>) -> impl Stream<Item = Result<Bytes, DecodeError>> + Send + 'static {
+        hold.want(range.end);
+        let progress = hold.progress.subscribe();
+        let len = hold.len;
+        let end = range.end;
+        futures_util::stream::unfold((Some(hold), progress, range.start), move |(hold, mut progress, at)| async move {
+            let hold = hold.filter(|_| at < end)?;
+            let seen = progress
+                .wait_for(|p| {
+                    matches!(p.outcome, Some(Err(_))) || (p.produced > at && (p.produced < len || p.outcome.is_some()))
+                })
+                .await
+                .map(|p| p.outcome.clone());
+            let failure = match seen {
+                Ok(Some(Err(e))) => Some(e),
+                Err(_) => Some(DecodeError::Aborted("decoder gone".into())),
+                Ok(_) => None,
+            };
+            let piece = {
+                let state = hold.lock();
+                match (failure.as_ref(), &state.outcome) {
+                    (Some(e), _) | (None, Some(Err(e))) => Err(e.clone()),
+                    _ => {
+                        let index = state.ends.partition_point(|&e| e <= at);
+                        let chunk = &state.chunks[index];
+                        let chunk_start = state.ends[index] - chunk.len() as u64;
+                        let piece_end = end.min(state.ends[index]);
+                        Ok(chunk.slice((at - chunk_start) as usize..(piece_end - chunk_start) as usize))
+                    }
+                }
+            };
+            match piece {
+                Err(e) => Some((Err(e), (None, progress, end))),
+                Ok(piece) => {
+                    let next = at + piece.len() as u64;
+                    // The hold goes with the last piece, before the client can have it.
+                    let hold = (next < end).then_some(hold);
+                    Some((Ok(piece), (hold, progress, next)))
+                }
+            }
+        })
+    }
+}

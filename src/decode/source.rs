@@ -1,0 +1,146 @@
+//! Where a component's stored bytes come from ([`Stored`]: memory, a local file read with
+//! `pread`, a remote object version), and a decoder's input over them, which holds only the
+//! piece in hand.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Buf as _, Bytes};
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt as _, TryStreamExt as _};
+
+use crate::storage::{ObjectVersion, StorageError};
+
+/// Where a component's stored bytes come from.
+#[derive(Debug, Clone)]
+pub enum Stored {
+    /// All of them in memory. Never a slice of a file's mapping: see [`Stored::File`].
+    Whole(Bytes),
+    /// `range` of an open local file (`key` of `source_name`), copied out with `pread` as it
+    /// is consumed, never loaded from the file's mapping, so a file truncated in place fails
+    /// the read instead of raising SIGBUS (see `storage::local::MappedFile::open`).
+    File { file: Arc<std::fs::File>, source_name: String, key: String, range: Range<u64> },
+    /// `range` of an object version, read as the decoder consumes it.
+    Remote { object: ObjectVersion, range: Range<u64> },
+}
+
+impl Stored {
+    pub fn len(&self) -> u64 {
+        match self {
+            Stored::Whole(bytes) => bytes.len() as u64,
+            Stored::File { range, .. } | Stored::Remote { range, .. } => range.end - range.start,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The stored bytes from offset `from` on, as they are read (for `purpose` in metrics).
+    /// A read that ends early is an error, never a short success.
+    pub fn stream(&self, from: u64, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
+        match self {
+            Stored::Whole(bytes) => {
+                let rest = bytes.slice((from as usize).min(bytes.len())..);
+                futures_util::stream::iter((!rest.is_empty()).then_some(Ok(rest))).boxed()
+            }
+            Stored::File { file, source_name, key, range } => {
+                crate::storage::local::pread_stream(Arc::clone(file), range.start + from..range.end, source_name, key)
+                    .inspect_ok(move |piece| crate::storage::record_bytes("local", purpose, piece.len() as u64))
+                    .boxed()
+            }
+            Stored::Remote { object, range } => object.stream(range.start + from..range.end, purpose),
+        }
+    }
+
+    /// The source named in errors about these bytes.
+    pub(super) fn source_name(&self) -> &str {
+        match self {
+            Stored::Whole(_) => "memory",
+            Stored::File { source_name, .. } => source_name,
+            Stored::Remote { object, .. } => object.storage.name(),
+        }
+    }
+}
+
+/// A decoder's input: stored bytes received and not yet consumed, and the read that brings
+/// more. Nothing ahead of the decoder is kept beyond the piece in hand, so decoding a
+/// remote component holds one network piece, not the component.
+pub(super) struct Input {
+    pub(super) pieces: VecDeque<Bytes>,
+    /// Stored bytes received so far, from the component's start.
+    pub(super) received: u64,
+    pub(super) total: u64,
+    pub(super) reading: Option<BoxStream<'static, Result<Bytes, StorageError>>>,
+}
+
+impl Input {
+    pub(super) fn new(stored: &Stored) -> Input {
+        match stored {
+            Stored::Whole(bytes) => Input {
+                pieces: VecDeque::from([bytes.clone()]),
+                received: bytes.len() as u64,
+                total: bytes.len() as u64,
+                reading: None,
+            },
+            Stored::File { .. } | Stored::Remote { .. } => Input { total: stored.len(), ..Input::empty() },
+        }
+    }
+
+    /// No input at all (a decode that has ended).
+    pub(super) fn empty() -> Input {
+        Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None }
+    }
+
+    /// Whether more stored bytes must arrive before the decoder can go on.
+    pub(super) fn starved(&self) -> bool {
+        self.pieces.is_empty() && self.received < self.total
+    }
+
+    /// Waits for the next piece, opening a read from where the input stands when none is open.
+    pub(super) async fn fill(&mut self, stored: &Stored) -> Result<(), StorageError> {
+        if matches!(stored, Stored::Whole(_)) {
+            return Ok(());
+        }
+        let reading = self.reading.get_or_insert_with(|| stored.stream(self.received, "decode"));
+        match reading.next().await {
+            Some(Ok(piece)) => {
+                self.received += piece.len() as u64;
+                self.pieces.push_back(piece);
+                Ok(())
+            }
+            Some(Err(e)) => {
+                self.reading = None;
+                Err(e)
+            }
+            None => {
+                self.reading = None;
+                Err(StorageError::Unavailable {
+                    source_name: stored.source_name().to_owned(),
+                    message: "the read of a component's stored bytes ended early".into(),
+                })
+            }
+        }
+    }
+
+    /// Closes the read while the decoder is parked; it reopens where it stopped.
+    pub(super) fn park(&mut self) {
+        self.reading = None;
+    }
+
+    pub(super) fn front(&self) -> &[u8] {
+        self.pieces.front().map_or(&[], |piece| &piece[..])
+    }
+
+    pub(super) fn consume(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let front = self.pieces.front_mut().expect("consumed bytes came from the front piece");
+        front.advance(n);
+        if front.is_empty() {
+            self.pieces.pop_front();
+        }
+    }
+}
