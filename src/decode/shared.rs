@@ -51,6 +51,9 @@ pub struct Decoded {
     pub(super) holds: AtomicUsize,
     /// Set once the decoded bytes' digest is being computed.
     pub(super) hashing: std::sync::atomic::AtomicBool,
+    /// Decoders started from the component's first stored byte: one per entry, however many
+    /// readers come and however often it parks.
+    pub(super) starts: AtomicUsize,
 }
 
 /// A reader's or a decoder's hold on an entry. The cache never evicts an entry that is held,
@@ -110,6 +113,7 @@ impl Decoded {
             progress: watch::channel(SharedProgress::default()).0,
             holds: AtomicUsize::new(0),
             hashing: std::sync::atomic::AtomicBool::new(false),
+            starts: AtomicUsize::new(0),
         }
     }
 
@@ -159,7 +163,11 @@ impl Decoded {
         let (mut cursor, mut input) = match paused {
             Some(paused) => paused,
             None => match Cursor::new(&self.object, &self.component, BLOCK) {
-                Ok(cursor) => (cursor, Input::new(&self.stored)),
+                Ok(cursor) => {
+                    let starts = self.starts.fetch_add(1, Ordering::SeqCst) + 1;
+                    tracing::debug!(object = %self.object, component = %self.component.role, starts, "decoder started");
+                    (cursor, Input::new(&self.stored))
+                }
                 Err(e) => return self.finish(Err(e.into())),
             },
         };
@@ -331,5 +339,120 @@ impl Decoded {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use futures_util::TryStreamExt as _;
+
+    use super::*;
+    use crate::decode::{ComponentKey, DecodeCache, stream_private};
+    use crate::format::{ByteOrder, DType, Encoding};
+
+    /// Compressible bytes and their zstd frame, as a component stored in memory.
+    fn packed(len: usize) -> (Vec<u8>, Component, Stored) {
+        let data: Vec<u8> = (0..len).map(|i| ((i / 7) % 251) as u8 ^ (i % 3) as u8).collect();
+        let frame = zstd::encode_all(&data[..], 3).unwrap();
+        let component = Component {
+            role: "data".into(),
+            dtype: DType::U8,
+            logical_type: None,
+            offset: 0,
+            stored_length: frame.len() as u64,
+            encoding: Encoding::Zstd,
+            decoded_length: len as u64,
+            digest: None,
+            byte_order: ByteOrder::Little,
+        };
+        (data, component, Stored::Whole(Bytes::from(frame)))
+    }
+
+    fn key() -> ComponentKey {
+        ComponentKey { model: "m".into(), version: "v".into(), object: "w".into(), role: "data".into() }
+    }
+
+    fn shared(cache: &DecodeCache, component: &Component, stored: &Stored) -> Hold {
+        cache
+            .entry(&key(), component.decoded_length, |decoders| {
+                Decoded::new("w", component, stored.clone(), decoders, Arc::default())
+            })
+            .expect("the cache holds it")
+    }
+
+    async fn read(hold: Hold, range: Range<u64>) -> Result<Vec<u8>, DecodeError> {
+        let pieces: Vec<Bytes> = Decoded::stream(hold, range).try_collect().await?;
+        Ok(pieces.concat())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_readers_share_one_decoder() {
+        let (data, component, stored) = packed(3 << 20);
+        let cache = DecodeCache::new(64 << 20, 2);
+        let ranges = [0..data.len() as u64, 1000..2_000_000, (2 << 20)..(3 << 20), 0..1];
+        let readers: Vec<_> =
+            ranges.iter().map(|range| tokio::spawn(read(shared(&cache, &component, &stored), range.clone()))).collect();
+        for (reader, range) in readers.into_iter().zip(&ranges) {
+            let bytes = reader.await.unwrap().unwrap();
+            assert!(bytes == data[range.start as usize..range.end as usize], "{range:?}");
+        }
+        let entry = shared(&cache, &component, &stored);
+        assert_eq!(entry.starts.load(Ordering::SeqCst), 1, "one decoder for every reader");
+        assert!(entry.covers(data.len() as u64));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_decoder_parks_at_the_furthest_byte_wanted_and_resumes_there_for_a_later_reader() {
+        let (data, component, stored) = packed(8 << 20);
+        let cache = DecodeCache::new(64 << 20, 2);
+        let first = read(shared(&cache, &component, &stored), 0..100).await.unwrap();
+        assert_eq!(first, data[..100]);
+        let entry = shared(&cache, &component, &stored);
+        // Parked: a little past the byte wanted, far from the end.
+        assert!(entry.covers(100) && !entry.covers(4 << 20), "the decoder ran on past what was wanted");
+        let tail = read(entry, (7 << 20)..(8 << 20)).await.unwrap();
+        assert!(tail == data[7 << 20..], "the resumed decode delivered other bytes");
+        let entry = shared(&cache, &component, &stored);
+        assert_eq!(entry.starts.load(Ordering::SeqCst), 1, "resumed, not started again");
+        assert!(entry.covers(8 << 20));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_truncated_frame_fails_every_reader_and_a_later_request_decodes_afresh() {
+        let (_, component, stored) = packed(1 << 20);
+        let Stored::Whole(frame) = &stored else { unreachable!() };
+        // A frame cut short: zstd frames carry no checksum here, so a flipped byte could
+        // decode to other bytes, but a missing end is always found.
+        let broken = Stored::Whole(frame.slice(..frame.len() - 64));
+        let cache = DecodeCache::new(64 << 20, 2);
+        let (a, b) = tokio::join!(
+            read(shared(&cache, &component, &broken), 0..(1 << 20)),
+            read(shared(&cache, &component, &broken), 0..(1 << 20))
+        );
+        let failed = |r: &Result<Vec<u8>, DecodeError>| matches!(r, Err(DecodeError::Invalid(_)));
+        assert!(failed(&a) && failed(&b), "a reader was served bytes of a truncated frame");
+        assert_eq!(cache.held(), 1 << 20, "the failed entry is still counted until replaced");
+        let retried = shared(&cache, &component, &stored);
+        assert_eq!(retried.starts.load(Ordering::SeqCst), 0, "a failed entry is replaced, not reused");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_component_the_cache_cannot_hold_is_decoded_privately_for_each_range() {
+        let (data, component, stored) = packed(2 << 20);
+        let cache = DecodeCache::new(1 << 20, 1);
+        let make = |decoders| Decoded::new("w", &component, stored.clone(), decoders, Arc::default());
+        assert!(cache.entry(&key(), component.decoded_length, make).is_none(), "larger than the cache");
+        for range in [0..(2 << 20), 5..6, (1 << 20)..(2 << 20), 300_000..1_700_000] {
+            let decoders = Arc::clone(cache.decoders());
+            let pieces: Vec<Bytes> =
+                stream_private("w".into(), component.clone(), stored.clone(), range.clone(), decoders)
+                    .try_collect()
+                    .await
+                    .unwrap();
+            assert!(pieces.iter().all(|p| p.len() <= crate::decode::CHUNK), "one chunk at a time");
+            assert!(pieces.concat() == data[range.start as usize..range.end as usize], "{range:?}");
+        }
+        assert_eq!(cache.held(), 0);
     }
 }
