@@ -1,6 +1,7 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files.
 //!
-//! Module map (data flows one way, each layer knows only the one below it):
+//! Module map. Layers run one way, http -> service -> {catalog, decode} -> storage -> format,
+//! with `api`, `config` and `telemetry` beside them; no module imports one above it.
 //! - [`api`]: what server and clients share: route templates, URL builders (percent-encoded
 //!   segments), `X-Zt-*` header names.
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
@@ -16,11 +17,14 @@
 //!   file (stored-byte sources read with `pread` or streamed from S3, never loaded from a
 //!   mapping, so a file truncated in place cannot raise SIGBUS; the decode cursor; the shared
 //!   decode; private decodes; the cache bounded in bytes).
-//! - [`http`]: the HTTP contract (axum): routes, ranges, conditional requests, content
-//!   negotiation, digest policy, streaming bodies, errors, metrics per request; bearer-token
-//!   access control (`auth`); the connection loop and its limits (`connections`: count, head
-//!   size, header and idle timeouts); connections that send slices of mapped files with
-//!   `sendfile` instead of copying them (`zero_copy`).
+//! - [`service`]: the domain between the catalog and the wire protocols: sources, the catalog
+//!   swap and rescans, model lookup, a model's bytes and versions, the digest policy, content
+//!   checks, decoder admission, and the typed representations requests get.
+//! - [`http`]: the HTTP contract (axum) over the service: routes, ranges, conditional
+//!   requests, content negotiation, streaming bodies, errors (the only place statuses are
+//!   chosen), metrics per request; bearer-token access control (`auth`); the connection loop
+//!   and its limits (`connections`: count, head size, header and idle timeouts); connections
+//!   that send slices of mapped files with `sendfile` instead of copying them (`zero_copy`).
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`tools`]: the file tools over local files: `inspect`, `verify`, `cat`, `convert`,
 //!   `write-demo`, one module each.
@@ -34,6 +38,7 @@ pub mod config;
 pub mod decode;
 pub mod http;
 pub mod pull;
+pub mod service;
 pub mod storage;
 pub mod telemetry;
 pub mod tools;

@@ -64,11 +64,11 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
     assert_eq!(list["models"][2]["objects"], 1500);
 
     // Unchanged objects are not read again; a replaced one is, once.
-    state.rescan().await;
-    state.rescan().await;
+    state.service.rescan().await;
+    state.service.rescan().await;
     assert_eq!(s3_reads("manifest"), 6.0, "nothing re-read while ETags are unchanged");
     source.put("small.zt", &model(&[("w", DType::U8, &payload[..2000], false)])).await;
-    state.rescan().await;
+    state.service.rescan().await;
     assert_eq!(s3_reads("manifest"), 7.0);
     let body = ask(&address, "/models/small/objects/w", &[]).await.body;
     assert_eq!(body, payload[..2000]);
@@ -152,7 +152,7 @@ async fn a_stopped_s3_answers_503_with_retry_after_readyz_degrades_and_service_r
     assert_eq!(ready["sources"][1]["status"], "ok");
     assert!(get("/models/here/objects/raw").await.body == raw, "the local source keeps serving");
     // A rescan while S3 is down keeps the S3 models listed.
-    state.rescan().await;
+    state.service.rescan().await;
     assert_eq!(get("/models").await.json()["models"].as_array().unwrap().len(), 2);
 
     // S3 comes back (moto keeps nothing, so the same bytes are uploaded again: same ETag).
@@ -265,7 +265,7 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     eprintln!("received {} of {} bytes", body.len(), old.len());
 
     // After a rescan the new version is served.
-    state.rescan().await;
+    state.service.rescan().await;
     let reply = ask(&address, "/models/m/objects/raw", &[("range", "bytes=0-99")]).await;
     assert_eq!(reply.status, 206, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.body, new[..100]);

@@ -7,6 +7,7 @@ use serde_json::json;
 
 use crate::catalog::CatalogError;
 use crate::format::FormatError;
+use crate::service::ServiceError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -46,9 +47,25 @@ pub enum ApiError {
     Storage { model: String, source: crate::storage::StorageError },
     #[error("internal error: {0}")]
     Internal(String),
-    /// A body already under way was cut short (it is never rendered: headers are gone).
-    #[error("response body aborted: {0}")]
-    BodyAborted(String),
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(error: ServiceError) -> ApiError {
+        match error {
+            ServiceError::NotReady => ApiError::NotReady,
+            ServiceError::ModelNotFound(model) => ApiError::ModelNotFound(model),
+            ServiceError::ObjectNotFound { model, object } => ApiError::ObjectNotFound { model, object },
+            ServiceError::ComponentNotFound { model, object, role, available } => {
+                ApiError::ComponentNotFound { model, object, role, available }
+            }
+            ServiceError::BrokenModel { model, source } => ApiError::BrokenModel { model, source },
+            ServiceError::InvalidComponent { model, source } => ApiError::InvalidComponent { model, source },
+            ServiceError::DecodersBusy => ApiError::DecodersBusy,
+            ServiceError::ChangedOnDisk { model } => ApiError::ChangedOnDisk { model },
+            ServiceError::Storage { model, source } => ApiError::Storage { model, source },
+            ServiceError::Internal(reason) => ApiError::Internal(reason),
+        }
+    }
 }
 
 impl ApiError {
@@ -72,7 +89,7 @@ impl ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "changed_in_source")
             }
             ApiError::Storage { .. } => (StatusCode::SERVICE_UNAVAILABLE, "source_unavailable"),
-            ApiError::Internal(_) | ApiError::BodyAborted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The HTTP contract of ARCHITECTURE.md over the catalog: the router and its layers (tracing,
-//! timeout, concurrency limit, panic catching, bearer tokens), the shared state, the rescan
-//! loop, signals and graceful shutdown. `app(state)` is the test seam.
+//! The HTTP contract of ARCHITECTURE.md over the service: the router and its layers (tracing,
+//! timeout, concurrency limit, panic catching, bearer tokens), the shared state (the service
+//! and the tokens), signals and graceful shutdown. Handlers extract typed paths, ask the
+//! service, evaluate ranges and conditionals, and set headers. `app(state)` is the test seam.
 
 pub mod auth;
 mod connections;
@@ -13,8 +14,7 @@ pub mod range;
 mod respond;
 mod zero_copy;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -30,139 +30,36 @@ use tower_http::trace::TraceLayer;
 pub use error::ApiError;
 
 use crate::api::routes;
-use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
-use crate::config::{Config, OnUnreadableSource, SourceSpec};
-use crate::decode::DecodeCache;
-use crate::format::Limits;
-use crate::storage::Readahead;
-use crate::storage::s3::{S3Options, S3Storage};
+use crate::catalog::Model;
+use crate::config::{Config, OnUnreadableSource};
+use crate::service::{Service, ServiceError};
 use crate::telemetry::names;
 
-/// What every handler shares.
+/// What every handler shares: the domain, and the bearer tokens the HTTP layer checks.
 pub struct AppState {
-    pub config: Config,
-    /// Shared decodes of components that are not stored verbatim.
-    pub cache: DecodeCache,
-    /// The configured sources, in order, with their health.
-    pub sources: Vec<Arc<Source>>,
-    /// How long raw reads from remote sources are split, and the memory they may hold.
-    pub readahead: Readahead,
+    pub service: Arc<Service>,
     /// The bearer tokens accepted, if any are required.
     pub tokens: Arc<auth::Tokens>,
-    catalog: RwLock<Arc<Catalog>>,
-    /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
-    /// older listing last.
-    rescanning: tokio::sync::Mutex<()>,
-    ready: AtomicBool,
 }
 
 impl AppState {
-    /// A state with an empty catalog, not yet ready. S3 sources are set up (from the config
-    /// and the `AWS_*` environment) but not contacted.
+    /// A state over a new [`Service`] (empty catalog, not yet ready).
     pub fn new(config: Config) -> anyhow::Result<Arc<AppState>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
-        let env: std::collections::BTreeMap<String, String> =
-            std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
-        let s3 = S3Options::from_config(&config, &env);
-        let mut sources = Vec::new();
-        for spec in &config.sources {
-            let name = spec.to_string();
-            let backend = match spec {
-                SourceSpec::S3 { bucket, prefix } => {
-                    Backend::Remote(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?))
-                }
-                SourceSpec::Local(path) => Backend::Local(path.clone()),
-            };
-            sources.push(Source::new(&name, backend));
-        }
         let tokens = Arc::new(auth::Tokens::new(&config.tokens, &config.token_file)?);
-        let decoders = match config.max_concurrent_decodes {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
-            n => n,
-        };
-        let cache = DecodeCache::new(config.decode_cache_bytes, decoders);
-        let readahead = Readahead {
-            chunk: config.s3_range_chunk_bytes,
-            concurrency: config.s3_range_concurrency,
-            budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(config.s3_readahead_bytes / 1024)
-                    .unwrap_or(usize::MAX)
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
-        };
-        Ok(Arc::new(AppState {
-            config,
-            cache,
-            sources,
-            readahead,
-            tokens,
-            catalog: RwLock::new(Arc::new(Catalog::default())),
-            rescanning: tokio::sync::Mutex::new(()),
-            ready: AtomicBool::new(false),
-        }))
+        Ok(Arc::new(AppState { service: Service::new(config)?, tokens }))
     }
 
-    /// The current catalog snapshot.
-    pub fn catalog(&self) -> Arc<Catalog> {
-        Arc::clone(&self.catalog.read().expect("catalog lock is never poisoned"))
-    }
-
-    /// Rescans every source and swaps in the new catalog; the first completed rescan makes
-    /// the service ready.
-    pub async fn rescan(self: &Arc<Self>) {
-        let _one_at_a_time = self.rescanning.lock().await;
-        let state = Arc::clone(self);
-        let previous = self.catalog();
-        let options = ScanOptions {
-            limits: Limits {
-                max_manifest_bytes: self.config.max_manifest_bytes,
-                max_decoded_bytes: self.config.max_decoded_bytes,
-                ..Limits::default()
-            },
-            manifest_suffix_bytes: self.config.manifest_suffix_bytes,
-            concurrent_reads: self.config.scan_concurrency,
-        };
-        // In its own task, so a panic in a scan is contained like one in a handler.
-        let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;
-        match built {
-            Ok(catalog) => {
-                for (source, reason) in &catalog.unreadable_sources {
-                    tracing::warn!(source, reason, "source cannot be scanned");
-                }
-                let total = catalog.models().count();
-                let broken = catalog.models().filter(|m| m.state.is_err()).count();
-                tracing::debug!(models = total, broken, "catalog rescanned");
-                metrics::gauge!(names::MODELS, "status" => "ok").set((total - broken) as f64);
-                metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
-                // Decoded bytes of files that changed or went away are never served again.
-                self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
-                *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
-                self.ready.store(true, Ordering::Release);
-            }
-            Err(e) => tracing::error!(error = %e, "rescan task failed"),
-        }
-    }
-
-    /// Rescans on the configured interval, forever.
-    pub async fn rescan_forever(self: Arc<Self>) {
-        let mut interval = tokio::time::interval(Duration::from_secs(self.config.rescan_interval_secs));
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            self.rescan().await;
-        }
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+    pub fn config(&self) -> &Config {
+        &self.service.config
     }
 }
 
 /// The router with every route and layer.
 pub fn app(state: Arc<AppState>) -> Router {
-    let timeout = state.config.request_timeout_secs;
-    let concurrency = state.config.max_concurrent_requests;
+    let timeout = state.config().request_timeout_secs;
+    let concurrency = state.config().max_concurrent_requests;
     let router = Router::new()
         .route(routes::HEALTHZ, get(ops::healthz))
         .route(routes::READYZ, get(ops::readyz))
@@ -313,17 +210,10 @@ pub(crate) fn ready_model(
     id: &str,
 ) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
     tracing::Span::current().record("model", id);
-    if !state.is_ready() {
-        return Err(ApiError::NotReady);
+    if state.service.is_ready() && !access.allows(id) {
+        return Err(ServiceError::ModelNotFound(id.to_owned()).into());
     }
-    let catalog = state.catalog();
-    let model =
-        catalog.get(id).filter(|_| access.allows(id)).cloned().ok_or_else(|| ApiError::ModelNotFound(id.to_owned()))?;
-    let manifest = match &model.state {
-        Ok(manifest) => Arc::clone(manifest),
-        Err(e) => return Err(ApiError::BrokenModel { model: id.to_owned(), source: e.clone().into() }),
-    };
-    Ok((model, manifest))
+    Ok(state.service.model(id)?)
 }
 
 pub(crate) fn header_value(text: &str) -> HeaderValue {
@@ -332,10 +222,10 @@ pub(crate) fn header_value(text: &str) -> HeaderValue {
 
 /// Serves until SIGTERM or SIGINT, then gives in-flight requests the drain time to finish.
 pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
-    let addr = state.config.listen;
+    let addr = state.config().listen;
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    tracing::info!(address = %listener.local_addr()?, sources = ?state.config.sources, "listening");
+    tracing::info!(address = %listener.local_addr()?, sources = ?state.config().sources, "listening");
     serve_on(listener, state).await
 }
 
@@ -345,15 +235,15 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     // action, and SIGTERM would kill the process outright rather than drain it. (Installing it
     // when the shutdown future was first polled left a window after the first answers.)
     let signals = ShutdownSignals::install()?;
-    state.rescan().await;
-    if state.config.on_unreadable_source == OnUnreadableSource::Fail {
-        if let Some((source, reason)) = state.catalog().unreadable_sources.first() {
+    state.service.rescan().await;
+    if state.config().on_unreadable_source == OnUnreadableSource::Fail {
+        if let Some((source, reason)) = state.service.catalog().unreadable_sources.first() {
             anyhow::bail!(
                 "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
             );
         }
     }
-    let rescans = tokio::spawn(Arc::clone(&state).rescan_forever());
+    let rescans = tokio::spawn(Arc::clone(&state.service).rescan_forever());
     let token_file = tokio::spawn(Arc::clone(&state.tokens).watch());
     let upkeep = tokio::spawn(async {
         // Folds recorded histogram samples into their buckets, so they do not pile up between scrapes.
@@ -363,8 +253,8 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
             crate::telemetry::metrics().run_upkeep();
         }
     });
-    let drain = Duration::from_secs(state.config.shutdown_drain_secs);
-    let limits = ConnectionLimits::from_config(&state.config);
+    let drain = Duration::from_secs(state.config().shutdown_drain_secs);
+    let limits = ConnectionLimits::from_config(state.config());
     connections::serve(listener, app(state), limits, signals.received(), drain).await;
     rescans.abort();
     upkeep.abort();

@@ -1,37 +1,31 @@
-//! Model routes (the list, one model's manifest as JSON, the stored file itself) and where a model's
-//! bytes are read from for a response: its file's mapping, or its listed S3 object version.
+//! Model routes: the list, one model's manifest as JSON (rendered once per model version,
+//! with an ETag), and the stored file itself with ranges.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use axum::extract::{RawPathParams, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use bytes::Bytes;
-use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
 use super::auth::Access;
-use super::objects::add_urls;
 use super::range::if_none_match_matches;
-use super::respond::{ByteStream, RangeSource, Representation, bytes_response};
+use super::respond::{Representation, bytes_response};
 use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
 use crate::api;
-use crate::catalog::{Model, Rendered, Source, StoredFile};
-use crate::decode::Stored;
-use crate::format::json::manifest_json;
-use crate::storage::{ObjectVersion, Readahead, StorageError};
+use crate::catalog::Model;
+use crate::service::{self, ServiceError};
 
 /// `GET /models`: every model the request may read, with its status.
 pub async fn list(
     State(state): State<Arc<AppState>>,
     Extension(access): Extension<Access>,
 ) -> Result<Json<Value>, ApiError> {
-    if !state.is_ready() {
-        return Err(ApiError::NotReady);
+    if !state.service.is_ready() {
+        return Err(ServiceError::NotReady.into());
     }
-    let catalog = state.catalog();
+    let catalog = state.service.catalog();
     let models: Vec<Value> = catalog
         .models()
         .filter(|m| access.allows(&m.id))
@@ -58,6 +52,11 @@ pub async fn list(
     Ok(Json(json!({ "models": models })))
 }
 
+/// `X-Zt-Model-Version` of `model`, on every response drawn from it.
+pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
+    (HeaderName::from_static(api::headers::MODEL_VERSION), header_value(&service::model_version(model)))
+}
+
 /// `GET /models/{m}`: the manifest with each component's URL, rendered once per manifest.
 pub async fn manifest(
     State(state): State<Arc<AppState>>,
@@ -68,18 +67,7 @@ pub async fn manifest(
     answer((|| {
         let params = path_params(params)?;
         let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-        let rendered = model.manifest_json.get_or_init(|| {
-            let mut doc = manifest_json(&manifest);
-            doc["id"] = json!(model.id);
-            if let Some(objects) = doc["objects"].as_array_mut() {
-                for (object, rendered) in manifest.objects.iter().zip(objects) {
-                    add_urls(rendered, &model.id, object);
-                }
-            }
-            let body = serde_json::to_vec(&doc).expect("JSON values serialize");
-            let digest = <sha2::Sha256 as sha2::Digest>::digest(&body);
-            Rendered { etag: format!("\"{}\"", hex::encode(&digest[..16])), body: sendable(body) }
-        });
+        let rendered = service::rendered_manifest(&model, &manifest);
         let etag = (header::ETAG, header_value(&rendered.etag));
         let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
         if if_none_match_matches(if_none_match, &rendered.etag) {
@@ -91,177 +79,6 @@ pub async fn manifest(
         )
             .into_response())
     })())
-}
-
-/// A body rendered once and sent many times (a large manifest's JSON): kept in a temporary
-/// file, so each response sends it with `sendfile` instead of copying it (at 32 connections
-/// a 432 KiB manifest went from 0.74x nginx's requests/s to above 1x: bench/results/latest.md).
-/// Small bodies, and any when no temporary file can be written, stay ordinary heap bytes.
-fn sendable(body: Vec<u8>) -> Bytes {
-    const WORTH_A_FILE: usize = 64 << 10;
-    if body.len() < WORTH_A_FILE {
-        return Bytes::from(body);
-    }
-    match crate::storage::local::MappedFile::temporary(&body) {
-        Ok(file) => Bytes::from_owner(file),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot keep a rendered body in a temporary file; it will be copied per response");
-            Bytes::from(body)
-        }
-    }
-}
-
-/// Where a model's stored bytes are read from for one response.
-pub(crate) enum ModelBytes {
-    /// The whole file, mapped (for sending only; see [`Stored::File`]), and the open file
-    /// behind the mapping, which the server's own reads go through.
-    Mapped { bytes: Bytes, file: Arc<std::fs::File>, source_name: String, key: String },
-    /// The object version listed: every read of the response is bound to it.
-    Remote { object: ObjectVersion, source: Arc<Source> },
-}
-
-impl ModelBytes {
-    /// The stored bytes at `range` of the file, for decoding or hashing.
-    pub(crate) fn stored(&self, range: Range<u64>) -> Stored {
-        match self {
-            ModelBytes::Mapped { file, source_name, key, .. } => {
-                Stored::File { file: Arc::clone(file), source_name: source_name.clone(), key: key.clone(), range }
-            }
-            ModelBytes::Remote { object, .. } => Stored::Remote { object: object.clone(), range },
-        }
-    }
-
-    /// The bytes at `range` of the file, served as they are.
-    pub(crate) fn served(&self, state: &AppState, model: &str, range: Range<u64>) -> Arc<dyn RangeSource> {
-        match self {
-            ModelBytes::Mapped { bytes, .. } => Arc::new(bytes.slice(range.start as usize..range.end as usize)),
-            ModelBytes::Remote { object, source } => Arc::new(RemoteRange {
-                object: object.clone(),
-                source: Arc::clone(source),
-                model: model.to_owned(),
-                start: range.start,
-                len: range.end - range.start,
-                readahead: state.readahead.clone(),
-            }),
-        }
-    }
-
-    /// Every byte of `range`, in one buffer (for content checks, which need whole components).
-    pub(crate) async fn fetch(&self, source: &Source, model: &str, range: Range<u64>) -> Result<Bytes, ApiError> {
-        let fetched = crate::storage::collect(self.stored(range).stream(0, "check")).await;
-        storage_outcome(source, model, fetched)
-    }
-}
-
-/// Records a remote read's outcome on its source's health and turns a failure into the
-/// response's error.
-pub(crate) fn storage_outcome<T>(
-    source: &Source,
-    model: &str,
-    outcome: Result<T, StorageError>,
-) -> Result<T, ApiError> {
-    match outcome {
-        Ok(value) => {
-            source.report_success();
-            Ok(value)
-        }
-        Err(e) => Err(storage_failed(source, model, e)),
-    }
-}
-
-/// Records a remote read's failure on its source's health, as the response's error.
-pub(crate) fn storage_failed(source: &Source, model: &str, error: StorageError) -> ApiError {
-    source.report_failure(&error);
-    ApiError::Storage { model: model.to_owned(), source: error }
-}
-
-/// Raw bytes of a remote object, read with ranged GETs (split and run in parallel when long).
-struct RemoteRange {
-    object: ObjectVersion,
-    source: Arc<Source>,
-    model: String,
-    start: u64,
-    len: u64,
-    readahead: Readahead,
-}
-
-impl RangeSource for RemoteRange {
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn open(&self, range: Range<u64>) -> ByteStream {
-        let (source, model) = (Arc::clone(&self.source), self.model.clone());
-        let at = self.start + range.start..self.start + range.end;
-        self.object
-            .read_ahead(at, &self.readahead, "serve")
-            .map(move |piece| storage_outcome(&source, &model, piece))
-            .boxed()
-    }
-}
-
-/// The model's stored bytes for one response. A local file is mapped once per model (off
-/// the async runtime) and checked against the file's current length, so a file truncated in
-/// place is refused rather than read.
-pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ApiError> {
-    let (path, mapping) = match &model.file {
-        StoredFile::Remote(object) => {
-            return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) });
-        }
-        StoredFile::Local { path, mapping, .. } => (path, mapping),
-    };
-    let mapping = match mapping.get() {
-        Some(mapping) => Arc::clone(mapping),
-        None => {
-            let path = path.clone();
-            let mapped = tokio::task::spawn_blocking(move || crate::storage::local::MappedFile::open(&path))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))?
-                .map_err(|_| ApiError::ChangedOnDisk { model: model.id.clone() })?;
-            Arc::clone(mapping.get_or_init(|| Arc::new(mapped)))
-        }
-    };
-    let current = mapping.current_len().map_err(|_| ApiError::ChangedOnDisk { model: model.id.clone() })?;
-    if mapping.len() as u64 != expected_len || current < expected_len {
-        return Err(ApiError::ChangedOnDisk { model: model.id.clone() });
-    }
-    let file = Arc::clone(mapping.file());
-    let key = path.strip_prefix(&*model.source.name).unwrap_or(path).display().to_string();
-    Ok(ModelBytes::Mapped {
-        bytes: Bytes::from_owner(ArcBytes(mapping)),
-        file,
-        source_name: model.source.name.clone(),
-        key,
-    })
-}
-
-/// Lets `Bytes` share ownership of a mapping.
-struct ArcBytes(Arc<crate::storage::local::MappedFile>);
-
-impl AsRef<[u8]> for ArcBytes {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-/// A strong ETag for the stored object's version, plus a discriminator for what part of it
-/// is served.
-pub(crate) fn etag(model: &Model, part: &str) -> String {
-    use sha2::Digest;
-    let mut hasher = sha2::Sha256::new();
-    hasher.update(model.version.as_bytes());
-    hasher.update([0]);
-    hasher.update(part.as_bytes());
-    format!("\"{:x}-{}\"", model.size, hex::encode(&hasher.finalize()[..12]))
-}
-
-/// `X-Zt-Model-Version`: the stored file's ETag, on every response drawn from a model (its
-/// manifest, objects, components and file). Each part has an ETag of its own, so a client
-/// that reads a model in many requests compares this header instead, to know that every
-/// piece came from one version of the file and none from a replacement.
-pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
-    let version = HeaderValue::from_str(&etag(model, "file")).expect("an ETag is a valid header value");
-    (HeaderName::from_static(api::headers::MODEL_VERSION), version)
 }
 
 /// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.
@@ -276,15 +93,16 @@ pub async fn file(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-            let bytes = model_bytes(&model, manifest.file_len).await?;
+            let stored = state.service.stored_file(&model, &manifest).await?;
             let representation = Representation {
-                source: bytes.served(&state, &model.id, 0..manifest.file_len),
-                etag: etag(&model, "file"),
+                source: stored.source,
+                etag: stored.etag,
                 content_type: "application/octet-stream",
                 headers: vec![model_version(&model)],
                 guard: None,
             };
-            bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config.max_ranges).await
+            bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config().max_ranges)
+                .await
         }
         .await,
     )

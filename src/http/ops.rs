@@ -19,12 +19,13 @@ pub async fn healthz() -> Json<Value> {
 /// every source answers, 200 `degraded` when some do not (their models answer 503 while the
 /// others serve), 503 `unavailable` when none does.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
-    if !state.is_ready() {
+    if !state.service.is_ready() {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "starting" })));
     }
-    let catalog = state.catalog();
+    let catalog = state.service.catalog();
     let broken = catalog.models().filter(|m| m.state.is_err()).count();
     let sources: Vec<Value> = state
+        .service
         .sources
         .iter()
         .map(|source| {

@@ -5,7 +5,6 @@
 //! fails at once answers a clean error; a later failure, or a failed [`Guard`], aborts the
 //! body before its last byte so it never ends cleanly.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,50 +12,15 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, Shared};
-use futures_util::stream::{self, BoxStream};
-use futures_util::{FutureExt as _, StreamExt as _};
+use futures_util::StreamExt as _;
+use futures_util::stream::{self};
 
 use super::error::ApiError;
 use super::range::{RangeDecision, evaluate, if_none_match_matches, if_range_allows};
+use crate::service::{ByteStream, Guard, RangeSource, ServiceError};
 
 /// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
 pub type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
-
-/// Bytes of a representation as a stream of pieces.
-pub type ByteStream = BoxStream<'static, Result<Bytes, ApiError>>;
-
-/// A check running while a body streams (a digest over the stored bytes): the body's last
-/// piece is held back until it passes.
-pub type Guard = Shared<BoxFuture<'static, Result<(), String>>>;
-
-/// Where a representation's bytes come from.
-pub trait RangeSource: Send + Sync + 'static {
-    fn len(&self) -> u64;
-    /// The bytes of `range` (within `0..len`). Called only when a body is sent, never for
-    /// HEAD or 304, so opening may start work such as decoding.
-    fn open(&self, range: Range<u64>) -> ByteStream;
-}
-
-/// Largest piece a byte slice is sent in: pieces let a guard hold back only the end of a
-/// body, and are large enough that hyper writes each with one system call.
-const SLICE_PIECE: usize = 4 << 20;
-
-/// Bytes already in memory or mapped: served by reference, in pieces.
-impl RangeSource for Bytes {
-    fn len(&self) -> u64 {
-        Bytes::len(self) as u64
-    }
-
-    fn open(&self, range: Range<u64>) -> ByteStream {
-        let bytes = self.slice(range.start as usize..range.end as usize);
-        crate::storage::local::record_mapped("serve", bytes.len() as u64);
-        let pieces = (0..bytes.len())
-            .step_by(SLICE_PIECE)
-            .map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
-        stream::iter(pieces).boxed()
-    }
-}
 
 /// One representation of a resource and how to answer for it.
 pub struct Representation {
@@ -84,7 +48,7 @@ fn boundary() -> String {
 async fn primed(mut body: ByteStream) -> Result<ByteStream, ApiError> {
     match body.next().await {
         None => Ok(stream::empty().boxed()),
-        Some(Err(e)) => Err(e),
+        Some(Err(e)) => Err(e.into()),
         Some(Ok(first)) => Ok(stream::once(async { Ok(first) }).chain(body).boxed()),
     }
 }
@@ -114,7 +78,7 @@ fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
                     if let Some(guard) = s.guard.take() {
                         if let Err(reason) = guard.await {
                             s.held = None;
-                            return Some((Err(ApiError::BodyAborted(reason)), s));
+                            return Some((Err(ServiceError::Internal(format!("response body aborted: {reason}"))), s));
                         }
                     }
                     return s.held.take().map(|last| (Ok(last), s));
@@ -208,9 +172,4 @@ pub async fn bytes_response(
         (Some(body), None) => body_of(body),
     };
     builder.header(header::CONTENT_LENGTH, content_length).body(body).map_err(|e| ApiError::Internal(e.to_string()))
-}
-
-/// A guard from a check's future.
-pub fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send + 'static) -> Guard {
-    check.boxed().shared()
 }

@@ -262,7 +262,7 @@ pub async fn serve(config: Config) -> (String, Arc<AppState>) {
     let state = AppState::new(config).unwrap();
     tokio::spawn(ztserve::http::serve_on(listener, Arc::clone(&state)));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.is_ready() {
+    while !state.service.is_ready() {
         assert!(Instant::now() < deadline, "not ready within 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

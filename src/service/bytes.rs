@@ -1,0 +1,237 @@
+//! A model's stored bytes for one response: its local file's mapping (sent by `sendfile`)
+//! with the descriptor behind it (read with `pread`), or its listed S3 object version, with
+//! the source's health updated by every remote read; ETags and the model version; the
+//! manifest rendered as JSON once per model version.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use serde_json::json;
+
+use super::representation::{ByteStream, RangeSource};
+use super::{Service, ServiceError};
+use crate::api;
+use crate::catalog::{Model, Rendered, Source, StoredFile};
+use crate::decode::Stored;
+use crate::format::json::manifest_json;
+use crate::format::{Manifest, Object};
+use crate::storage::{ObjectVersion, Readahead, StorageError};
+
+/// A body rendered once and sent many times (a large manifest's JSON): kept in a temporary
+/// file, so each response sends it with `sendfile` instead of copying it (at 32 connections
+/// a 432 KiB manifest went from 0.74x nginx's requests/s to above 1x: bench/results/latest.md).
+/// Small bodies, and any when no temporary file can be written, stay ordinary heap bytes.
+pub(crate) fn sendable(body: Vec<u8>) -> Bytes {
+    const WORTH_A_FILE: usize = 64 << 10;
+    if body.len() < WORTH_A_FILE {
+        return Bytes::from(body);
+    }
+    match crate::storage::local::MappedFile::temporary(&body) {
+        Ok(file) => Bytes::from_owner(file),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot keep a rendered body in a temporary file; it will be copied per response");
+            Bytes::from(body)
+        }
+    }
+}
+
+/// Where a model's stored bytes are read from for one response.
+pub(crate) enum ModelBytes {
+    /// The whole file, mapped (for sending only; see [`Stored::File`]), and the open file
+    /// behind the mapping, which the server's own reads go through.
+    Mapped { bytes: Bytes, file: Arc<std::fs::File>, source_name: String, key: String },
+    /// The object version listed: every read of the response is bound to it.
+    Remote { object: ObjectVersion, source: Arc<Source> },
+}
+
+impl ModelBytes {
+    /// The stored bytes at `range` of the file, for decoding or hashing.
+    pub(crate) fn stored(&self, range: Range<u64>) -> Stored {
+        match self {
+            ModelBytes::Mapped { file, source_name, key, .. } => {
+                Stored::File { file: Arc::clone(file), source_name: source_name.clone(), key: key.clone(), range }
+            }
+            ModelBytes::Remote { object, .. } => Stored::Remote { object: object.clone(), range },
+        }
+    }
+
+    /// The bytes at `range` of the file, served as they are.
+    pub(crate) fn served(&self, readahead: &Readahead, model: &str, range: Range<u64>) -> Arc<dyn RangeSource> {
+        match self {
+            ModelBytes::Mapped { bytes, .. } => Arc::new(bytes.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Remote { object, source } => Arc::new(RemoteRange {
+                object: object.clone(),
+                source: Arc::clone(source),
+                model: model.to_owned(),
+                start: range.start,
+                len: range.end - range.start,
+                readahead: readahead.clone(),
+            }),
+        }
+    }
+
+    /// Every byte of `range`, in one buffer (for content checks, which need whole components).
+    pub(crate) async fn fetch(&self, source: &Source, model: &str, range: Range<u64>) -> Result<Bytes, ServiceError> {
+        let fetched = crate::storage::collect(self.stored(range).stream(0, "check")).await;
+        storage_outcome(source, model, fetched)
+    }
+}
+
+/// Records a remote read's outcome on its source's health and turns a failure into the
+/// response's error.
+pub(crate) fn storage_outcome<T>(
+    source: &Source,
+    model: &str,
+    outcome: Result<T, StorageError>,
+) -> Result<T, ServiceError> {
+    match outcome {
+        Ok(value) => {
+            source.report_success();
+            Ok(value)
+        }
+        Err(e) => Err(storage_failed(source, model, e)),
+    }
+}
+
+/// Records a remote read's failure on its source's health, as the response's error.
+pub(crate) fn storage_failed(source: &Source, model: &str, error: StorageError) -> ServiceError {
+    source.report_failure(&error);
+    ServiceError::Storage { model: model.to_owned(), source: error }
+}
+
+/// Raw bytes of a remote object, read with ranged GETs (split and run in parallel when long).
+struct RemoteRange {
+    object: ObjectVersion,
+    source: Arc<Source>,
+    model: String,
+    start: u64,
+    len: u64,
+    readahead: Readahead,
+}
+
+impl RangeSource for RemoteRange {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let (source, model) = (Arc::clone(&self.source), self.model.clone());
+        let at = self.start + range.start..self.start + range.end;
+        self.object
+            .read_ahead(at, &self.readahead, "serve")
+            .map(move |piece| storage_outcome(&source, &model, piece))
+            .boxed()
+    }
+}
+
+/// The model's stored bytes for one response. A local file is mapped once per model (off
+/// the async runtime) and checked against the file's current length, so a file truncated in
+/// place is refused rather than read.
+pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ServiceError> {
+    let (path, mapping) = match &model.file {
+        StoredFile::Remote(object) => {
+            return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) });
+        }
+        StoredFile::Local { path, mapping, .. } => (path, mapping),
+    };
+    let mapping = match mapping.get() {
+        Some(mapping) => Arc::clone(mapping),
+        None => {
+            let path = path.clone();
+            let mapped = tokio::task::spawn_blocking(move || crate::storage::local::MappedFile::open(&path))
+                .await
+                .map_err(|e| ServiceError::Internal(e.to_string()))?
+                .map_err(|_| ServiceError::ChangedOnDisk { model: model.id.clone() })?;
+            Arc::clone(mapping.get_or_init(|| Arc::new(mapped)))
+        }
+    };
+    let current = mapping.current_len().map_err(|_| ServiceError::ChangedOnDisk { model: model.id.clone() })?;
+    if mapping.len() as u64 != expected_len || current < expected_len {
+        return Err(ServiceError::ChangedOnDisk { model: model.id.clone() });
+    }
+    let file = Arc::clone(mapping.file());
+    let key = path.strip_prefix(&*model.source.name).unwrap_or(path).display().to_string();
+    Ok(ModelBytes::Mapped {
+        bytes: Bytes::from_owner(ArcBytes(mapping)),
+        file,
+        source_name: model.source.name.clone(),
+        key,
+    })
+}
+
+/// Lets `Bytes` share ownership of a mapping.
+struct ArcBytes(Arc<crate::storage::local::MappedFile>);
+
+impl AsRef<[u8]> for ArcBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A strong ETag for the stored object's version, plus a discriminator for what part of it
+/// is served.
+pub fn etag(model: &Model, part: &str) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(model.version.as_bytes());
+    hasher.update([0]);
+    hasher.update(part.as_bytes());
+    format!("\"{:x}-{}\"", model.size, hex::encode(&hasher.finalize()[..12]))
+}
+
+/// `X-Zt-Model-Version`: the stored file's ETag, on every response drawn from a model (its
+/// manifest, objects, components and file). Each part has an ETag of its own, so a client
+/// that reads a model in many requests compares this instead, to know that every piece came
+/// from one version of the file and none from a replacement.
+pub fn model_version(model: &Model) -> String {
+    etag(model, "file")
+}
+
+/// Adds the object's URL and each component's URL to its rendered JSON.
+pub fn add_urls(rendered: &mut serde_json::Value, model: &str, object: &Object) {
+    if let Some(components) = rendered["components"].as_array_mut() {
+        for (component, rendered) in object.components.iter().zip(components) {
+            rendered["url"] = json!(api::component_url(model, &object.name, &component.role));
+        }
+    }
+    rendered["url"] = json!(api::object_url(model, &object.name));
+}
+
+/// The manifest as JSON with the model's id and every object's and component's URL, rendered
+/// once per model version, with a strong ETag that is a digest of the body itself (so a change
+/// in how the server renders it changes the tag too).
+pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rendered {
+    model.manifest_json.get_or_init(|| {
+        let mut doc = manifest_json(manifest);
+        doc["id"] = json!(model.id);
+        if let Some(objects) = doc["objects"].as_array_mut() {
+            for (object, rendered) in manifest.objects.iter().zip(objects) {
+                add_urls(rendered, &model.id, object);
+            }
+        }
+        let body = serde_json::to_vec(&doc).expect("JSON values serialize");
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(&body);
+        Rendered { etag: format!("\"{}\"", hex::encode(&digest[..16])), body: sendable(body) }
+    })
+}
+
+impl Service {
+    /// The model's stored file, byte for byte.
+    pub async fn stored_file(&self, model: &Arc<Model>, manifest: &Manifest) -> Result<StoredBytes, ServiceError> {
+        let bytes = model_bytes(model, manifest.file_len).await?;
+        Ok(StoredBytes {
+            source: bytes.served(&self.readahead, &model.id, 0..manifest.file_len),
+            etag: etag(model, "file"),
+            model_version: model_version(model),
+        })
+    }
+}
+
+/// A stored file's bytes, as served.
+pub struct StoredBytes {
+    pub source: Arc<dyn RangeSource>,
+    pub etag: String,
+    pub model_version: String,
+}

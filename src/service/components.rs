@@ -1,0 +1,375 @@
+//! Component bytes: which representation a request gets (the decoded bytes, from the shared
+//! decode or a private one, or the stored zstd frame passed through), the digest policy and
+//! its checks, the content checks made once per object, and admission to the decoders.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::TryStreamExt as _;
+use futures_util::future::{BoxFuture, Shared};
+use futures_util::{FutureExt as _, StreamExt as _};
+
+use super::bytes::{ModelBytes, etag, model_bytes, model_version, storage_failed};
+use super::representation::{ByteStream, Guard, RangeSource, guard};
+use super::{Service, ServiceError};
+use crate::catalog::{ComponentFacts, Model};
+use crate::config::VerifyPolicy;
+use crate::decode::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
+use crate::format::{Component, Digest, FormatError, Manifest, Object};
+use crate::telemetry::names;
+
+/// Whether an object has content the format can check beyond its manifest.
+fn has_content_rules(object: &Object) -> bool {
+    matches!(object.format.as_str(), "sparse_csr" | "sparse_coo")
+        || object.components.iter().any(|c| c.dtype == crate::format::DType::Bool)
+}
+
+/// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
+/// range) before any component of the object is served as valid; once per object and file
+/// version, off the async runtime.
+async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBytes) -> Result<(), ServiceError> {
+    if !has_content_rules(object) {
+        return Ok(());
+    }
+    let cached = model.content_checks.lock().expect("never poisoned").get(&object.name).cloned();
+    let result = match cached {
+        Some(result) => result,
+        None => {
+            // Fetched whole (the checks need every byte, within the manifest's limits).
+            let mut stored = Vec::with_capacity(object.components.len());
+            for component in &object.components {
+                stored.push(bytes.fetch(&model.source, &model.id, component.stored_range()).await?);
+            }
+            let object_owned = object.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                crate::format::validate::check_content(&object_owned, |c| {
+                    let index = object_owned
+                        .components
+                        .iter()
+                        .position(|x| x.role == c.role)
+                        .expect("a component of the object");
+                    crate::format::decode::decode_component(&object_owned.name, c, &stored[index])
+                })
+            })
+            .await
+            .map_err(|e| ServiceError::Internal(e.to_string()))?;
+            model.content_checks.lock().expect("never poisoned").insert(object.name.clone(), result.clone());
+            result
+        }
+    };
+    result.map_err(|source| ServiceError::invalid(&model.id, source))
+}
+
+/// How a component's stored bytes stand against their declared digest for this request.
+enum DigestCheck {
+    /// No digest, `verify = never`, or a HEAD that sends no bytes.
+    Skipped,
+    Known(Result<(), FormatError>),
+    /// Running: shared by every request that waits on it.
+    Running(Shared<BoxFuture<'static, Result<(), CheckError>>>),
+}
+
+/// Why a digest check ended without a verdict, or with a negative one.
+#[derive(Debug, Clone)]
+enum CheckError {
+    Mismatch(FormatError),
+    Storage(crate::storage::StorageError),
+    Crashed(String),
+}
+
+impl CheckError {
+    fn into_service(self, model: &Model) -> ServiceError {
+        match self {
+            CheckError::Mismatch(source) => ServiceError::invalid(&model.id, source),
+            CheckError::Storage(e) => storage_failed(&model.source, &model.id, e),
+            CheckError::Crashed(reason) => ServiceError::Internal(reason),
+        }
+    }
+}
+
+/// Hashes a component's stored bytes off the async runtime and compares with its digest.
+/// Remote bytes stream through the hasher as they arrive, never held whole.
+async fn hash_stored(
+    object: String,
+    component: Component,
+    stored: Stored,
+) -> Result<Result<(), FormatError>, CheckError> {
+    let Some(expected) = component.digest else { return Ok(Ok(())) };
+    let hasher = crate::format::decode::Hasher::for_digest(&expected);
+    let hashed = match stored {
+        Stored::Whole(bytes) => tokio::task::spawn_blocking(move || {
+            let mut hasher = hasher;
+            hasher.update(&bytes);
+            hasher.finish()
+        })
+        .await
+        .map_err(|e| CheckError::Crashed(e.to_string()))?,
+        Stored::File { .. } | Stored::Remote { .. } => {
+            let (pieces, mut receiver) = tokio::sync::mpsc::channel::<Bytes>(4);
+            let hashing = tokio::task::spawn_blocking(move || {
+                let mut hasher = hasher;
+                while let Some(piece) = receiver.blocking_recv() {
+                    hasher.update(&piece);
+                }
+                hasher.finish()
+            });
+            let mut reading = stored.stream(0, "verify");
+            while let Some(piece) = reading.next().await {
+                let piece = piece.map_err(CheckError::Storage)?;
+                if pieces.send(piece).await.is_err() {
+                    break;
+                }
+            }
+            drop(pieces);
+            hashing.await.map_err(|e| CheckError::Crashed(e.to_string()))?
+        }
+    };
+    let verdict = crate::format::decode::check_digest(&object, &component, hashed);
+    {
+        let outcome = if verdict.is_ok() { "ok" } else { "mismatch" };
+        metrics::counter!(names::DIGEST_CHECKS, "outcome" => outcome).increment(1);
+        if let Err(e) = &verdict {
+            metrics::counter!(names::DIGEST_FAILURES).increment(1);
+            tracing::warn!(error = %e, "stored bytes do not match their digest");
+        }
+    }
+    Ok(verdict)
+}
+
+/// Starts (or finds) the digest check this request needs under the configured policy.
+fn digest_check(
+    policy: VerifyPolicy,
+    facts: &Arc<ComponentFacts>,
+    object: &Object,
+    component: &Component,
+    stored: &Stored,
+    head: bool,
+    ranged: bool,
+) -> DigestCheck {
+    if component.digest.is_none() || policy == VerifyPolicy::Never {
+        return DigestCheck::Skipped;
+    }
+    if let (VerifyPolicy::FirstRead, Some(verdict)) = (policy, facts.verdict.get()) {
+        return DigestCheck::Known(verdict.clone());
+    }
+    // A range of a remote component is never held up by (nor pays for) reading the whole
+    // component from the store: the check is made by the first full read.
+    if head || (ranged && matches!(stored, Stored::Remote { .. })) {
+        return DigestCheck::Skipped;
+    }
+    let (facts, name, component, stored) = (Arc::clone(facts), object.name.clone(), component.clone(), stored.clone());
+    let check = async move {
+        let verdict = match policy {
+            VerifyPolicy::FirstRead => {
+                facts.verdict.get_or_try_init(|| hash_stored(name, component, stored)).await?.clone()
+            }
+            _ => hash_stored(name, component, stored).await?,
+        };
+        verdict.map_err(CheckError::Mismatch)
+    }
+    .boxed()
+    .shared();
+    // Driven to the end by its own task, whether or not the body waits on it.
+    tokio::spawn(check.clone());
+    DigestCheck::Running(check)
+}
+
+/// A component's decoded bytes: from the shared, cached decode when the cache can hold it,
+/// otherwise from a private decode for this request only. Chosen when the body is opened, so
+/// HEAD and 304 answers reserve nothing.
+struct DecodedSource {
+    service: Arc<Service>,
+    source: Arc<crate::catalog::Source>,
+    key: ComponentKey,
+    component: Component,
+    stored: Stored,
+    sha256: Arc<std::sync::OnceLock<[u8; 32]>>,
+}
+
+impl RangeSource for DecodedSource {
+    fn len(&self) -> u64 {
+        self.component.decoded_length
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let cache = &self.service.cache;
+        let make = |decoders| {
+            Decoded::new(&self.key.object, &self.component, self.stored.clone(), decoders, Arc::clone(&self.sha256))
+        };
+        let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
+        let failed = move |e: DecodeError| match e {
+            DecodeError::Invalid(invalid) => ServiceError::invalid(&model, invalid),
+            DecodeError::Storage(e) => storage_failed(&source, &model, e),
+            DecodeError::Aborted(reason) => ServiceError::Internal(reason),
+        };
+        let span = tracing::Span::current();
+        match cache.entry(&self.key, self.len(), make) {
+            Some(entry) => {
+                let hit = entry.covers(range.end);
+                metrics::counter!(if hit { names::CACHE_HITS } else { names::CACHE_MISSES }).increment(1);
+                span.record("cache", if hit { "hit" } else { "miss" });
+                let body = Decoded::stream(entry, range).map(move |piece| piece.map_err(&failed)).boxed();
+                if hit { body } else { self.admitted(body) }
+            }
+            None => {
+                metrics::counter!(names::CACHE_MISSES).increment(1);
+                span.record("cache", "bypass");
+                let decoders = Arc::clone(cache.decoders());
+                let body = stream_private(
+                    self.key.object.clone(),
+                    self.component.clone(),
+                    self.stored.clone(),
+                    range,
+                    decoders,
+                )
+                .map(move |piece| piece.map_err(&failed))
+                .boxed();
+                self.admitted(body)
+            }
+        }
+    }
+}
+
+impl DecodedSource {
+    /// `body`, once a decoder has come free within `decode_wait_ms`; otherwise the error
+    /// `DecodersBusy` (the body's first piece is taken before any header is sent, so it is a
+    /// clean refusal). Decoders are taken one piece at a time, in turn, so this wait is the queue a
+    /// new decode would join: when it stays full that long, shedding the request beats
+    /// letting every decode slow down.
+    fn admitted(&self, body: ByteStream) -> ByteStream {
+        let decoders = Arc::clone(self.service.cache.decoders());
+        let wait = std::time::Duration::from_millis(self.service.config.decode_wait_ms);
+        futures_util::stream::once(async move {
+            match tokio::time::timeout(wait, decoders.acquire()).await {
+                Ok(_free) => Ok(body),
+                Err(_) => {
+                    metrics::counter!(names::DECODE_REFUSALS).increment(1);
+                    Err(ServiceError::DecodersBusy)
+                }
+            }
+        })
+        .try_flatten()
+        .boxed()
+    }
+}
+
+/// What a request for a component's bytes asks of it.
+#[derive(Debug, Clone, Copy)]
+pub struct ComponentRequest {
+    /// HEAD: no bytes are sent, so no digest check is started.
+    pub head: bool,
+    /// A Range header: ranges count decoded bytes, and the stored frame is never passed through.
+    pub ranged: bool,
+    /// The client accepts the `zstd` content coding.
+    pub accepts_zstd: bool,
+}
+
+/// A component's bytes as a request gets them.
+pub struct ComponentBytes {
+    pub source: Arc<dyn RangeSource>,
+    pub etag: String,
+    pub model_version: String,
+    /// SHA-256 of exactly the bytes served, when known (`Repr-Digest`).
+    pub sha256: Option<[u8; 32]>,
+    /// The stored zstd frame is sent as it is (`Content-Encoding: zstd`).
+    pub zstd_passthrough: bool,
+    /// The answer depends on `Accept-Encoding` (`Vary`).
+    pub varies_with_encoding: bool,
+    /// Holds the body's last piece back until a running digest check passes.
+    pub guard: Option<Guard>,
+    /// How the verify policy decided for this request, for the request's log line.
+    pub digest: Option<&'static str>,
+    /// Whether the decoded bytes come from the cache (`passthrough` when the frame is sent).
+    pub cache: Option<&'static str>,
+}
+
+impl Service {
+    /// `object`'s component `component` of `model`: its decoded little-endian bytes (or its
+    /// stored zstd frame for a client that accepts zstd), checked against its digest as the
+    /// verify policy says.
+    pub async fn component_bytes(
+        self: &Arc<Self>,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        object: &Object,
+        component: &Component,
+        request: ComponentRequest,
+    ) -> Result<ComponentBytes, ServiceError> {
+        let bytes = model_bytes(model, manifest.file_len).await?;
+        check_content_once(model, object, &bytes).await?;
+        let range = component.stored_range();
+        let stored = bytes.stored(range.clone());
+        let facts = model.facts(&object.name, &component.role);
+        let mut digest = None;
+        let guard =
+            match digest_check(self.config.verify, &facts, object, component, &stored, request.head, request.ranged) {
+                DigestCheck::Skipped => None,
+                DigestCheck::Known(verdict) => {
+                    digest = Some(if verdict.is_ok() { "verified" } else { "mismatch" });
+                    verdict.map_err(|source| ServiceError::invalid(&model.id, source))?;
+                    None
+                }
+                // A range is small next to the check: wait, and answer a clean error if it fails.
+                DigestCheck::Running(check) if request.ranged => {
+                    let verdict = check.await;
+                    digest = Some(if verdict.is_ok() { "verified" } else { "mismatch" });
+                    verdict.map_err(|e| e.into_service(model))?;
+                    None
+                }
+                // A whole body streams while the check runs; its last piece waits for the verdict.
+                DigestCheck::Running(check) => {
+                    digest = Some("streamed");
+                    Some(guard(check.map(|verdict| {
+                        verdict.map_err(|e| match e {
+                            CheckError::Mismatch(e) => e.to_string(),
+                            CheckError::Storage(e) => e.to_string(),
+                            CheckError::Crashed(reason) => reason,
+                        })
+                    })))
+                }
+            };
+        let part = format!("{}\0{}", object.name, component.role);
+        let declared_sha256 = match &component.digest {
+            Some(Digest::Sha256(sha256)) => Some(*sha256),
+            _ => None,
+        };
+        let varies_with_encoding = component.is_zstd_of_served_bytes();
+        let zstd_passthrough = varies_with_encoding && !request.ranged && request.accepts_zstd;
+        let (source, etag, sha256, cache): (Arc<dyn RangeSource>, String, Option<[u8; 32]>, _) = if zstd_passthrough {
+            // The stored frame as it is: its digest, when SHA-256, is the representation's.
+            let source = bytes.served(&self.readahead, &model.id, range);
+            (source, etag(model, &format!("{part}\0zstd")), declared_sha256, Some("passthrough"))
+        } else if component.is_verbatim() {
+            (bytes.served(&self.readahead, &model.id, range), etag(model, &part), declared_sha256, None)
+        } else {
+            let key = ComponentKey {
+                model: model.id.clone(),
+                version: model.version.clone(),
+                object: object.name.clone(),
+                role: component.role.clone(),
+            };
+            let sha256 = facts.decoded_sha256.get().copied();
+            let source = DecodedSource {
+                service: Arc::clone(self),
+                source: Arc::clone(&model.source),
+                key,
+                component: component.clone(),
+                stored,
+                sha256: Arc::clone(&facts.decoded_sha256),
+            };
+            (Arc::new(source), etag(model, &part), sha256, None)
+        };
+        Ok(ComponentBytes {
+            source,
+            etag,
+            model_version: model_version(model),
+            sha256,
+            zstd_passthrough,
+            varies_with_encoding,
+            guard,
+            digest,
+            cache,
+        })
+    }
+}

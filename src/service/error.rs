@@ -1,0 +1,40 @@
+//! `ServiceError`: why the domain could not give a request what it asked for, each variant
+//! naming the model (and object, component) it concerns and keeping its cause. The wire
+//! protocols choose statuses from it (`http/error.rs`); nothing here knows HTTP.
+
+use crate::catalog::CatalogError;
+use crate::format::FormatError;
+use crate::storage::StorageError;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServiceError {
+    #[error("the catalog is not ready yet")]
+    NotReady,
+    #[error("no model {0:?}")]
+    ModelNotFound(String),
+    #[error("model {model:?} has no object {object:?}")]
+    ObjectNotFound { model: String, object: String },
+    #[error("object {object:?} of model {model:?} has no component {role:?}; its components are {available}")]
+    ComponentNotFound { model: String, object: String, role: String, available: String },
+    #[error("model {model:?} is broken: {source}")]
+    BrokenModel { model: String, source: Box<CatalogError> },
+    #[error("model {model:?}: {source}")]
+    InvalidComponent { model: String, source: Box<FormatError> },
+    /// Every decoder stayed busy for `decode_wait_ms`.
+    #[error("every decoder is busy; retry shortly")]
+    DecodersBusy,
+    #[error("model {model:?} changed on disk; it is served again after the next rescan")]
+    ChangedOnDisk { model: String },
+    /// Storage could not give a model's bytes: its source is unavailable or refuses access,
+    /// or the object changed since it was listed.
+    #[error("model {model:?}: {source}")]
+    Storage { model: String, source: StorageError },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    pub(crate) fn invalid(model: &str, source: FormatError) -> ServiceError {
+        ServiceError::InvalidComponent { model: model.to_owned(), source: Box::new(source) }
+    }
+}

@@ -1,0 +1,175 @@
+//! The domain between the catalog and the wire protocols: the sources, the catalog swap and
+//! rescans, model lookup, a model's bytes and versions, the digest policy, content checks,
+//! decoder admission, and the typed representations a request gets (component bytes with
+//! their length, digests and version; a stored file; the manifest rendered once). Handlers of
+//! any protocol extract, ask, and set their own headers; nothing here knows HTTP.
+
+mod bytes;
+mod components;
+mod error;
+mod representation;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+pub use self::bytes::{StoredBytes, add_urls, etag, model_version, rendered_manifest};
+pub use components::{ComponentBytes, ComponentRequest};
+pub use error::ServiceError;
+pub use representation::{ByteStream, Guard, RangeSource};
+
+use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
+use crate::config::{Config, SourceSpec};
+use crate::decode::DecodeCache;
+use crate::format::{Component, Limits, Manifest, Object};
+use crate::storage::s3::{S3Options, S3Storage};
+use crate::storage::{Readahead, StorageError};
+use crate::telemetry::names;
+
+/// The domain every wire protocol serves from.
+pub struct Service {
+    pub config: Config,
+    /// Shared decodes of components that are not stored verbatim.
+    pub cache: DecodeCache,
+    /// The configured sources, in order, with their health.
+    pub sources: Vec<Arc<Source>>,
+    /// How long raw reads from remote sources are split, and the memory they may hold.
+    pub readahead: Readahead,
+    catalog: RwLock<Arc<Catalog>>,
+    /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
+    /// older listing last.
+    rescanning: tokio::sync::Mutex<()>,
+    ready: AtomicBool,
+}
+
+impl Service {
+    /// A service with an empty catalog, not yet ready. S3 sources are set up (from the config
+    /// and the `AWS_*` environment) but not contacted.
+    pub fn new(config: Config) -> Result<Arc<Service>, StorageError> {
+        // Installed before anything is recorded, so nothing is lost before the first scrape.
+        crate::telemetry::metrics();
+        let env: std::collections::BTreeMap<String, String> =
+            std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
+        let s3 = S3Options::from_config(&config, &env);
+        let mut sources = Vec::new();
+        for spec in &config.sources {
+            let name = spec.to_string();
+            let backend = match spec {
+                SourceSpec::S3 { bucket, prefix } => {
+                    Backend::Remote(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?))
+                }
+                SourceSpec::Local(path) => Backend::Local(path.clone()),
+            };
+            sources.push(Source::new(&name, backend));
+        }
+        let decoders = match config.max_concurrent_decodes {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        };
+        let cache = DecodeCache::new(config.decode_cache_bytes, decoders);
+        let readahead = Readahead {
+            chunk: config.s3_range_chunk_bytes,
+            concurrency: config.s3_range_concurrency,
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(config.s3_readahead_bytes / 1024)
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+        };
+        Ok(Arc::new(Service {
+            config,
+            cache,
+            sources,
+            readahead,
+            catalog: RwLock::new(Arc::new(Catalog::default())),
+            rescanning: tokio::sync::Mutex::new(()),
+            ready: AtomicBool::new(false),
+        }))
+    }
+
+    /// The current catalog snapshot.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(&self.catalog.read().expect("catalog lock is never poisoned"))
+    }
+
+    /// Rescans every source and swaps in the new catalog; the first completed rescan makes
+    /// the service ready.
+    pub async fn rescan(self: &Arc<Self>) {
+        let _one_at_a_time = self.rescanning.lock().await;
+        let state = Arc::clone(self);
+        let previous = self.catalog();
+        let options = ScanOptions {
+            limits: Limits {
+                max_manifest_bytes: self.config.max_manifest_bytes,
+                max_decoded_bytes: self.config.max_decoded_bytes,
+                ..Limits::default()
+            },
+            manifest_suffix_bytes: self.config.manifest_suffix_bytes,
+            concurrent_reads: self.config.scan_concurrency,
+        };
+        // In its own task, so a panic in a scan is contained like one in a handler.
+        let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;
+        match built {
+            Ok(catalog) => {
+                for (source, reason) in &catalog.unreadable_sources {
+                    tracing::warn!(source, reason, "source cannot be scanned");
+                }
+                let total = catalog.models().count();
+                let broken = catalog.models().filter(|m| m.state.is_err()).count();
+                tracing::debug!(models = total, broken, "catalog rescanned");
+                metrics::gauge!(names::MODELS, "status" => "ok").set((total - broken) as f64);
+                metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
+                // Decoded bytes of files that changed or went away are never served again.
+                self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
+                *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
+                self.ready.store(true, Ordering::Release);
+            }
+            Err(e) => tracing::error!(error = %e, "rescan task failed"),
+        }
+    }
+
+    /// Rescans on the configured interval, forever.
+    pub async fn rescan_forever(self: Arc<Self>) {
+        let mut interval = tokio::time::interval(Duration::from_secs(self.config.rescan_interval_secs));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            self.rescan().await;
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The model `id` and its manifest: refused when the catalog is not ready, the model is
+    /// unknown or it is broken. Whoever asks has already checked that the caller may read it.
+    pub fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
+        if !self.is_ready() {
+            return Err(ServiceError::NotReady);
+        }
+        let model = self.catalog().get(id).cloned().ok_or_else(|| ServiceError::ModelNotFound(id.to_owned()))?;
+        let manifest = match &model.state {
+            Ok(manifest) => Arc::clone(manifest),
+            Err(e) => return Err(ServiceError::BrokenModel { model: id.to_owned(), source: Box::new(e.clone()) }),
+        };
+        Ok((model, manifest))
+    }
+
+    /// `name` of `model`'s manifest.
+    pub fn object<'m>(&self, model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ServiceError> {
+        manifest
+            .object(name)
+            .ok_or_else(|| ServiceError::ObjectNotFound { model: model.id.clone(), object: name.to_owned() })
+    }
+
+    /// Component `role` of `object`.
+    pub fn component<'o>(&self, model: &Model, object: &'o Object, role: &str) -> Result<&'o Component, ServiceError> {
+        object.component(role).ok_or_else(|| ServiceError::ComponentNotFound {
+            model: model.id.clone(),
+            object: object.name.clone(),
+            role: role.to_owned(),
+            available: object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", "),
+        })
+    }
+}

@@ -1,0 +1,55 @@
+//! What a request gets: a representation's bytes as a [`RangeSource`] (a slice of a mapped
+//! file, a remote range, a decode) opened only when a body is sent, and the [`Guard`] a body's
+//! last piece waits for (a digest check still running).
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use futures_util::future::{BoxFuture, Shared};
+use futures_util::stream::{self, BoxStream};
+use futures_util::{FutureExt as _, StreamExt as _};
+
+use super::ServiceError;
+
+/// Bytes of a representation as a stream of pieces.
+pub type ByteStream = BoxStream<'static, Result<Bytes, ServiceError>>;
+
+/// A check running while a body streams (a digest over the stored bytes): the body's last
+/// piece is held back until it passes.
+pub type Guard = Shared<BoxFuture<'static, Result<(), String>>>;
+
+/// A guard from a check's future.
+pub fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send + 'static) -> Guard {
+    check.boxed().shared()
+}
+
+/// Where a representation's bytes come from.
+pub trait RangeSource: Send + Sync + 'static {
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The bytes of `range` (within `0..len`). Called only when a body is sent, never for
+    /// HEAD or 304, so opening may start work such as decoding.
+    fn open(&self, range: Range<u64>) -> ByteStream;
+}
+
+/// Largest piece a byte slice is sent in: pieces let a guard hold back only the end of a
+/// body, and are large enough that hyper writes each with one system call.
+const SLICE_PIECE: usize = 4 << 20;
+
+/// Bytes already in memory or mapped: served by reference, in pieces.
+impl RangeSource for Bytes {
+    fn len(&self) -> u64 {
+        Bytes::len(self) as u64
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let bytes = self.slice(range.start as usize..range.end as usize);
+        crate::storage::local::record_mapped("serve", bytes.len() as u64);
+        let pieces = (0..bytes.len())
+            .step_by(SLICE_PIECE)
+            .map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
+        stream::iter(pieces).boxed()
+    }
+}
