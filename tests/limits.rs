@@ -227,7 +227,8 @@ async fn a_request_that_cannot_start_its_answer_within_request_timeout_secs_is_a
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         let reply = request(&address, "/models/packed/objects/z", &[]);
-        assert_eq!(reply.status, 503);
+        assert_eq!((reply.status, reply.json()["error"]["code"].as_str()), (503, Some("request_timeout")));
+        assert_eq!(reply.header("retry-after"), Some("1"));
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(10), "{took:?}");
         still_served(&address, &bytes);

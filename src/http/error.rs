@@ -1,5 +1,7 @@
-//! `ApiError` and the only place HTTP statuses are chosen for errors. Every error answers
-//! `{"error": {"code", "message"}}`; 5xx bodies stay generic and their details go to the log.
+//! `ApiError` and the only place HTTP statuses are chosen for errors, the request timeout and
+//! `/readyz` (byte responses' 200, 206 and 304 follow from ranges and conditionals in
+//! `respond.rs`). Every error answers `{"error": {"code", "message"}}`; 5xx bodies stay
+//! generic and their details go to the log.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -36,6 +38,9 @@ pub enum ApiError {
     InvalidComponent { model: String, source: Box<FormatError> },
     #[error("the catalog is not ready yet")]
     NotReady,
+    /// The answer did not start within `request_timeout_secs`.
+    #[error("the answer did not start within the request timeout; retry shortly")]
+    RequestTimeout,
     /// Every decoder stayed busy for `decode_wait_ms`.
     #[error("every decoder is busy; retry shortly")]
     DecodersBusy,
@@ -83,6 +88,7 @@ impl ApiError {
             ApiError::BrokenModel { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"),
             ApiError::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
             ApiError::NotReady => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            ApiError::RequestTimeout => (StatusCode::SERVICE_UNAVAILABLE, "request_timeout"),
             ApiError::ChangedOnDisk { .. } => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
             ApiError::DecodersBusy => (StatusCode::SERVICE_UNAVAILABLE, "decoders_busy"),
             ApiError::Storage { source, .. } if source.is_about_the_object() => {
@@ -98,7 +104,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         let message = match &self {
-            ApiError::NotReady | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => self.to_string(),
+            ApiError::NotReady | ApiError::RequestTimeout | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => {
+                self.to_string()
+            }
             // The store's own words (endpoints, request ids) go to the log only.
             ApiError::Storage { model, source } => {
                 tracing::warn!(error = %self, "storage failed");
@@ -138,7 +146,7 @@ impl IntoResponse for ApiError {
                 };
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
             }
-            ApiError::NotReady | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => {
+            ApiError::NotReady | ApiError::RequestTimeout | ApiError::ChangedOnDisk { .. } | ApiError::DecodersBusy => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ApiError::Storage { source, .. } => {
@@ -148,6 +156,26 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         response
+    }
+}
+
+/// How ready the service is, as `/readyz` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// The first index has not completed.
+    Starting,
+    Ready,
+    /// Some sources do not answer; their models answer 503 while the others serve.
+    Degraded,
+    /// No source answers.
+    Unavailable,
+}
+
+/// `/readyz`'s status: load balancers route only to a 200.
+pub(crate) fn readiness_status(readiness: Readiness) -> StatusCode {
+    match readiness {
+        Readiness::Ready | Readiness::Degraded => StatusCode::OK,
+        Readiness::Starting | Readiness::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 

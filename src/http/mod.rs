@@ -19,12 +19,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{RawPathParams, Request};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
@@ -83,11 +82,20 @@ pub fn app(state: Arc<AppState>) -> Router {
             ApiError::Internal("a handler panicked".into()).into_response()
         }))
         .option_layer(
-            (timeout > 0)
-                .then(|| TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(timeout))),
+            (timeout > 0).then(|| axum::middleware::from_fn_with_state(Duration::from_secs(timeout), answer_within)),
         )
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency));
     router.layer(layers)
+}
+
+/// Answers `request_timeout` when the answer has not started within `limit` (a body then
+/// streams for as long as the client reads it).
+async fn answer_within(
+    axum::extract::State(limit): axum::extract::State<Duration>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    tokio::time::timeout(limit, next.run(request)).await.unwrap_or_else(|_| ApiError::RequestTimeout.into_response())
 }
 
 /// One span per request; handlers fill in `model` and `object`, the response fills in

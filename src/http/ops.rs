@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::error::{Readiness, readiness_status};
 use crate::storage::StorageError;
 
 /// 200 while the process lives.
@@ -20,7 +21,7 @@ pub async fn healthz() -> Json<Value> {
 /// others serve), 503 `unavailable` when none does.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
     if !state.service.is_ready() {
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "starting" })));
+        return (readiness_status(Readiness::Starting), Json(json!({ "status": "starting" })));
     }
     let catalog = state.service.catalog();
     let broken = catalog.models().filter(|m| m.state.is_err()).count();
@@ -39,12 +40,13 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
         })
         .collect();
     let failing = sources.iter().filter(|s| s["status"] != "ok").count();
-    let (status, word) = match failing {
-        0 => (StatusCode::OK, "ready"),
-        n if n < sources.len() => (StatusCode::OK, "degraded"),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    let (readiness, word) = match failing {
+        0 => (Readiness::Ready, "ready"),
+        n if n < sources.len() => (Readiness::Degraded, "degraded"),
+        _ => (Readiness::Unavailable, "unavailable"),
     };
-    (status, Json(json!({ "status": word, "models": catalog.models().count(), "broken": broken, "sources": sources })))
+    let body = json!({ "status": word, "models": catalog.models().count(), "broken": broken, "sources": sources });
+    (readiness_status(readiness), Json(body))
 }
 
 /// Prometheus text exposition of every metric the process records.
