@@ -7,9 +7,10 @@
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, and render manifests as JSON.
-//! - [`storage`]: where bytes come from: the `Storage` trait over local directories (scanned,
-//!   read, or memory-mapped) and S3 prefixes (`object_store`), reads bound to one version,
-//!   long reads split into parallel ranged GETs under a shared read-ahead budget.
+//! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
+//!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
+//!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
+//!   `unsafe` (mapping files).
 //! - [`catalog`]: the sources and their health, which models exist under them, their parsed
 //!   manifests (cached by file identity or ETag), broken files, and what is learnt per
 //!   component (digest verdicts).

@@ -3,13 +3,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::TryStreamExt as _;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStoreExt as _, PutPayload};
 use ztserve::storage::local::LocalStorage;
 use ztserve::storage::s3::S3Storage;
-use ztserve::storage::{ByteRange, Storage, StorageError};
+use ztserve::storage::{ByteRange, ObjectVersion, Payload, Storage, StorageError};
 
 /// Where the suite puts and replaces objects, for each backend.
 trait Fixture {
@@ -118,8 +120,28 @@ async fn suite(fixture: &impl Fixture) {
 #[tokio::test]
 async fn a_local_directory_passes_the_storage_suite() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(&dir.path().display().to_string());
+    let storage = LocalStorage::new(&dir.path().display().to_string(), dir.path());
     suite(&Local { dir, storage }).await;
+}
+
+#[tokio::test]
+async fn local_reads_are_file_regions_of_exactly_the_version_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new("local", dir.path()));
+    std::fs::write(dir.path().join("m.zt"), b"first version").unwrap();
+    let listed = storage.list().await.unwrap().remove(0);
+    let object =
+        ObjectVersion { storage: Arc::clone(&storage), key: listed.key, version: listed.version, size: listed.size };
+    let read = storage.read(&object.key, ByteRange::Bounded(6..13), &object.version).await.unwrap();
+    assert!(matches!(read.payload, Payload::File { .. }), "a local read is a file region");
+    let pieces: Vec<bytes::Bytes> = read.into_stream().try_collect().await.unwrap();
+    assert_eq!(pieces.concat(), b"version", "read with pread");
+    let mapping = object.mapping().await.unwrap().expect("a local file is mapped");
+    assert_eq!(&mapping[..], b"first version");
+    // Replaced under the same name: the old version is never mapped as if it were the new one.
+    std::fs::write(dir.path().join("m.tmp"), b"other version").unwrap();
+    std::fs::rename(dir.path().join("m.tmp"), dir.path().join("m.zt")).unwrap();
+    assert!(matches!(object.mapping().await, Err(StorageError::Changed { .. })));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,22 +1,19 @@
 //! Which models exist and their parsed manifests. A catalog is built from a listing of every
-//! source (local directories and S3 prefixes) and the previous catalog: an object whose
-//! version (a file's identity, an S3 ETag) has not changed keeps its parsed manifest, so it is
-//! read and parsed once; an object that fails validation stays listed as broken with its
-//! reason, and never stops the others from serving. A source that cannot be listed keeps the
-//! models it had, and is reported degraded until it answers again.
+//! source (local directories and S3 prefixes alike, through the `Storage` trait) and the
+//! previous catalog: an object whose version (a file's identity, an S3 ETag) has not changed
+//! keeps its parsed manifest, so it is read and parsed once; an object that fails validation
+//! stays listed as broken with its reason, and never stops the others from serving. A source
+//! that cannot be listed keeps the models it had, and is reported degraded until it answers
+//! again.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::StreamExt as _;
 
-use crate::format::{FormatError, Limits, MAX_TRAILER_LEN, Manifest, ManifestReads};
-use crate::storage::local::{MappedFile, version_of};
-use crate::storage::scan::{FileIdentity, scan_local};
+use crate::format::{FormatError, Limits, Manifest, ManifestReads};
+use crate::storage::local::MappedFile;
 use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
 
 /// Why a model cannot be served.
@@ -24,8 +21,6 @@ use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
 pub enum CatalogError {
     #[error(transparent)]
     Format(#[from] FormatError),
-    #[error("cannot read {path}: {message}")]
-    Io { path: PathBuf, message: String },
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error("id {id:?} is also provided by {first}; this copy in {second} is not served")]
@@ -36,7 +31,6 @@ impl CatalogError {
     pub fn code(&self) -> &'static str {
         match self {
             CatalogError::Format(e) => e.code(),
-            CatalogError::Io { .. } => "io_error",
             CatalogError::Storage(_) => "storage_error",
             CatalogError::DuplicateId { .. } => "duplicate_id",
         }
@@ -49,37 +43,26 @@ impl CatalogError {
     }
 }
 
-/// Where a source's objects live.
-#[derive(Debug)]
-pub enum Backend {
-    /// A local directory: listed by walking it, served from memory maps.
-    Local(PathBuf),
-    /// Any [`Storage`] (an S3 prefix): listed and read through the trait.
-    Remote(Arc<dyn Storage>),
-}
-
 /// One configured source and how it has been answering.
 #[derive(Debug)]
 pub struct Source {
     /// As configured: `models`, `s3://bucket/prefix`.
     pub name: String,
-    pub backend: Backend,
+    pub storage: Arc<dyn Storage>,
     degraded: AtomicBool,
     /// The last failure to list or read, while it lasts.
     failure: Mutex<Option<StorageError>>,
 }
 
 impl Source {
-    pub fn new(name: &str, backend: Backend) -> Arc<Source> {
-        Arc::new(Source { name: name.to_owned(), backend, degraded: AtomicBool::new(false), failure: Mutex::new(None) })
+    pub fn new(storage: Arc<dyn Storage>) -> Arc<Source> {
+        let name = storage.name().to_owned();
+        Arc::new(Source { name, storage, degraded: AtomicBool::new(false), failure: Mutex::new(None) })
     }
 
-    /// The backend's name: `local` or the storage's (`s3`).
+    /// The backend's name (`local`, `s3`).
     pub fn kind(&self) -> &'static str {
-        match &self.backend {
-            Backend::Local(_) => "local",
-            Backend::Remote(storage) => storage.backend(),
-        }
+        self.storage.backend()
     }
 
     /// Records a failure of the source itself (unreachable, refusing); a changed or missing
@@ -107,17 +90,13 @@ impl Source {
     }
 }
 
-/// One stored file of a model, and where its bytes are.
+/// One stored file of a model: the object version listed, every read bound to it, and, from
+/// a backend that maps files, its mapping, made on first use and kept while the file is
+/// unchanged, shared by every response.
 #[derive(Debug)]
-pub enum StoredFile {
-    Local {
-        path: PathBuf,
-        identity: FileIdentity,
-        /// Filled on first use by the serving layer and kept while the file is unchanged: the
-        /// file's bytes, mapped once and shared by every response.
-        mapping: OnceLock<Arc<MappedFile>>,
-    },
-    Remote(ObjectVersion),
+pub struct StoredFile {
+    pub object: ObjectVersion,
+    pub mapping: OnceLock<Arc<MappedFile>>,
 }
 
 /// One model: a stored object and, when it is valid, its manifest.
@@ -223,18 +202,7 @@ impl Catalog {
     pub async fn build(sources: &[Arc<Source>], previous: &Arc<Catalog>, options: &ScanOptions) -> Catalog {
         let mut catalog = Catalog::default();
         for source in sources {
-            let listed = match &source.backend {
-                Backend::Local(root) => {
-                    let (walked, root, previous, limits) =
-                        (Arc::clone(source), root.clone(), Arc::clone(previous), options.limits);
-                    tokio::task::spawn_blocking(move || list_local(&walked, &root, &previous, &limits))
-                        .await
-                        .unwrap_or_else(|e| {
-                            Err(StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })
-                        })
-                }
-                Backend::Remote(storage) => list_remote(source, storage, previous, options).await,
-            };
+            let listed = list(source, previous, options).await;
             let models = match listed {
                 Ok(models) => {
                     source.report_success();
@@ -273,37 +241,13 @@ impl Catalog {
     }
 }
 
-/// Walks a local source; new and changed files are opened and parsed. Blocking.
-fn list_local(
+/// Lists a source; new and changed objects have their manifests read, several at once.
+async fn list(
     source: &Arc<Source>,
-    root: &Path,
-    previous: &Catalog,
-    limits: &Limits,
-) -> Result<Vec<Arc<Model>>, StorageError> {
-    let (found, _skipped) = scan_local(root)
-        .map_err(|e| StorageError::Unavailable { source_name: source.name.clone(), message: e.to_string() })?;
-    Ok(found
-        .into_iter()
-        .map(|file| {
-            let reused = previous.get(&file.id).filter(|m| {
-                matches!(&m.file, StoredFile::Local { path, .. } if *path == file.path)
-                    && m.still_valid_for(source, &version_of(&file.identity))
-            });
-            match reused {
-                Some(model) => Arc::clone(model),
-                None => Arc::new(load_local(&file.id, source, &file.path, limits)),
-            }
-        })
-        .collect())
-}
-
-/// Lists a remote source; new and changed objects have their manifests read, several at once.
-async fn list_remote(
-    source: &Arc<Source>,
-    storage: &Arc<dyn Storage>,
     previous: &Catalog,
     options: &ScanOptions,
 ) -> Result<Vec<Arc<Model>>, StorageError> {
+    let storage = &source.storage;
     let listed = storage.list().await?;
     let models = futures_util::stream::iter(listed)
         .map(|object: Listed| async move {
@@ -322,7 +266,8 @@ async fn list_remote(
                 source.report_failure(e);
             }
             let (size, version) = (object.size, object.version.clone());
-            Arc::new(Model::new(&id, source, size, version, StoredFile::Remote(object), state.map(Arc::new)))
+            let file = StoredFile { object, mapping: OnceLock::new() };
+            Arc::new(Model::new(&id, source, size, version, file, state.map(Arc::new)))
         })
         .buffer_unordered(options.concurrent_reads.max(1))
         .collect()
@@ -358,65 +303,10 @@ async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> 
         .map_err(CatalogError::from)
 }
 
-/// Opens and parses one local file. The identity is taken from the open descriptor, so it
-/// describes exactly the bytes read even if the path is replaced meanwhile. Reads use `pread`,
-/// not a mapping, so a file truncated during the read gives an error, not SIGBUS.
-fn load_local(id: &str, source: &Arc<Source>, path: &Path, limits: &Limits) -> Model {
-    let io_error = |e: std::io::Error| CatalogError::Io { path: path.to_owned(), message: e.to_string() };
-    let opened = File::open(path).and_then(|f| f.metadata().map(|m| (f, m)));
-    let (state, identity) = match opened {
-        Err(e) => (Err(io_error(e)), FileIdentity { size: 0, mtime_ns: 0, inode: 0, device: 0 }),
-        Ok((file, metadata)) => {
-            let identity = FileIdentity::of(&metadata);
-            let started = std::time::Instant::now();
-            let read = read_manifest(&file, identity.size, limits);
-            crate::storage::local::record_read("manifest", started, read.as_ref().map_or(0, |(_, bytes)| *bytes));
-            let state = read.map(|(manifest, _)| Arc::new(manifest)).map_err(|e| match e {
-                ReadError::Format(e) => CatalogError::Format(e),
-                ReadError::Io(e) => io_error(e),
-            });
-            (state, identity)
-        }
-    };
-    let file = StoredFile::Local { path: path.to_owned(), identity, mapping: OnceLock::new() };
-    Model::new(id, source, identity.size, version_of(&identity), file, state)
-}
-
-enum ReadError {
-    Format(FormatError),
-    Io(std::io::Error),
-}
-
-impl From<FormatError> for ReadError {
-    fn from(e: FormatError) -> Self {
-        ReadError::Format(e)
-    }
-}
-
-impl From<std::io::Error> for ReadError {
-    fn from(e: std::io::Error) -> Self {
-        ReadError::Io(e)
-    }
-}
-
-/// Reads the header, the trailer and the manifest: three reads, never the component bytes.
-/// Returns the manifest and the bytes read.
-fn read_manifest(file: &File, len: u64, limits: &Limits) -> Result<(Manifest, u64), ReadError> {
-    let reads = ManifestReads::new(len, MAX_TRAILER_LEN);
-    let read = |range: std::ops::Range<u64>| -> std::io::Result<Vec<u8>> {
-        let mut bytes = vec![0u8; (range.end - range.start) as usize];
-        file.read_exact_at(&mut bytes, range.start)?;
-        Ok(bytes)
-    };
-    let (head, tail) = (read(reads.head())?, read(reads.tail())?);
-    let located = reads.locate(&head, &tail, limits)?;
-    let missing = read(located.missing.clone())?;
-    let total = (head.len() + tail.len() + missing.len()) as u64;
-    Ok((located.parse(&tail, &missing, limits)?, total))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
     use crate::format::DType;
     use crate::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
@@ -438,7 +328,9 @@ mod tests {
     }
 
     fn local(dirs: &[&Path]) -> Vec<Arc<Source>> {
-        dirs.iter().map(|d| Source::new(&d.display().to_string(), Backend::Local(d.to_path_buf()))).collect()
+        dirs.iter()
+            .map(|d| Source::new(Arc::new(crate::storage::local::LocalStorage::new(&d.display().to_string(), *d))))
+            .collect()
     }
 
     fn build(sources: &[Arc<Source>], previous: &Arc<Catalog>) -> Arc<Catalog> {

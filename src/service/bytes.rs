@@ -126,38 +126,31 @@ impl RangeSource for RemoteRange {
     }
 }
 
-/// The model's stored bytes for one response. A local file is mapped once per model (off
-/// the async runtime) and checked against the file's current length, so a file truncated in
-/// place is refused rather than read.
+/// The model's stored bytes for one response. A file from a backend that maps files is
+/// mapped once per model version (the storage checks the mapping is of the version listed)
+/// and checked against the file's current length, so a file truncated in place is refused
+/// rather than read.
 pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ServiceError> {
-    let (path, mapping) = match &model.file {
-        StoredFile::Remote(object) => {
-            return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) });
-        }
-        StoredFile::Local { path, mapping, .. } => (path, mapping),
-    };
+    let StoredFile { object, mapping } = &model.file;
+    let changed = || ServiceError::ChangedOnDisk { model: model.id.clone() };
     let mapping = match mapping.get() {
         Some(mapping) => Arc::clone(mapping),
-        None => {
-            let path = path.clone();
-            let mapped = tokio::task::spawn_blocking(move || crate::storage::local::MappedFile::open(&path))
-                .await
-                .map_err(|e| ServiceError::Internal(e.to_string()))?
-                .map_err(|_| ServiceError::ChangedOnDisk { model: model.id.clone() })?;
-            Arc::clone(mapping.get_or_init(|| Arc::new(mapped)))
-        }
+        None => match object.mapping().await {
+            Ok(Some(mapped)) => Arc::clone(mapping.get_or_init(|| mapped)),
+            Ok(None) => return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) }),
+            Err(e) if e.is_about_the_object() => return Err(changed()),
+            Err(e) => return Err(storage_failed(&model.source, &model.id, e)),
+        },
     };
-    let current = mapping.current_len().map_err(|_| ServiceError::ChangedOnDisk { model: model.id.clone() })?;
+    let current = mapping.current_len().map_err(|_| changed())?;
     if mapping.len() as u64 != expected_len || current < expected_len {
-        return Err(ServiceError::ChangedOnDisk { model: model.id.clone() });
+        return Err(changed());
     }
-    let file = Arc::clone(mapping.file());
-    let key = path.strip_prefix(&*model.source.name).unwrap_or(path).display().to_string();
     Ok(ModelBytes::Mapped {
+        file: Arc::clone(mapping.file()),
         bytes: Bytes::from_owner(ArcBytes(mapping)),
-        file,
         source_name: model.source.name.clone(),
-        key,
+        key: object.key.clone(),
     })
 }
 

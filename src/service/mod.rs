@@ -18,12 +18,13 @@ pub use components::{ComponentBytes, ComponentRequest};
 pub use error::ServiceError;
 pub use representation::{ByteStream, Guard, RangeSource};
 
-use crate::catalog::{Backend, Catalog, Model, ScanOptions, Source};
+use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};
 use crate::decode::DecodeCache;
 use crate::format::{Component, Limits, Manifest, Object};
+use crate::storage::local::LocalStorage;
 use crate::storage::s3::{S3Options, S3Storage};
-use crate::storage::{Readahead, StorageError};
+use crate::storage::{Readahead, Storage, StorageError};
 use crate::telemetry::names;
 
 /// The domain every wire protocol serves from.
@@ -54,13 +55,11 @@ impl Service {
         let mut sources = Vec::new();
         for spec in &config.sources {
             let name = spec.to_string();
-            let backend = match spec {
-                SourceSpec::S3 { bucket, prefix } => {
-                    Backend::Remote(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?))
-                }
-                SourceSpec::Local(path) => Backend::Local(path.clone()),
+            let storage: Arc<dyn Storage> = match spec {
+                SourceSpec::S3 { bucket, prefix } => Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?),
+                SourceSpec::Local(path) => Arc::new(LocalStorage::new(&name, path)),
             };
-            sources.push(Source::new(&name, backend));
+            sources.push(Source::new(storage));
         }
         let decoders = match config.max_concurrent_decodes {
             0 => std::thread::available_parallelism().map_or(1, usize::from),

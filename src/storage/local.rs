@@ -149,8 +149,9 @@ impl AsRef<[u8]> for MappedFile {
     }
 }
 
-/// A local directory as a [`super::Storage`]: the backend-neutral path (reads with `pread`,
-/// off the async runtime). The server's local fast path maps files with [`MappedFile`].
+/// A local directory as a [`super::Storage`]: listed by walking it, read as regions of
+/// files mapped whole ([`super::Payload::File`]), each mapping checked against the version
+/// listed through the descriptor it was made from.
 #[derive(Debug)]
 pub struct LocalStorage {
     name: String,
@@ -206,8 +207,9 @@ pub fn pread_stream(
 }
 
 impl LocalStorage {
-    pub fn new(source: &str) -> LocalStorage {
-        LocalStorage { name: source.to_owned(), root: std::path::PathBuf::from(source) }
+    /// The source `name` over the directory `root`.
+    pub fn new(name: &str, root: impl Into<std::path::PathBuf>) -> LocalStorage {
+        LocalStorage { name: name.to_owned(), root: root.into() }
     }
 
     fn unavailable(&self, e: impl std::fmt::Display) -> super::StorageError {
@@ -246,6 +248,10 @@ impl super::Storage for LocalStorage {
         .boxed()
     }
 
+    fn maps_files(&self) -> bool {
+        true
+    }
+
     fn read(
         &self,
         key: &str,
@@ -257,23 +263,26 @@ impl super::Storage for LocalStorage {
         let path = self.root.join(&key);
         let name = self.name.clone();
         async move {
-            let opened = tokio::task::spawn_blocking(move || -> io::Result<Option<(File, u64, bool)>> {
-                let file = match File::open(&path) {
-                    Ok(file) => file,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(e),
-                };
-                let metadata = file.metadata()?;
-                let current = version_of(&super::scan::FileIdentity::of(&metadata)) == version;
-                Ok(Some((file, metadata.len(), current)))
+            // Mapped, then compared with the version listed through the mapping's own
+            // descriptor, so the bytes are exactly that version's even if the path was
+            // replaced meanwhile.
+            let opened = tokio::task::spawn_blocking(move || match MappedFile::open(&path) {
+                Ok(mapping) => {
+                    let identity = super::scan::FileIdentity::of(&mapping.file().metadata()?);
+                    Ok(Some((version_of(&identity) == version, identity.size, mapping)))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
             })
             .await
-            .map_err(|e| self.unavailable(e))?
             .map_err(|e| self.unavailable(e))?;
-            let (file, size) = match opened {
-                None => return Err(super::StorageError::NotFound { source_name: name, key }),
-                Some((_, _, false)) => return Err(super::StorageError::Changed { source_name: name, key }),
-                Some((file, size, true)) => (file, size),
+            let (mapping, size) = match opened {
+                Ok(None) => return Err(super::StorageError::NotFound { source_name: name, key }),
+                Ok(Some((false, _, _))) => return Err(super::StorageError::Changed { source_name: name, key }),
+                Ok(Some((true, size, mapping))) => (Arc::new(mapping), size),
+                Err(e) => {
+                    return Err(super::StorageError::Unreadable { source_name: name, key, message: e.to_string() });
+                }
             };
             let span = match range {
                 super::ByteRange::Bounded(r) if r.end <= size && r.start <= r.end => r,
@@ -282,8 +291,7 @@ impl super::Storage for LocalStorage {
                 }
                 super::ByteRange::Suffix(n) => size.saturating_sub(n)..size,
             };
-            let bytes = pread_stream(Arc::new(file), span.clone(), &name, &key);
-            Ok(super::Read { size, range: span, bytes })
+            Ok(super::Read { size, range: span, payload: super::Payload::File { mapping, source_name: name, key } })
         }
         .boxed()
     }

@@ -1,12 +1,12 @@
-//! Where bytes come from: one object-safe async trait, [`Storage`], over a local directory
-//! (`local.rs`, which also memory-maps files for the zero-copy fast path) and an S3 bucket
-//! prefix (`s3.rs`, through `object_store`). A backend lists the `.zt` objects under its root
-//! and reads byte ranges of one object *version*: a read of an object that changed since it
-//! was listed fails with [`StorageError::Changed`] rather than mixing two versions.
+//! Where bytes come from: one object-safe async trait, [`Storage`], for every backend the
+//! server uses: a local directory (`local.rs`, whose reads are regions of files mapped whole,
+//! sent with `sendfile` and read by the server only with `pread`) and an S3 bucket prefix
+//! (`s3.rs`, through `object_store`). A backend lists the `.zt` objects under its root and
+//! reads byte ranges of one object *version*: a read of an object that changed since it was
+//! listed fails with [`StorageError::Changed`] rather than mixing two versions.
 //! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
 //! delivers exactly what was asked, and splits long reads into parallel ranged reads under a
-//! shared read-ahead budget. `tests/storage_conformance.rs` runs one suite against every
-//! backend.
+//! shared read-ahead budget. `tests/storage_conformance.rs` runs one suite against both.
 
 pub mod local;
 pub mod s3;
@@ -57,32 +57,54 @@ pub enum ByteRange {
     Suffix(u64),
 }
 
-/// A read under way: where it lies in the object, and its bytes as they arrive.
+/// A read under way: where it lies in the object, and its bytes.
 pub struct Read {
     /// The object's whole size.
     pub size: u64,
-    /// The bytes the stream holds.
+    /// The bytes read.
     pub range: Range<u64>,
-    pub bytes: BoxStream<'static, Result<Bytes, StorageError>>,
+    pub payload: Payload,
+}
+
+/// How a read's bytes are had (as `object_store`'s `GetResultPayload`).
+pub enum Payload {
+    /// Bytes as they arrive.
+    Stream(BoxStream<'static, Result<Bytes, StorageError>>),
+    /// A region of a local file, mapped whole: a response sends it from the mapping with
+    /// `sendfile`, and the server reads it itself only with `pread` from the descriptor behind
+    /// the mapping ([`Read::into_stream`]), never by loading from the mapping, so a file
+    /// truncated in place fails a read instead of raising SIGBUS.
+    File { mapping: Arc<local::MappedFile>, source_name: String, key: String },
 }
 
 impl Read {
+    /// The read's bytes as they arrive (a file region is read with `pread`).
+    pub fn into_stream(self) -> BoxStream<'static, Result<Bytes, StorageError>> {
+        match self.payload {
+            Payload::Stream(bytes) => bytes,
+            Payload::File { mapping, source_name, key } => {
+                local::pread_stream(Arc::clone(mapping.file()), self.range, &source_name, &key)
+            }
+        }
+    }
+
     /// Collects the whole read from `source_name` into one buffer (for small reads such as
     /// manifests).
     pub async fn collect(self, source_name: &str) -> Result<(u64, Range<u64>, Vec<u8>), StorageError> {
         use futures_util::StreamExt as _;
-        let mut out = Vec::with_capacity((self.range.end - self.range.start) as usize);
-        let mut bytes = self.bytes;
+        let (size, range) = (self.size, self.range.clone());
+        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        let mut bytes = self.into_stream();
         while let Some(piece) = bytes.next().await {
             out.extend_from_slice(&piece?);
         }
-        if out.len() as u64 != self.range.end - self.range.start {
+        if out.len() as u64 != range.end - range.start {
             return Err(StorageError::Unavailable {
                 source_name: source_name.to_owned(),
-                message: format!("read ended after {} of {} bytes", out.len(), self.range.end - self.range.start),
+                message: format!("read ended after {} of {} bytes", out.len(), range.end - range.start),
             });
         }
-        Ok((self.size, self.range, out))
+        Ok((size, range, out))
     }
 }
 
@@ -95,6 +117,9 @@ pub enum StorageError {
     Changed { source_name: String, key: String },
     #[error("{source_name}: range {start}..{end} is outside the object")]
     OutOfRange { source_name: String, start: u64, end: u64 },
+    /// This one object cannot be read (a local file's permissions, say); the source answers.
+    #[error("{source_name}: cannot read {key}: {message}")]
+    Unreadable { source_name: String, key: String, message: String },
     /// Temporary: the store did not answer, or answered an error worth retrying later.
     #[error("{source_name} is unavailable: {message}")]
     Unavailable { source_name: String, message: String },
@@ -106,7 +131,13 @@ pub enum StorageError {
 impl StorageError {
     /// Whether the error concerns one object (changed, gone) rather than the store itself.
     pub fn is_about_the_object(&self) -> bool {
-        matches!(self, StorageError::NotFound { .. } | StorageError::Changed { .. } | StorageError::OutOfRange { .. })
+        matches!(
+            self,
+            StorageError::NotFound { .. }
+                | StorageError::Changed { .. }
+                | StorageError::OutOfRange { .. }
+                | StorageError::Unreadable { .. }
+        )
     }
 }
 
@@ -120,6 +151,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>>;
     /// The backend's name in metrics (`local`, `s3`).
     fn backend(&self) -> &'static str;
+    /// Whether reads answer with file regions ([`Payload::File`]) that a response can send
+    /// without copying: then a model's whole file is read once and its mapping kept.
+    fn maps_files(&self) -> bool {
+        false
+    }
 }
 
 /// One version of one object: every read through it is bound to that version, so the reads
@@ -160,7 +196,7 @@ impl ObjectVersion {
             let started = std::time::Instant::now();
             let read = this.storage.read(&this.key, ByteRange::Bounded(range), &this.version).await;
             record_read(this.storage.backend(), purpose, started, 0);
-            read.map(|read| (this, read.bytes))
+            read.map(|read| (this, read.into_stream()))
         };
         stream::once(opened)
             .map_ok(move |(this, bytes)| {
@@ -187,6 +223,19 @@ impl ObjectVersion {
             })
             .try_flatten()
             .boxed()
+    }
+
+    /// The object's whole file, mapped, from a backend that [maps files](Storage::maps_files);
+    /// `None` from one that does not.
+    pub async fn mapping(&self) -> Result<Option<Arc<local::MappedFile>>, StorageError> {
+        if !self.storage.maps_files() {
+            return Ok(None);
+        }
+        let read = self.storage.read(&self.key, ByteRange::Bounded(0..self.size), &self.version).await?;
+        Ok(match read.payload {
+            Payload::File { mapping, .. } => Some(mapping),
+            Payload::Stream(_) => None,
+        })
     }
 
     /// `range`'s bytes, all of them in one buffer (manifests, content checks).

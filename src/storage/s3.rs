@@ -16,7 +16,7 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 
-use super::{ByteRange, Listed, Read, Storage, StorageError};
+use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
 use crate::config::Config;
 
 /// S3 error codes that no retry will cure: credentials, permissions or a missing bucket.
@@ -200,7 +200,11 @@ impl Storage for S3Storage {
             let range = match range {
                 ByteRange::Bounded(r) if r.is_empty() => {
                     // S3 has no empty range; nothing to fetch.
-                    return Ok(Read { size: 0, range: r, bytes: futures_util::stream::empty().boxed() });
+                    return Ok(Read {
+                        size: 0,
+                        range: r,
+                        payload: Payload::Stream(futures_util::stream::empty().boxed()),
+                    });
                 }
                 ByteRange::Bounded(r) => GetRange::Bounded(r),
                 ByteRange::Suffix(n) => GetRange::Suffix(n),
@@ -220,7 +224,7 @@ impl Storage for S3Storage {
                     piece.map_err(|e| StorageError::Unavailable { source_name: name.clone(), message: e.to_string() })
                 })
                 .boxed();
-            Ok(Read { size, range: served, bytes })
+            Ok(Read { size, range: served, payload: Payload::Stream(bytes) })
         }
         .boxed()
     }
