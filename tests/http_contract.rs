@@ -162,6 +162,11 @@ async fn the_manifest_lists_every_object_with_component_urls(source: ModelSource
     assert_eq!(url, "/models/org%2Fllama/objects/a%2Fb%20c%25%3F%23%C3%BC/components/data");
     let bytes = get(&state, url, &[]).await;
     assert_eq!(bytes.body, f32_bytes(4));
+    for object in manifest["objects"].as_array().unwrap() {
+        for component in object["components"].as_array().unwrap() {
+            assert_eq!(component["file"], "llama.zt", "every component names the file its bytes live in");
+        }
+    }
 }
 
 async fn a_dense_object_answers_its_bytes_with_every_contract_header(source: ModelSource) {

@@ -68,6 +68,7 @@ fn object(index: usize, entry: &Value) -> Result<Object> {
         decoded_length: 0,
         digest,
         byte_order,
+        file: 0,
     };
     component.decoded_length = decoded_length(&object, object.element_count(), &component, None, &at)?;
     object.components.push(component);

@@ -310,6 +310,9 @@ pub struct Component {
     pub decoded_length: u64,
     pub digest: Option<Digest>,
     pub byte_order: ByteOrder,
+    /// Which of the model's stored files holds the stored bytes (`offset` is in that file):
+    /// 0, the file holding the manifest, for every 0.1 and 1.x component.
+    pub file: usize,
 }
 
 impl Component {

@@ -102,6 +102,7 @@ fn component(
         decoded_length: 0,
         digest,
         byte_order: ByteOrder::Little,
+        file: 0,
     };
     component.decoded_length = decoded_length(object, elements, &component, declared, &at)?;
     Ok(component)

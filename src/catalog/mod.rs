@@ -90,25 +90,36 @@ impl Source {
     }
 }
 
-/// One stored file of a model: the object version listed, every read bound to it, and, from
-/// a backend that maps files, its mapping, made on first use and kept while the file is
-/// unchanged, shared by every response.
+/// One stored file of a model: its name (beside the model's other files), the object version
+/// listed, every read bound to it, and, from a backend that maps files, its mapping, made on
+/// first use and kept while the file is unchanged, shared by every response.
 #[derive(Debug)]
 pub struct StoredFile {
+    pub name: String,
     pub object: ObjectVersion,
     pub mapping: OnceLock<Arc<MappedFile>>,
 }
 
-/// One model: a stored object and, when it is valid, its manifest.
+impl StoredFile {
+    pub fn new(object: ObjectVersion) -> StoredFile {
+        let name = object.key.rsplit('/').next().unwrap_or(&object.key).to_owned();
+        StoredFile { name, object, mapping: OnceLock::new() }
+    }
+}
+
+/// One model: a manifest and the stored files its components live in (the first holds the
+/// manifest), and, when it is valid, the parsed manifest.
 #[derive(Debug)]
 pub struct Model {
     pub id: String,
     pub source: Arc<Source>,
-    /// The stored object's size in bytes.
+    /// The stored files' total size in bytes.
     pub size: u64,
-    /// What identifies this version of the object (a file's identity, an ETag).
+    /// What identifies this version of the model: of its one file (a file's identity, an
+    /// ETag), or a digest of every file's when it has several.
     pub version: String,
-    pub file: StoredFile,
+    /// Never empty; a component's `file` indexes it.
+    pub files: Vec<StoredFile>,
     pub state: Result<Arc<Manifest>, CatalogError>,
     /// The manifest rendered as JSON once, not per request.
     pub manifest_json: OnceLock<Rendered>,
@@ -142,20 +153,33 @@ impl Model {
     fn new(
         id: &str,
         source: &Arc<Source>,
-        size: u64,
-        version: String,
-        file: StoredFile,
+        files: Vec<StoredFile>,
         state: Result<Arc<Manifest>, CatalogError>,
     ) -> Model {
         if let Err(e) = &state {
             tracing::warn!(model = id, source = %source.name, code = e.code(), error = %e, "model is broken");
         }
+        let size = files.iter().map(|f| f.object.size).sum();
+        let version = match &files[..] {
+            [one] => one.object.version.clone(),
+            several => {
+                use sha2::Digest as _;
+                let mut hasher = sha2::Sha256::new();
+                for file in several {
+                    hasher.update(file.object.key.as_bytes());
+                    hasher.update([0]);
+                    hasher.update(file.object.version.as_bytes());
+                    hasher.update([0]);
+                }
+                hex::encode(&hasher.finalize()[..16])
+            }
+        };
         Model {
             id: id.to_owned(),
             source: Arc::clone(source),
             size,
             version,
-            file,
+            files,
             state,
             manifest_json: OnceLock::new(),
             content_checks: Mutex::new(HashMap::new()),
@@ -172,7 +196,7 @@ impl Model {
     /// Whether this model can stand for `version` of the same object in a new catalog.
     fn still_valid_for(&self, source: &Source, version: &str) -> bool {
         self.source.name == source.name
-            && self.version == version
+            && self.files[0].object.version == version
             && self.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true)
     }
 }
@@ -265,9 +289,7 @@ async fn list(
             if let Err(CatalogError::Storage(e)) = &state {
                 source.report_failure(e);
             }
-            let (size, version) = (object.size, object.version.clone());
-            let file = StoredFile { object, mapping: OnceLock::new() };
-            Arc::new(Model::new(&id, source, size, version, file, state.map(Arc::new)))
+            Arc::new(Model::new(&id, source, vec![StoredFile::new(object)], state.map(Arc::new)))
         })
         .buffer_unordered(options.concurrent_reads.max(1))
         .collect()

@@ -139,6 +139,7 @@ mod tests {
             decoded_length: len,
             digest: None,
             byte_order: ByteOrder::Big,
+            file: 0,
         }
     }
 

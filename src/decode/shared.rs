@@ -365,6 +365,7 @@ mod tests {
             decoded_length: len as u64,
             digest: None,
             byte_order: ByteOrder::Little,
+            file: 0,
         };
         (data, component, Stored::Whole(Bytes::from(frame)))
     }

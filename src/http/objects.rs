@@ -41,7 +41,7 @@ pub async fn object(
                 }
                 _ => {
                     let mut doc = object_json(object);
-                    service::add_urls(&mut doc, &model.id, object);
+                    service::add_urls(&mut doc, &model, object);
                     Ok(([model_version(&model)], Json(doc)).into_response())
                 }
             }

@@ -130,8 +130,17 @@ impl RangeSource for RemoteRange {
 /// mapped once per model version (the storage checks the mapping is of the version listed)
 /// and checked against the file's current length, so a file truncated in place is refused
 /// rather than read.
-pub(crate) async fn model_bytes(model: &Arc<Model>, expected_len: u64) -> Result<ModelBytes, ServiceError> {
-    let StoredFile { object, mapping } = &model.file;
+pub(crate) async fn model_bytes(
+    model: &Arc<Model>,
+    manifest: &Manifest,
+    file: usize,
+) -> Result<ModelBytes, ServiceError> {
+    let StoredFile { object, mapping, .. } = model
+        .files
+        .get(file)
+        .ok_or_else(|| ServiceError::Internal(format!("model {:?} has no stored file {file}", model.id)))?;
+    // The file holding the manifest is as long as the manifest says; the others as listed.
+    let expected_len = if file == 0 { manifest.file_len } else { object.size };
     let changed = || ServiceError::ChangedOnDisk { model: model.id.clone() };
     let mapping = match mapping.get() {
         Some(mapping) => Arc::clone(mapping),
@@ -182,14 +191,16 @@ pub fn model_version(model: &Model) -> String {
     etag(model, "file")
 }
 
-/// Adds the object's URL and each component's URL to its rendered JSON.
-pub fn add_urls(rendered: &mut serde_json::Value, model: &str, object: &Object) {
+/// Adds to an object's rendered JSON its URL, and each component's URL and the name of the
+/// stored file its bytes live in.
+pub fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object) {
     if let Some(components) = rendered["components"].as_array_mut() {
         for (component, rendered) in object.components.iter().zip(components) {
-            rendered["url"] = json!(api::component_url(model, &object.name, &component.role));
+            rendered["url"] = json!(api::component_url(&model.id, &object.name, &component.role));
+            rendered["file"] = json!(model.files.get(component.file).map(|f| f.name.as_str()));
         }
     }
-    rendered["url"] = json!(api::object_url(model, &object.name));
+    rendered["url"] = json!(api::object_url(&model.id, &object.name));
 }
 
 /// The manifest as JSON with the model's id and every object's and component's URL, rendered
@@ -201,7 +212,7 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rende
         doc["id"] = json!(model.id);
         if let Some(objects) = doc["objects"].as_array_mut() {
             for (object, rendered) in manifest.objects.iter().zip(objects) {
-                add_urls(rendered, &model.id, object);
+                add_urls(rendered, model, object);
             }
         }
         let body = serde_json::to_vec(&doc).expect("JSON values serialize");
@@ -213,7 +224,7 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rende
 impl Service {
     /// The model's stored file, byte for byte.
     pub async fn stored_file(&self, model: &Arc<Model>, manifest: &Manifest) -> Result<StoredBytes, ServiceError> {
-        let bytes = model_bytes(model, manifest.file_len).await?;
+        let bytes = model_bytes(model, manifest, 0).await?;
         Ok(StoredBytes {
             source: bytes.served(&self.readahead, &model.id, 0..manifest.file_len),
             etag: etag(model, "file"),

@@ -10,7 +10,7 @@ use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
-use super::bytes::{ModelBytes, etag, model_bytes, model_version, storage_failed};
+use super::bytes::{etag, model_bytes, model_version, storage_failed};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::{Service, ServiceError};
 use crate::catalog::{ComponentFacts, Model};
@@ -28,7 +28,7 @@ fn has_content_rules(object: &Object) -> bool {
 /// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
 /// range) before any component of the object is served as valid; once per object and file
 /// version, off the async runtime.
-async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBytes) -> Result<(), ServiceError> {
+async fn check_content_once(model: &Arc<Model>, manifest: &Manifest, object: &Object) -> Result<(), ServiceError> {
     if !has_content_rules(object) {
         return Ok(());
     }
@@ -39,6 +39,7 @@ async fn check_content_once(model: &Arc<Model>, object: &Object, bytes: &ModelBy
             // Fetched whole (the checks need every byte, within the manifest's limits).
             let mut stored = Vec::with_capacity(object.components.len());
             for component in &object.components {
+                let bytes = model_bytes(model, manifest, component.file).await?;
                 stored.push(bytes.fetch(&model.source, &model.id, component.stored_range()).await?);
             }
             let object_owned = object.clone();
@@ -296,8 +297,8 @@ impl Service {
         component: &Component,
         request: ComponentRequest,
     ) -> Result<ComponentBytes, ServiceError> {
-        let bytes = model_bytes(model, manifest.file_len).await?;
-        check_content_once(model, object, &bytes).await?;
+        check_content_once(model, manifest, object).await?;
+        let bytes = model_bytes(model, manifest, component.file).await?;
         let range = component.stored_range();
         let stored = bytes.stored(range.clone());
         let facts = model.facts(&object.name, &component.role);
