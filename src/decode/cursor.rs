@@ -45,9 +45,9 @@ pub(super) struct Cursor {
 }
 
 /// A zeroed block whose pages have all been touched. The kernel zeroes an anonymous page on
-/// its first touch; done on the decoder's thread, that made a cold decode-and-serve of a
-/// 256 MiB component a fifth slower on a 2-core machine (the cold zstd row of bench/run), so
-/// the decoder takes blocks touched ahead of time on a blocking-pool thread.
+/// its first touch; done on the decoder's thread, that would stall decoding, so the decoder
+/// takes blocks touched ahead of time on a blocking-pool thread (bench/README.md: "Design
+/// choices measured").
 pub(super) fn touched_block(len: usize) -> BytesMut {
     let mut block = BytesMut::zeroed(len);
     for page in (0..len).step_by(4096) {

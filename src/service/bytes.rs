@@ -20,9 +20,9 @@ use crate::format::{Manifest, Object};
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 
 /// A body rendered once and sent many times (a large manifest's JSON): kept in a temporary
-/// file, so each response sends it with `sendfile` instead of copying it (at 32 connections
-/// a 432 KiB manifest went from 0.74x nginx's requests/s to above 1x: bench/results/latest.md).
-/// Small bodies, and any when no temporary file can be written, stay ordinary heap bytes.
+/// file, so each response sends it with `sendfile` instead of copying it (bench/README.md:
+/// "Design choices measured"). Small bodies, and any when no temporary file can be written,
+/// stay ordinary heap bytes.
 pub(crate) fn sendable(body: Vec<u8>) -> Bytes {
     const WORTH_A_FILE: usize = 64 << 10;
     if body.len() < WORTH_A_FILE {

@@ -85,8 +85,8 @@ impl MappedFile {
 
     /// A copy of `bytes` in an unlinked temporary file, mapped: responses send its slices
     /// with `sendfile`, as they do a model file's, instead of copying them. A regular file,
-    /// not a memfd: the kernel splices a memfd's pages one lookup at a time, which measured
-    /// slower than copying at 32 connections, and a page-cache file's in batches.
+    /// not a memfd: the kernel splices a memfd's pages one lookup at a time and a page-cache
+    /// file's in batches (bench/README.md: "Design choices measured").
     pub fn temporary(bytes: &[u8]) -> io::Result<MappedFile> {
         use std::io::Write as _;
         let mut file = tempfile::tempfile()?;
