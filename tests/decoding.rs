@@ -7,74 +7,10 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::RunningServer;
+use common::{RunningServer, request};
 use sha2::Digest as _;
 use ztserve::format::DType;
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    /// Whether the body ended cleanly with as many bytes as Content-Length said.
-    complete: bool,
-    first_byte: Duration,
-    total: Duration,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-/// A plain HTTP/1.1 GET with `headers`, timed to its first body byte and to its end.
-fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    let started = Instant::now();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n").unwrap();
-    let mut received = Vec::new();
-    let mut buffer = vec![0u8; 1 << 16];
-    let mut first_byte = None;
-    let mut head_end = None;
-    let mut clean_end = true;
-    loop {
-        let n = match stream.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(_) => {
-                clean_end = false;
-                break;
-            }
-        };
-        received.extend_from_slice(&buffer[..n]);
-        if head_end.is_none() {
-            head_end = received.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
-        }
-        if let (None, Some(end)) = (first_byte, head_end) {
-            if received.len() > end {
-                first_byte = Some(started.elapsed());
-            }
-        }
-    }
-    let total = started.elapsed();
-    let head_end = head_end.expect("a complete response head");
-    let head = String::from_utf8_lossy(&received[..head_end]).into_owned();
-    let status = head[9..12].parse().unwrap();
-    let headers: Vec<(String, String)> = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    let body = received[head_end..].to_vec();
-    let declared: Option<usize> =
-        headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.parse().unwrap());
-    let complete = clean_end && declared.is_none_or(|n| n == body.len());
-    Reply { status, headers, body, complete, first_byte: first_byte.unwrap_or(total), total }
-}
 
 /// The sum of every series of metric `name` (all label sets) in a `/metrics` scrape.
 fn metric(server: &RunningServer, name: &str) -> f64 {

@@ -409,16 +409,12 @@ async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource)
 }
 
 /// A real server on 127.0.0.1:0 and a plain HTTP/1.1 client over TCP.
+/// A GET over a real connection (the one test client, `common::request`).
 async fn raw_get(addr: std::net::SocketAddr, path: &str, range: &str) -> (u16, Vec<u8>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nRange: {range}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let status = std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap();
-    (status, response[head_end + 4..].to_vec())
+    let (address, path, range) = (addr.to_string(), path.to_owned(), range.to_owned());
+    let reply =
+        tokio::task::spawn_blocking(move || common::request(&address, &path, &[("Range", &range)])).await.unwrap();
+    (reply.status, reply.body)
 }
 
 async fn start_server(source: &ModelSource) -> std::net::SocketAddr {

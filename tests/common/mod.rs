@@ -172,11 +172,17 @@ pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
     (reply.status, reply.body)
 }
 
-/// A response read whole from a plain HTTP/1.1 connection.
+/// A response read from a plain HTTP/1.1 connection: the one reply type of every test that
+/// talks to a real server.
 pub struct Reply {
     pub status: u16,
     pub head: String,
     pub body: Vec<u8>,
+    /// Whether the body ended cleanly with as many bytes as Content-Length said.
+    pub complete: bool,
+    /// From sending the request to the first body byte, and to the end of the body.
+    pub first_byte: Duration,
+    pub total: Duration,
 }
 
 impl Reply {
@@ -193,17 +199,45 @@ impl Reply {
     }
 }
 
+/// A GET with `headers` on a new connection (`Connection: close`), read to the end and timed
+/// to its first body byte and to its end. A body cut short comes back with `complete` false.
 pub fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let started = std::time::Instant::now();
     write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").unwrap();
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
-    let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
+    let mut received = Vec::new();
+    let mut buffer = vec![0u8; 1 << 16];
+    let (mut first_byte, mut head_end, mut clean_end) = (None, None, true);
+    loop {
+        let n = match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(_) => {
+                clean_end = false;
+                break;
+            }
+        };
+        received.extend_from_slice(&buffer[..n]);
+        if head_end.is_none() {
+            head_end = received.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+        }
+        if let (None, Some(end)) = (first_byte, head_end)
+            && received.len() > end
+        {
+            first_byte = Some(started.elapsed());
+        }
+    }
+    let total = started.elapsed();
+    let head_end = head_end.expect("a complete response head");
+    let head = String::from_utf8_lossy(&received[..head_end - 4]).into_owned();
     let status = head[9..12].parse().unwrap();
-    Reply { status, head, body: response[head_end + 4..].to_vec() }
+    let body = received[head_end..].to_vec();
+    let mut reply = Reply { status, head, body, complete: false, first_byte: first_byte.unwrap_or(total), total };
+    let declared: Option<usize> = reply.header("content-length").map(|v| v.parse().unwrap());
+    reply.complete = clean_end && declared.is_none_or(|n| n == reply.body.len());
+    reply
 }
 
 /// One keep-alive HTTP/1.1 connection; each response is read to its Content-Length.
@@ -244,13 +278,23 @@ impl Connection {
             .get(9..12)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| Error::new(ErrorKind::InvalidData, "no status"))?;
-        let mut reply = Reply { status, head, body: Vec::new() };
+        let started = std::time::Instant::now();
+        let mut reply = Reply {
+            status,
+            head,
+            body: Vec::new(),
+            complete: false,
+            first_byte: Duration::ZERO,
+            total: Duration::ZERO,
+        };
         let len: usize = reply
             .header("content-length")
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| Error::new(ErrorKind::InvalidData, "no Content-Length"))?;
         reply.body = vec![0; len];
         self.0.read_exact(&mut reply.body)?;
+        reply.complete = true;
+        (reply.first_byte, reply.total) = (started.elapsed(), started.elapsed());
         Ok(reply)
     }
 }
