@@ -3,7 +3,6 @@
 //! components), and content checks that need a component's decoded bytes (bool values, sparse
 //! index structure), which `verify` and the server run before calling a component valid.
 
-use super::v1::{dense_size, is_dense_data};
 use super::{
     ALIGNMENT, Component, DType, Encoding, FormatError, HEADER_LEN, Limits, Location, Manifest, Object, Result,
     known_logical_type,
@@ -34,15 +33,7 @@ pub fn check_structure(manifest: &Manifest, limits: &Limits) -> Result<()> {
         if elements.is_none() {
             return Err(FormatError::ShapeOverflow { at: Location::object(&object.name), shape: object.shape.clone() });
         }
-        for &role in required_roles(&object.format) {
-            if object.component(role).is_none() {
-                return Err(FormatError::MissingComponent {
-                    at: Location::object(&object.name),
-                    format: object.format.clone(),
-                    role,
-                });
-            }
-        }
+        check_roles(&object.name, &object.format, object.components.iter().map(|c| c.role.as_str()))?;
         for (ci, component) in object.components.iter().enumerate() {
             let at = Location::component(&object.name, &component.role);
             check_component(object, elements, component, &at, data_end, limits)?;
@@ -76,20 +67,6 @@ fn check_component(
     if end > data_end {
         return Err(FormatError::RangeIntoManifest { at: at.clone(), start: component.offset, end, data_end });
     }
-    if let Some(logical) = &component.logical_type
-        && let Some((expected, _)) = known_logical_type(logical)
-        && expected != component.dtype
-    {
-        return Err(FormatError::LogicalTypeMismatch {
-            at: at.clone(),
-            logical_type: logical.clone(),
-            expected: expected.name(),
-            found: component.dtype.name(),
-        });
-    }
-    if is_sparse_index(&object.format, &component.role) && component.dtype != DType::U64 {
-        return Err(FormatError::SparseIndexDtype { at: at.clone(), found: component.dtype.name() });
-    }
     if component.decoded_length > limits.max_decoded_bytes {
         return Err(FormatError::DecodedTooLarge {
             at: at.clone(),
@@ -97,22 +74,72 @@ fn check_component(
             limit: limits.max_decoded_bytes,
         });
     }
-    let unit = component.dtype.width() * component.logical_ratio();
-    if component.decoded_length % unit != 0 {
-        return Err(FormatError::LengthNotMultiple { at: at.clone(), length: component.decoded_length, width: unit });
+    let meaning = ComponentMeaning {
+        role: &component.role,
+        dtype: component.dtype,
+        logical_type: component.logical_type.as_deref(),
+        encoding: component.encoding,
+        decoded_length: component.decoded_length,
+    };
+    check_meaning(object, elements, &meaning, at)
+}
+
+/// What the rules on a component's meaning need to know of it, whether it was read from a
+/// manifest or is about to be written.
+pub struct ComponentMeaning<'a> {
+    pub role: &'a str,
+    pub dtype: DType,
+    pub logical_type: Option<&'a str>,
+    pub encoding: Encoding,
+    pub decoded_length: u64,
+}
+
+/// The rules on a component's meaning, shared by the readers and the writer (which so never
+/// writes a file the readers refuse): a known logical type has its dtype, sparse indices are
+/// `u64`, the decoded bytes are whole elements, and a dense `data` component fills the shape.
+pub fn check_meaning(object: &Object, elements: Option<u64>, c: &ComponentMeaning<'_>, at: &Location) -> Result<()> {
+    let ratio = match c.logical_type.and_then(known_logical_type) {
+        Some((expected, _)) if expected != c.dtype => {
+            return Err(FormatError::LogicalTypeMismatch {
+                at: at.clone(),
+                logical_type: c.logical_type.unwrap_or_default().to_owned(),
+                expected: expected.name(),
+                found: c.dtype.name(),
+            });
+        }
+        Some((_, ratio)) => ratio,
+        None => 1,
+    };
+    if is_sparse_index(&object.format, c.role) && c.dtype != DType::U64 {
+        return Err(FormatError::SparseIndexDtype { at: at.clone(), found: c.dtype.name() });
     }
-    if is_dense_data(object, component) {
-        let expected = dense_size(object, elements, component, at)?;
-        if component.decoded_length != expected {
-            let what = match component.encoding {
+    let unit = c.dtype.width() * ratio;
+    if c.decoded_length % unit != 0 {
+        return Err(FormatError::LengthNotMultiple { at: at.clone(), length: c.decoded_length, width: unit });
+    }
+    if object.format == "dense" && c.role == "data" {
+        let expected = elements
+            .and_then(|n| n.checked_mul(unit))
+            .ok_or_else(|| FormatError::ShapeOverflow { at: at.clone(), shape: object.shape.clone() })?;
+        if c.decoded_length != expected {
+            let what = match c.encoding {
                 Encoding::Raw => "raw length",
                 Encoding::Zstd => "uncompressed_length",
             };
-            return Err(FormatError::LengthMismatch {
-                at: at.clone(),
-                what,
-                expected,
-                actual: component.decoded_length,
+            return Err(FormatError::LengthMismatch { at: at.clone(), what, expected, actual: c.decoded_length });
+        }
+    }
+    Ok(())
+}
+
+/// Every component the object's format requires is among `roles`.
+pub fn check_roles<'r>(object: &str, format: &str, roles: impl Iterator<Item = &'r str> + Clone) -> Result<()> {
+    for &role in required_roles(format) {
+        if !roles.clone().any(|r| r == role) {
+            return Err(FormatError::MissingComponent {
+                at: Location::object(object),
+                format: format.to_owned(),
+                role,
             });
         }
     }

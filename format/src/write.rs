@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::io::Write;
 
 use super::decode::Hasher;
-use super::validate::{is_sparse_index, required_roles};
-use super::{ALIGNMENT, DType, Digest, Encoding, V1_MAGIC, Value, known_logical_type};
+use super::validate::{ComponentMeaning, check_meaning, check_roles};
+use super::{ALIGNMENT, DType, Digest, Encoding, FormatError, Location, Object, V1_MAGIC, Value};
 
 /// The manifest version this writer emits.
 pub const WRITTEN_VERSION: &str = "1.2.0";
@@ -62,10 +62,9 @@ pub enum WriteError {
     DuplicateObject(String),
     #[error("object {object:?}: component {role:?} appears twice")]
     DuplicateComponent { object: String, role: String },
-    #[error("object {object:?}: format {format:?} requires a {role:?} component")]
-    MissingComponent { object: String, format: String, role: &'static str },
-    #[error("object {object:?}, component {role:?}: {detail}")]
-    BadComponent { object: String, role: String, detail: String },
+    /// The object breaks a rule the readers enforce.
+    #[error(transparent)]
+    Invalid(#[from] FormatError),
     #[error("attributes must be a CBOR map")]
     AttributesNotMap,
     #[error(transparent)]
@@ -100,18 +99,18 @@ impl<W: Write> Writer<W> {
         if self.names.contains(object.name) {
             return Err(WriteError::DuplicateObject(object.name.to_owned()));
         }
-        let shape = ShapeCheck { name: object.name, shape: object.shape, format: object.format };
-        let facts: Vec<_> = object
+        let meanings: Vec<_> = object
             .components
             .iter()
-            .map(|c| ComponentShape {
+            .map(|c| ComponentMeaning {
                 role: c.role,
                 dtype: c.dtype,
                 logical_type: c.logical_type,
+                encoding: Encoding::Raw,
                 decoded_length: c.bytes.len() as u64,
             })
             .collect();
-        check_components(&shape, &facts)?;
+        check_components(object.name, object.shape, object.format, &meanings)?;
         if object.attributes.as_ref().is_some_and(|a| !matches!(a, Value::Map(_))) {
             return Err(WriteError::AttributesNotMap);
         }
@@ -219,18 +218,18 @@ pub fn plan(objects: &[StoredObject<'_>], attributes: Option<Value>) -> Result<P
         if !names.insert(object.name) {
             return Err(WriteError::DuplicateObject(object.name.to_owned()));
         }
-        let shape = ShapeCheck { name: object.name, shape: object.shape, format: object.format };
-        let facts: Vec<_> = object
+        let meanings: Vec<_> = object
             .components
             .iter()
-            .map(|c| ComponentShape {
+            .map(|c| ComponentMeaning {
                 role: c.role,
                 dtype: c.dtype,
                 logical_type: c.logical_type,
+                encoding: c.encoding,
                 decoded_length: c.decoded_length,
             })
             .collect();
-        check_components(&shape, &facts)?;
+        check_components(object.name, object.shape, object.format, &meanings)?;
         let mut object_offsets = Vec::with_capacity(object.components.len());
         let mut components = Vec::with_capacity(object.components.len());
         for component in &object.components {
@@ -299,66 +298,65 @@ fn manifest_tail(objects: Vec<(Value, Value)>, attributes: Option<Value>) -> Res
     Ok(tail)
 }
 
-/// What the checks need to know of an object, whichever way its blobs are written.
-struct ShapeCheck<'a> {
-    name: &'a str,
-    shape: &'a [u64],
-    format: &'a str,
-}
-
-/// What the checks need to know of a component.
-struct ComponentShape<'a> {
-    role: &'a str,
-    dtype: DType,
-    logical_type: Option<&'a str>,
-    decoded_length: u64,
-}
-
-/// Refuses objects the reader would refuse, so this writer never produces a broken file.
-fn check_components(object: &ShapeCheck<'_>, components: &[ComponentShape<'_>]) -> Result<(), WriteError> {
+/// Refuses objects the reader would refuse, so this writer never produces a broken file: the
+/// readers' own rules on each component's meaning and on required components, plus roles
+/// named once.
+fn check_components(
+    name: &str,
+    shape: &[u64],
+    format: &str,
+    components: &[ComponentMeaning<'_>],
+) -> Result<(), WriteError> {
     let mut roles = HashSet::new();
     for component in components {
         if !roles.insert(component.role) {
-            return Err(WriteError::DuplicateComponent {
-                object: object.name.to_owned(),
-                role: component.role.to_owned(),
-            });
-        }
-        let bad = |detail: String| WriteError::BadComponent {
-            object: object.name.to_owned(),
-            role: component.role.to_owned(),
-            detail,
-        };
-        let ratio = match component.logical_type.and_then(known_logical_type) {
-            Some((expected, _)) if expected != component.dtype => {
-                return Err(bad(format!("logical type needs dtype {expected}, found {}", component.dtype)));
-            }
-            Some((_, ratio)) => ratio,
-            None => 1,
-        };
-        let unit = component.dtype.width() * ratio;
-        let len = component.decoded_length;
-        if len % unit != 0 {
-            return Err(bad(format!("{len} bytes is not a multiple of the {unit}-byte element")));
-        }
-        if object.format == "dense" && component.role == "data" {
-            let elements = object.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-            if elements.and_then(|n| n.checked_mul(unit)) != Some(len) {
-                return Err(bad(format!("{len} bytes does not fit shape {:?} of {unit}-byte elements", object.shape)));
-            }
-        }
-        if is_sparse_index(object.format, component.role) && component.dtype != DType::U64 {
-            return Err(bad(format!("sparse index components must be u64, found {}", component.dtype)));
+            return Err(WriteError::DuplicateComponent { object: name.to_owned(), role: component.role.to_owned() });
         }
     }
-    for &role in required_roles(object.format) {
-        if !roles.contains(role) {
-            return Err(WriteError::MissingComponent {
-                object: object.name.to_owned(),
-                format: object.format.to_owned(),
-                role,
-            });
-        }
+    let object = Object {
+        name: name.to_owned(),
+        shape: shape.to_vec(),
+        format: format.to_owned(),
+        attributes: None,
+        components: Vec::new(),
+    };
+    let elements = object.element_count();
+    for component in components {
+        check_meaning(&object, elements, component, &Location::component(name, component.role))?;
     }
+    check_roles(name, format, components.iter().map(|c| c.role))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(format: &str, shape: &[u64], components: Vec<ComponentInput<'_>>) -> Result<(), WriteError> {
+        let object = ObjectInput { name: "w", shape, format, attributes: None, components };
+        Writer::new(Vec::new()).unwrap().add(&object, &WriteOptions::default())
+    }
+
+    fn data<'a>(dtype: DType, logical_type: Option<&'a str>, bytes: &'a [u8]) -> ComponentInput<'a> {
+        ComponentInput { role: "data", dtype, logical_type, bytes }
+    }
+
+    #[test]
+    fn the_writer_refuses_what_the_readers_refuse_with_the_readers_own_codes() {
+        let code = |result: Result<(), WriteError>| match result {
+            Err(WriteError::Invalid(e)) => e.code(),
+            Err(WriteError::DuplicateComponent { .. }) => "duplicate_component",
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            code(add("dense", &[2], vec![data(DType::F32, Some("f8_e4m3fn"), &[0; 8])])),
+            "logical_type_mismatch"
+        );
+        assert_eq!(code(add("dense", &[3], vec![data(DType::F32, None, &[0; 8])])), "length_mismatch");
+        assert_eq!(code(add("dense", &[2], vec![data(DType::F32, None, &[0; 7])])), "length_not_multiple");
+        assert_eq!(code(add("sparse_csr", &[2, 2], vec![data(DType::F32, None, &[0; 8])])), "missing_component");
+        let twice = vec![data(DType::U8, None, &[1]), data(DType::U8, None, &[1])];
+        assert_eq!(code(add("dense", &[1], twice)), "duplicate_component");
+        assert!(add("dense", &[4], vec![data(DType::F32, Some("complex64"), &[0; 32])]).is_ok());
+    }
 }
