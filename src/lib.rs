@@ -10,7 +10,7 @@
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
-//!   `unsafe` (mapping files).
+//!   `unsafe`, in `storage::mapped` (the crate denies it everywhere else).
 //! - [`catalog`]: the sources and their health, which models exist under them, their parsed
 //!   manifests (cached by file identity or ETag), broken files, and what is learnt per
 //!   component (digest verdicts).
@@ -32,6 +32,8 @@
 //! - [`pull`]: `ztserve pull`, the client side: a served model copied to a local file by
 //!   parallel ranged GETs bound to one ETag, journaled for resume, digest-checked, renamed into
 //!   place only when complete (rebuilt through `format::write::plan`, or `--raw`).
+
+#![deny(unsafe_code)]
 
 pub mod api;
 pub mod catalog;

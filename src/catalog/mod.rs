@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use futures_util::StreamExt as _;
 
 use crate::format::{FormatError, Limits, Manifest, ManifestReads};
-use crate::storage::local::MappedFile;
+use crate::storage::mapped::MappedFile;
 use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
 
 /// Why a model cannot be served.

@@ -19,7 +19,7 @@ pub enum Stored {
     Whole(Bytes),
     /// `range` of an open local file (`key` of `source_name`), copied out with `pread` as it
     /// is consumed, never loaded from the file's mapping, so a file truncated in place fails
-    /// the read instead of raising SIGBUS (see `storage::local::MappedFile::open`).
+    /// the read instead of raising SIGBUS (see `storage::mapped::MappedFile::open`).
     File { file: Arc<std::fs::File>, source_name: String, key: String, range: Range<u64> },
     /// `range` of an object version, read as the decoder consumes it.
     Remote { object: ObjectVersion, range: Range<u64> },

@@ -1,6 +1,6 @@
 //! Connections that send mapped file bytes without copying them. Responses stay ordinary
 //! hyper bodies of `Bytes`; hyper hands each write to the socket as a list of slices, and this
-//! socket looks every large slice up among the live mappings (`storage::local::file_behind`).
+//! socket looks every large slice up among the live mappings (`storage::mapped::file_behind`).
 //! A slice of a mapped file goes out with `sendfile` from that file, at the same offset: the
 //! kernel moves page-cache pages to the socket, as nginx does, where `write` would first copy
 //! them (on loopback that copy was a third of the time of a full GET). Everything else (headers,
@@ -53,7 +53,7 @@ fn next(bufs: &[IoSlice<'_>]) -> Next {
     let mut before = 0;
     for (i, buf) in bufs.iter().enumerate() {
         if buf.len() >= SENDFILE_MIN {
-            if let Some((file, offset)) = crate::storage::local::file_behind(buf) {
+            if let Some((file, offset)) = crate::storage::mapped::file_behind(buf) {
                 // Empty slices before it count for nothing: writing them alone would return
                 // 0, which hyper takes for a closed connection.
                 return match before {
@@ -145,7 +145,7 @@ mod tests {
     #[test]
     fn a_mapped_slice_is_sent_from_its_file_after_what_precedes_it_is_written() {
         let bytes: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
-        let mapped = crate::storage::local::MappedFile::temporary(&bytes).unwrap();
+        let mapped = crate::storage::mapped::MappedFile::temporary(&bytes).unwrap();
         let head = b"HTTP/1.1 200 OK\r\n\r\n";
         let small = &mapped[..1000];
         let large = &mapped[1000..150_000];

@@ -226,7 +226,7 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     }
     partial.sync_all()?;
     journal.synced(journal.lines())?;
-    let check = crate::storage::local::MappedFile::open(&partial_path)?;
+    let check = crate::storage::mapped::MappedFile::open(&partial_path)?;
     format::parse_file(&check, &options.limits)
         .context("internal error: the pulled file does not parse; it was not moved into place")?;
     drop(check);

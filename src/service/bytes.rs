@@ -28,7 +28,7 @@ pub(crate) fn sendable(body: Vec<u8>) -> Bytes {
     if body.len() < WORTH_A_FILE {
         return Bytes::from(body);
     }
-    match crate::storage::local::MappedFile::temporary(&body) {
+    match crate::storage::mapped::MappedFile::temporary(&body) {
         Ok(file) => Bytes::from_owner(file),
         Err(e) => {
             tracing::warn!(error = %e, "cannot keep a rendered body in a temporary file; it will be copied per response");
@@ -164,7 +164,7 @@ pub(crate) async fn model_bytes(
 }
 
 /// Lets `Bytes` share ownership of a mapping.
-struct ArcBytes(Arc<crate::storage::local::MappedFile>);
+struct ArcBytes(Arc<crate::storage::mapped::MappedFile>);
 
 impl AsRef<[u8]> for ArcBytes {
     fn as_ref(&self) -> &[u8] {

@@ -9,6 +9,7 @@
 //! shared read-ahead budget. `tests/storage_conformance.rs` runs one suite against both.
 
 pub mod local;
+pub mod mapped;
 pub mod s3;
 pub mod scan;
 
@@ -74,7 +75,7 @@ pub enum Payload {
     /// `sendfile`, and the server reads it itself only with `pread` from the descriptor behind
     /// the mapping ([`Read::into_stream`]), never by loading from the mapping, so a file
     /// truncated in place fails a read instead of raising SIGBUS.
-    File { mapping: Arc<local::MappedFile>, source_name: String, key: String },
+    File { mapping: Arc<mapped::MappedFile>, source_name: String, key: String },
 }
 
 impl Read {
@@ -227,7 +228,7 @@ impl ObjectVersion {
 
     /// The object's whole file, mapped, from a backend that [maps files](Storage::maps_files);
     /// `None` from one that does not.
-    pub async fn mapping(&self) -> Result<Option<Arc<local::MappedFile>>, StorageError> {
+    pub async fn mapping(&self) -> Result<Option<Arc<mapped::MappedFile>>, StorageError> {
         if !self.storage.maps_files() {
             return Ok(None);
         }

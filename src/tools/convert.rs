@@ -7,7 +7,7 @@ use anyhow::{Context, anyhow, bail};
 
 use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use crate::format::{DType, Value};
-use crate::storage::local::MappedFile;
+use crate::storage::mapped::MappedFile;
 
 /// `--compress` and `--digest` of `convert`.
 pub fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {

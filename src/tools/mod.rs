@@ -19,7 +19,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::format::{self, Limits, Manifest};
-use crate::storage::local::MappedFile;
+use crate::storage::mapped::MappedFile;
 
 pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<(MappedFile, Manifest)> {
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;

@@ -7,7 +7,7 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::format::{self, Limits};
-use crate::storage::local::MappedFile;
+use crate::storage::mapped::MappedFile;
 
 /// `verify`: returns whether the file is valid, after printing the report.
 pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
