@@ -12,7 +12,10 @@ pub mod routes {
     pub const METRICS: &str = "/metrics";
     pub const MODELS: &str = "/models";
     pub const MANIFEST: &str = "/models/{model}";
+    /// A single-file model's stored file.
     pub const FILE: &str = "/models/{model}/file";
+    /// Any of a model's stored files, by name (a v2 root and its shards).
+    pub const STORED_FILE: &str = "/models/{model}/files/{name}";
     pub const OBJECT: &str = "/models/{model}/objects/{object}";
     pub const COMPONENT: &str = "/models/{model}/objects/{object}/components/{role}";
     /// An object may be named "" (the official 1.2.3 writer allows it): an empty segment.
@@ -20,8 +23,19 @@ pub mod routes {
     pub const UNNAMED_COMPONENT: &str = "/models/{model}/objects//components/{role}";
 
     /// Every route, for the per-route series registered at start.
-    pub const ALL: &[&str] =
-        &[HEALTHZ, READYZ, METRICS, MODELS, MANIFEST, FILE, OBJECT, COMPONENT, UNNAMED_OBJECT, UNNAMED_COMPONENT];
+    pub const ALL: &[&str] = &[
+        HEALTHZ,
+        READYZ,
+        METRICS,
+        MODELS,
+        MANIFEST,
+        FILE,
+        STORED_FILE,
+        OBJECT,
+        COMPONENT,
+        UNNAMED_OBJECT,
+        UNNAMED_COMPONENT,
+    ];
 }
 
 /// Response headers of the contract (lower case, as HTTP/2 and `HeaderName` want them).
@@ -53,6 +67,11 @@ pub fn model_url(id: &str) -> String {
 /// `/models/{id}/file`: the model's stored file.
 pub fn file_url(id: &str) -> String {
     format!("{}/file", model_url(id))
+}
+
+/// `/models/{id}/files/{name}`: one of the model's stored files.
+pub fn stored_file_url(id: &str, name: &str) -> String {
+    format!("{}/files/{}", model_url(id), segment(name))
 }
 
 /// `/models/{id}/objects/{name}`: the object's bytes or description.

@@ -42,10 +42,10 @@ fn bad_header_magic_is_refused() {
 }
 
 #[test]
-fn the_v2_container_is_refused_by_name() {
+fn a_1x_body_behind_the_v2_magic_is_read_by_the_v2_rules() {
     let mut file = dense_f32("w", vec![2], 64, 8);
     file[..8].copy_from_slice(b"\x89ZT2\r\n\x1a\n");
-    assert_eq!(code(&file), "unsupported_container");
+    assert_eq!(code(&file), "bad_footer_magic");
 }
 
 #[test]

@@ -241,7 +241,7 @@ proptest! {
                 prop_assert_eq!(c.dtype, cs.dtype);
                 prop_assert_eq!(c.logical_type.as_deref(), cs.logical_type);
                 prop_assert_eq!(c.offset % 64, 0);
-                prop_assert_eq!(c.encoding, if spec.options.zstd_level.is_some() { Encoding::Zstd } else { Encoding::Raw });
+                prop_assert_eq!(c.encoding.clone(), if spec.options.zstd_level.is_some() { Encoding::Zstd } else { Encoding::Raw });
                 prop_assert_eq!(c.digest.is_some(), spec.options.digest.is_some());
                 let decoded = decode_component(&object.name, c, stored_bytes(&bytes, &object.name, c).unwrap()).unwrap();
                 prop_assert_eq!(decoded.as_ref(), cs.bytes.as_slice());

@@ -11,10 +11,25 @@ use ciborium_ll::{Decoder, Header};
 
 use super::{FormatError, Limits, Result};
 
-/// Decodes exactly one CBOR item filling `bytes`, within `limits`. Tags are kept as tags
-/// (bignums are not turned into integers), so a tagged value is never mistaken for a plain one.
-pub(super) fn decode(bytes: &[u8], limits: &Limits) -> Result<Value> {
-    let value = build(bytes, limits)?;
+/// Which encodings a manifest may use beyond well-formed CBOR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rules {
+    /// RFC 8949 §4.2.1 core deterministic encoding, and no tags.
+    deterministic: bool,
+}
+
+impl Rules {
+    /// Any well-formed CBOR (the 0.1 and 1.x manifests).
+    pub(super) const ANY: Rules = Rules { deterministic: false };
+    /// Deterministic encoding without tags (zTensor v2 §3.1).
+    pub(super) const DETERMINISTIC: Rules = Rules { deterministic: true };
+}
+
+/// Decodes exactly one CBOR item filling `bytes`, within `limits` and `rules`. Tags are kept
+/// as tags (bignums are not turned into integers), so a tagged value is never mistaken for a
+/// plain one.
+pub(super) fn decode(bytes: &[u8], limits: &Limits, rules: Rules) -> Result<Value> {
+    let value = build(bytes, limits, rules)?;
     check_duplicate_keys(&value, "manifest")?;
     Ok(value)
 }
@@ -29,6 +44,9 @@ enum Open {
         entries: Vec<(Value, Value)>,
         key: Option<Value>,
         left: Option<u64>,
+        /// Where the key being read, and the previous key, are encoded (deterministic rules).
+        key_start: usize,
+        previous_key: Option<std::ops::Range<usize>>,
     },
     Tag(u64),
     /// An indefinite byte or text string: definite chunks of the same major type, then a break.
@@ -40,13 +58,19 @@ enum Open {
 
 /// Walks the item headers iteratively (depth never reaches the call stack), checking every
 /// declared length against the remaining input before reading or allocating for it.
-fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
+fn build(bytes: &[u8], limits: &Limits, rules: Rules) -> Result<Value> {
     let mut decoder = Decoder::from(bytes);
     let mut open: Vec<Open> = Vec::new();
     let mut items: u64 = 0;
     loop {
         let offset = decoder.offset();
+        if let Some(Open::Map { key: None, key_start, .. }) = open.last_mut() {
+            *key_start = offset;
+        }
         let header = decoder.pull().map_err(|e| cbor_error(e, offset))?;
+        if rules.deterministic {
+            check_deterministic_head(&header, &bytes[offset..decoder.offset()], offset)?;
+        }
         let remaining = (bytes.len() - decoder.offset()) as u64;
         items += 1;
         if items > limits.max_cbor_items {
@@ -68,7 +92,7 @@ fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
                 None => {
                     let Some(Open::Chunks { text, bytes: whole }) = open.pop() else { unreachable!() };
                     let value = if text { Value::Text(utf8(whole, offset)?) } else { Value::Bytes(whole) };
-                    if let Some(root) = complete(&mut open, value, offset)? {
+                    if let Some(root) = complete(&mut open, value, offset, bytes, rules)? {
                         return finish(root, &mut decoder, bytes.len());
                     }
                 }
@@ -129,7 +153,7 @@ fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
                     if is_map { Value::Map(Vec::new()) } else { Value::Array(Vec::new()) }
                 } else {
                     open.push(if is_map {
-                        Open::Map { entries: Vec::new(), key: None, left }
+                        Open::Map { entries: Vec::new(), key: None, left, key_start: 0, previous_key: None }
                     } else {
                         Open::Array { items: Vec::new(), left }
                     });
@@ -138,10 +162,49 @@ fn build(bytes: &[u8], limits: &Limits) -> Result<Value> {
                 }
             }
         };
-        if let Some(root) = complete(&mut open, value, offset)? {
+        if let Some(root) = complete(&mut open, value, decoder.offset(), bytes, rules)? {
             return finish(root, &mut decoder, bytes.len());
         }
     }
+}
+
+/// The encoding rules of RFC 8949 §4.2.1 a single item head must meet: the shortest head for
+/// its argument, a definite length, no tag, and a float in the narrowest width that holds it
+/// exactly (NaN only as `f9 7e 00`).
+fn check_deterministic_head(header: &Header, head: &[u8], offset: usize) -> Result<()> {
+    let fail = |detail: &str| Err(FormatError::CborNotDeterministic { offset, detail: detail.into() });
+    let argument = match *header {
+        Header::Positive(n) | Header::Negative(n) => n,
+        Header::Bytes(Some(n)) | Header::Text(Some(n)) | Header::Array(Some(n)) | Header::Map(Some(n)) => n as u64,
+        Header::Simple(n) => u64::from(n),
+        Header::Tag(_) => return fail("tags are not allowed"),
+        Header::Break | Header::Bytes(None) | Header::Text(None) | Header::Array(None) | Header::Map(None) => {
+            return fail("indefinite length");
+        }
+        Header::Float(f) => {
+            let shortest = if f.is_nan() {
+                return if head == [0xf9, 0x7e, 0x00] { Ok(()) } else { fail("NaN not encoded as f9 7e 00") };
+            } else if half::f16::from_f64(f).to_f64().to_bits() == f.to_bits() {
+                3
+            } else if f64::from(f as f32).to_bits() == f.to_bits() {
+                5
+            } else {
+                9
+            };
+            return if head.len() == shortest { Ok(()) } else { fail("float wider than its value needs") };
+        }
+    };
+    let shortest = match argument {
+        0..24 => 1,
+        24..=0xff => 2,
+        0x100..=0xffff => 3,
+        0x1_0000..=0xffff_ffff => 5,
+        _ => 9,
+    };
+    if head.len() != shortest {
+        return fail("integer or length not in its shortest form");
+    }
+    Ok(())
 }
 
 fn check_depth(open: &[Open], limits: &Limits) -> Result<()> {
@@ -153,7 +216,9 @@ fn check_depth(open: &[Open], limits: &Limits) -> Result<()> {
 
 /// Places a finished value in the innermost open container, closing every container this
 /// completes. Returns the root once the top-level item is complete.
-fn complete(open: &mut Vec<Open>, mut value: Value, offset: usize) -> Result<Option<Value>> {
+/// `end` is where `value`'s encoding ends in `bytes`, for the key order of deterministic rules.
+fn complete(open: &mut Vec<Open>, mut value: Value, end: usize, bytes: &[u8], rules: Rules) -> Result<Option<Value>> {
+    let offset = end;
     loop {
         let done = match open.last_mut() {
             None => return Ok(Some(value)),
@@ -166,9 +231,21 @@ fn complete(open: &mut Vec<Open>, mut value: Value, offset: usize) -> Result<Opt
                 items.push(value);
                 decrement(left)
             }
-            Some(Open::Map { entries, key, left }) => {
+            Some(Open::Map { entries, key, left, key_start, previous_key }) => {
                 match key.take() {
-                    None => *key = Some(value),
+                    None => {
+                        if rules.deterministic {
+                            let this = *key_start..end;
+                            if previous_key.as_ref().is_some_and(|p| bytes[p.clone()] >= bytes[this.clone()]) {
+                                return Err(FormatError::CborNotDeterministic {
+                                    offset: *key_start,
+                                    detail: "map keys not in strictly ascending bytewise order".into(),
+                                });
+                            }
+                            *previous_key = Some(this);
+                        }
+                        *key = Some(value)
+                    }
                     Some(k) => entries.push((k, value)),
                 }
                 decrement(left)
@@ -371,7 +448,7 @@ mod tests {
     fn indefinite_maps_and_strings_decode() {
         // {_ "a": (_ "x" "y")}
         let bytes = [0xbf, 0x61, b'a', 0x7f, 0x61, b'x', 0x61, b'y', 0xff, 0xff];
-        let v = decode(&bytes, &limits()).unwrap();
+        let v = decode(&bytes, &limits(), Rules::ANY).unwrap();
         assert_eq!(v, Value::Map(vec![(Value::Text("a".into()), Value::Text("xy".into()))]));
     }
 
@@ -379,39 +456,42 @@ mod tests {
     fn declared_byte_length_beyond_input_is_refused_before_allocation() {
         // bytes(2^62) with nothing after
         let bytes = [0x5b, 0x40, 0, 0, 0, 0, 0, 0, 0];
-        assert!(matches!(decode(&bytes, &limits()), Err(FormatError::CborLengthBeyondInput { .. })));
+        assert!(matches!(decode(&bytes, &limits(), Rules::ANY), Err(FormatError::CborLengthBeyondInput { .. })));
     }
 
     #[test]
     fn declared_array_length_beyond_input_is_refused() {
         let bytes = [0x9a, 0xff, 0xff, 0xff, 0xff, 0x01];
-        assert!(matches!(decode(&bytes, &limits()), Err(FormatError::CborLengthBeyondInput { .. })));
+        assert!(matches!(decode(&bytes, &limits(), Rules::ANY), Err(FormatError::CborLengthBeyondInput { .. })));
     }
 
     #[test]
     fn trailing_bytes_after_the_item_are_refused() {
-        assert_eq!(decode(&[0x80, 0x00], &limits()), Err(FormatError::CborTrailingBytes { count: 1 }));
+        assert_eq!(decode(&[0x80, 0x00], &limits(), Rules::ANY), Err(FormatError::CborTrailingBytes { count: 1 }));
     }
 
     #[test]
     fn bignum_tags_stay_tagged() {
-        assert_eq!(decode(&[0xc2, 0x41, 0x40], &limits()).unwrap(), Value::Tag(2, Box::new(Value::Bytes(vec![0x40]))));
+        assert_eq!(
+            decode(&[0xc2, 0x41, 0x40], &limits(), Rules::ANY).unwrap(),
+            Value::Tag(2, Box::new(Value::Bytes(vec![0x40])))
+        );
     }
 
     #[test]
     fn odd_indefinite_maps_and_bad_utf8_are_refused() {
-        assert!(matches!(decode(&[0xbf, 0x01, 0xff], &limits()), Err(FormatError::CborInvalid { .. })));
-        assert!(matches!(decode(&[0x62, 0xff, 0xfe], &limits()), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[0xbf, 0x01, 0xff], &limits(), Rules::ANY), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[0x62, 0xff, 0xfe], &limits(), Rules::ANY), Err(FormatError::CborInvalid { .. })));
     }
 
     #[test]
     fn nesting_deeper_than_the_limit_is_refused() {
         let mut bytes = vec![0x81; 100];
         bytes.push(0x00);
-        assert!(matches!(decode(&bytes, &limits()), Err(FormatError::CborTooDeep { .. })));
+        assert!(matches!(decode(&bytes, &limits(), Rules::ANY), Err(FormatError::CborTooDeep { .. })));
         let mut deep_tags = vec![0xc6; 100];
         deep_tags.push(0x00);
-        assert!(matches!(decode(&deep_tags, &limits()), Err(FormatError::CborTooDeep { .. })));
+        assert!(matches!(decode(&deep_tags, &limits(), Rules::ANY), Err(FormatError::CborTooDeep { .. })));
     }
 
     #[test]
@@ -419,23 +499,23 @@ mod tests {
         let mut bytes = vec![0x98, 200];
         bytes.extend(std::iter::repeat_n(0u8, 200));
         let small = Limits { max_cbor_items: 100, ..Limits::default() };
-        assert!(matches!(decode(&bytes, &small), Err(FormatError::CborTooManyItems { .. })));
+        assert!(matches!(decode(&bytes, &small, Rules::ANY), Err(FormatError::CborTooManyItems { .. })));
     }
 
     #[test]
     fn duplicate_keys_are_refused_at_any_depth() {
         // {"a": {"k": 1, "k": 2}}
         let bytes = [0xa1, 0x61, b'a', 0xa2, 0x61, b'k', 0x01, 0x61, b'k', 0x02];
-        assert!(matches!(decode(&bytes, &limits()), Err(FormatError::DuplicateKey { .. })));
+        assert!(matches!(decode(&bytes, &limits(), Rules::ANY), Err(FormatError::DuplicateKey { .. })));
     }
 
     #[test]
     fn invalid_headers_are_refused() {
-        assert!(matches!(decode(&[0x1c], &limits()), Err(FormatError::CborInvalid { .. })));
-        assert!(matches!(decode(&[0xff], &limits()), Err(FormatError::CborInvalid { .. })));
-        assert!(matches!(decode(&[0x82, 0x01], &limits()), Err(FormatError::CborLengthBeyondInput { .. })));
-        assert!(matches!(decode(&[0x9f, 0x01], &limits()), Err(FormatError::CborInvalid { .. })));
-        assert!(matches!(decode(&[], &limits()), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[0x1c], &limits(), Rules::ANY), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[0xff], &limits(), Rules::ANY), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[0x82, 0x01], &limits(), Rules::ANY), Err(FormatError::CborLengthBeyondInput { .. })));
+        assert!(matches!(decode(&[0x9f, 0x01], &limits(), Rules::ANY), Err(FormatError::CborInvalid { .. })));
+        assert!(matches!(decode(&[], &limits(), Rules::ANY), Err(FormatError::CborInvalid { .. })));
     }
 
     #[test]
@@ -454,5 +534,28 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn deterministic_rules_refuse_every_non_canonical_head() {
+        let strict = |bytes: &[u8]| decode(bytes, &limits(), Rules::DETERMINISTIC);
+        assert!(strict(&[0xa2, 0x61, 0x61, 0x01, 0x61, 0x62, 0x02]).is_ok());
+        let refused = [
+            &[0x18, 0x05][..],                           // 5 in two bytes
+            &[0x9f, 0x01, 0xff],                         // indefinite array
+            &[0xa2, 0x61, 0x62, 0x01, 0x61, 0x61, 0x02], // keys out of order
+            &[0xa2, 0x61, 0x61, 0x01, 0x61, 0x61, 0x02], // duplicate keys
+            &[0xfa, 0x3f, 0x80, 0x00, 0x00],             // 1.0 as f32 (fits f16)
+            &[0xfb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0],       // 1.0 as f64
+            &[0xf9, 0x7e, 0x01],                         // a NaN payload
+            &[0xc1, 0x01],                               // a tag
+        ];
+        for bytes in refused {
+            let error = strict(bytes).unwrap_err();
+            assert_eq!(error.code(), "cbor_not_deterministic", "{bytes:02x?}: {error}");
+            assert!(decode(bytes, &limits(), Rules::ANY).is_ok() || bytes[0] == 0xa2, "{bytes:02x?}");
+        }
+        assert!(strict(&[0xf9, 0x7e, 0x00]).is_ok());
+        assert!(strict(&[0xfa, 0x3f, 0x80, 0x00, 0x01]).is_ok());
     }
 }

@@ -40,9 +40,14 @@ pub struct Decoder {
 impl Decoder {
     pub fn new(object: &str, component: &Component) -> Result<Decoder> {
         let at = Location::component(object, &component.role);
-        let stage = match component.encoding {
+        let stage = match &component.encoding {
             Encoding::Raw => Stage::Copy,
-            Encoding::Zstd => {
+            Encoding::Unregistered(name) => {
+                return Err(FormatError::UnknownEncoding { at, encoding: name.to_string() });
+            }
+            // A seekable stream is zstd frames and a skippable frame: one streaming decoder
+            // reads it whole ([`decode_component`] also checks it frame by frame).
+            Encoding::Zstd | Encoding::ZstdSeekable => {
                 let context = zstd::stream::raw::Decoder::new()
                     .map_err(|e| FormatError::ZstdCorrupt { at: at.clone(), detail: e.to_string() })?;
                 // Until a frame completes, the input is not a valid encoding (empty input included).
@@ -192,6 +197,9 @@ pub fn decode_component<'a>(object: &str, component: &Component, stored: &'a [u8
     if component.is_verbatim() {
         return Ok(Cow::Borrowed(stored));
     }
+    if component.encoding == Encoding::ZstdSeekable {
+        return decode_seekable(object, component, stored).map(Cow::Owned);
+    }
     // The declared size is within the limit, but it is only a claim until the frame proves it:
     // reserve a bounded amount and let real output grow the buffer.
     let mut out = Vec::with_capacity(component.decoded_length.min(PREALLOCATE_AT_MOST) as usize);
@@ -201,6 +209,29 @@ pub fn decode_component<'a>(object: &str, component: &Component, stored: &'a [u8
         Ok(())
     })?;
     Ok(Cow::Owned(out))
+}
+
+/// A seekable part decoded frame by frame, each to exactly the size its table entry declares.
+fn decode_seekable(object: &str, component: &Component, stored: &[u8]) -> Result<Vec<u8>> {
+    let at = Location::component(object, &component.role);
+    let table = crate::seekable::SeekTable::of_stored(&at, stored, component.decoded_length)?;
+    let mut out = Vec::with_capacity(component.decoded_length.min(PREALLOCATE_AT_MOST) as usize);
+    let mut buffer = vec![0u8; DECODE_PIECE];
+    for index in 0..table.frame_count() {
+        let frame = table.frame_component(component, index);
+        let range = table.stored(index);
+        decode_with::<FormatError>(
+            object,
+            &frame,
+            &stored[range.start as usize..range.end as usize],
+            &mut buffer,
+            |piece| {
+                out.extend_from_slice(piece);
+                Ok(())
+            },
+        )?;
+    }
+    Ok(out)
 }
 
 fn check_stored_len(object: &str, component: &Component, stored: &[u8]) -> Result<()> {
@@ -218,6 +249,9 @@ fn check_stored_len(object: &str, component: &Component, stored: &[u8]) -> Resul
 pub enum Hasher {
     Crc32c(u32),
     Sha256(Box<sha2::Sha256>),
+    Xxh3(Box<xxhash_rust::xxh3::Xxh3>),
+    /// For a digest of an algorithm this reader cannot compute: checks pass over it.
+    Unverifiable,
 }
 
 impl Hasher {
@@ -226,6 +260,8 @@ impl Hasher {
         match digest {
             Digest::Crc32c(_) => Hasher::Crc32c(0),
             Digest::Sha256(_) => Hasher::Sha256(Box::default()),
+            Digest::Xxh3(_) => Hasher::Xxh3(Box::default()),
+            Digest::Unregistered(_) => Hasher::Unverifiable,
         }
     }
 
@@ -233,13 +269,18 @@ impl Hasher {
         match self {
             Hasher::Crc32c(crc) => *crc = crc32c::crc32c_append(*crc, bytes),
             Hasher::Sha256(h) => h.update(bytes),
+            Hasher::Xxh3(h) => h.update(bytes),
+            Hasher::Unverifiable => {}
         }
     }
 
-    pub fn finish(self) -> Digest {
+    /// The digest computed; `None` for an unverifiable one.
+    pub fn finish(self) -> Option<Digest> {
         match self {
-            Hasher::Crc32c(crc) => Digest::Crc32c(crc),
-            Hasher::Sha256(h) => Digest::Sha256(h.finalize().into()),
+            Hasher::Crc32c(crc) => Some(Digest::Crc32c(crc)),
+            Hasher::Sha256(h) => Some(Digest::Sha256(h.finalize().into())),
+            Hasher::Xxh3(h) => Some(Digest::Xxh3(h.digest())),
+            Hasher::Unverifiable => None,
         }
     }
 }
@@ -252,10 +293,10 @@ pub fn verify_digest(object: &str, component: &Component, stored: &[u8]) -> Resu
     check_digest(object, component, hasher.finish())
 }
 
-/// Compares a computed digest with the declared one.
-pub fn check_digest(object: &str, component: &Component, actual: Digest) -> Result<()> {
-    match &component.digest {
-        Some(expected) if *expected != actual => Err(FormatError::DigestMismatch {
+/// Compares a computed digest with the declared one (`None`: nothing could be computed).
+pub fn check_digest(object: &str, component: &Component, actual: Option<Digest>) -> Result<()> {
+    match (&component.digest, actual) {
+        (Some(expected), Some(actual)) if *expected != actual => Err(FormatError::DigestMismatch {
             at: Location::component(object, &component.role),
             algorithm: expected.algorithm(),
             expected: expected.to_string(),

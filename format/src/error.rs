@@ -38,8 +38,8 @@ pub enum FormatError {
     Truncated { len: u64, min: u64 },
     #[error("bad header magic {found:?}: not a zTensor file")]
     BadHeaderMagic { found: String },
-    #[error("container {found:?} is not supported (zTensor 2.x \"v2\" files are not read yet)")]
-    UnsupportedContainer { found: String },
+    #[error("container version {version} is not supported (this reader knows zTensor v2)")]
+    UnsupportedContainerVersion { version: u32 },
     #[error("bad footer magic {found:?}: the file is truncated or was not finished by its writer")]
     BadFooterMagic { found: String },
     #[error("manifest size is zero")]
@@ -48,6 +48,18 @@ pub enum FormatError {
     ManifestTooLarge { size: u64, limit: u64 },
     #[error("manifest size {size} runs beyond the file ({available} bytes available before the trailer)")]
     ManifestBeyondFile { size: u64, available: u64 },
+    #[error("manifest is at offset {offset}, not a multiple of 4096 at or after 4096")]
+    ManifestMisaligned { offset: u64 },
+    #[error(
+        "manifest at {offset} ({length} bytes) runs past the data region, which ends at {data_end} where the footer begins"
+    )]
+    ManifestOutOfBounds { offset: u64, length: u64, data_end: u64 },
+    #[error("manifest hash mismatch: the footer says {expected:#018x}, the manifest bytes hash to {actual:#018x}")]
+    ManifestHashMismatch { expected: u64, actual: u64 },
+    #[error("a data shard (no manifest): its blobs belong to the model of a root file that names it")]
+    DataShard,
+    #[error("a footer without a manifest must have offset and hash 0, found offset {offset} and hash {hash:#x}")]
+    DataShardFooter { offset: u64, hash: u64 },
     #[error("manifest version {version:?} is not supported in a ZTEN1000 container (major must be 1)")]
     UnsupportedVersion { version: String },
 
@@ -60,6 +72,8 @@ pub enum FormatError {
     CborTooManyItems { limit: u64 },
     #[error("manifest CBOR at byte {offset} declares {declared} bytes or items but only {remaining} bytes remain")]
     CborLengthBeyondInput { offset: usize, declared: u64, remaining: u64 },
+    #[error("manifest CBOR is not deterministically encoded at byte {offset}: {detail}")]
+    CborNotDeterministic { offset: usize, detail: String },
     #[error("manifest CBOR is followed by {count} trailing bytes")]
     CborTrailingBytes { count: usize },
     #[error("{context}: duplicate key {key}")]
@@ -80,20 +94,42 @@ pub enum FormatError {
     UnknownEncoding { at: Location, encoding: String },
     #[error("{at}: unknown data_endianness {value:?} (expected \"little\" or \"big\")")]
     UnknownEndianness { at: Location, value: String },
-    #[error("{at}: digest {digest:?} is not \"crc32c:0x<8 hex>\" or \"sha256:<64 hex>\"")]
-    BadDigest { at: Location, digest: String },
+    #[error("{at}: digest {digest:?} is not {expected}")]
+    BadDigest { at: Location, digest: String, expected: &'static str },
+    #[error("shard {shard:?}: digest {digest:?} is not \"xxh3:<16 hex>\" or \"sha256:<64 hex>\"")]
+    BadShardDigest { shard: String, digest: String },
+    #[error("{what} {name:?} {reason}")]
+    BadName { what: &'static str, name: String, reason: &'static str },
+    #[error("{at}: rank {rank} is over the limit of 64")]
+    RankTooLarge { at: Location, rank: usize },
+    #[error("shard {shard:?} was not found beside the root (by name, or by size and digest)")]
+    ShardMissing { shard: String },
+    #[error("shard {shard:?} is {actual} bytes, the root's shard table says {expected}")]
+    ShardSizeMismatch { shard: String, expected: u64, actual: u64 },
+    #[error("shard {shard:?} digest mismatch: the root's shard table says {expected}, the file hashes to {actual}")]
+    ShardDigestMismatch { shard: String, expected: String, actual: String },
+    #[error("{at}: shard {shard:?} is not in the manifest's shard table")]
+    UnknownShard { at: Location, shard: String },
+    #[error("{at}: encoding and decoded_length must be both present or both absent")]
+    EncodingWithoutDecodedLength { at: Location },
+    #[error("{at}: layout {layout:?}: {detail}")]
+    LayoutRule { at: Location, layout: String, detail: String },
     #[error("{at}: logical type {logical_type:?} needs dtype {expected}, found {found}")]
     LogicalTypeMismatch { at: Location, logical_type: String, expected: &'static str, found: &'static str },
     #[error("{at}: shape {shape:?} has an element count that overflows 64 bits")]
     ShapeOverflow { at: Location, shape: Vec<u64> },
-    #[error("{at}: offset {offset} is not a multiple of 64")]
-    Misaligned { at: Location, offset: u64 },
+    #[error("{at}: offset {offset} is not a multiple of {alignment}")]
+    Misaligned { at: Location, offset: u64, alignment: u64 },
     #[error("{at}: offset {offset} + length {length} overflows 64 bits")]
     RangeOverflow { at: Location, offset: u64, length: u64 },
-    #[error("{at}: bytes {start}..{end} overlap the {header}-byte header")]
+    #[error("{at}: bytes {start}..{end} start inside the first {header} bytes, where no data may lie")]
     RangeIntoHeader { at: Location, start: u64, end: u64, header: u64 },
     #[error("{at}: bytes {start}..{end} run past the data region, which ends at {data_end} where the manifest begins")]
     RangeIntoManifest { at: Location, start: u64, end: u64, data_end: u64 },
+    #[error(
+        "{at}: bytes {start}..{end} run past the data region of their file, which ends at {data_end} where the footer begins"
+    )]
+    RangeIntoFooter { at: Location, start: u64, end: u64, data_end: u64 },
     #[error(
         "{first} (bytes {first_start}..{first_end}) partially overlaps {second} (bytes {second_start}..{second_end})"
     )]
@@ -116,6 +152,10 @@ pub enum FormatError {
     BoolByte { at: Location, index: u64, value: u8 },
     #[error("{at}: {detail}")]
     SparseStructure { at: Location, detail: String },
+    #[error("{at}: the unused high nibble of the last byte of packed 4-bit data is not zero")]
+    PackedPadding { at: Location },
+    #[error("{at}: seek table: {detail}")]
+    SeekTable { at: Location, fault: crate::seekable::SeekFault, detail: String },
 
     // --- decoding and digests -------------------------------------------------------------
     #[error("{at}: zstd data inflates past its declared {declared} bytes")]
@@ -139,7 +179,25 @@ impl FormatError {
         match self {
             Truncated { .. } => "truncated",
             BadHeaderMagic { .. } => "bad_header_magic",
-            UnsupportedContainer { .. } => "unsupported_container",
+            UnsupportedContainerVersion { .. } => "unsupported_container_version",
+            ManifestMisaligned { .. } => "manifest_misaligned",
+            ManifestOutOfBounds { .. } => "manifest_out_of_bounds",
+            ManifestHashMismatch { .. } => "manifest_hash_mismatch",
+            DataShard => "data_shard",
+            DataShardFooter { .. } => "data_shard_footer",
+            CborNotDeterministic { .. } => "cbor_not_deterministic",
+            BadShardDigest { .. } => "bad_shard_digest",
+            BadName { .. } => "bad_name",
+            RankTooLarge { .. } => "rank_too_large",
+            UnknownShard { .. } => "unknown_shard",
+            ShardMissing { .. } => "shard_missing",
+            ShardSizeMismatch { .. } => "shard_size_mismatch",
+            ShardDigestMismatch { .. } => "shard_digest_mismatch",
+            EncodingWithoutDecodedLength { .. } => "encoding_without_decoded_length",
+            LayoutRule { .. } => "layout_rule",
+            RangeIntoFooter { .. } => "range_into_footer",
+            PackedPadding { .. } => "packed_padding",
+            SeekTable { fault, .. } => fault.code(),
             BadFooterMagic { .. } => "bad_footer_magic",
             ManifestEmpty => "manifest_empty",
             ManifestTooLarge { .. } => "manifest_too_large",

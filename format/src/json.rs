@@ -53,7 +53,7 @@ pub fn component_json(component: &Component) -> Json {
         "stored_length": component.stored_length,
         "encoding": component.encoding.name(),
         "decoded_length": component.decoded_length,
-        "digest": component.digest.map(|d| d.to_string()),
+        "digest": component.digest.as_ref().map(|d| d.to_string()),
         "byte_order": match component.byte_order { ByteOrder::Little => "little", ByteOrder::Big => "big" },
     })
 }

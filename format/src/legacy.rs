@@ -8,7 +8,8 @@ use std::ops::Range;
 use super::cbor::Fields;
 use super::v1::decoded_length;
 use super::{
-    ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value,
+    ByteOrder, Component, Container, DType, Digest, DigestScope, Encoding, FormatError, Location, Manifest, Object,
+    Result, Value,
 };
 
 /// Fields the model represents directly; all others go to the object's attributes.
@@ -46,9 +47,11 @@ fn object(index: usize, entry: &Value) -> Result<Object> {
     };
     let digest = match fields.text("checksum")? {
         None => None,
-        Some(text) => Some(
-            Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?,
-        ),
+        Some(text) => Some(Digest::parse(text).ok_or_else(|| FormatError::BadDigest {
+            at: at.clone(),
+            digest: text.to_owned(),
+            expected: "\"crc32c:0x<8 hex>\" or \"sha256:<64 hex>\"",
+        })?),
     };
     let format = fields.text("layout")?.unwrap_or("dense").to_owned();
     let extra: Vec<(Value, Value)> = fields
@@ -67,6 +70,7 @@ fn object(index: usize, entry: &Value) -> Result<Object> {
         encoding,
         decoded_length: 0,
         digest,
+        digest_scope: DigestScope::Stored,
         byte_order,
         file: 0,
     };

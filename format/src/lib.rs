@@ -1,5 +1,5 @@
 //! The zTensor byte layout, and nothing else: bytes in, typed values out. This crate owns the
-//! container framing of every supported generation (`ZTEN0001` legacy, `ZTEN1000` 1.x), turns
+//! container framing of every supported generation (`ZTEN0001` legacy, `ZTEN1000` 1.x, v2), turns
 //! each into one generation-neutral [`Manifest`], validates it, decodes components and writes
 //! files. It does no IO and never touches async code, so the server, the CLI and the fuzzer all
 //! share exactly the same rules.
@@ -14,7 +14,9 @@ pub mod decode;
 mod error;
 pub mod json;
 mod legacy;
+pub mod seekable;
 mod v1;
+pub mod v2;
 pub mod validate;
 pub mod verify;
 pub mod write;
@@ -30,7 +32,7 @@ pub use error::{FormatError, Location, Result};
 pub const LEGACY_MAGIC: &[u8; 8] = b"ZTEN0001";
 /// The magic of the 1.x container (`ZTEN1000`), repeated as the footer.
 pub const V1_MAGIC: &[u8; 8] = b"ZTEN1000";
-/// The magic of the zTensor 2.x container, recognised only to refuse it clearly.
+/// The magic of the zTensor v2 container, repeated at the end of its footer.
 pub const V2_MAGIC: &[u8; 8] = b"\x89ZT2\r\n\x1a\n";
 /// Size of the magic header every container starts with.
 pub const HEADER_LEN: u64 = 8;
@@ -46,6 +48,9 @@ pub enum Container {
     Legacy01,
     /// zTensor 1.x: `ZTEN1000` header and footer, CBOR map manifest.
     V1,
+    /// zTensor v2: 40-byte footer with a hashed, deterministic-CBOR manifest, 4096-aligned
+    /// blobs, optional shards.
+    V2,
 }
 
 impl Container {
@@ -55,23 +60,38 @@ impl Container {
         match magic {
             m if m == LEGACY_MAGIC => Ok(Container::Legacy01),
             m if m == V1_MAGIC => Ok(Container::V1),
-            m if m == V2_MAGIC => Err(FormatError::UnsupportedContainer { found: "zTensor 2.x (v2)".into() }),
+            m if m == V2_MAGIC => Ok(Container::V2),
             m => Err(FormatError::BadHeaderMagic { found: printable(m) }),
         }
     }
 
-    /// Bytes after the manifest: the size field, plus the footer magic for 1.x.
+    /// Bytes of the trailer that locates the manifest: the size field, plus the footer magic
+    /// for 1.x; v2's whole footer.
     pub fn trailer_len(self) -> u64 {
         match self {
             Container::Legacy01 => 8,
             Container::V1 => 16,
+            Container::V2 => v2::FOOTER_LEN,
         }
     }
 
     /// The smallest file this container can describe.
     pub fn min_file_len(self) -> u64 {
-        // Header, at least one manifest byte, trailer.
-        HEADER_LEN + 1 + self.trailer_len()
+        match self {
+            // Header, at least one manifest byte, trailer.
+            Container::Legacy01 | Container::V1 => HEADER_LEN + 1 + self.trailer_len(),
+            // Header and footer: a data shard holds nothing else.
+            Container::V2 => HEADER_LEN + v2::FOOTER_LEN,
+        }
+    }
+
+    /// The short name the HTTP API lists (`zt-0.1`, `zt-1`, `zt-2`).
+    pub fn id(self) -> &'static str {
+        match self {
+            Container::Legacy01 => "zt-0.1",
+            Container::V1 => "zt-1",
+            Container::V2 => "zt-2",
+        }
     }
 }
 
@@ -80,6 +100,7 @@ impl fmt::Display for Container {
         f.write_str(match self {
             Container::Legacy01 => "ZTEN0001 (0.1)",
             Container::V1 => "ZTEN1000 (1.x)",
+            Container::V2 => "zTensor v2",
         })
     }
 }
@@ -114,7 +135,7 @@ impl Default for Limits {
     }
 }
 
-/// The 13 storage types.
+/// The storage types: v2's 12 primitives, and 1.x's `bool` (a logical type over `u8` in v2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F64,
@@ -213,18 +234,31 @@ impl fmt::Display for DType {
 }
 
 /// How a component's bytes are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Encoding {
     Raw,
+    /// One zstd frame (0.1 and 1.x).
     Zstd,
+    /// v2's `zt.zstd-seekable/1`: independent frames and a seek table ([`seekable`]).
+    ZstdSeekable,
+    /// A v2 encoding profile this reader does not know: its stored bytes are served as they
+    /// are, never decoded by guess.
+    Unregistered(Box<str>),
 }
 
 impl Encoding {
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
             Encoding::Raw => "raw",
             Encoding::Zstd => "zstd",
+            Encoding::ZstdSeekable => v2::ZSTD_SEEKABLE,
+            Encoding::Unregistered(name) => name,
         }
+    }
+
+    /// Whether this reader can decode it.
+    pub fn is_known(&self) -> bool {
+        !matches!(self, Encoding::Unregistered(_))
     }
 }
 
@@ -236,11 +270,15 @@ pub enum ByteOrder {
     Big,
 }
 
-/// A declared checksum of a component's stored bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A declared checksum of a component's bytes (which ones: [`DigestScope`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Digest {
     Crc32c(u32),
     Sha256([u8; 32]),
+    /// XXH3-64 (v2).
+    Xxh3(u64),
+    /// A v2 digest of an algorithm this reader cannot compute, kept as declared.
+    Unregistered(Box<str>),
 }
 
 impl Digest {
@@ -248,7 +286,14 @@ impl Digest {
         match self {
             Digest::Crc32c(_) => "crc32c",
             Digest::Sha256(_) => "sha256",
+            Digest::Xxh3(_) => "xxh3",
+            Digest::Unregistered(_) => "unregistered",
         }
+    }
+
+    /// Whether this reader can compute it.
+    pub fn is_verifiable(&self) -> bool {
+        !matches!(self, Digest::Unregistered(_))
     }
 
     /// Parses `crc32c:0x1234ABCD` (hex in either case) or `sha256:<64 hex digits>`.
@@ -278,12 +323,33 @@ impl fmt::Display for Digest {
         match self {
             Digest::Crc32c(v) => write!(f, "crc32c:0x{v:08X}"),
             Digest::Sha256(v) => write!(f, "sha256:{}", hex::encode(v)),
+            Digest::Xxh3(v) => write!(f, "xxh3:{v:016x}"),
+            Digest::Unregistered(text) => f.write_str(text),
         }
     }
 }
 
-/// The logical types whose size rule and storage dtype the spec defines. Any other `type`
-/// string is kept as is and its bytes are served by their dtype.
+/// Which bytes a digest covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DigestScope {
+    /// The bytes as stored (1.x: the compressed bytes of a zstd component).
+    Stored,
+    /// The decoded bytes (v2), whatever the encoding.
+    Decoded,
+}
+
+/// A v2 shard: another file holding some of a model's blobs, known by its size and digest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shard {
+    /// A label (`[A-Za-z0-9._-]`, 1..64 bytes), never a path.
+    pub name: String,
+    pub size: u64,
+    /// Of the whole file.
+    pub digest: Digest,
+}
+
+/// The 1.x logical types whose size rule and storage dtype the spec defines. Any other `type`
+/// string is kept as is and its bytes are served by their dtype. (v2's: [`v2::logical_size`].)
 pub fn known_logical_type(name: &str) -> Option<(DType, u64)> {
     match name {
         "f8_e4m3fn" | "f8_e5m2" | "f8_e4m3fnuz" | "f8_e5m2fnuz" => Some((DType::U8, 1)),
@@ -309,6 +375,7 @@ pub struct Component {
     /// Bytes after decoding, declared or derived from the shape.
     pub decoded_length: u64,
     pub digest: Option<Digest>,
+    pub digest_scope: DigestScope,
     pub byte_order: ByteOrder,
     /// Which of the model's stored files holds the stored bytes (`offset` is in that file):
     /// 0, the file holding the manifest, for every 0.1 and 1.x component.
@@ -336,10 +403,11 @@ impl Component {
         self.byte_order == ByteOrder::Big && self.dtype.width() > 1
     }
 
-    /// Whether the stored bytes are a zstd frame of exactly the served bytes, so a client that
-    /// accepts zstd can be sent the frame as it is.
+    /// Whether the stored bytes are zstd frames of exactly the served bytes (a seekable
+    /// stream's table is a skippable frame every zstd decoder passes over), so a client that
+    /// accepts zstd can be sent them as they are.
     pub fn is_zstd_of_served_bytes(&self) -> bool {
-        self.encoding == Encoding::Zstd && !self.needs_swap()
+        matches!(self.encoding, Encoding::Zstd | Encoding::ZstdSeekable) && !self.needs_swap()
     }
 }
 
@@ -370,7 +438,7 @@ impl Object {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
     pub container: Container,
-    /// The manifest's `version` string; `None` for legacy files, which have none.
+    /// The manifest's `version` string (`"2"` for v2); `None` for legacy files, which have none.
     pub version: Option<String>,
     pub attributes: Option<Value>,
     /// In manifest order.
@@ -378,6 +446,8 @@ pub struct Manifest {
     /// Where the manifest sits in the file; component bytes all lie before it.
     pub manifest_span: Range<u64>,
     pub file_len: u64,
+    /// v2's shard table, by name; a component in shard `i` has `file == i + 1`.
+    pub shards: Vec<Shard>,
     by_name: HashMap<String, usize>,
 }
 
@@ -396,7 +466,7 @@ impl Manifest {
                 return Err(FormatError::DuplicateObject { name: object.name.clone() });
             }
         }
-        Ok(Manifest { container, version, attributes, objects, manifest_span, file_len, by_name })
+        Ok(Manifest { container, version, attributes, objects, manifest_span, file_len, shards: Vec::new(), by_name })
     }
 
     pub fn object(&self, name: &str) -> Option<&Object> {
@@ -404,9 +474,19 @@ impl Manifest {
     }
 }
 
-/// Finds the manifest from the file length and the file's last bytes (at least 16, or the
-/// whole file when shorter). Checks the footer magic, the size field and the size limit.
-fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &Limits) -> Result<Range<u64>> {
+/// Finds the manifest from the file length and the file's last bytes (at least the trailer, or
+/// the whole file when shorter). Checks the footer, the size field and the size limit. Returns
+/// the manifest hash v2 declares.
+fn manifest_span(
+    container: Container,
+    file_len: u64,
+    tail: &[u8],
+    limits: &Limits,
+) -> Result<(Range<u64>, Option<u64>)> {
+    if container == Container::V2 {
+        let footer = v2::Footer::read(file_len, tail)?;
+        return Ok((footer.manifest_span(file_len, limits)?, Some(footer.manifest_hash)));
+    }
     if file_len < container.min_file_len() {
         return Err(FormatError::Truncated { len: file_len, min: container.min_file_len() });
     }
@@ -431,7 +511,7 @@ fn manifest_span(container: Container, file_len: u64, tail: &[u8], limits: &Limi
         return Err(FormatError::ManifestBeyondFile { size, available });
     }
     let end = file_len - trailer_len as u64;
-    Ok(end - size..end)
+    Ok((end - size..end, None))
 }
 
 /// Decodes and structurally validates a manifest found at `span` in a file of `file_len` bytes.
@@ -442,10 +522,15 @@ fn parse_manifest(
     file_len: u64,
     limits: &Limits,
 ) -> Result<Manifest> {
-    let value = cbor::decode(bytes, limits)?;
+    if container == Container::V2 {
+        let strict = Limits { max_cbor_depth: limits.max_cbor_depth.min(v2::MAX_DEPTH), ..*limits };
+        let value = cbor::decode(bytes, &strict, cbor::Rules::DETERMINISTIC)?;
+        return v2::parse(value, span, file_len, limits);
+    }
+    let value = cbor::decode(bytes, limits, cbor::Rules::ANY)?;
     let manifest = match container {
         Container::Legacy01 => legacy::parse(value, span, file_len)?,
-        Container::V1 => v1::parse(value, span, file_len)?,
+        _ => v1::parse(value, span, file_len)?,
     };
     validate::check_structure(&manifest, limits)?;
     Ok(manifest)
@@ -460,8 +545,8 @@ pub fn parse_file(file: &[u8], limits: &Limits) -> Result<Manifest> {
     located.parse(tail, slice(located.missing.clone()), limits)
 }
 
-/// The longest trailer of any container: a tail this long always holds the manifest's size.
-pub const MAX_TRAILER_LEN: u64 = 16;
+/// The longest trailer of any container: a tail this long always holds the manifest's place.
+pub const MAX_TRAILER_LEN: u64 = v2::FOOTER_LEN;
 
 /// The reads that find and parse a file's manifest, whoever makes them (a local `pread`, an
 /// S3 ranged GET, an HTTP range request): the header and the file's tail, read together, then
@@ -480,6 +565,8 @@ pub struct Located {
     pub span: Range<u64>,
     /// The manifest's bytes before the tail, still to be read (empty when the tail holds them).
     pub missing: Range<u64>,
+    /// The XXH3-64 the manifest bytes must hash to (v2).
+    hash: Option<u64>,
     file_len: u64,
     tail_start: u64,
 }
@@ -505,9 +592,9 @@ impl ManifestReads {
     /// of `tail` (checking the footer, the size field and the size limit).
     pub fn locate(&self, head: &[u8], tail: &[u8], limits: &Limits) -> Result<Located> {
         let container = Container::sniff(head)?;
-        let span = manifest_span(container, self.file_len, tail, limits)?;
+        let (span, hash) = manifest_span(container, self.file_len, tail, limits)?;
         let missing = span.start.min(self.tail.start)..self.tail.start.min(span.end);
-        Ok(Located { container, span, missing, file_len: self.file_len, tail_start: self.tail.start })
+        Ok(Located { container, span, missing, hash, file_len: self.file_len, tail_start: self.tail.start })
     }
 }
 
@@ -516,10 +603,14 @@ impl Located {
     pub fn parse(&self, tail: &[u8], missing: &[u8], limits: &Limits) -> Result<Manifest> {
         let in_tail = |at: u64| (at.max(self.tail_start) - self.tail_start) as usize;
         let from_tail = &tail[in_tail(self.span.start)..in_tail(self.span.end)];
-        if missing.is_empty() {
-            return parse_manifest(self.container, from_tail, self.span.clone(), self.file_len, limits);
+        let whole = if missing.is_empty() {
+            std::borrow::Cow::Borrowed(from_tail)
+        } else {
+            [missing, from_tail].concat().into()
+        };
+        if let Some(hash) = self.hash {
+            v2::check_manifest_hash(&whole, hash)?;
         }
-        let whole = [missing, from_tail].concat();
         parse_manifest(self.container, &whole, self.span.clone(), self.file_len, limits)
     }
 }

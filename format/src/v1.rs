@@ -6,7 +6,8 @@ use std::ops::Range;
 
 use super::cbor::Fields;
 use super::{
-    ByteOrder, Component, Container, DType, Digest, Encoding, FormatError, Location, Manifest, Object, Result, Value,
+    ByteOrder, Component, Container, DType, Digest, DigestScope, Encoding, FormatError, Location, Manifest, Object,
+    Result, Value,
 };
 
 pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64) -> Result<Manifest> {
@@ -87,9 +88,11 @@ fn component(
     };
     let digest = match fields.text("digest")? {
         None => None,
-        Some(text) => Some(
-            Digest::parse(text).ok_or_else(|| FormatError::BadDigest { at: at.clone(), digest: text.to_owned() })?,
-        ),
+        Some(text) => Some(Digest::parse(text).ok_or_else(|| FormatError::BadDigest {
+            at: at.clone(),
+            digest: text.to_owned(),
+            expected: "\"crc32c:0x<8 hex>\" or \"sha256:<64 hex>\"",
+        })?),
     };
     let declared = fields.uint("uncompressed_length")?;
     let mut component = Component {
@@ -101,6 +104,7 @@ fn component(
         encoding,
         decoded_length: 0,
         digest,
+        digest_scope: DigestScope::Stored,
         byte_order: ByteOrder::Little,
         file: 0,
     };
@@ -137,7 +141,7 @@ pub(super) fn decoded_length(
     declared: Option<u64>,
     at: &Location,
 ) -> Result<u64> {
-    let size = match (component.encoding, declared) {
+    let size = match (&component.encoding, declared) {
         (Encoding::Raw, Some(declared)) if declared != component.stored_length => {
             return Err(FormatError::LengthMismatch {
                 at: at.clone(),
@@ -147,9 +151,9 @@ pub(super) fn decoded_length(
             });
         }
         (Encoding::Raw, _) => component.stored_length,
-        (Encoding::Zstd, Some(declared)) => declared,
         (Encoding::Zstd, None) if is_dense_data(object, component) => dense_size(object, elements, component, at)?,
-        (Encoding::Zstd, None) => return Err(FormatError::UnknownDecodedLength { at: at.clone() }),
+        (_, None) => return Err(FormatError::UnknownDecodedLength { at: at.clone() }),
+        (_, Some(declared)) => declared,
     };
     Ok(size)
 }

@@ -54,7 +54,7 @@ fn check_component(
     limits: &Limits,
 ) -> Result<()> {
     if component.offset % ALIGNMENT != 0 {
-        return Err(FormatError::Misaligned { at: at.clone(), offset: component.offset });
+        return Err(FormatError::Misaligned { at: at.clone(), offset: component.offset, alignment: ALIGNMENT });
     }
     let end = component.offset.checked_add(component.stored_length).ok_or(FormatError::RangeOverflow {
         at: at.clone(),
@@ -78,7 +78,7 @@ fn check_component(
         role: &component.role,
         dtype: component.dtype,
         logical_type: component.logical_type.as_deref(),
-        encoding: component.encoding,
+        encoding: &component.encoding,
         decoded_length: component.decoded_length,
     };
     check_meaning(object, elements, &meaning, at)
@@ -90,7 +90,7 @@ pub struct ComponentMeaning<'a> {
     pub role: &'a str,
     pub dtype: DType,
     pub logical_type: Option<&'a str>,
-    pub encoding: Encoding,
+    pub encoding: &'a Encoding,
     pub decoded_length: u64,
 }
 
@@ -122,10 +122,7 @@ pub fn check_meaning(object: &Object, elements: Option<u64>, c: &ComponentMeanin
             .and_then(|n| n.checked_mul(unit))
             .ok_or_else(|| FormatError::ShapeOverflow { at: at.clone(), shape: object.shape.clone() })?;
         if c.decoded_length != expected {
-            let what = match c.encoding {
-                Encoding::Raw => "raw length",
-                Encoding::Zstd => "uncompressed_length",
-            };
+            let what = if *c.encoding == Encoding::Raw { "raw length" } else { "uncompressed_length" };
             return Err(FormatError::LengthMismatch { at: at.clone(), what, expected, actual: c.decoded_length });
         }
     }
@@ -200,8 +197,17 @@ where
     match object.format.as_str() {
         "sparse_csr" => check_csr(object, &mut decoded),
         "sparse_coo" => check_coo(object, &mut decoded),
-        _ => Ok(()),
+        _ => crate::v2::check_content(object, &mut decoded),
     }
+}
+
+/// Whether an object has content rules beyond its manifest, which [`check_content`] checks.
+pub fn has_content_rules(object: &Object) -> bool {
+    matches!(object.format.as_str(), "sparse_csr" | "sparse_coo" | "zt.sparse_csr/1" | "zt.sparse_coo/1")
+        || object
+            .components
+            .iter()
+            .any(|c| c.dtype == DType::Bool || matches!(c.logical_type.as_deref(), Some("bool" | "f4_e2m1")))
 }
 
 fn sparse_error(object: &Object, role: &str, detail: String) -> FormatError {

@@ -1,19 +1,22 @@
-//! `verify_file`: every structural, decoding, digest and content check over a whole file in
-//! memory, collecting each failure rather than stopping at the first (the `verify` tool, and
-//! the fuzzer's widest entry point).
+//! `verify_file` and `verify_model`: every structural, decoding, digest and content check over
+//! a model's files in memory (a v2 root and its shards, or one file of any generation),
+//! collecting each failure rather than stopping at the first (the `verify` tool, and the
+//! fuzzer's widest entry point).
 
 use std::borrow::Cow;
 
-use crate::decode::{DECODE_PIECE, decode_component, decode_with, stored_bytes, verify_digest};
+use crate::decode::{DECODE_PIECE, Hasher, check_digest, decode_component, decode_with, stored_bytes, verify_digest};
 use crate::validate::check_content;
-use crate::{FormatError, Limits};
+use crate::{Component, DigestScope, FormatError, Limits, Manifest, Shard};
 
 /// What `verify` found.
 pub struct VerifyReport {
     pub objects: usize,
     pub components: usize,
     pub digests_checked: usize,
-    /// Every failure: one structural one, or each failing component.
+    /// Components in an encoding this reader does not know: kept as stored, not decoded.
+    pub undecodable: usize,
+    /// Every failure: one structural one, or each failing shard and component.
     pub errors: Vec<FormatError>,
 }
 
@@ -23,29 +26,82 @@ impl VerifyReport {
     }
 }
 
-/// Runs every structural, decoding, digest and content check over a file's bytes.
+/// Runs every check over one file's bytes (a v2 root naming shards fails for each shard).
 pub fn verify_file(file: &[u8], limits: &Limits) -> VerifyReport {
-    let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, errors: Vec::new() };
-    let manifest = match crate::parse_file(file, limits) {
+    verify_model(file, |_| None, limits)
+}
+
+/// Checks a shard file against its entry in the root's table: its size, then its digest.
+pub fn check_shard(shard: &Shard, bytes: &[u8]) -> Result<(), FormatError> {
+    if bytes.len() as u64 != shard.size {
+        return Err(FormatError::ShardSizeMismatch {
+            shard: shard.name.clone(),
+            expected: shard.size,
+            actual: bytes.len() as u64,
+        });
+    }
+    let mut hasher = Hasher::for_digest(&shard.digest);
+    hasher.update(bytes);
+    match hasher.finish() {
+        Some(actual) if actual != shard.digest => Err(FormatError::ShardDigestMismatch {
+            shard: shard.name.clone(),
+            expected: shard.digest.to_string(),
+            actual: actual.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Runs every check over a model: the root file's bytes, and each shard's bytes as `shard`
+/// finds them (`None`: missing).
+pub fn verify_model<'a>(root: &'a [u8], shard: impl Fn(&Shard) -> Option<&'a [u8]>, limits: &Limits) -> VerifyReport {
+    let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, undecodable: 0, errors: Vec::new() };
+    let manifest = match crate::parse_file(root, limits) {
         Ok(m) => m,
         Err(e) => {
             report.errors.push(e);
             return report;
         }
     };
+    let mut files: Vec<Option<&[u8]>> = vec![Some(root)];
+    for entry in &manifest.shards {
+        let bytes = shard(entry);
+        let checked = match bytes {
+            None => Err(FormatError::ShardMissing { shard: entry.name.clone() }),
+            Some(bytes) => check_shard(entry, bytes),
+        };
+        if let Err(e) = checked {
+            report.errors.push(e);
+            files.push(None);
+        } else {
+            files.push(bytes);
+        }
+    }
+    verify_components(&manifest, &files, &mut report);
+    report
+}
+
+fn verify_components(manifest: &Manifest, files: &[Option<&[u8]>], report: &mut VerifyReport) {
     let mut scratch = vec![0u8; DECODE_PIECE];
     for object in &manifest.objects {
         report.objects += 1;
         let mut object_ok = true;
         for component in &object.components {
             report.components += 1;
-            let result = stored_bytes(file, &object.name, component).and_then(|stored| {
-                if component.digest.is_some() {
-                    report.digests_checked += 1;
-                    verify_digest(&object.name, component, stored)?;
-                }
-                decode_with::<FormatError>(&object.name, component, stored, &mut scratch, |_| Ok(()))
-            });
+            // A missing or mismatched shard was reported once, for the shard.
+            let Some(file) = files[component.file] else {
+                object_ok = false;
+                continue;
+            };
+            if !component.encoding.is_known() {
+                report.undecodable += 1;
+                object_ok = false;
+                continue;
+            }
+            let checked = component.digest.as_ref().is_some_and(|d| d.is_verifiable());
+            report.digests_checked += usize::from(checked);
+            let result = stored_bytes(file, &object.name, component)
+                .and_then(|stored| verify_component(&object.name, component, stored, &mut scratch));
             if let Err(e) = result {
                 object_ok = false;
                 report.errors.push(e);
@@ -53,6 +109,7 @@ pub fn verify_file(file: &[u8], limits: &Limits) -> VerifyReport {
         }
         if object_ok {
             let content = check_content(object, |c| -> crate::Result<Cow<'_, [u8]>> {
+                let file = files[c.file].expect("every file of a checked object is present");
                 decode_component(&object.name, c, stored_bytes(file, &object.name, c)?)
             });
             if let Err(e) = content {
@@ -60,5 +117,21 @@ pub fn verify_file(file: &[u8], limits: &Limits) -> VerifyReport {
             }
         }
     }
-    report
+}
+
+/// Decodes one component and checks its digest over the bytes it covers.
+fn verify_component(object: &str, component: &Component, stored: &[u8], scratch: &mut [u8]) -> crate::Result<()> {
+    match component.digest_scope {
+        DigestScope::Stored => {
+            verify_digest(object, component, stored)?;
+            decode_with::<FormatError>(object, component, stored, scratch, |_| Ok(()))
+        }
+        DigestScope::Decoded => {
+            let decoded = decode_component(object, component, stored)?;
+            let Some(expected) = &component.digest else { return Ok(()) };
+            let mut hasher = Hasher::for_digest(expected);
+            hasher.update(&decoded);
+            check_digest(object, component, hasher.finish())
+        }
+    }
 }

@@ -106,7 +106,7 @@ impl<W: Write> Writer<W> {
                 role: c.role,
                 dtype: c.dtype,
                 logical_type: c.logical_type,
-                encoding: Encoding::Raw,
+                encoding: &Encoding::Raw,
                 decoded_length: c.bytes.len() as u64,
             })
             .collect();
@@ -145,7 +145,7 @@ impl<W: Write> Writer<W> {
         self.out.write_all(stored)?;
         self.position += stored.len() as u64;
 
-        let digest = options.digest.map(|algorithm| {
+        let digest = options.digest.and_then(|algorithm| {
             let mut hasher = algorithm.hasher();
             hasher.update(stored);
             hasher.finish()
@@ -225,7 +225,7 @@ pub fn plan(objects: &[StoredObject<'_>], attributes: Option<Value>) -> Result<P
                 role: c.role,
                 dtype: c.dtype,
                 logical_type: c.logical_type,
-                encoding: c.encoding,
+                encoding: &c.encoding,
                 decoded_length: c.decoded_length,
             })
             .collect();
@@ -256,7 +256,7 @@ fn component_entry(component: &StoredComponent<'_>, offset: u64) -> Value {
         fields.push((text("uncompressed_length"), uint(component.decoded_length)));
         fields.push((text("encoding"), text("zstd")));
     }
-    if let Some(digest) = component.digest {
+    if let Some(digest) = &component.digest {
         fields.push((text("digest"), text(&digest.to_string())));
     }
     Value::Map(fields)

@@ -4,7 +4,10 @@
 //! keeps its parsed manifest, so it is read and parsed once; an object that fails validation
 //! stays listed as broken with its reason, and never stops the others from serving. A source
 //! that cannot be listed keeps the models it had, and is reported degraded until it answers
-//! again.
+//! again. A v2 root's shards are found among the files beside it ([`shards`]); a data shard
+//! (a v2 file with no manifest) is part of some root's model, never a model of its own.
+
+mod shards;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,6 +118,8 @@ pub struct Model {
     pub source: Arc<Source>,
     /// The stored files' total size in bytes.
     pub size: u64,
+    /// The container of the file holding the manifest, once it has been identified.
+    pub container: Option<crate::format::Container>,
     /// What identifies this version of the model: of its one file (a file's identity, an
     /// ETag), or a digest of every file's when it has several.
     pub version: String,
@@ -147,6 +152,8 @@ pub struct ComponentFacts {
     pub verdict: tokio::sync::OnceCell<Result<(), FormatError>>,
     /// SHA-256 of the decoded bytes, once a complete decode has computed it.
     pub decoded_sha256: Arc<OnceLock<[u8; 32]>>,
+    /// A seekable part's seek table, read and checked once.
+    pub seek_table: tokio::sync::OnceCell<Arc<crate::format::seekable::SeekTable>>,
 }
 
 impl Model {
@@ -178,6 +185,7 @@ impl Model {
             id: id.to_owned(),
             source: Arc::clone(source),
             size,
+            container: None,
             version,
             files,
             state,
@@ -193,10 +201,16 @@ impl Model {
         Arc::clone(facts.entry((object.to_owned(), role.to_owned())).or_default())
     }
 
-    /// Whether this model can stand for `version` of the same object in a new catalog.
-    fn still_valid_for(&self, source: &Source, version: &str) -> bool {
+    /// Whether this model can stand for the same files, in the same versions, in a new
+    /// catalog: it keeps what it has learnt (mappings, digest verdicts, content checks).
+    fn still_valid_for(&self, source: &Source, files: &[StoredFile]) -> bool {
         self.source.name == source.name
-            && self.files[0].object.version == version
+            && self.files.len() == files.len()
+            && self
+                .files
+                .iter()
+                .zip(files)
+                .all(|(a, b)| a.object.key == b.object.key && a.object.version == b.object.version)
             && self.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true)
     }
 }
@@ -209,6 +223,16 @@ pub struct ScanOptions {
     pub manifest_suffix_bytes: u64,
     /// Remote manifests read at once.
     pub concurrent_reads: usize,
+    /// Whether a shard found by name must also match its whole-file digest (a shard found by
+    /// scanning the directory is always matched by digest).
+    pub check_shard_digests: bool,
+}
+
+/// One listed file's manifest, as read for one version of it.
+#[derive(Debug, Clone)]
+struct ParsedFile {
+    version: String,
+    state: Result<Arc<Manifest>, CatalogError>,
 }
 
 /// An immutable snapshot of every source; the server swaps in a new one after each rescan.
@@ -217,6 +241,11 @@ pub struct Catalog {
     models: BTreeMap<String, Arc<Model>>,
     /// Sources that could not be listed in this scan, with the reason.
     pub unreadable_sources: Vec<(String, String)>,
+    /// Every listed file's manifest (data shards and broken files included) by source and
+    /// key, so an unchanged file is read once.
+    files: HashMap<(String, String), ParsedFile>,
+    /// Whole-file digests of shards, computed once per file version.
+    digests: shards::DigestMemo,
 }
 
 impl Catalog {
@@ -224,18 +253,24 @@ impl Catalog {
     /// unchanged. Blocking work (walking directories, reading local manifests) runs off the
     /// async runtime.
     pub async fn build(sources: &[Arc<Source>], previous: &Arc<Catalog>, options: &ScanOptions) -> Catalog {
-        let mut catalog = Catalog::default();
+        let mut catalog = Catalog {
+            digests: std::sync::Mutex::new(previous.digests.lock().expect("never poisoned").clone()),
+            ..Catalog::default()
+        };
         for source in sources {
-            let listed = list(source, previous, options).await;
+            let listed = list(source, previous, options, &catalog.digests).await;
             let models = match listed {
-                Ok(models) => {
+                Ok((models, files)) => {
                     source.report_success();
+                    catalog.files.extend(files);
                     models
                 }
                 Err(e) => {
                     // Keep serving what was known: reads will say whether the objects answer.
                     source.report_failure(&e);
                     catalog.unreadable_sources.push((source.name.clone(), e.to_string()));
+                    let kept = previous.files.iter().filter(|((name, _), _)| *name == source.name);
+                    catalog.files.extend(kept.map(|(key, parsed)| (key.clone(), parsed.clone())));
                     previous.models().filter(|m| Arc::ptr_eq(&m.source, source)).cloned().collect()
                 }
             };
@@ -265,36 +300,82 @@ impl Catalog {
     }
 }
 
-/// Lists a source; new and changed objects have their manifests read, several at once.
+/// A source's models, and the manifest of every file it lists.
+type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>);
+
+/// Lists a source; new and changed objects have their manifests read, several at once. Every
+/// file with a manifest is a model; a root's shards are resolved among the files listed.
 async fn list(
     source: &Arc<Source>,
     previous: &Catalog,
     options: &ScanOptions,
-) -> Result<Vec<Arc<Model>>, StorageError> {
+    digests: &shards::DigestMemo,
+) -> Result<Listing, StorageError> {
     let storage = &source.storage;
     let listed = storage.list().await?;
-    let models = futures_util::stream::iter(listed)
+    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(listed.iter().cloned())
         .map(|object: Listed| async move {
-            let id = object.key.strip_suffix(".zt").unwrap_or(&object.key).to_owned();
-            if let Some(model) = previous.get(&id).filter(|m| m.still_valid_for(source, &object.version)) {
-                return Arc::clone(model);
+            let known = previous.files.get(&(source.name.clone(), object.key.clone()));
+            if let Some(parsed) = known.filter(|p| p.version == object.version) {
+                if parsed.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true) {
+                    return (object, parsed.clone());
+                }
             }
-            let object = ObjectVersion {
+            let version = ObjectVersion {
                 storage: Arc::clone(storage),
-                key: object.key,
-                version: object.version,
+                key: object.key.clone(),
+                version: object.version.clone(),
                 size: object.size,
             };
-            let state = read_remote_manifest(&object, options).await;
+            let state = read_remote_manifest(&version, options).await;
             if let Err(CatalogError::Storage(e)) = &state {
                 source.report_failure(e);
             }
-            Arc::new(Model::new(&id, source, vec![StoredFile::new(object)], state.map(Arc::new)))
+            let parsed = ParsedFile { version: object.version.clone(), state: state.map(Arc::new) };
+            (object, parsed)
         })
         .buffer_unordered(options.concurrent_reads.max(1))
         .collect()
         .await;
-    Ok(models)
+    parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    let mut models = Vec::with_capacity(parsed.len());
+    for (object, file) in &parsed {
+        if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) {
+            continue;
+        }
+        let id = object.key.strip_suffix(".zt").unwrap_or(&object.key).to_owned();
+        let root = || {
+            StoredFile::new(ObjectVersion {
+                storage: Arc::clone(storage),
+                key: object.key.clone(),
+                version: object.version.clone(),
+                size: object.size,
+            })
+        };
+        let (files, state) = match &file.state {
+            Ok(manifest) if !manifest.shards.is_empty() => {
+                match shards::resolve(source, object, manifest, &listed, digests, options.check_shard_digests).await {
+                    Ok(files) => (files, Ok(Arc::clone(manifest))),
+                    Err(e) => (vec![root()], Err(e)),
+                }
+            }
+            state => (vec![root()], state.clone()),
+        };
+        if let Err(CatalogError::Storage(e)) = &state {
+            source.report_failure(e);
+        }
+        match previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
+            Some(model) if model.state.is_ok() == state.is_ok() => models.push(Arc::clone(model)),
+            _ => {
+                let mut model = Model::new(&id, source, files, state);
+                // Known once the manifest parsed, even when the model's shards are not found.
+                model.container = file.state.as_ref().ok().map(|m| m.container);
+                models.push(Arc::new(model))
+            }
+        }
+    }
+    let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
+    Ok((models, files))
 }
 
 /// Reads a remote object's manifest: one suffix read of `manifest_suffix_bytes` holds the
@@ -356,7 +437,12 @@ mod tests {
     }
 
     fn build(sources: &[Arc<Source>], previous: &Arc<Catalog>) -> Arc<Catalog> {
-        let options = ScanOptions { limits: Limits::default(), manifest_suffix_bytes: 64 << 10, concurrent_reads: 4 };
+        let options = ScanOptions {
+            limits: Limits::default(),
+            manifest_suffix_bytes: 64 << 10,
+            concurrent_reads: 4,
+            check_shard_digests: true,
+        };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         Arc::new(runtime.block_on(Catalog::build(sources, previous, &options)))
     }

@@ -138,13 +138,20 @@ mod tests {
             encoding: Encoding::Raw,
             decoded_length: len,
             digest: None,
+            digest_scope: crate::format::DigestScope::Stored,
             byte_order: ByteOrder::Big,
             file: 0,
         }
     }
 
     fn key(object: &str) -> ComponentKey {
-        ComponentKey { model: "m".into(), version: "v1".into(), object: object.into(), role: "data".into() }
+        ComponentKey {
+            model: "m".into(),
+            version: "v1".into(),
+            object: object.into(),
+            role: "data".into(),
+            frame: None,
+        }
     }
 
     fn entry(cache: &DecodeCache, object: &str, len: u64) -> Option<Hold> {

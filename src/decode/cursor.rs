@@ -22,8 +22,9 @@ pub(super) enum Stop {
 
 pub(super) fn encoding_label(component: &Component) -> &'static str {
     match component.encoding {
-        Encoding::Zstd => "zstd",
+        Encoding::Zstd | Encoding::ZstdSeekable => "zstd",
         Encoding::Raw => "byteswap",
+        Encoding::Unregistered(_) => "unregistered",
     }
 }
 

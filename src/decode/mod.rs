@@ -40,6 +40,8 @@ pub struct ComponentKey {
     pub version: String,
     pub object: String,
     pub role: String,
+    /// One frame of a seekable part, decoded and cached on its own.
+    pub frame: Option<usize>,
 }
 
 /// Why decoded bytes cannot be delivered.

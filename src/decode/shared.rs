@@ -364,6 +364,7 @@ mod tests {
             encoding: Encoding::Zstd,
             decoded_length: len as u64,
             digest: None,
+            digest_scope: crate::format::DigestScope::Stored,
             byte_order: ByteOrder::Little,
             file: 0,
         };
@@ -371,7 +372,7 @@ mod tests {
     }
 
     fn key() -> ComponentKey {
-        ComponentKey { model: "m".into(), version: "v".into(), object: "w".into(), role: "data".into() }
+        ComponentKey { model: "m".into(), version: "v".into(), object: "w".into(), role: "data".into(), frame: None }
     }
 
     fn shared(cache: &DecodeCache, component: &Component, stored: &Stored) -> Hold {

@@ -37,6 +37,32 @@ impl Stored {
         self.len() == 0
     }
 
+    /// `range` of these stored bytes (within `0..len`), from the same place.
+    pub fn slice(&self, range: Range<u64>) -> Stored {
+        match self {
+            Stored::Whole(bytes) => Stored::Whole(bytes.slice(range.start as usize..range.end as usize)),
+            Stored::File { file, source_name, key, range: whole } => Stored::File {
+                file: Arc::clone(file),
+                source_name: source_name.clone(),
+                key: key.clone(),
+                range: whole.start + range.start..whole.start + range.end,
+            },
+            Stored::Remote { object, range: whole } => {
+                Stored::Remote { object: object.clone(), range: whole.start + range.start..whole.start + range.end }
+            }
+        }
+    }
+
+    /// The stored bytes from offset `from` to the end, collected.
+    pub async fn fetch_from(&self, from: u64, purpose: &'static str) -> Result<Bytes, StorageError> {
+        let mut pieces = self.stream(from, purpose);
+        let mut out = bytes::BytesMut::with_capacity((self.len() - from.min(self.len())) as usize);
+        while let Some(piece) = pieces.next().await {
+            out.extend_from_slice(&piece?);
+        }
+        Ok(out.freeze())
+    }
+
     /// The stored bytes from offset `from` on, as they are read (for `purpose` in metrics).
     /// A read that ends early is an error, never a short success.
     pub fn stream(&self, from: u64, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {

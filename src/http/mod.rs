@@ -66,6 +66,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route(routes::MODELS, get(models::list))
         .route(routes::MANIFEST, get(models::manifest))
         .route(routes::FILE, get(models::file))
+        .route(routes::STORED_FILE, get(models::file))
         .route(routes::OBJECT, get(objects::object))
         .route(routes::COMPONENT, get(objects::component))
         .route(routes::UNNAMED_OBJECT, get(objects::object))

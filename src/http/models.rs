@@ -34,8 +34,12 @@ pub async fn list(
                 "id": m.id,
                 "source": m.source.name,
                 "size": m.size,
+                "files": m.files.len(),
                 "url": api::model_url(&m.id),
             });
+            if let Some(container) = m.container {
+                entry["container"] = json!(container.id());
+            }
             match &m.state {
                 Ok(manifest) => {
                     entry["status"] = json!("ok");
@@ -93,7 +97,10 @@ pub async fn file(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-            let stored = state.service.stored_file(&model, &manifest).await?;
+            let stored = match params.iter().find(|(key, _)| key == "name") {
+                Some((_, name)) => state.service.stored_file_named(&model, &manifest, name).await?,
+                None => state.service.stored_file(&model, &manifest).await?,
+            };
             let representation = Representation {
                 source: stored.source,
                 etag: stored.etag,

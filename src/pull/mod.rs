@@ -304,7 +304,7 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
                 label: label(object, component),
                 output: blob.clone(),
                 source: blob.clone(),
-                digest: component.digest,
+                digest: component.digest.clone(),
                 transform: None,
                 is_component: true,
             });
@@ -349,11 +349,11 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
                         role: &c.role,
                         dtype: c.dtype,
                         logical_type: c.logical_type.as_deref(),
-                        encoding: if swapped { Encoding::Raw } else { c.encoding },
+                        encoding: if swapped { Encoding::Raw } else { c.encoding.clone() },
                         stored_length: if swapped { c.decoded_length } else { c.stored_length },
                         decoded_length: c.decoded_length,
                         // A decoded blob's digest is computed anew, with the same algorithm.
-                        digest: if swapped { None } else { c.digest },
+                        digest: if swapped { None } else { c.digest.clone() },
                     }
                 })
                 .collect(),
@@ -370,7 +370,7 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
                 label: label(object, component),
                 output: offset..offset + written,
                 source: component.offset..component.offset + component.stored_length,
-                digest: component.digest,
+                digest: component.digest.clone(),
                 transform: swapped.then(|| (object.name.clone(), component.clone())),
                 is_component: true,
             });
@@ -524,7 +524,7 @@ fn decode_blob(object: &str, component: &format::Component, stored: &[u8]) -> an
 /// Whether a unit's bytes in the partial file match its digest (true when it has none).
 fn check_unit(partial: &std::fs::File, unit: &Unit) -> anyhow::Result<bool> {
     // A decoded unit's stored digest was checked before decoding (`decode_blob`).
-    let Some(digest) = unit.digest.filter(|_| unit.transform.is_none()) else { return Ok(true) };
+    let Some(digest) = unit.digest.clone().filter(|_| unit.transform.is_none()) else { return Ok(true) };
     let mut hasher = Hasher::for_digest(&digest);
     let mut buffer = vec![0u8; 1 << 20];
     let mut at = unit.output.start;
@@ -534,7 +534,7 @@ fn check_unit(partial: &std::fs::File, unit: &Unit) -> anyhow::Result<bool> {
         hasher.update(&buffer[..n]);
         at += n as u64;
     }
-    Ok(hasher.finish() == digest)
+    Ok(hasher.finish().as_ref() == Some(&digest))
 }
 
 /// A bar on a terminal, a line every few seconds elsewhere, or nothing.

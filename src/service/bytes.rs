@@ -210,6 +210,11 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rende
     model.manifest_json.get_or_init(|| {
         let mut doc = manifest_json(manifest);
         doc["id"] = json!(model.id);
+        doc["files"] = model
+            .files
+            .iter()
+            .map(|f| json!({ "name": f.name, "size": f.object.size, "url": api::stored_file_url(&model.id, &f.name) }))
+            .collect();
         if let Some(objects) = doc["objects"].as_array_mut() {
             for (object, rendered) in manifest.objects.iter().zip(objects) {
                 add_urls(rendered, model, object);
@@ -222,12 +227,39 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rende
 }
 
 impl Service {
-    /// The model's stored file, byte for byte.
+    /// The stored file of a model stored in one, byte for byte.
     pub async fn stored_file(&self, model: &Arc<Model>, manifest: &Manifest) -> Result<StoredBytes, ServiceError> {
+        if model.files.len() != 1 {
+            return Err(ServiceError::SeveralFiles { model: model.id.clone(), count: model.files.len() });
+        }
         let bytes = model_bytes(model, manifest, 0).await?;
         Ok(StoredBytes {
             source: bytes.served(&self.readahead, &model.id, 0..manifest.file_len),
             etag: etag(model, "file"),
+            model_version: model_version(model),
+        })
+    }
+
+    /// The model's stored file `name` (the root or a shard), byte for byte.
+    pub async fn stored_file_named(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        name: &str,
+    ) -> Result<StoredBytes, ServiceError> {
+        let Some(index) = model.files.iter().position(|f| f.name == name) else {
+            let names: Vec<&str> = model.files.iter().map(|f| f.name.as_str()).collect();
+            return Err(ServiceError::FileNotFound {
+                model: model.id.clone(),
+                name: name.to_owned(),
+                available: names.join(", "),
+            });
+        };
+        let bytes = model_bytes(model, manifest, index).await?;
+        let len = if index == 0 { manifest.file_len } else { model.files[index].object.size };
+        Ok(StoredBytes {
+            source: bytes.served(&self.readahead, &model.id, 0..len),
+            etag: etag(model, &format!("file\0{name}")),
             model_version: model_version(model),
         })
     }

@@ -12,6 +12,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::bytes::{etag, model_bytes, model_version, storage_failed};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
+use super::seekable::SeekableSource;
 use super::{Service, ServiceError};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
@@ -19,17 +20,11 @@ use crate::decode::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
 use crate::telemetry::names;
 
-/// Whether an object has content the format can check beyond its manifest.
-fn has_content_rules(object: &Object) -> bool {
-    matches!(object.format.as_str(), "sparse_csr" | "sparse_coo")
-        || object.components.iter().any(|c| c.dtype == crate::format::DType::Bool)
-}
-
 /// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
 /// range) before any component of the object is served as valid; once per object and file
 /// version, off the async runtime.
 async fn check_content_once(model: &Arc<Model>, manifest: &Manifest, object: &Object) -> Result<(), ServiceError> {
-    if !has_content_rules(object) {
+    if !crate::format::validate::has_content_rules(object) {
         return Ok(());
     }
     let cached = model.content_checks.lock().expect("never poisoned").get(&object.name).cloned();
@@ -76,6 +71,8 @@ enum DigestCheck {
 enum CheckError {
     Mismatch(FormatError),
     Storage(crate::storage::StorageError),
+    /// The decoded bytes a digest covers could not be produced.
+    Decode(ServiceError),
     Crashed(String),
 }
 
@@ -84,48 +81,48 @@ impl CheckError {
         match self {
             CheckError::Mismatch(source) => ServiceError::invalid(&model.id, source),
             CheckError::Storage(e) => storage_failed(&model.source, &model.id, e),
+            CheckError::Decode(e) => e,
             CheckError::Crashed(reason) => ServiceError::Internal(reason),
         }
     }
 }
 
-/// Hashes a component's stored bytes off the async runtime and compares with its digest.
-/// Remote bytes stream through the hasher as they arrive, never held whole.
-async fn hash_stored(
+/// The bytes a component's digest covers: its stored bytes, or (a v2 digest of an encoded
+/// part) its decoded bytes.
+enum Covered {
+    Stored(Stored),
+    Decoded(Arc<dyn RangeSource>),
+}
+
+/// Hashes the bytes a component's digest covers off the async runtime and compares. Bytes
+/// not in memory stream through the hasher as they arrive, never held whole.
+async fn hash_covered(
     object: String,
     component: Component,
-    stored: Stored,
+    covered: Covered,
 ) -> Result<Result<(), FormatError>, CheckError> {
-    let Some(expected) = component.digest else { return Ok(Ok(())) };
-    let hasher = crate::format::decode::Hasher::for_digest(&expected);
-    let hashed = match stored {
-        Stored::Whole(bytes) => tokio::task::spawn_blocking(move || {
-            let mut hasher = hasher;
-            hasher.update(&bytes);
-            hasher.finish()
-        })
-        .await
-        .map_err(|e| CheckError::Crashed(e.to_string()))?,
-        Stored::File { .. } | Stored::Remote { .. } => {
-            let (pieces, mut receiver) = tokio::sync::mpsc::channel::<Bytes>(4);
-            let hashing = tokio::task::spawn_blocking(move || {
-                let mut hasher = hasher;
-                while let Some(piece) = receiver.blocking_recv() {
-                    hasher.update(&piece);
-                }
-                hasher.finish()
-            });
-            let mut reading = stored.stream(0, "verify");
-            while let Some(piece) = reading.next().await {
-                let piece = piece.map_err(CheckError::Storage)?;
-                if pieces.send(piece).await.is_err() {
-                    break;
-                }
-            }
-            drop(pieces);
-            hashing.await.map_err(|e| CheckError::Crashed(e.to_string()))?
-        }
+    let Some(expected) = &component.digest else { return Ok(Ok(())) };
+    let hasher = crate::format::decode::Hasher::for_digest(expected);
+    let mut reading = match covered {
+        Covered::Stored(Stored::Whole(bytes)) => futures_util::stream::iter([Ok(bytes)]).boxed(),
+        Covered::Stored(stored) => stored.stream(0, "verify").map_err(CheckError::Storage).boxed(),
+        Covered::Decoded(source) => source.open(0..source.len()).map_err(CheckError::Decode).boxed(),
     };
+    let (pieces, mut receiver) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let hashing = tokio::task::spawn_blocking(move || {
+        let mut hasher = hasher;
+        while let Some(piece) = receiver.blocking_recv() {
+            hasher.update(&piece);
+        }
+        hasher.finish()
+    });
+    while let Some(piece) = reading.next().await {
+        if pieces.send(piece?).await.is_err() {
+            break;
+        }
+    }
+    drop(pieces);
+    let hashed = hashing.await.map_err(|e| CheckError::Crashed(e.to_string()))?;
     let verdict = crate::format::decode::check_digest(&object, &component, hashed);
     {
         let outcome = if verdict.is_ok() { "ok" } else { "mismatch" };
@@ -144,28 +141,30 @@ fn digest_check(
     facts: &Arc<ComponentFacts>,
     object: &Object,
     component: &Component,
-    stored: &Stored,
+    covered: Covered,
     head: bool,
     ranged: bool,
 ) -> DigestCheck {
-    if component.digest.is_none() || policy == VerifyPolicy::Never {
+    if !component.digest.as_ref().is_some_and(|d| d.is_verifiable()) || policy == VerifyPolicy::Never {
         return DigestCheck::Skipped;
     }
     if let (VerifyPolicy::FirstRead, Some(verdict)) = (policy, facts.verdict.get()) {
         return DigestCheck::Known(verdict.clone());
     }
-    // A range of a remote component is never held up by (nor pays for) reading the whole
-    // component from the store: the check is made by the first full read.
-    if head || (ranged && matches!(stored, Stored::Remote { .. })) {
+    // A range of a remote component, or of a part whose digest covers its decoded bytes, is
+    // never held up by (nor pays for) reading or decoding the whole part: the check is made
+    // by the first full read.
+    let costly = matches!(covered, Covered::Stored(Stored::Remote { .. }) | Covered::Decoded(_));
+    if head || (ranged && costly) {
         return DigestCheck::Skipped;
     }
-    let (facts, name, component, stored) = (Arc::clone(facts), object.name.clone(), component.clone(), stored.clone());
+    let (facts, name, component) = (Arc::clone(facts), object.name.clone(), component.clone());
     let check = async move {
         let verdict = match policy {
             VerifyPolicy::FirstRead => {
-                facts.verdict.get_or_try_init(|| hash_stored(name, component, stored)).await?.clone()
+                facts.verdict.get_or_try_init(|| hash_covered(name, component, covered)).await?.clone()
             }
-            _ => hash_stored(name, component, stored).await?,
+            _ => hash_covered(name, component, covered).await?,
         };
         verdict.map_err(CheckError::Mismatch)
     }
@@ -233,26 +232,30 @@ impl RangeSource for DecodedSource {
 }
 
 impl DecodedSource {
-    /// `body`, once a decoder has come free within `decode_wait_ms`; otherwise the error
-    /// `DecodersBusy` (the body's first piece is taken before any header is sent, so it is a
-    /// clean refusal). Decoders are taken one piece at a time, in turn, so this wait is the queue a
-    /// new decode would join: when it stays full that long, shedding the request beats
-    /// letting every decode slow down.
     fn admitted(&self, body: ByteStream) -> ByteStream {
-        let decoders = Arc::clone(self.service.cache.decoders());
-        let wait = std::time::Duration::from_millis(self.service.config.decode_wait_ms);
-        futures_util::stream::once(async move {
-            match tokio::time::timeout(wait, decoders.acquire()).await {
-                Ok(_free) => Ok(body),
-                Err(_) => {
-                    metrics::counter!(names::DECODE_REFUSALS).increment(1);
-                    Err(ServiceError::DecodersBusy)
-                }
-            }
-        })
-        .try_flatten()
-        .boxed()
+        admitted(&self.service, body)
     }
+}
+
+/// `body`, once a decoder has come free within `decode_wait_ms`; otherwise the error
+/// `DecodersBusy` (the body's first piece is taken before any header is sent, so it is a
+/// clean refusal). Decoders are taken one piece at a time, in turn, so this wait is the queue a
+/// new decode would join: when it stays full that long, shedding the request beats letting
+/// every decode slow down.
+pub(super) fn admitted(service: &Arc<Service>, body: ByteStream) -> ByteStream {
+    let decoders = Arc::clone(service.cache.decoders());
+    let wait = std::time::Duration::from_millis(service.config.decode_wait_ms);
+    futures_util::stream::once(async move {
+        match tokio::time::timeout(wait, decoders.acquire()).await {
+            Ok(_free) => Ok(body),
+            Err(_) => {
+                metrics::counter!(names::DECODE_REFUSALS).increment(1);
+                Err(ServiceError::DecodersBusy)
+            }
+        }
+    })
+    .try_flatten()
+    .boxed()
 }
 
 /// What a request for a component's bytes asks of it.
@@ -298,13 +301,52 @@ impl Service {
         request: ComponentRequest,
     ) -> Result<ComponentBytes, ServiceError> {
         check_content_once(model, manifest, object).await?;
+        if let crate::format::Encoding::Unregistered(name) = &component.encoding {
+            // Never decoded by guess: its stored bytes are in the model's file, at the
+            // offsets the manifest gives.
+            let at = crate::format::Location::component(&object.name, &component.role);
+            return Err(ServiceError::invalid(
+                &model.id,
+                FormatError::UnknownEncoding { at, encoding: name.to_string() },
+            ));
+        }
         let bytes = model_bytes(model, manifest, component.file).await?;
         let range = component.stored_range();
         let stored = bytes.stored(range.clone());
         let facts = model.facts(&object.name, &component.role);
+        let key = ComponentKey {
+            model: model.id.clone(),
+            version: model.version.clone(),
+            object: object.name.clone(),
+            role: component.role.clone(),
+            frame: None,
+        };
+        let decoded: Option<Arc<dyn RangeSource>> = match component.encoding {
+            _ if component.is_verbatim() => None,
+            crate::format::Encoding::ZstdSeekable => Some(Arc::new(SeekableSource {
+                service: Arc::clone(self),
+                source: Arc::clone(&model.source),
+                key,
+                component: component.clone(),
+                stored: stored.clone(),
+                facts: Arc::clone(&facts),
+            })),
+            _ => Some(Arc::new(DecodedSource {
+                service: Arc::clone(self),
+                source: Arc::clone(&model.source),
+                key,
+                component: component.clone(),
+                stored: stored.clone(),
+                sha256: Arc::clone(&facts.decoded_sha256),
+            })),
+        };
+        let covered = match (component.digest_scope, &decoded) {
+            (crate::format::DigestScope::Decoded, Some(decoded)) => Covered::Decoded(Arc::clone(decoded)),
+            _ => Covered::Stored(stored),
+        };
         let mut digest = None;
         let guard =
-            match digest_check(self.config.verify, &facts, object, component, &stored, request.head, request.ranged) {
+            match digest_check(self.config.verify, &facts, object, component, covered, request.head, request.ranged) {
                 DigestCheck::Skipped => None,
                 DigestCheck::Known(verdict) => {
                     digest = Some(if verdict.is_ok() { "verified" } else { "mismatch" });
@@ -325,6 +367,7 @@ impl Service {
                         verdict.map_err(|e| match e {
                             CheckError::Mismatch(e) => e.to_string(),
                             CheckError::Storage(e) => e.to_string(),
+                            CheckError::Decode(e) => e.to_string(),
                             CheckError::Crashed(reason) => reason,
                         })
                     })))
@@ -340,26 +383,16 @@ impl Service {
         let (source, etag, sha256, cache): (Arc<dyn RangeSource>, String, Option<[u8; 32]>, _) = if zstd_passthrough {
             // The stored frame as it is: its digest, when SHA-256, is the representation's.
             let source = bytes.served(&self.readahead, &model.id, range);
-            (source, etag(model, &format!("{part}\0zstd")), declared_sha256, Some("passthrough"))
+            let of_stored = declared_sha256.filter(|_| component.digest_scope == crate::format::DigestScope::Stored);
+            (source, etag(model, &format!("{part}\0zstd")), of_stored, Some("passthrough"))
         } else if component.is_verbatim() {
             (bytes.served(&self.readahead, &model.id, range), etag(model, &part), declared_sha256, None)
         } else {
-            let key = ComponentKey {
-                model: model.id.clone(),
-                version: model.version.clone(),
-                object: object.name.clone(),
-                role: component.role.clone(),
-            };
-            let sha256 = facts.decoded_sha256.get().copied();
-            let source = DecodedSource {
-                service: Arc::clone(self),
-                source: Arc::clone(&model.source),
-                key,
-                component: component.clone(),
-                stored,
-                sha256: Arc::clone(&facts.decoded_sha256),
-            };
-            (Arc::new(source), etag(model, &part), sha256, None)
+            let decoded = decoded.expect("a component not stored verbatim is decoded");
+            // SHA-256 of decoded bytes: declared (v2), or learnt by a whole decode of a frame.
+            let of_decoded = declared_sha256.filter(|_| component.digest_scope == crate::format::DigestScope::Decoded);
+            let sha256 = facts.decoded_sha256.get().copied().or(of_decoded);
+            (decoded, etag(model, &part), sha256, None)
         };
         Ok(ComponentBytes {
             source,

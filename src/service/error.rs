@@ -23,6 +23,11 @@ pub enum ServiceError {
     /// Every decoder stayed busy for `decode_wait_ms`.
     #[error("every decoder is busy; retry shortly")]
     DecodersBusy,
+    #[error("model {model:?} has no stored file {name:?}; its files are {available}")]
+    FileNotFound { model: String, name: String, available: String },
+    /// `/file` of a model stored in several files: each is served by name.
+    #[error("model {model:?} is stored in {count} files, not one: fetch each from its URL under /files/")]
+    SeveralFiles { model: String, count: usize },
     #[error("model {model:?} changed on disk; it is served again after the next rescan")]
     ChangedOnDisk { model: String },
     /// Storage could not give a model's bytes: its source is unavailable or refuses access,

@@ -8,6 +8,7 @@ mod bytes;
 mod components;
 mod error;
 mod representation;
+mod seekable;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -105,6 +106,7 @@ impl Service {
             },
             manifest_suffix_bytes: self.config.manifest_suffix_bytes,
             concurrent_reads: self.config.scan_concurrency,
+            check_shard_digests: self.config.verify != crate::config::VerifyPolicy::Never,
         };
         // In its own task, so a panic in a scan is contained like one in a handler.
         let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;

@@ -33,13 +33,22 @@ pub fn official_python(version: &str) -> PathBuf {
     python
 }
 
-/// Runs `tests/interop/official.py ARGS` under `ztensor==version`.
+/// Runs `tests/interop/official.py ARGS` under `ztensor==version` (0.1 and 1.x).
 pub fn run_official(version: &str, args: &[&Path]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/official.py");
-    let output = Command::new(official_python(version)).arg(script).args(args).output().expect("python runs");
+    run_script(version, "official.py", args);
+}
+
+/// Runs `tests/interop/official_v2.py ARGS` under `ztensor==version` (2.x).
+pub fn run_official_v2(version: &str, args: &[&Path]) {
+    run_script(version, "official_v2.py", args);
+}
+
+fn run_script(version: &str, script: &str, args: &[&Path]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(script);
+    let output = Command::new(official_python(version)).arg(path).args(args).output().expect("python runs");
     assert!(
         output.status.success(),
-        "official.py {args:?} under ztensor=={version} failed:\n{}",
+        "{script} {args:?} under ztensor=={version} failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
 }
