@@ -108,6 +108,29 @@ fn every_fuzz_seed_corpus_and_regression_input_is_handled_without_panic() {
 }
 
 #[test]
+fn every_v2_manifest_fuzz_input_is_handled_without_panic() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let mut count = 0;
+    for dir in ["seeds-v2", "corpus/v2_manifest", "regressions-v2"] {
+        for entry in fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n == "README.md") {
+                continue;
+            }
+            let bytes = fs::read(&path).unwrap();
+            // What the v2_manifest fuzz target does with each input.
+            let Some((&pages, manifest)) = bytes.split_first() else { continue };
+            let heap: Vec<u8> = (0..4096 * usize::from(pages)).map(|i| (i.wrapping_mul(31) % 251) as u8).collect();
+            let file = ztserve::format::v2::file_around(&heap, manifest);
+            let shard = ztserve::format::v2::file_around(&heap[..heap.len().min(8192)], &[]);
+            let _ = ztserve::format::verify::verify_model(&file, |_| Some(&shard[..]), &limits());
+            count += 1;
+        }
+    }
+    assert!(count >= 40, "fuzz/ lost its v2 corpus: {count} inputs");
+}
+
+#[test]
 fn every_official_seed_is_valid() {
     for seed in seeds() {
         let report = verify_file(&seed, &Limits::default());

@@ -100,6 +100,31 @@ pub fn check_manifest_hash(bytes: &[u8], expected: u64) -> Result<()> {
     Ok(())
 }
 
+/// The container (L0) around a blob heap and a manifest: the magic, zero padding to 4096,
+/// `heap` (which so starts at offset 4096), zero padding to the next multiple of 4096, the
+/// manifest, and the footer with its offset, length and XXH3-64. An empty manifest makes a
+/// data shard (offset, length and hash zero). Blob offsets in the manifest are the writer's
+/// business; tests and the fuzzer build files by hand with this.
+pub fn file_around(heap: &[u8], manifest: &[u8]) -> Vec<u8> {
+    let mut file = Vec::with_capacity(2 * BLOB_ALIGNMENT as usize + heap.len() + manifest.len() + 40);
+    file.extend_from_slice(V2_MAGIC);
+    file.resize(BLOB_ALIGNMENT as usize, 0);
+    file.extend_from_slice(heap);
+    file.resize(file.len().next_multiple_of(BLOB_ALIGNMENT as usize), 0);
+    let (offset, hash) = match manifest {
+        [] => (0, 0),
+        _ => (file.len() as u64, xxhash_rust::xxh3::xxh3_64(manifest)),
+    };
+    file.extend_from_slice(manifest);
+    for field in [offset, manifest.len() as u64, hash] {
+        file.extend_from_slice(&field.to_le_bytes());
+    }
+    file.extend_from_slice(&VERSION.to_le_bytes());
+    file.extend_from_slice(&0u32.to_le_bytes());
+    file.extend_from_slice(V2_MAGIC);
+    file
+}
+
 /// Builds the model of a decoded v2 manifest found at `span` in a root file of `file_len`
 /// bytes, and checks every metadata rule.
 pub(super) fn parse(root: Value, span: Range<u64>, file_len: u64, limits: &Limits) -> Result<Manifest> {

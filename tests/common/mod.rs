@@ -53,6 +53,24 @@ fn run_script(version: &str, script: &str, args: &[&Path]) {
     );
 }
 
+/// `value` in deterministic CBOR (RFC 8949 §4.2.1), as v2 manifests must be: map keys sorted
+/// by their encoded bytes at every level (ciborium already writes shortest heads).
+pub fn deterministic_cbor(value: &Value) -> Vec<u8> {
+    fn sorted(value: &Value) -> Value {
+        match value {
+            Value::Map(entries) => {
+                let mut entries: Vec<(Vec<u8>, Value, Value)> =
+                    entries.iter().map(|(k, v)| (cbor(k), sorted(k), sorted(v))).collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Map(entries.into_iter().map(|(_, k, v)| (k, v)).collect())
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    cbor(&sorted(value))
+}
+
 pub fn text(s: &str) -> Value {
     Value::Text(s.to_owned())
 }
