@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 
 use ztserve::config::Config;
 use ztserve::format::Limits;
-use ztserve::format::write::WriteOptions;
 use ztserve::tools;
 
 #[derive(Parser)]
@@ -98,14 +97,17 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Convert a safetensors file to a zTensor 1.2 file.
+    /// Convert a safetensors file to a zTensor 1.2 or v2 file.
     Convert {
         input: PathBuf,
         output: PathBuf,
-        /// none, zstd, or zstd:LEVEL.
+        /// 1.2 (this crate's writer) or v2 (the official ztensor writer).
+        #[arg(long, default_value = "1.2")]
+        format: String,
+        /// none, zstd, or (1.2) zstd:LEVEL. For v2, zstd writes zt.zstd-seekable/1 parts.
         #[arg(long, default_value = "none")]
         compress: String,
-        /// none, sha256 or crc32c.
+        /// 1.2: none, sha256 or crc32c. v2 parts always carry xxh3 digests.
         #[arg(long, default_value = "none")]
         digest: String,
     },
@@ -271,10 +273,9 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
             tools::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
         }
         Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } => unreachable!("handled by run"),
-        Command::Convert { input, output, compress, digest } => {
-            let options =
-                WriteOptions { zstd_level: tools::parse_compress(&compress)?, digest: tools::parse_digest(&digest)? };
-            let count = tools::convert(&input, &output, &options)?;
+        Command::Convert { input, output, format, compress, digest } => {
+            let target = tools::Target::parse(&format, &compress, &digest)?;
+            let count = tools::convert(&input, &output, &target)?;
             writeln!(io::stderr(), "wrote {count} tensors to {}", output.display())?;
         }
     }

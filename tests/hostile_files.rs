@@ -123,7 +123,7 @@ fn every_v2_manifest_fuzz_input_is_handled_without_panic() {
             let heap: Vec<u8> = (0..4096 * usize::from(pages)).map(|i| (i.wrapping_mul(31) % 251) as u8).collect();
             let file = ztserve::format::v2::file_around(&heap, manifest);
             let shard = ztserve::format::v2::file_around(&heap[..heap.len().min(8192)], &[]);
-            let _ = ztserve::format::verify::verify_model(&file, |_| Some(&shard[..]), &limits());
+            let _ = ztserve::format::verify::verify_model(&file, |_| Ok(&shard[..]), &limits());
             count += 1;
         }
     }

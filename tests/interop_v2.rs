@@ -93,3 +93,68 @@ async fn official_v2_files_are_served_from_a_local_directory_as_ztensor_open_rea
 async fn official_v2_files_are_served_from_s3_as_ztensor_open_reads_them() {
     every_part_is_served_as_the_official_reader_reads_it(ModelSource::s3()).await;
 }
+
+/// `ztserve convert --format v2` (raw, and seekable with `--compress zstd`) writes files the
+/// official 2.1.2 reader opens to exactly the safetensors input's tensors, dtypes, logical types
+/// and metadata; the same input gives the same bytes.
+#[test]
+fn convert_writes_v2_that_ztensor_2_1_2_reads_identically() {
+    use safetensors::tensor::{Dtype, TensorView, serialize_to_file};
+    let dir = tempfile::tempdir().unwrap();
+    let f32s: Vec<u8> = (0..12).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect();
+    let bf16: Vec<u8> = (0..16u8).collect();
+    let fp8: Vec<u8> = (0..5u8).map(|i| i * 40).collect();
+    let bools = vec![1u8, 0, 1];
+    let i64s: Vec<u8> = [-3i64, 1 << 40].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = vec![
+        ("model.weight", Dtype::F32, vec![3usize, 4], &f32s, "f32", None),
+        ("model.bf16", Dtype::BF16, vec![8], &bf16, "bf16", None),
+        ("model.fp8", Dtype::F8_E5M2, vec![5], &fp8, "u8", Some("f8_e5m2")),
+        ("model.mask", Dtype::BOOL, vec![3], &bools, "u8", Some("bool")),
+        ("model.step", Dtype::I64, vec![2], &i64s, "i64", None),
+    ];
+    let input = dir.path().join("model.safetensors");
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes, ..)| (*name, TensorView::new(*dtype, shape.clone(), bytes).unwrap()))
+        .collect();
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    serialize_to_file(views, Some(metadata), &input).unwrap();
+
+    for compress in ["none", "zstd"] {
+        let output = dir.path().join(format!("model-{compress}.zt"));
+        let convert = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
+            .args(["convert", "--format", "v2", "--compress", compress])
+            .arg(&input)
+            .arg(&output)
+            .output()
+            .unwrap();
+        assert!(convert.status.success(), "{}", String::from_utf8_lossy(&convert.stderr));
+        let read = dir.path().join(format!("read-{compress}"));
+        fs::create_dir(&read).unwrap();
+        run_official_v2("2.1.2", &[Path::new("read"), &output, &read]);
+        let listing: serde_json::Value = serde_json::from_slice(&fs::read(read.join("read.json")).unwrap()).unwrap();
+        assert_eq!(listing["attributes"], serde_json::json!({"format": "pt"}), "{compress}");
+        assert_eq!(listing["objects"].as_object().unwrap().len(), tensors.len());
+        for (name, _, shape, bytes, dtype, logical) in &tensors {
+            let object = &listing["objects"][name];
+            assert_eq!(object["shape"], serde_json::json!(shape), "{compress}: {name}");
+            let part = &object["parts"]["data"];
+            assert_eq!((part["dtype"].as_str(), part["type"].as_str()), (Some(*dtype), *logical), "{compress}: {name}");
+            let read_bytes = fs::read(read.join(part["bin"].as_str().unwrap())).unwrap();
+            assert!(&read_bytes == *bytes, "{compress}: {name}: ztensor.open reads other bytes");
+        }
+        let parsed = ztserve::format::parse_file(&fs::read(&output).unwrap(), &Default::default()).unwrap();
+        let encoding = parsed.objects[0].components[0].encoding.name().to_owned();
+        assert_eq!(encoding, if compress == "zstd" { "zt.zstd-seekable/1" } else { "raw" });
+        let again = dir.path().join(format!("again-{compress}.zt"));
+        let convert = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
+            .args(["convert", "--format", "v2", "--compress", compress])
+            .arg(&input)
+            .arg(&again)
+            .output()
+            .unwrap();
+        assert!(convert.status.success());
+        assert_eq!(fs::read(&again).unwrap(), fs::read(&output).unwrap(), "{compress}: same input, same bytes");
+    }
+}

@@ -107,7 +107,7 @@ async fn a_client_trickling_its_headers_is_cut_off_after_header_timeout_secs() {
 }
 
 fn still_served_sometimes(address: &str, bytes: &[u8], round: usize) {
-    if round % 5 == 0 {
+    if round.is_multiple_of(5) {
         still_served(address, bytes);
     }
 }

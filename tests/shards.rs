@@ -191,3 +191,40 @@ async fn shards_are_found_by_identity_once_renamed_and_a_missing_or_altered_one_
     bytes[middle] ^= 1;
     assert_eq!(reason_with(&altered).await.0.as_deref(), Some("shard_digest_mismatch"));
 }
+
+fn ztserve(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ztserve")).args(args).output().unwrap()
+}
+
+/// `verify`, `cat` and `inspect` find a root's shards beside it as the server does.
+#[test]
+fn the_file_tools_read_a_sharded_model_from_its_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let sharded = write_sharded(dir.path());
+    let root = dir.path().join("llama.zt");
+    let out = ztserve(&["verify".as_ref(), root.as_os_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    for (name, expected) in &sharded.expected {
+        let out = ztserve(&["cat".as_ref(), root.as_os_str(), name.as_ref()]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(&out.stdout == expected, "{name}: cat gives other bytes");
+    }
+    let out = ztserve(&["inspect".as_ref(), root.as_os_str()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("shard:      00001-of-00002") && text.contains("found at"), "{text}");
+
+    // Renamed, it is found by size and digest; altered, verify says which shard and why.
+    std::fs::rename(dir.path().join("llama-00002-of-00002.zt"), dir.path().join("b.zt")).unwrap();
+    assert!(ztserve(&["verify".as_ref(), root.as_os_str()]).status.success());
+    let mut bytes = std::fs::read(dir.path().join("b.zt")).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(dir.path().join("b.zt"), bytes).unwrap();
+    let out = ztserve(&["verify".as_ref(), root.as_os_str()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("[shard_missing]"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -69,11 +69,19 @@ pub fn object_json(object: &Object) -> Json {
 }
 
 pub fn manifest_json(manifest: &Manifest) -> Json {
-    json!({
+    let mut doc = json!({
         "container": manifest.container.to_string(),
         "version": manifest.version,
         "file_length": manifest.file_len,
         "attributes": manifest.attributes.as_ref().map(cbor_to_json),
         "objects": manifest.objects.iter().map(object_json).collect::<Vec<_>>(),
-    })
+    });
+    if !manifest.shards.is_empty() {
+        doc["shards"] = manifest
+            .shards
+            .iter()
+            .map(|s| json!({ "name": s.name, "size": s.size, "digest": s.digest.to_string() }))
+            .collect();
+    }
+    doc
 }

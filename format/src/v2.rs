@@ -225,6 +225,14 @@ fn shard_table(value: &Value) -> Result<Vec<Shard>> {
     Ok(shards)
 }
 
+/// Where the spec's positional convention (Appendix B) puts shard `shard` of the root file
+/// named `root` (`llama.zt`): beside it, as `<root stem>-<shard>.zt` (`llama-00001.zt`). A
+/// resolver that finds nothing there falls back to matching files by size and digest.
+pub fn positional_shard_name(root: &str, shard: &str) -> String {
+    let stem = root.strip_suffix(".zt").unwrap_or(root);
+    format!("{stem}-{shard}.zt")
+}
+
 /// `"<algorithm>:<lowercase hex>"` (§3.4): `xxh3` (16 digits) and `sha256` (64) are computed;
 /// another algorithm in the same form is kept, unverifiable, as the spec allows.
 pub fn parse_digest(text: &str) -> Option<Digest> {

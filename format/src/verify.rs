@@ -28,18 +28,20 @@ impl VerifyReport {
 
 /// Runs every check over one file's bytes (a v2 root naming shards fails for each shard).
 pub fn verify_file(file: &[u8], limits: &Limits) -> VerifyReport {
-    verify_model(file, |_| None, limits)
+    verify_model(file, |shard| Err(FormatError::ShardMissing { shard: shard.name.clone() }), limits)
+}
+
+/// Checks a shard file's size against its entry in the root's table.
+pub fn check_shard_size(shard: &Shard, size: u64) -> Result<(), FormatError> {
+    if size != shard.size {
+        return Err(FormatError::ShardSizeMismatch { shard: shard.name.clone(), expected: shard.size, actual: size });
+    }
+    Ok(())
 }
 
 /// Checks a shard file against its entry in the root's table: its size, then its digest.
 pub fn check_shard(shard: &Shard, bytes: &[u8]) -> Result<(), FormatError> {
-    if bytes.len() as u64 != shard.size {
-        return Err(FormatError::ShardSizeMismatch {
-            shard: shard.name.clone(),
-            expected: shard.size,
-            actual: bytes.len() as u64,
-        });
-    }
+    check_shard_size(shard, bytes.len() as u64)?;
     let mut hasher = Hasher::for_digest(&shard.digest);
     hasher.update(bytes);
     match hasher.finish() {
@@ -53,8 +55,12 @@ pub fn check_shard(shard: &Shard, bytes: &[u8]) -> Result<(), FormatError> {
 }
 
 /// Runs every check over a model: the root file's bytes, and each shard's bytes as `shard`
-/// finds them (`None`: missing).
-pub fn verify_model<'a>(root: &'a [u8], shard: impl Fn(&Shard) -> Option<&'a [u8]>, limits: &Limits) -> VerifyReport {
+/// finds them (or why it could not), each checked against the shard table.
+pub fn verify_model<'a>(
+    root: &'a [u8],
+    shard: impl Fn(&Shard) -> Result<&'a [u8], FormatError>,
+    limits: &Limits,
+) -> VerifyReport {
     let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, undecodable: 0, errors: Vec::new() };
     let manifest = match crate::parse_file(root, limits) {
         Ok(m) => m,
@@ -65,16 +71,12 @@ pub fn verify_model<'a>(root: &'a [u8], shard: impl Fn(&Shard) -> Option<&'a [u8
     };
     let mut files: Vec<Option<&[u8]>> = vec![Some(root)];
     for entry in &manifest.shards {
-        let bytes = shard(entry);
-        let checked = match bytes {
-            None => Err(FormatError::ShardMissing { shard: entry.name.clone() }),
-            Some(bytes) => check_shard(entry, bytes),
-        };
-        if let Err(e) = checked {
-            report.errors.push(e);
-            files.push(None);
-        } else {
-            files.push(bytes);
+        match shard(entry).and_then(|bytes| check_shard(entry, bytes).map(|()| bytes)) {
+            Ok(bytes) => files.push(Some(bytes)),
+            Err(e) => {
+                report.errors.push(e);
+                files.push(None);
+            }
         }
     }
     verify_components(&manifest, &files, &mut report);

@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     let file = file_around(&heap, manifest);
     let shard = file_around(&heap[..heap.len().min(8192)], &[]);
     let limits = Limits { max_manifest_bytes: 1 << 20, max_decoded_bytes: 16 << 20, ..Limits::default() };
-    let _ = ztserve_format::verify::verify_model(&file, |_| Some(&shard[..]), &limits);
+    let _ = ztserve_format::verify::verify_model(&file, |_| Ok(&shard[..]), &limits);
     if let Ok(manifest) = ztserve_format::parse_file(&file, &limits) {
         let _ = ztserve_format::json::manifest_json(&manifest).to_string();
     }

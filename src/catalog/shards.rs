@@ -13,6 +13,7 @@ use futures_util::StreamExt as _;
 
 use super::{CatalogError, Source, StoredFile};
 use crate::format::decode::Hasher;
+use crate::format::v2::positional_shard_name;
 use crate::format::{Digest, FormatError, Manifest, Shard};
 use crate::storage::{Listed, ObjectVersion};
 
@@ -35,14 +36,13 @@ pub(super) async fn resolve(
     check_digests: bool,
 ) -> Result<Vec<StoredFile>, CatalogError> {
     let dir = directory(&root.key);
-    let stem = root.key[dir.len()..].strip_suffix(".zt").unwrap_or(&root.key[dir.len()..]);
     let siblings: Vec<&Listed> = listing
         .iter()
         .filter(|l| l.key != root.key && directory(&l.key) == dir && !l.key[dir.len()..].contains('/'))
         .collect();
     let mut files = vec![StoredFile::new(version_of(source, root))];
     for shard in &manifest.shards {
-        let by_name = format!("{dir}{stem}-{}.zt", shard.name);
+        let by_name = format!("{dir}{}", positional_shard_name(&root.key[dir.len()..], &shard.name));
         let named = siblings.iter().find(|l| l.key == by_name);
         let found = match named {
             Some(listed) if listed.size == shard.size => {

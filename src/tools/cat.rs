@@ -7,8 +7,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail};
 
 use super::open;
-use crate::format::decode::{DECODE_PIECE, stored_bytes, verify_digest};
-use crate::format::{self, Limits};
+use crate::format::decode::{DECODE_PIECE, decode_component, stored_bytes, verify_digest};
+use crate::format::{self, DigestScope, Limits};
 
 /// `cat`: the decoded little-endian bytes of one component, after checking its digest.
 pub fn cat(
@@ -32,10 +32,22 @@ pub fn cat(
             _ => bail!("object {object_name:?} has several components ({}): choose one with --component", roles()),
         },
     };
-    let stored = stored_bytes(&file, &object.name, component)?;
-    verify_digest(&object.name, component, stored)?;
+    // A component in a v2 shard is read from the shard found beside the root.
+    let shard = match component.file {
+        0 => None,
+        index => Some(super::shards_beside(path, &manifest, false).swap_remove(index - 1)?.1),
+    };
+    let stored = stored_bytes(shard.as_deref().unwrap_or(&file), &object.name, component)?;
+    if component.is_verbatim() || component.digest_scope == DigestScope::Stored {
+        verify_digest(&object.name, component, stored)?;
+    }
     if component.is_verbatim() {
         out.write_all(stored)?;
+    } else if component.digest_scope == DigestScope::Decoded && component.digest.is_some() {
+        // A v2 digest covers the decoded bytes: they are checked before any is written.
+        let decoded = decode_component(&object.name, component, stored)?;
+        verify_digest(&object.name, component, &decoded)?;
+        out.write_all(&decoded)?;
     } else {
         decode_pipelined(&object.name, component, stored, out)?;
     }

@@ -20,6 +20,13 @@ pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write)
     writeln!(out, "version:    {}", manifest.version.as_deref().unwrap_or("(none: 0.1 files carry no version)"))?;
     let attributes = manifest.attributes.as_ref().map_or("(none)".to_owned(), |a| cbor_to_json(a).to_string());
     writeln!(out, "attributes: {attributes}")?;
+    for (shard, found) in manifest.shards.iter().zip(super::shards_beside(path, &manifest, false)) {
+        let found = match found {
+            Ok((path, _)) => format!("found at {} (by size; verify checks its digest)", path.display()),
+            Err(e) => format!("not found: {e}"),
+        };
+        writeln!(out, "shard:      {} ({} bytes, {}), {found}", shown(&shard.name), shard.size, shard.digest)?;
+    }
     writeln!(out, "objects:    {}", manifest.objects.len())?;
     let mut rows = vec![
         ["NAME", "FORMAT", "SHAPE", "COMPONENT", "DTYPE", "TYPE", "ENCODING", "STORED", "DECODED"].map(String::from),

@@ -12,7 +12,22 @@ use crate::storage::mapped::MappedFile;
 /// `verify`: returns whether the file is valid, after printing the report.
 pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let report = format::verify::verify_file(&file, limits);
+    // A v2 root's shards are found beside it; any other file has none.
+    let shards = match format::parse_file(&file, limits) {
+        Ok(manifest) => {
+            manifest.shards.iter().map(|s| s.name.clone()).zip(super::shards_beside(path, &manifest, true)).collect()
+        }
+        Err(_) => Vec::new(),
+    };
+    let report = format::verify::verify_model(
+        &file,
+        |shard| match shards.iter().find(|(name, _)| *name == shard.name) {
+            Some((_, Ok((_, bytes)))) => Ok(&bytes[..]),
+            Some((_, Err(e))) => Err(e.clone()),
+            None => Err(format::FormatError::ShardMissing { shard: shard.name.clone() }),
+        },
+        limits,
+    );
     if as_json {
         let errors: Vec<_> =
             report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();

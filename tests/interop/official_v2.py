@@ -4,6 +4,9 @@
                                read each back with `ztensor.open`, and write DIR/expect.json:
                                for each file, object and part, a .bin file holding the bytes
                                `ztensor.open` returns (checked equal to what the writer was given)
+    official_v2.py read FILE DIR
+                               read FILE with `ztensor.open` and write each part's bytes to
+                               DIR/<n>.bin, listed with dtype, type and shape in DIR/read.json
 
 The Rust interop tests serve DIR (from a local directory and from S3) and compare every
 component ztserve sends with these bytes.
@@ -200,9 +203,30 @@ def write(out):
     expect.check_and_save()
 
 
+def read(path, out):
+    source = ztensor.open(path)
+    listing = {"attributes": source.attributes, "objects": {}}
+    count = 0
+    for name in source.keys():
+        tensor = source[name]
+        parts = {}
+        for part in tensor.parts:
+            view = tensor[part] if len(tensor.parts) > 1 else tensor
+            bin_path = f"{count}.bin"
+            count += 1
+            with open(os.path.join(out, bin_path), "wb") as f:
+                f.write(view.tobytes())
+            parts[part] = {"bin": bin_path, "dtype": view.dtype, "type": view.logical}
+        listing["objects"][name] = {"shape": tensor.shape, "layout": tensor.layout, "parts": parts}
+    with open(os.path.join(out, "read.json"), "w") as f:
+        json.dump(listing, f, ensure_ascii=False)
+
+
 if __name__ == "__main__":
-    command, target = sys.argv[1], sys.argv[2]
+    command = sys.argv[1]
     if command == "write":
-        write(target)
+        write(sys.argv[2])
+    elif command == "read":
+        read(sys.argv[2], sys.argv[3])
     else:
         sys.exit(f"unknown command {command!r}")
