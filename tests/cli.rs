@@ -206,17 +206,28 @@ fn the_committed_demo_models_are_exactly_what_write_demo_writes() {
     let dir = tempfile::tempdir().unwrap();
     let out = ztserve(&[&"write-demo", &dir.path()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/demo");
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
     let mut total = 0;
-    for name in ["dense.zt", "structured.zt"] {
-        let fresh = fs::read(dir.path().join("demo").join(name)).unwrap();
-        assert_eq!(
-            fs::read(committed.join(name)).unwrap(),
-            fresh,
-            "models/demo/{name}: run `ztserve write-demo models`"
-        );
-        assert_eq!(ztserve(&[&"verify", &committed.join(name)]).status.code(), Some(0));
+    for name in [
+        "demo/dense.zt",
+        "demo/structured.zt",
+        "v2/seekable.zt",
+        "v2/sharded.zt",
+        "v2/sharded-00001-of-00002.zt",
+        "v2/sharded-00002-of-00002.zt",
+    ] {
+        let fresh = fs::read(dir.path().join(name)).unwrap();
+        assert_eq!(fs::read(committed.join(name)).unwrap(), fresh, "models/{name}: run `ztserve write-demo models`");
+        if !name.contains("-of-") {
+            // A root is verified with its shards, found beside it.
+            let out = ztserve(&[&"verify", &committed.join(name)]);
+            assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stdout));
+        }
         total += fresh.len();
     }
+    let files = |root: &Path| -> usize {
+        fs::read_dir(root).unwrap().map(|d| fs::read_dir(d.unwrap().path()).unwrap().count()).sum()
+    };
+    assert_eq!(files(&committed), files(dir.path()), "models/ holds exactly what write-demo writes");
     assert!(total < 2 << 20, "demo models must stay under 2 MiB");
 }

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::{ByteOrder, Component, Manifest, Object, Value};
+use crate::{ByteOrder, Component, DigestScope, Manifest, Object, Value};
 
 /// A CBOR value as JSON.
 pub fn cbor_to_json(value: &Value) -> Json {
@@ -54,6 +54,7 @@ pub fn component_json(component: &Component) -> Json {
         "encoding": component.encoding.name(),
         "decoded_length": component.decoded_length,
         "digest": component.digest.as_ref().map(|d| d.to_string()),
+        "digest_covers": match component.digest_scope { DigestScope::Stored => "stored", DigestScope::Decoded => "decoded" },
         "byte_order": match component.byte_order { ByteOrder::Little => "little", ByteOrder::Big => "big" },
     })
 }

@@ -1,4 +1,6 @@
-//! `ztserve write-demo`: the demo models `serve` shows by default, written by our own writer.
+//! `ztserve write-demo`: the demo models `serve` shows by default: 1.2 files by our own writer
+//! (`demo/`), and v2 files by the official `ztensor` crate's writer (`v2/`): a model with
+//! seekable zstd parts, and one whose root names two data shards.
 
 use std::path::Path;
 
@@ -151,5 +153,61 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         Value::Text("ztserve demo: sparse CSR and COO, quantized_group, a custom format".into()),
     )]);
     std::fs::write(&structured_path, writer.finish(Some(attributes))?)?;
-    Ok(vec![dense_path, structured_path])
+    let mut written = vec![dense_path, structured_path];
+    written.extend(write_v2_demo(&dir.join("v2"))?);
+    Ok(written)
+}
+
+/// `v2/seekable.zt` (seekable zstd parts, one of several frames, beside raw ones) and
+/// `v2/sharded.zt`, whose root names two data shards beside it (`sharded-00001-of-00002.zt`,
+/// `sharded-00002-of-00002.zt`, written as another producer would: the official writer makes
+/// no data shards) and keeps one tensor itself. Deterministic, like the rest of the demo.
+fn write_v2_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use ztensor::{DType as Z, DigestAlgorithm as Algorithm};
+    std::fs::create_dir_all(dir)?;
+    let failed = |e: ztensor::Error| anyhow::anyhow!("{e}");
+    let seekable = crate::format::v2::ZSTD_SEEKABLE;
+    // 3 MiB of a slowly varying pattern: three 1 MiB frames, a few KiB stored.
+    let long = le_bytes(3 << 18, |i| (i / 4096) as f32, f32::to_le_bytes);
+    let embed = le_bytes(256 * 64, |i| ((i % 61) as f32 - 30.0) / 8.0, f32::to_le_bytes);
+    let norm = le_bytes(64, |i| ((1.0 + i as f32 / 64.0).to_bits() >> 16) as u16, u16::to_le_bytes);
+    let seekable_path = dir.join("seekable.zt");
+    let mut w = ztensor::Writer::options().canonical(false).align(4096).create(&seekable_path).map_err(failed)?;
+    w.object("embed.weight", |o| {
+        o.shape([256u64, 64]).part("data", |p| p.dtype(Z::F32).encoding(seekable).bytes(&embed))
+    })
+    .map_err(failed)?;
+    w.object("positions", |o| o.shape([3u64 << 18]).part("data", |p| p.dtype(Z::F32).encoding(seekable).bytes(&long)))
+        .map_err(failed)?;
+    w.add("norm.weight", [64u64], Z::BF16, &norm).map_err(failed)?;
+    w.finish().map_err(failed)?;
+
+    let shard_paths = [dir.join("sharded-00001-of-00002.zt"), dir.join("sharded-00002-of-00002.zt")];
+    let layers: Vec<Vec<u8>> =
+        (0..2).map(|l| le_bytes(64 * 64, move |i| ((i + l * 7) % 113) as f32 / 32.0, f32::to_le_bytes)).collect();
+    for (path, layer) in shard_paths.iter().zip(&layers) {
+        std::fs::write(path, crate::format::v2::file_around(layer, &[]))?;
+    }
+    let sharded_path = dir.join("sharded.zt");
+    let head = le_bytes(16 * 64, |i| (i % 5) as f32, f32::to_le_bytes);
+    let mut w = ztensor::Writer::options().canonical(false).align(4096).create(&sharded_path).map_err(failed)?;
+    for (index, path) in shard_paths.iter().enumerate() {
+        let name = format!("0000{}-of-00002", index + 1);
+        w.add_shard(&name, &ztensor::read::shard_identity(path, Algorithm::Xxh3).map_err(failed)?).map_err(failed)?;
+        let len = layers[index].len() as u64;
+        // The official writer hashes bytes it writes; a part in another file is given its digest.
+        let mut hasher = crate::format::decode::Hasher::for_digest(&crate::format::Digest::Xxh3(0));
+        hasher.update(&layers[index]);
+        let digest = hasher.finish().expect("xxh3 is computed").to_string();
+        w.object(format!("layers.{index}.weight"), |o| {
+            o.shape([64u64, 64])
+                .part("data", |p| p.dtype(Z::F32).digest(digest.clone()).external(name.clone(), 4096..4096 + len))
+        })
+        .map_err(failed)?;
+    }
+    w.add("lm_head.weight", [16u64, 64], Z::F32, &head).map_err(failed)?;
+    w.finish().map_err(failed)?;
+    let mut written = vec![seekable_path, sharded_path];
+    written.extend(shard_paths);
+    Ok(written)
 }

@@ -1,8 +1,9 @@
 """Live ztserve servers for the client tests: the binary from ZTSERVE_BIN (scripts/test builds
 it), on 127.0.0.1 ports of their own, over a models directory made here: the repository's
 demo models, a file written by the official ztensor==1.2.3 package (this venv's ztensor),
-a larger model for multi-range transfers, and a copy of it with one byte flipped in each raw
-blob that has a digest (one sha256, one crc32c)."""
+v2 files written by the official ztensor==2.1.2 (in its own venv, `.venv/ztensor-2.1.2`), a
+larger model for multi-range transfers, and copies of it and of a v2 file with one byte flipped
+in each raw blob that has a digest (sha256, crc32c and xxh3)."""
 
 import os
 import shutil
@@ -74,6 +75,30 @@ def write_official(directory):
     shutil.copy(scratch / "official.zt", directory / "official.zt")
 
 
+def write_v2(directory):
+    """v2/canonical.zt and v2/seekable.zt from tests/interop/official_v2.py under ztensor==2.1.2,
+    and the bytes `ztensor.open` returns for each of their parts: {file: {object: {part: uint8 array}}}."""
+    import json
+
+    venvs = Path(os.environ.get("ZTSERVE_VENVS", REPO / ".venv"))
+    python = venvs / "ztensor-2.1.2" / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"{python} is missing: run scripts/python-env (scripts/test does)")
+    scratch = directory.parent / "official-v2-write"
+    scratch.mkdir()
+    subprocess.run([str(python), str(REPO / "tests" / "interop" / "official_v2.py"), "write", str(scratch)], check=True)
+    (directory / "v2").mkdir()
+    expect = json.loads((scratch / "expect.json").read_text())["files"]
+    parts = {}
+    for file in ("canonical.zt", "seekable.zt"):
+        shutil.copy(scratch / file, directory / "v2" / file)
+        parts[file] = {
+            name: {part: np.fromfile(scratch / bin_path, dtype=np.uint8) for part, bin_path in objects.items()}
+            for name, objects in expect[file].items()
+        }
+    return parts
+
+
 def write_large(path):
     """Several megabytes across dtypes, written by the official package with both digests."""
     import ztensor
@@ -90,6 +115,14 @@ def write_large(path):
 def corrupt(source, target):
     """A copy of `source` with one byte flipped in the middle of every raw blob that has a
     digest; returns {object name: digest algorithm}."""
+    corrupted = flip_digested_blobs(source, target)
+    if set(corrupted.values()) != {"sha256", "crc32c"}:
+        raise RuntimeError(f"expected raw blobs under both digests, corrupted {corrupted}")
+    return corrupted
+
+
+def flip_digested_blobs(source, target):
+    """Writes `source` to `target` with one byte flipped in every raw blob that has a digest."""
     import json
 
     out = subprocess.run([str(binary()), "inspect", "--json", str(source)], check=True, capture_output=True).stdout
@@ -100,8 +133,6 @@ def corrupt(source, target):
             if c["encoding"] == "raw" and c["digest"] and c["stored_length"] > 0:
                 data[c["offset"] + c["stored_length"] // 2] ^= 0xFF
                 corrupted[obj["name"]] = c["digest"].partition(":")[0]
-    if set(corrupted.values()) != {"sha256", "crc32c"}:
-        raise RuntimeError(f"expected raw blobs under both digests, corrupted {corrupted}")
     target.write_bytes(bytes(data))
     return corrupted
 
@@ -118,7 +149,10 @@ def models(tmp_path_factory):
     bad = root / "bad"
     bad.mkdir()
     corrupted = corrupt(directory / "large.zt", bad / "large.zt")
-    return {"dir": directory, "bad_dir": bad, "corrupted": corrupted}
+    v2 = write_v2(directory)
+    (bad / "v2").mkdir()
+    corrupted_v2 = flip_digested_blobs(directory / "v2" / "canonical.zt", bad / "v2" / "canonical.zt")
+    return {"dir": directory, "bad_dir": bad, "corrupted": corrupted, "v2": v2, "corrupted_v2": corrupted_v2}
 
 
 @pytest.fixture(scope="session")

@@ -220,6 +220,9 @@ class Client:
                 component = _Component(obj, meta, _buffer(meta["decoded_length"], pinned), version)
                 out[obj["name"]].append(component)
                 path = f"/models/{_segment(model)}/objects/{_segment(obj['name'])}/components/{_segment(meta['role'])}"
+                # A 1.x zstd frame travels compressed and is checked against its stored digest.
+                # Everything else (raw, and v2 seekable parts, whose frames the server decodes
+                # in parallel and whose digest covers the decoded bytes) arrives decoded, by ranges.
                 if meta["encoding"] == "zstd":
                     component.pending = 1
                     tasks.append((meta["stored_length"], self._fetch_frame, (component, path)))
@@ -315,19 +318,25 @@ def _read_exactly(response, view):
         raise ZtserveError(f"the body is longer than the {len(view)} bytes expected")
 
 
-def _check(component, stored):
-    """Checks stored bytes against the component's declared digest (when it declares one)."""
+def _check(component, received):
+    """Checks the bytes a component's digest covers (its stored frame, or its decoded bytes:
+    `digest_covers` says which, and the caller passes those) against the declared digest."""
     digest = component.meta.get("digest")
     if not digest:
         return
     algorithm, _, expected = digest.partition(":")
-    if algorithm == "sha256":
-        found = hashlib.sha256(stored).hexdigest()
+    if algorithm == "xxh3":
+        import xxhash
+
+        found = xxhash.xxh3_64_hexdigest(received)
+        matches = found == expected
+    elif algorithm == "sha256":
+        found = hashlib.sha256(received).hexdigest()
         matches = found == expected.lower()
     elif algorithm == "crc32c":
         import crc32c
 
-        found = f"0x{crc32c.crc32c(stored):08X}"
+        found = f"0x{crc32c.crc32c(received):08X}"
         matches = int(expected, 16) == int(found, 16)
     else:
         raise ZtserveError(f"{component.object['name']!r}.{component.meta['role']!r}: unknown digest algorithm {algorithm!r}")
@@ -361,15 +370,17 @@ def _typed(component):
 
 def _as_numpy(obj, parts):
     fmt, shape = obj["format"], tuple(obj["shape"])
+    if fmt == "dense" and set(parts) == {"data"} and parts["data"].meta.get("type") == "f4_e2m1":
+        return _dtypes.unpack_f4(parts["data"].buffer, shape)
     if fmt == "dense" and set(parts) == {"data"}:
         return _typed(parts["data"]).reshape(shape)
-    if fmt == "sparse_csr":
+    if fmt in ("sparse_csr", "zt.sparse_csr/1"):
         import scipy.sparse
 
         indices = _typed(parts["indices"]).astype(np.int64, copy=False)
         indptr = _typed(parts["indptr"]).astype(np.int64, copy=False)
         return scipy.sparse.csr_array((_typed(parts["values"]), indices, indptr), shape=shape)
-    if fmt == "sparse_coo":
+    if fmt in ("sparse_coo", "zt.sparse_coo/1"):
         import scipy.sparse
 
         values = _typed(parts["values"])
@@ -392,14 +403,19 @@ def _as_torch(obj, parts, device):
     import torch
 
     fmt, shape = obj["format"], tuple(obj["shape"])
+    if fmt == "dense" and set(parts) == {"data"} and parts["data"].meta.get("type") == "f4_e2m1":
+        # torch has no unpacked 4-bit float: the codes, one per byte, as uint8 (low nibble first).
+        codes = _dtypes.unpack_f4(parts["data"].buffer, shape).view(np.uint8)
+        tensor = torch.from_numpy(np.ascontiguousarray(codes))
+        return tensor.to(device, non_blocking=True) if device.type != "cpu" else tensor
     if fmt == "dense" and set(parts) == {"data"}:
         return _torch_tensor(parts["data"], device).reshape(shape)
-    if fmt == "sparse_csr":
+    if fmt in ("sparse_csr", "zt.sparse_csr/1"):
         values = _torch_tensor(parts["values"], device)
         indices = _torch_tensor(parts["indices"], device).to(torch.int64)
         indptr = _torch_tensor(parts["indptr"], device).to(torch.int64)
         return torch.sparse_csr_tensor(indptr, indices, values, size=shape, check_invariants=True)
-    if fmt == "sparse_coo":
+    if fmt in ("sparse_coo", "zt.sparse_coo/1"):
         values = _torch_tensor(parts["values"], device)
         coords = _torch_tensor(parts["coords"], device).to(torch.int64).reshape(len(shape), values.shape[0])
         return torch.sparse_coo_tensor(coords, values, size=shape, check_invariants=True)
