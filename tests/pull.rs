@@ -291,3 +291,73 @@ fn a_server_that_is_not_up_yet_is_retried_with_backoff() {
     );
     assert!(!failed.status.success(), "{}", stderr(&failed));
 }
+
+/// A component's decoded bytes as a served model gives them, by `ztserve cat` of a local file.
+fn cat(file: &Path, object: &str) -> Vec<u8> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ztserve")).arg("cat").arg(file).arg(object).output().unwrap();
+    assert!(out.status.success(), "cat {object}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// v2 models (the demo's seekable one and its root with two data shards): a rebuild is one v2
+/// file (shards merged, seekable parts kept, every xxh3 digest checked over decoded bytes) that
+/// holds the same tensors; `--raw` copies the stored files, every file of a sharded model into a
+/// directory; a seekable part whose stored stream was altered fails the pull.
+#[test]
+fn v2_models_are_rebuilt_as_one_file_and_raw_copied_file_by_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    for entry in std::fs::read_dir("models/v2").unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, models.join(path.file_name().unwrap())).unwrap();
+    }
+    let server = serve(&models, &[]);
+    for (id, objects) in [
+        ("sharded", &["layers.0.weight", "layers.1.weight", "lm_head.weight"][..]),
+        ("seekable", &["embed.weight", "positions", "norm.weight"][..]),
+    ] {
+        let out = dir.path().join(format!("{id}.zt"));
+        let summary = succeeded(&pull(&server.address, id, &out, &[]));
+        assert!(summary.contains("3 digests verified"), "{summary}");
+        let rebuilt = parse_file(&std::fs::read(&out).unwrap(), &Limits::default()).unwrap();
+        assert!(rebuilt.shards.is_empty() && rebuilt.objects.iter().all(|o| o.components[0].file == 0));
+        let verify = Command::new(env!("CARGO_BIN_EXE_ztserve")).arg("verify").arg(&out).output().unwrap();
+        assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+        for object in objects {
+            assert_eq!(cat(&out, object), cat(&models.join(format!("{id}.zt")), object), "{id}: {object}");
+        }
+    }
+    let seekable = parse_file(&std::fs::read(dir.path().join("seekable.zt")).unwrap(), &Limits::default()).unwrap();
+    assert_eq!(seekable.object("positions").unwrap().components[0].encoding.name(), "zt.zstd-seekable/1");
+
+    // --raw: the stored file, or a directory of every stored file.
+    let out = dir.path().join("raw-seekable.zt");
+    succeeded(&pull(&server.address, "seekable", &out, &["--raw"]));
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(models.join("seekable.zt")).unwrap());
+    let out = dir.path().join("raw-sharded");
+    let summary = succeeded(&pull(&server.address, "sharded", &out, &["--raw"]));
+    assert!(summary.contains("3 digests verified"), "the root's blob and both shard digests: {summary}");
+    for name in ["sharded.zt", "sharded-00001-of-00002.zt", "sharded-00002-of-00002.zt"] {
+        assert!(std::fs::read(out.join(name)).unwrap() == std::fs::read(models.join(name)).unwrap(), "{name}");
+    }
+    drop(server);
+
+    // A byte of a seekable part's stored stream altered: the frame fails its checksum or the
+    // part its digest, and no output is left.
+    let mut altered = std::fs::read(models.join("seekable.zt")).unwrap();
+    let part = seekable_part(&altered, "positions");
+    altered[(part.start + part.end) as usize / 2] ^= 0x40;
+    std::fs::write(models.join("seekable.zt"), altered).unwrap();
+    let server = serve(&models, &[("ZTSERVE_VERIFY", "never")]);
+    let out = dir.path().join("altered.zt");
+    let failed = pull(&server.address, "seekable", &out, &[]);
+    assert!(!failed.status.success() && stderr(&failed).contains("positions"), "{}", stderr(&failed));
+    assert!(!out.exists());
+}
+
+/// Where `object`'s part is stored in a v2 file.
+fn seekable_part(file: &[u8], object: &str) -> std::ops::Range<u64> {
+    let manifest = parse_file(file, &Limits::default()).unwrap();
+    manifest.object(object).unwrap().components[0].stored_range()
+}

@@ -34,6 +34,30 @@ pub(super) fn decode(bytes: &[u8], limits: &Limits, rules: Rules) -> Result<Valu
     Ok(value)
 }
 
+/// `value` in deterministic CBOR (RFC 8949 §4.2.1): map keys sorted by their encoded bytes at
+/// every level; `ciborium` already writes shortest heads and the narrowest exact float (NaN as
+/// `f9 7e 00`). `value` must hold no tags.
+pub(super) fn encode_deterministic(value: &Value) -> Vec<u8> {
+    fn encoded(value: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        ciborium::ser::into_writer(value, &mut out).expect("encoding to memory cannot fail");
+        out
+    }
+    fn sorted(value: &Value) -> Value {
+        match value {
+            Value::Map(entries) => {
+                let mut entries: Vec<(Vec<u8>, Value, Value)> =
+                    entries.iter().map(|(k, v)| (encoded(k), sorted(k), sorted(v))).collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Map(entries.into_iter().map(|(_, k, v)| (k, v)).collect())
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    encoded(&sorted(value))
+}
+
 /// A container being filled.
 enum Open {
     Array {

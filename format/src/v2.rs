@@ -111,18 +111,95 @@ pub fn file_around(heap: &[u8], manifest: &[u8]) -> Vec<u8> {
     file.resize(BLOB_ALIGNMENT as usize, 0);
     file.extend_from_slice(heap);
     file.resize(file.len().next_multiple_of(BLOB_ALIGNMENT as usize), 0);
-    let (offset, hash) = match manifest {
-        [] => (0, 0),
-        _ => (file.len() as u64, xxhash_rust::xxh3::xxh3_64(manifest)),
-    };
+    let offset = file.len() as u64;
     file.extend_from_slice(manifest);
-    for field in [offset, manifest.len() as u64, hash] {
-        file.extend_from_slice(&field.to_le_bytes());
-    }
-    file.extend_from_slice(&VERSION.to_le_bytes());
-    file.extend_from_slice(&0u32.to_le_bytes());
-    file.extend_from_slice(V2_MAGIC);
+    file.extend_from_slice(&footer(offset, manifest));
     file
+}
+
+/// The footer of a file whose manifest `manifest` starts at `offset` (a data shard's, all
+/// zero but version and magic, when `manifest` is empty).
+fn footer(offset: u64, manifest: &[u8]) -> [u8; FOOTER_LEN as usize] {
+    let (offset, hash) = if manifest.is_empty() { (0, 0) } else { (offset, xxhash_rust::xxh3::xxh3_64(manifest)) };
+    let mut footer = [0u8; FOOTER_LEN as usize];
+    footer[..8].copy_from_slice(&offset.to_le_bytes());
+    footer[8..16].copy_from_slice(&(manifest.len() as u64).to_le_bytes());
+    footer[16..24].copy_from_slice(&hash.to_le_bytes());
+    footer[24..28].copy_from_slice(&VERSION.to_le_bytes());
+    footer[32..].copy_from_slice(V2_MAGIC);
+    footer
+}
+
+/// `value` in deterministic CBOR, as a v2 manifest must be (map keys sorted at every level,
+/// shortest heads, narrowest exact floats). `value` must hold no tags.
+pub fn deterministic_cbor(value: &Value) -> Vec<u8> {
+    super::cbor::encode_deterministic(value)
+}
+
+/// Lays out a single-file v2 model whose parts' stored bytes are copied in as they are (the
+/// parts of `objects`, from any v2 model: its shards merged, seekable streams kept, digests
+/// unchanged since they cover decoded bytes): the magic, each blob at the next multiple of
+/// `alignment` (a power of two, at least 4096) in object and part order, identical source
+/// blobs (same file, offset and length: tied weights) sharing one, then the manifest at an
+/// aligned offset and the footer. A file created at `tail_offset + tail.len()` bytes is
+/// zero-filled, so writing the magic, every blob at its offset and the tail completes it.
+pub fn plan(objects: &[&Object], attributes: Option<&Value>, alignment: u64) -> super::write::Plan {
+    debug_assert!(alignment.is_power_of_two() && alignment >= BLOB_ALIGNMENT);
+    let text = |s: &str| Value::Text(s.to_owned());
+    let uint = |n: u64| Value::Integer(n.into());
+    let mut position = alignment;
+    let mut placed: BTreeMap<(usize, u64, u64), u64> = BTreeMap::new();
+    let mut offsets = Vec::with_capacity(objects.len());
+    let mut entries = Vec::with_capacity(objects.len());
+    for object in objects {
+        let mut object_offsets = Vec::with_capacity(object.components.len());
+        let mut parts = Vec::with_capacity(object.components.len());
+        for c in &object.components {
+            let source = (c.file, c.offset, c.stored_length);
+            let offset = match placed.get(&source) {
+                Some(&offset) if c.stored_length > 0 => offset,
+                _ => {
+                    let offset = position.next_multiple_of(alignment);
+                    position = offset + c.stored_length;
+                    placed.insert(source, offset);
+                    offset
+                }
+            };
+            object_offsets.push(offset);
+            let mut fields = vec![(text("dtype"), text(c.dtype.name()))];
+            if let Some(logical) = &c.logical_type {
+                fields.push((text("type"), text(logical)));
+            }
+            fields.push((text("blob"), Value::Array(vec![uint(offset), uint(c.stored_length)])));
+            if c.encoding != Encoding::Raw {
+                fields.push((text("encoding"), text(c.encoding.name())));
+                fields.push((text("decoded_length"), uint(c.decoded_length)));
+            }
+            if let Some(digest) = &c.digest {
+                fields.push((text("digest"), text(&digest.to_string())));
+            }
+            parts.push((text(&c.role), Value::Map(fields)));
+        }
+        let mut fields = vec![
+            (text("shape"), Value::Array(object.shape.iter().map(|&d| uint(d)).collect())),
+            (text("layout"), text(&object.format)),
+            (text("parts"), Value::Map(parts)),
+        ];
+        if let Some(attributes) = &object.attributes {
+            fields.push((text("attributes"), attributes.clone()));
+        }
+        offsets.push(object_offsets);
+        entries.push((text(&object.name), Value::Map(fields)));
+    }
+    let mut root = vec![(text("objects"), Value::Map(entries))];
+    if let Some(attributes) = attributes {
+        root.push((text("attributes"), attributes.clone()));
+    }
+    let manifest = deterministic_cbor(&Value::Map(root));
+    let tail_offset = position.next_multiple_of(BLOB_ALIGNMENT);
+    let mut tail = manifest.clone();
+    tail.extend_from_slice(&footer(tail_offset, &manifest));
+    super::write::Plan { offsets, tail_offset, tail }
 }
 
 /// Builds the model of a decoded v2 manifest found at `span` in a root file of `file_len`
@@ -789,4 +866,38 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The official writer's seekable file, laid out again by [`plan`] at 4096 and 64 KiB:
+    /// the same objects, the same decoded bytes, every digest still matching.
+    #[test]
+    fn a_planned_file_holds_the_same_parts() {
+        let original = include_bytes!("../../fuzz/seeds/seed-official-2.1.2.zt");
+        let manifest = crate::parse_file(original, &Limits::default()).unwrap();
+        for alignment in [4096, 65536] {
+            let objects: Vec<&Object> = manifest.objects.iter().collect();
+            let plan = plan(&objects, manifest.attributes.as_ref(), alignment);
+            let mut file = vec![0u8; (plan.tail_offset as usize) + plan.tail.len()];
+            file[..8].copy_from_slice(V2_MAGIC);
+            for (object, offsets) in manifest.objects.iter().zip(&plan.offsets) {
+                for (c, &offset) in object.components.iter().zip(offsets) {
+                    assert_eq!(offset % alignment, 0);
+                    file[offset as usize..(offset + c.stored_length) as usize]
+                        .copy_from_slice(&original[c.stored_range().start as usize..c.stored_range().end as usize]);
+                }
+            }
+            file[plan.tail_offset as usize..].copy_from_slice(&plan.tail);
+            let report = crate::verify::verify_file(&file, &Limits::default());
+            assert!(report.is_valid() && report.digests_checked == 6, "{:?}", report.errors);
+            let replanned = crate::parse_file(&file, &Limits::default()).unwrap();
+            assert_eq!(replanned.attributes, manifest.attributes);
+            for (a, b) in manifest.objects.iter().zip(&replanned.objects) {
+                assert_eq!((&a.name, &a.shape, &a.format), (&b.name, &b.shape, &b.format));
+            }
+        }
+    }
 }

@@ -1,11 +1,15 @@
-//! `ztserve pull URL OUT.zt`: copies a model from a ztserve server into a local `.zt` file.
-//! The file's own CBOR manifest is fetched by range from `/models/{m}/file` and parsed by
-//! [`crate::format`]; the output is then either that file byte for byte (`--raw`) or a 1.2 file
-//! rebuilt from it (the selected objects, their stored blobs copied as they are, so zstd
-//! frames travel compressed and keep their digests). Bytes arrive by parallel ranged GETs all
-//! bound to one ETag ([`remote`]), land in a partial file beside the output, are recorded in a
-//! journal ([`journal`]) so an interrupted pull resumes, and are checked against every
-//! declared digest before the partial file is renamed into place.
+//! `ztserve pull URL OUT`: copies a model from a ztserve server to local disk. The model's
+//! manifest JSON lists its stored files (one, or a v2 root and its shards); the root file's own
+//! CBOR manifest is fetched by range from `/models/{m}/files/{name}` and parsed by
+//! [`crate::format`]. The output is then either the stored files byte for byte (`--raw`: the
+//! file, or a directory of every file for a model stored in several), or one file rebuilt from
+//! the selected objects, their stored blobs copied as they are (so zstd frames and seekable
+//! streams travel compressed and keep their digests): a 1.2 file from a 0.1 or 1.x model, a
+//! single-file v2 file (shards merged) from a v2 model. Bytes arrive by parallel ranged GETs
+//! each bound to its file's ETag ([`remote`]), land in a partial file beside the output, are
+//! recorded in a journal ([`journal`]) so an interrupted pull resumes, and are checked against
+//! every declared digest (over the bytes it covers) before the partial file is renamed into
+//! place.
 
 pub mod journal;
 pub mod remote;
@@ -64,7 +68,7 @@ pub struct PullOptions {
 }
 
 /// What a pull did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PullReport {
     pub output_len: u64,
     /// Bytes fetched by this run.
@@ -78,9 +82,23 @@ pub struct PullReport {
     pub unverified: usize,
 }
 
-/// The URL of a model's stored file, from the model's URL. A model id may be given with its
-/// `/` percent-encoded (as the server's own URLs have it) or plainly.
-pub fn file_url(model_url: &str) -> anyhow::Result<reqwest::Url> {
+impl PullReport {
+    /// Adds another file's figures (a `--raw` pull of a model stored in several files).
+    fn add(&mut self, other: &PullReport) {
+        self.output_len += other.output_len;
+        self.fetched += other.fetched;
+        self.resumed += other.resumed;
+        self.objects = self.objects.max(other.objects);
+        self.components += other.components;
+        self.digests_verified += other.digests_verified;
+        self.unverified += other.unverified;
+    }
+}
+
+/// The model's URL in the server's own form (`/models/{id}`, the id one percent-encoded
+/// segment), from the URL given. A model id may be given with its `/` percent-encoded (as the
+/// server's own URLs have it) or plainly.
+pub fn model_url(model_url: &str) -> anyhow::Result<reqwest::Url> {
     let mut url = reqwest::Url::parse(model_url).with_context(|| format!("{model_url:?} is not a URL"))?;
     if !matches!(url.scheme(), "http" | "https") {
         bail!("{model_url:?} is not an http:// or https:// URL");
@@ -96,10 +114,19 @@ pub fn file_url(model_url: &str) -> anyhow::Result<reqwest::Url> {
     if id.is_empty() {
         bail!("{model_url:?} names no model: expected http://HOST:PORT/models/MODEL_ID");
     }
-    url.set_path(&format!("{base}{}", crate::api::file_url(&id)));
+    url.set_path(&format!("{base}{}", crate::api::model_url(&id)));
     url.set_query(None);
     url.set_fragment(None);
     Ok(url)
+}
+
+/// One of the model's stored files, fetched by ranges.
+struct SourceFile {
+    name: String,
+    remote: Remote,
+    etag: String,
+    len: u64,
+    head: bytes::Bytes,
 }
 
 /// One GET's worth of copying: source bytes to their place in the output.
@@ -117,8 +144,13 @@ struct Job {
 struct Unit {
     label: String,
     output: Range<u64>,
+    /// Which of the model's files the source bytes are in, and where.
+    file: usize,
     source: Range<u64>,
     digest: Option<Digest>,
+    /// Set (object name, component) for an encoded v2 part, whose digest covers its decoded
+    /// bytes: it is decoded to be checked.
+    decoded_check: Option<(String, format::Component)>,
     /// Set (object name, component) for blobs whose stored bytes must be decoded before they
     /// are written.
     transform: Option<(String, format::Component)>,
@@ -141,20 +173,80 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     if options.concurrency == 0 || options.chunk_bytes == 0 {
         bail!("--concurrency and --chunk-size must be above 0");
     }
-    let remote = Remote::new(file_url(&options.url)?, options.token.clone(), options.retry, options.concurrency)?;
-    let (probe_etag, source_len, manifest) = fetch_manifest(&remote, &options.limits).await?;
-    let layout =
-        if options.raw { raw_layout(&manifest, source_len, options)? } else { rebuilt_layout(&manifest, options)? };
+    let model = Remote::new(model_url(&options.url)?, options.token.clone(), options.retry, options.concurrency)?;
+    let sources = source_files(&model).await?;
+    let manifest = fetch_manifest(&sources[0], &options.limits).await?;
+    if options.raw && sources.len() > 1 {
+        // Every stored file into a directory, each as its own pull (and journal).
+        if !options.objects.is_empty() {
+            bail!("--objects selects objects for a rebuilt file; --raw copies the stored files");
+        }
+        std::fs::create_dir_all(&options.output)
+            .with_context(|| format!("cannot create the directory {}", options.output.display()))?;
+        let mut total = PullReport::default();
+        for (index, file) in sources.iter().enumerate() {
+            let layout = match index {
+                0 => raw_layout(&manifest, file.len, options)?,
+                _ => shard_layout(&manifest.shards[index - 1], file.len, index),
+            };
+            let report = transfer(&sources, &layout, &options.output.join(&file.name), options, index == 0).await?;
+            total.add(&report);
+        }
+        return Ok(total);
+    }
+    let layout = if options.raw {
+        raw_layout(&manifest, sources[0].len, options)?
+    } else if manifest.container == format::Container::V2 {
+        rebuilt_v2_layout(&manifest, options)?
+    } else {
+        rebuilt_layout(&manifest, options)?
+    };
+    transfer(&sources, &layout, &options.output, options, true).await
+}
 
-    let (partial_path, journal_path) = journal::partial_paths(&options.output);
+/// The model's stored files, from its manifest JSON, each probed for its ETag and length.
+async fn source_files(model: &Remote) -> anyhow::Result<Vec<SourceFile>> {
+    let listing = model.json().await?;
+    let files = listing["files"].as_array().filter(|files| !files.is_empty()).ok_or_else(|| {
+        anyhow::anyhow!("{} answered a manifest without its files: is it a ztserve model URL?", model.url())
+    })?;
+    let base = model.url().path().split("/models/").next().unwrap_or("").to_owned();
+    let mut sources = Vec::with_capacity(files.len());
+    for file in files {
+        let (Some(name), Some(path)) = (file["name"].as_str(), file["url"].as_str()) else {
+            bail!("{} lists a file without its name and URL: {file}", model.url());
+        };
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            bail!("{} lists a file named {name:?}, which is not a plain file name", model.url());
+        }
+        let mut url = model.url().clone();
+        url.set_path(&format!("{base}{path}"));
+        let remote = model.with_url(url);
+        let probe = remote.probe(HEADER_LEN).await?;
+        sources.push(SourceFile { name: name.to_owned(), remote, etag: probe.etag, len: probe.len, head: probe.head });
+    }
+    Ok(sources)
+}
+
+/// Fetches a layout's bytes into a partial file beside `output`, journaled, checks them, and
+/// renames it into place (after checking it parses as a `.zt` file, when `has_manifest`).
+async fn transfer(
+    sources: &[SourceFile],
+    layout: &Layout,
+    output: &std::path::Path,
+    options: &PullOptions,
+    has_manifest: bool,
+) -> anyhow::Result<PullReport> {
+    let (partial_path, journal_path) = journal::partial_paths(output);
     let identity = Identity {
-        url: remote.url().to_string(),
-        etag: probe_etag.clone(),
-        source_len,
+        url: sources.iter().map(|f| f.remote.url().as_str()).collect::<Vec<_>>().join(" "),
+        etag: sources.iter().map(|f| f.etag.as_str()).collect::<Vec<_>>().join(" "),
+        source_len: sources.iter().map(|f| f.len).sum(),
         raw: options.raw,
         layout: layout.fingerprint.clone(),
         output_len: layout.output_len,
     };
+
     let (mut journal, kept) =
         Journal::open(&journal_path, &identity).with_context(|| format!("cannot open {}", journal_path.display()))?;
     let partial = std::fs::OpenOptions::new()
@@ -198,19 +290,8 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         jobs.extend(unit_jobs);
     }
 
-    let outcome = copy_and_verify(
-        &remote,
-        &probe_etag,
-        &layout,
-        jobs,
-        pending,
-        &partial,
-        &mut journal,
-        &progress,
-        options,
-        &mut report,
-    )
-    .await;
+    let outcome =
+        copy_and_verify(sources, layout, jobs, pending, &partial, &mut journal, &progress, options, &mut report).await;
     progress.finish();
     if let Err(e) = outcome {
         return Err(e.context(format!(
@@ -226,33 +307,33 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     }
     partial.sync_all()?;
     journal.synced(journal.lines())?;
-    let check = crate::storage::mapped::MappedFile::open(&partial_path)?;
-    format::parse_file(&check, &options.limits)
-        .context("internal error: the pulled file does not parse; it was not moved into place")?;
-    drop(check);
-    std::fs::rename(&partial_path, &options.output)
-        .with_context(|| format!("cannot move the pulled file to {}", options.output.display()))?;
-    if let Some(dir) = options.output.parent().filter(|p| !p.as_os_str().is_empty()) {
+    if has_manifest {
+        let check = crate::storage::mapped::MappedFile::open(&partial_path)?;
+        format::parse_file(&check, &options.limits)
+            .context("internal error: the pulled file does not parse; it was not moved into place")?;
+    }
+    std::fs::rename(&partial_path, output)
+        .with_context(|| format!("cannot move the pulled file to {}", output.display()))?;
+    if let Some(dir) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::File::open(dir)?.sync_all()?;
     }
     std::fs::remove_file(&journal_path).ok();
     Ok(report)
 }
 
-/// The file's ETag, length and parsed manifest, from three small ranged GETs.
-async fn fetch_manifest(remote: &Remote, limits: &Limits) -> anyhow::Result<(String, u64, Manifest)> {
-    let probe = remote.probe(HEADER_LEN).await?;
-    let reads = ManifestReads::new(probe.len, MAX_TRAILER_LEN);
-    let etag = probe.etag.as_str();
+/// The root file's parsed manifest, from at most two more ranged GETs (its head came with the
+/// probe).
+async fn fetch_manifest(root: &SourceFile, limits: &Limits) -> anyhow::Result<Manifest> {
+    let reads = ManifestReads::new(root.len, MAX_TRAILER_LEN);
+    let etag = root.etag.as_str();
     let fetch = |range: std::ops::Range<u64>| async move {
-        if range.is_empty() { Ok(Default::default()) } else { remote.range(range, etag).await }
+        if range.is_empty() { Ok(Default::default()) } else { root.remote.range(range, etag).await }
     };
     let tail = fetch(reads.tail()).await?;
-    let invalid = || format!("{} is not a valid .zt file", remote.url());
-    let located = reads.locate(&probe.head, &tail, limits).with_context(invalid)?;
+    let invalid = || format!("{} is not a valid .zt file", root.remote.url());
+    let located = reads.locate(&root.head, &tail, limits).with_context(invalid)?;
     let missing = fetch(located.missing.clone()).await?;
-    let manifest = located.parse(&tail, &missing, limits).with_context(invalid)?;
-    Ok((probe.etag, probe.len, manifest))
+    located.parse(&tail, &missing, limits).with_context(invalid)
 }
 
 /// Compiles `--objects` patterns; `*` matches `/` too, since object names are not paths.
@@ -283,8 +364,13 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
     }
     let mut units = Vec::new();
     let mut covered = 0u64;
-    let mut blobs: Vec<(&format::Object, &format::Component)> =
-        manifest.objects.iter().flat_map(|o| o.components.iter().map(move |c| (o, c))).collect();
+    // The root file's own blobs; those in shards are copied with their shard.
+    let mut blobs: Vec<(&format::Object, &format::Component)> = manifest
+        .objects
+        .iter()
+        .flat_map(|o| o.components.iter().map(move |c| (o, c)))
+        .filter(|(_, c)| c.file == 0)
+        .collect();
     blobs.sort_by_key(|(_, c)| c.offset);
     for (object, component) in blobs {
         let blob = component.offset..component.offset + component.stored_length;
@@ -293,8 +379,10 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
             units.push(Unit {
                 label: "padding".into(),
                 output: covered..blob.start,
+                file: 0,
                 source: covered..blob.start,
                 digest: None,
+                decoded_check: None,
                 transform: None,
                 is_component: false,
             });
@@ -303,8 +391,10 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
             units.push(Unit {
                 label: label(object, component),
                 output: blob.clone(),
+                file: 0,
                 source: blob.clone(),
-                digest: component.digest.clone(),
+                digest: checkable_digest(component),
+                decoded_check: decoded_check(object, component),
                 transform: None,
                 is_component: true,
             });
@@ -314,14 +404,85 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
     units.push(Unit {
         label: "manifest".into(),
         output: covered..source_len,
+        file: 0,
         source: covered..source_len,
         digest: None,
+        decoded_check: None,
         transform: None,
         is_component: false,
     });
     units.retain(|u| !u.output.is_empty());
     let objects = manifest.objects.len();
     Ok(Layout { output_len: source_len, units, local: Vec::new(), objects, fingerprint: "raw".into() })
+}
+
+/// A digest this pull can check (one of an algorithm it computes, over bytes it can produce).
+fn checkable_digest(component: &format::Component) -> Option<Digest> {
+    component.digest.clone().filter(|d| d.is_verifiable() && component.encoding.is_known())
+}
+
+/// For an encoded v2 part, whose digest covers its decoded bytes: what decodes it.
+fn decoded_check(object: &format::Object, component: &format::Component) -> Option<(String, format::Component)> {
+    (component.digest_scope == format::DigestScope::Decoded && component.encoding != Encoding::Raw)
+        .then(|| (object.name.clone(), component.clone()))
+}
+
+/// `--raw` of a shard: the whole file, checked against the root's shard table (its size by
+/// the probe, its whole-file digest here).
+fn shard_layout(shard: &format::Shard, len: u64, file: usize) -> Layout {
+    let unit = Unit {
+        label: format!("shard {:?}", shard.name),
+        output: 0..len,
+        file,
+        source: 0..len,
+        digest: Some(shard.digest.clone()),
+        decoded_check: None,
+        transform: None,
+        is_component: false,
+    };
+    let fingerprint = format!("shard {} {} {}", shard.name, shard.size, shard.digest);
+    Layout { output_len: len, units: vec![unit], local: Vec::new(), objects: 0, fingerprint }
+}
+
+/// A single-file v2 file of the selected objects of a v2 model, shards merged: each part's
+/// stored bytes copied as they are (seekable streams stay seekable, digests stay true since
+/// they cover decoded bytes) at 64 KiB placement, the official writer's default.
+fn rebuilt_v2_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<Layout> {
+    let select = selector(&options.objects)?;
+    let chosen: Vec<&format::Object> =
+        manifest.objects.iter().filter(|o| select.as_ref().is_none_or(|s| s.is_match(&o.name))).collect();
+    if chosen.is_empty() {
+        bail!("no object matches --objects {}", options.objects.join(" "));
+    }
+    let planned = format::v2::plan(&chosen, manifest.attributes.as_ref(), 64 << 10);
+    let mut units: Vec<Unit> = Vec::new();
+    for (object, offsets) in chosen.iter().zip(&planned.offsets) {
+        for (component, &offset) in object.components.iter().zip(offsets) {
+            let output = offset..offset + component.stored_length;
+            // Tied weights share one blob: it is copied once.
+            if output.is_empty() || units.iter().any(|u| u.output == output) {
+                continue;
+            }
+            units.push(Unit {
+                label: label(object, component),
+                output,
+                file: component.file,
+                source: component.stored_range(),
+                digest: checkable_digest(component),
+                decoded_check: decoded_check(object, component),
+                transform: None,
+                is_component: true,
+            });
+        }
+    }
+    let mut fingerprint = sha2::Sha256::new();
+    for unit in &units {
+        fingerprint.update(format!("{}{:?}{:?}{:?}", unit.file, unit.output, unit.source, unit.digest));
+    }
+    fingerprint.update(&planned.tail);
+    let output_len = planned.tail_offset + planned.tail.len() as u64;
+    let local = vec![(0, format::V2_MAGIC.to_vec()), (planned.tail_offset, planned.tail)];
+    Ok(Layout { output_len, units, local, objects: chosen.len(), fingerprint: hex::encode(fingerprint.finalize()) })
 }
 
 /// A 1.2 file of the selected objects, each blob copied as stored (legacy big-endian blobs are
@@ -369,8 +530,10 @@ fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<
             units.push(Unit {
                 label: label(object, component),
                 output: offset..offset + written,
+                file: 0,
                 source: component.offset..component.offset + component.stored_length,
                 digest: component.digest.clone(),
+                decoded_check: None,
                 transform: swapped.then(|| (object.name.clone(), component.clone())),
                 is_component: true,
             });
@@ -414,8 +577,7 @@ fn unit_jobs(index: usize, unit: &Unit, journal: &Journal, chunk: u64) -> Vec<Jo
 /// last job lands (on the blocking pool, overlapping the GETs still in flight).
 #[allow(clippy::too_many_arguments)]
 async fn copy_and_verify(
-    remote: &Remote,
-    etag: &str,
+    sources: &[SourceFile],
     layout: &Layout,
     jobs: Vec<Job>,
     mut pending: Vec<usize>,
@@ -440,8 +602,9 @@ async fn copy_and_verify(
     }
     let mut transfers = futures_util::stream::iter(jobs)
         .map(|job| {
-            let (remote, partial, units) = (remote.clone(), partial.clone(), units.clone());
-            let etag = etag.to_owned();
+            let (partial, units) = (partial.clone(), units.clone());
+            let source = &sources[units[job.unit].file];
+            let (remote, etag) = (source.remote.clone(), source.etag.clone());
             async move {
                 let bytes = remote.range(job.source.clone(), &etag).await?;
                 let fetched = bytes.len() as u64;
@@ -525,6 +688,14 @@ fn decode_blob(object: &str, component: &format::Component, stored: &[u8]) -> an
 fn check_unit(partial: &std::fs::File, unit: &Unit) -> anyhow::Result<bool> {
     // A decoded unit's stored digest was checked before decoding (`decode_blob`).
     let Some(digest) = unit.digest.clone().filter(|_| unit.transform.is_none()) else { return Ok(true) };
+    if let Some((object, component)) = &unit.decoded_check {
+        // The digest covers the decoded bytes of the stored stream just written.
+        let mut stored = vec![0u8; (unit.output.end - unit.output.start) as usize];
+        partial.read_exact_at(&mut stored, unit.output.start)?;
+        let verdict =
+            decode_component(object, component, &stored).and_then(|decoded| verify_digest(object, component, &decoded));
+        return Ok(verdict.is_ok());
+    }
     let mut hasher = Hasher::for_digest(&digest);
     let mut buffer = vec![0u8; 1 << 20];
     let mut at = unit.output.start;

@@ -1,5 +1,6 @@
-//! The HTTP side of `ztserve pull`: ranged GETs of one served file, every one after the first
-//! bound to the file's ETag with `If-Range`, so a file replaced on the server mid-pull is
+//! The HTTP side of `ztserve pull`: the model's manifest JSON (which lists its stored files),
+//! then ranged GETs of each served file, every one after the first bound to the file's ETag
+//! with `If-Range`, so a file replaced on the server mid-pull is
 //! noticed (a 200 instead of a 206) instead of being mixed into the copy. Retries transient
 //! failures with exponential backoff and jitter; refuses for good on other 4xx.
 
@@ -98,6 +99,32 @@ impl Remote {
 
     pub fn url(&self) -> &reqwest::Url {
         &self.url
+    }
+
+    /// The same client (its connections, token and retries) for another URL.
+    pub fn with_url(&self, url: reqwest::Url) -> Remote {
+        Remote { url, ..self.clone() }
+    }
+
+    /// The URL's JSON body (the model's manifest), retried like any fetch.
+    pub async fn json(&self) -> Result<serde_json::Value, FetchError> {
+        self.with_retries(|| async {
+            let mut request = self.client.get(self.url.clone());
+            if let Some(token) = &self.token {
+                request = request.bearer_auth(token);
+            }
+            let response =
+                request.send().await.map_err(|e| transient(format!("GET {}: {}", self.url, error_chain(&e))))?;
+            let (status, headers) = (response.status(), response.headers().clone());
+            if status != StatusCode::OK {
+                return Err(status_error(&self.url, status, &headers, response).await);
+            }
+            let body =
+                response.bytes().await.map_err(|e| transient(format!("GET {}: {}", self.url, error_chain(&e))))?;
+            serde_json::from_slice(&body)
+                .map_err(|e| FetchError::Refused(format!("{} did not answer a manifest's JSON: {e}", self.url)))
+        })
+        .await
     }
 
     /// The file's ETag and length, and its first `head_len` bytes (fewer when it is shorter).

@@ -53,22 +53,9 @@ fn run_script(version: &str, script: &str, args: &[&Path]) {
     );
 }
 
-/// `value` in deterministic CBOR (RFC 8949 §4.2.1), as v2 manifests must be: map keys sorted
-/// by their encoded bytes at every level (ciborium already writes shortest heads).
+/// `value` in deterministic CBOR, as v2 manifests must be.
 pub fn deterministic_cbor(value: &Value) -> Vec<u8> {
-    fn sorted(value: &Value) -> Value {
-        match value {
-            Value::Map(entries) => {
-                let mut entries: Vec<(Vec<u8>, Value, Value)> =
-                    entries.iter().map(|(k, v)| (cbor(k), sorted(k), sorted(v))).collect();
-                entries.sort_by(|a, b| a.0.cmp(&b.0));
-                Value::Map(entries.into_iter().map(|(_, k, v)| (k, v)).collect())
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    cbor(&sorted(value))
+    ztserve::format::v2::deterministic_cbor(value)
 }
 
 pub fn text(s: &str) -> Value {
