@@ -4,6 +4,11 @@
 //!   bench_format raw PATH BYTES      write a file with one raw u8 component named "blob"
 //!   bench_format zstd PATH BYTES     write a file with one zstd component named "blob", and
 //!                                    its bare frame to PATH.zst (for `zstd -d`)
+//!   bench_format v2raw PATH BYTES    a v2 file (official writer) with one raw u8 object "blob"
+//!   bench_format v2seekable PATH BYTES
+//!                                    the same with a zt.zstd-seekable/1 part (the official
+//!                                    writer's 1 MiB frames, level 3), and the same bytes as one
+//!                                    zstd frame at the same level to PATH.zst (for `zstd -d`)
 
 use std::fs;
 use std::time::Instant;
@@ -41,6 +46,22 @@ fn one_blob(path: &str, bytes: &[u8], zstd_level: Option<i32>) {
     )
     .unwrap();
     w.finish(None).unwrap();
+}
+
+/// A v2 file by the official writer holding `bytes` as one u8 object "blob", raw or seekable.
+fn one_v2_blob(path: &str, bytes: &[u8], seekable: bool) {
+    let mut w = ztensor::Writer::options().canonical(!seekable).create(path).unwrap();
+    w.object("blob", |o| {
+        o.shape([bytes.len() as u64]).part("data", |mut p| {
+            p = p.dtype(ztensor::DType::U8);
+            if seekable {
+                p = p.encoding(ztserve::format::v2::ZSTD_SEEKABLE);
+            }
+            p.bytes(bytes)
+        })
+    })
+    .unwrap();
+    w.finish().unwrap();
 }
 
 /// A file of `n` small tensors named and described like a transformer's layers, each with a
@@ -96,6 +117,16 @@ fn main() {
                 &file[c.stored_range().start as usize..c.stored_range().end as usize],
             )
             .unwrap();
+        }
+        "v2raw" => one_v2_blob(&args[2], &weights_like(args[3].parse().unwrap()), false),
+        "v2seekable" => {
+            let bytes = weights_like(args[3].parse().unwrap());
+            one_v2_blob(&args[2], &bytes, true);
+            // One frame, checksummed like the seekable frames, at their level.
+            let mut frame = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+            frame.include_checksum(true).unwrap();
+            std::io::Write::write_all(&mut frame, &bytes).unwrap();
+            fs::write(format!("{}.zst", args[2]), frame.finish().unwrap()).unwrap();
         }
         other => panic!("unknown mode {other}"),
     }

@@ -174,6 +174,57 @@ fn a_range_of_a_cold_component_decodes_only_up_to_the_range_end() {
     assert!(metric(&server, "ztserve_decoded_bytes_total") < (21 << 20) as f64);
 }
 
+/// A v2 file with one u8 object "w" stored as zt.zstd-seekable/1 by the official writer
+/// (1 MiB frames).
+fn write_seekable(dir: &Path, name: &str, body: &[u8]) {
+    let mut w = ztensor::Writer::options().canonical(false).create(dir.join(format!("{name}.zt"))).unwrap();
+    w.object("w", |o| {
+        o.shape([body.len() as u64])
+            .part("data", |p| p.dtype(ztensor::DType::U8).encoding(ztserve::format::v2::ZSTD_SEEKABLE).bytes(body))
+    })
+    .unwrap();
+    w.finish().unwrap();
+}
+
+#[test]
+fn a_range_of_a_seekable_part_decodes_only_the_frames_it_covers_once_for_every_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = payload(40 << 20, 5);
+    write_seekable(dir.path(), "m", &body);
+    let server = serve(dir.path(), &[]);
+    let path = "/models/m/objects/w";
+    // Deep in the part: one frame (the 31st), not the 30 before it.
+    let reply = request(&server.address, path, &[("Range", "bytes=31000000-31000099")]);
+    assert_eq!(reply.status, 206);
+    assert_eq!(reply.body, body[31_000_000..31_000_100]);
+    assert_eq!(metric(&server, "ztserve_decodes_started_total"), 1.0);
+    assert_eq!(metric(&server, "ztserve_decoded_bytes_total"), (1 << 20) as f64);
+    let read = metric(&server, "ztserve_storage_read_bytes_total");
+    assert!(read > 0.0 && read < (2 << 20) as f64, "{read} stored bytes read for one frame of a 20 MiB stream");
+    // Across a frame boundary: the frame already decoded is shared, one more is decoded.
+    let boundary = 30 << 20;
+    let range = format!("bytes={}-{}", boundary - 10, boundary + 9);
+    let reply = request(&server.address, path, &[("Range", &range)]);
+    assert_eq!(reply.body, body[boundary - 10..boundary + 10]);
+    assert_eq!(metric(&server, "ztserve_decodes_started_total"), 2.0);
+    // Readers at once of the same frames (tensor-parallel ranks) share each frame's decode.
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let address = server.address.clone();
+            std::thread::spawn(move || request(&address, path, &[("Range", "bytes=4194304-8388607")]))
+        })
+        .collect();
+    for reader in readers {
+        assert!(reader.join().unwrap().body == body[4 << 20..8 << 20]);
+    }
+    assert_eq!(metric(&server, "ztserve_decodes_started_total"), 6.0, "frames 4 to 7, once each");
+    // The whole part: each remaining frame once, in order on the wire.
+    let whole = request(&server.address, path, &[]);
+    assert!(whole.complete && whole.body == body);
+    assert_eq!(metric(&server, "ztserve_decodes_started_total"), 40.0);
+    assert_eq!(metric(&server, "ztserve_decoded_bytes_total"), (40 << 20) as f64);
+}
+
 #[test]
 fn a_cache_smaller_than_one_component_still_serves_correct_bytes() {
     let dir = tempfile::tempdir().unwrap();

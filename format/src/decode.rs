@@ -216,22 +216,43 @@ fn decode_seekable(object: &str, component: &Component, stored: &[u8]) -> Result
     let at = Location::component(object, &component.role);
     let table = crate::seekable::SeekTable::of_stored(&at, stored, component.decoded_length)?;
     let mut out = Vec::with_capacity(component.decoded_length.min(PREALLOCATE_AT_MOST) as usize);
-    let mut buffer = vec![0u8; DECODE_PIECE];
     for index in 0..table.frame_count() {
-        let frame = table.frame_component(component, index);
         let range = table.stored(index);
-        decode_with::<FormatError>(
-            object,
-            &frame,
-            &stored[range.start as usize..range.end as usize],
-            &mut buffer,
-            |piece| {
-                out.extend_from_slice(piece);
-                Ok(())
-            },
-        )?;
+        let frame = &stored[range.start as usize..range.end as usize];
+        out.extend_from_slice(&decode_frame(object, &table.frame_component(component, index), frame)?);
     }
     Ok(out)
+}
+
+/// One frame of a seekable part (`frame`, as [`crate::seekable::SeekTable::frame_component`]
+/// describes it: the table bounds its size by 16 MiB) decoded in one call, straight into a
+/// buffer of exactly its declared size: no window buffer to copy through, nothing zeroed first.
+pub fn decode_frame(object: &str, frame: &Component, stored: &[u8]) -> Result<Vec<u8>> {
+    thread_local! {
+        static CONTEXT: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let at = || Location::component(object, &frame.role);
+    let declared = usize::try_from(frame.decoded_length)
+        .map_err(|_| FormatError::ZstdTooLong { at: at(), declared: frame.decoded_length })?;
+    // Room for exactly the declared size: a frame inflating past it fails unwritten.
+    let mut out = Vec::with_capacity(declared);
+    let decoded = CONTEXT.with_borrow_mut(|context| {
+        let context = match context {
+            Some(context) => context,
+            None => context.insert(zstd::bulk::Decompressor::new().map_err(|e| zstd_error(&at(), e))?),
+        };
+        Ok::<_, FormatError>(context.decompress_to_buffer(stored, &mut out))
+    })?;
+    if matches!(decoded, Ok(n) if n == declared) {
+        return Ok(out);
+    }
+    // Rare: the streaming decoder says precisely what is wrong (truncated, short, long, corrupt).
+    decode_with::<FormatError>(object, frame, stored, &mut vec![0u8; DECODE_PIECE], |_| Ok(()))?;
+    Err(FormatError::ZstdCorrupt {
+        at: at(),
+        detail: "the frame decodes differently in one call than in pieces".into(),
+    })
 }
 
 fn check_stored_len(object: &str, component: &Component, stored: &[u8]) -> Result<()> {

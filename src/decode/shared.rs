@@ -43,8 +43,12 @@ pub struct Decoded {
     pub(super) stored: Stored,
     pub(super) len: u64,
     pub(super) decoders: Arc<Semaphore>,
-    /// Filled with the decoded bytes' SHA-256 once a decode completes.
-    pub(super) sha256: Arc<OnceLock<[u8; 32]>>,
+    /// Filled with the decoded bytes' SHA-256 once a decode completes; `None` where nobody
+    /// reads it (a seekable part's frame: hashing every frame would compete with the response).
+    pub(super) sha256: Option<Arc<OnceLock<[u8; 32]>>>,
+    /// Decoded in one step when first wanted (a seekable part's frame, at most 16 MiB): one
+    /// read and one decoder call, where a component is decoded and published piece by piece.
+    pub(super) whole: bool,
     pub(super) state: Mutex<State>,
     pub(super) progress: watch::Sender<SharedProgress>,
     /// Readers and decoders at work on this entry: while any is, the cache keeps it.
@@ -66,6 +70,11 @@ impl Hold {
     pub(super) fn new(entry: &Arc<Decoded>) -> Hold {
         entry.holds.fetch_add(1, Ordering::SeqCst);
         Hold(Arc::clone(entry))
+    }
+
+    /// A hold on an entry no cache keeps: a decode private to its one reader, freed with it.
+    pub fn alone(entry: Decoded) -> Hold {
+        Hold::new(&Arc::new(entry))
     }
 }
 
@@ -108,13 +117,20 @@ impl Decoded {
             stored,
             len: component.decoded_length,
             decoders,
-            sha256,
+            sha256: Some(sha256),
+            whole: false,
             state: Mutex::new(state),
             progress: watch::channel(SharedProgress::default()).0,
             holds: AtomicUsize::new(0),
             hashing: std::sync::atomic::AtomicBool::new(false),
             starts: AtomicUsize::new(0),
         }
+    }
+
+    /// The decode of one frame of a seekable part (`frame`, as the seek table describes it),
+    /// done whole when first wanted.
+    pub fn frame(object: &str, frame: &Component, stored: Stored, decoders: Arc<Semaphore>) -> Decoded {
+        Decoded { sha256: None, whole: true, ..Decoded::new(object, frame, stored, decoders, Arc::default()) }
     }
 
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -159,6 +175,9 @@ impl Decoded {
     /// the last byte is decoded it goes on to the proved end of the encoding, so the entry
     /// never rests with every byte decoded and no outcome.
     async fn drive(self: Arc<Self>, hold: Hold) {
+        if self.whole {
+            return self.drive_whole(hold).await;
+        }
         let paused = self.lock().paused.take();
         let (mut cursor, mut input) = match paused {
             Some(paused) => paused,
@@ -221,6 +240,50 @@ impl Decoded {
         }
     }
 
+    /// Reads and decodes the whole entry in one step on a blocking thread, under a decoder
+    /// permit (a local file is read there too; remote bytes are fetched first, holding none).
+    async fn drive_whole(self: Arc<Self>, hold: Hold) {
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!(crate::telemetry::names::DECODES_STARTED, "encoding" => "zstd").increment(1);
+        let fetched = match &self.stored {
+            Stored::Remote { .. } => match self.stored.fetch_from(0, "decode").await {
+                Ok(bytes) => Some(bytes),
+                Err(e) => return self.finish(Err(e.into())),
+            },
+            Stored::Whole(_) | Stored::File { .. } => None,
+        };
+        let permit = Arc::clone(&self.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
+        let entry = Arc::clone(&self);
+        let decoded = tokio::task::spawn_blocking(move || {
+            let stored = match fetched {
+                Some(bytes) => bytes,
+                None => entry.stored.read_blocking()?,
+            };
+            let decoded = crate::format::decode::decode_frame(&entry.object, &entry.component, &stored)?;
+            metrics::counter!(crate::telemetry::names::DECODED_BYTES, "encoding" => "zstd")
+                .increment(decoded.len() as u64);
+            Ok::<_, DecodeError>(Bytes::from(decoded))
+        })
+        .await;
+        drop(permit);
+        let decoded = match decoded {
+            Ok(Ok(decoded)) => decoded,
+            Ok(Err(e)) => return self.finish(Err(e)),
+            Err(e) => return self.finish(Err(DecodeError::Aborted(e.to_string()))),
+        };
+        {
+            let mut state = self.lock();
+            let produced = decoded.len() as u64;
+            state.produced = produced;
+            state.ends.push(produced);
+            state.chunks.push(decoded);
+            drop(state);
+            self.progress.send_modify(|p| p.produced = produced);
+        }
+        drop(hold);
+        self.finish(Ok(()));
+    }
+
     /// Decodes and publishes chunk after chunk until nobody wants more (`None`), the input
     /// runs dry, or the encoding ends.
     pub(super) fn decode_until_stop(
@@ -258,13 +321,14 @@ impl Decoded {
     /// for `Repr-Digest`, under a decoder permit. Not while anyone reads: on a busy machine the
     /// hash would compete with the responses for the CPU, and it serves only later requests.
     pub(super) fn hash_when_idle(&self) {
+        let Some(sha256) = &self.sha256 else { return };
         let complete = matches!(self.lock().outcome, Some(Ok(())));
-        if !complete || self.sha256.get().is_some() || self.hashing.swap(true, Ordering::SeqCst) {
+        if !complete || sha256.get().is_some() || self.hashing.swap(true, Ordering::SeqCst) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let chunks = self.lock().chunks.clone();
-        let (decoders, sha256) = (Arc::clone(&self.decoders), Arc::clone(&self.sha256));
+        let (decoders, sha256) = (Arc::clone(&self.decoders), Arc::clone(sha256));
         runtime.spawn(async move {
             let Ok(permit) = decoders.acquire_owned().await else { return };
             let _ = tokio::task::spawn_blocking(move || {

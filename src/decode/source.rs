@@ -80,6 +80,23 @@ impl Stored {
         }
     }
 
+    /// All the stored bytes, read on the calling (blocking) thread: from memory, or with one
+    /// `pread` of a local file. Remote bytes are fetched with [`Stored::fetch_from`] instead.
+    pub(super) fn read_blocking(&self) -> Result<Bytes, StorageError> {
+        match self {
+            Stored::Whole(bytes) => Ok(bytes.clone()),
+            Stored::File { file, source_name, key, range } => {
+                let read = crate::storage::local::pread_exact(file, range.clone(), source_name, key)?;
+                crate::storage::record_bytes("local", "decode", read.len() as u64);
+                Ok(read)
+            }
+            Stored::Remote { object, .. } => Err(StorageError::Unavailable {
+                source_name: object.storage.name().to_owned(),
+                message: "remote bytes are fetched, not read on a blocking thread".into(),
+            }),
+        }
+    }
+
     /// The source named in errors about these bytes.
     pub(super) fn source_name(&self) -> &str {
         match self {

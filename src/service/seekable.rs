@@ -1,6 +1,7 @@
 //! A `zt.zstd-seekable/1` part served in O(range): its seek table is read once per version
 //! (two small reads at the end of the part), and a range decodes only the frames it covers.
-//! Each frame is decoded and cached on its own in the shared decode cache, so every reader of
+//! Each frame (16 MiB at most) is read and decoded whole in one step, straight into its own
+//! buffer, and cached on its own in the shared decode cache, so every reader of
 //! the part (every tensor-parallel rank, every range) shares one decode per frame; the frames
 //! of a long read decode in parallel on the blocking pool, a few ahead of the one on the wire,
 //! and are sent in order.
@@ -14,7 +15,7 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
 use crate::catalog::ComponentFacts;
-use crate::decode::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
+use crate::decode::{ComponentKey, DecodeError, Decoded, Hold, Stored};
 use crate::format::seekable::{SeekTable, TABLE_FOOTER_LEN, table_len};
 use crate::format::{Component, Location};
 use crate::telemetry::names;
@@ -75,9 +76,7 @@ impl SeekableSource {
             DecodeError::Storage(e) => super::bytes::storage_failed(&source, &model, e),
             DecodeError::Aborted(reason) => ServiceError::Internal(reason),
         };
-        let make = |decoders| {
-            Decoded::new(&self.key.object, &frame, stored.clone(), decoders, Arc::new(std::sync::OnceLock::new()))
-        };
+        let make = |decoders| Decoded::frame(&self.key.object, &frame, stored.clone(), decoders);
         match cache.entry(&key, frame.decoded_length, make) {
             Some(entry) => {
                 let hit = entry.covers(range.end);
@@ -86,10 +85,8 @@ impl SeekableSource {
             }
             None => {
                 metrics::counter!(names::CACHE_MISSES).increment(1);
-                let decoders = Arc::clone(cache.decoders());
-                stream_private(self.key.object.clone(), frame, stored, range, decoders)
-                    .map(move |piece| piece.map_err(&failed))
-                    .boxed()
+                let private = Hold::alone(make(Arc::clone(cache.decoders())));
+                Decoded::stream(private, range).map(move |piece| piece.map_err(&failed)).boxed()
             }
         }
     }

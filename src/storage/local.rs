@@ -36,6 +36,25 @@ pub fn version_of(identity: &super::scan::FileIdentity) -> String {
 /// Largest piece a local read yields at once.
 const READ_PIECE: u64 = 1 << 20;
 
+/// Bytes `span` of `file`, read with one `pread` (blocking). A file that ends before them was
+/// shrunk in place since it was listed.
+pub fn pread_exact(
+    file: &File,
+    span: std::ops::Range<u64>,
+    source_name: &str,
+    key: &str,
+) -> Result<bytes::Bytes, super::StorageError> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buffer = vec![0u8; (span.end - span.start) as usize];
+    match file.read_exact_at(&mut buffer, span.start) {
+        Ok(()) => Ok(bytes::Bytes::from(buffer)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            Err(super::StorageError::Changed { source_name: source_name.to_owned(), key: key.to_owned() })
+        }
+        Err(e) => Err(super::StorageError::Unavailable { source_name: source_name.to_owned(), message: e.to_string() }),
+    }
+}
+
 /// `span` of an open file, read with `pread` in pieces of at most [`READ_PIECE`] off the async
 /// runtime, the next piece read while the one before is used. Code that reads a model's bytes
 /// itself (digest checks, decoding, content checks) reads them this way, never through the
@@ -48,7 +67,6 @@ pub fn pread_stream(
     key: &str,
 ) -> futures_util::stream::BoxStream<'static, Result<bytes::Bytes, super::StorageError>> {
     use futures_util::StreamExt as _;
-    use std::os::unix::fs::FileExt as _;
     let (source_name, key) = (source_name.to_owned(), key.to_owned());
     let pieces =
         (span.start..span.end).step_by(READ_PIECE as usize).map(move |at| (at, (at + READ_PIECE).min(span.end)));
@@ -56,20 +74,12 @@ pub fn pread_stream(
         .map(move |(start, end)| {
             let (file, source_name, key) = (Arc::clone(&file), source_name.clone(), key.clone());
             async move {
-                let read = tokio::task::spawn_blocking(move || {
-                    let mut buffer = vec![0u8; (end - start) as usize];
-                    file.read_exact_at(&mut buffer, start).map(|()| bytes::Bytes::from(buffer))
-                })
-                .await;
-                match read {
-                    Ok(Ok(piece)) => Ok(piece),
-                    // The file ends before bytes it had when it was listed: shrunk in place.
-                    Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                        Err(super::StorageError::Changed { source_name, key })
-                    }
-                    Ok(Err(e)) => Err(super::StorageError::Unavailable { source_name, message: e.to_string() }),
-                    Err(e) => Err(super::StorageError::Unavailable { source_name, message: e.to_string() }),
-                }
+                let unavailable = source_name.clone();
+                tokio::task::spawn_blocking(move || pread_exact(&file, start..end, &source_name, &key))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(super::StorageError::Unavailable { source_name: unavailable, message: e.to_string() })
+                    })
             }
         })
         .buffered(2)
