@@ -8,17 +8,12 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Reply, deterministic_cbor, map, request, serve, text, uint};
+use common::{deterministic_cbor, map, request_async, serve, text, uint};
 use ztserve::api;
 use ztserve::config::Config;
 use ztserve::format::Value;
-use ztserve::format::seekable::{SEEKABLE_MAGIC, SKIPPABLE_MAGIC};
+use ztserve::format::seekable::encode_table;
 use ztserve::format::v2::file_around;
-
-async fn ask(address: &str, path: &str) -> Reply {
-    let (address, path) = (address.to_owned(), path.to_owned());
-    tokio::task::spawn_blocking(move || request(&address, &path, &[])).await.unwrap()
-}
 
 /// A dense part: `dtype`, blob `[offset, length]`, and extra fields.
 fn part(dtype: &str, offset: u64, length: u64, extra: Vec<(&str, Value)>) -> Value {
@@ -61,15 +56,7 @@ fn seekable(frames: &[(&[u8], u32)], stored: Option<&[u32]>) -> Vec<u8> {
         entries.push((compressed, *declared));
         out.extend_from_slice(&frame);
     }
-    out.extend(SKIPPABLE_MAGIC.to_le_bytes());
-    out.extend(((entries.len() * 8 + 9) as u32).to_le_bytes());
-    for (c, d) in &entries {
-        out.extend(c.to_le_bytes());
-        out.extend(d.to_le_bytes());
-    }
-    out.extend((entries.len() as u32).to_le_bytes());
-    out.push(0);
-    out.extend(SEEKABLE_MAGIC.to_le_bytes());
+    out.extend(encode_table(&entries));
     out
 }
 
@@ -173,28 +160,26 @@ async fn hostile_v2_files_get_their_precise_reason_and_never_stop_the_others() {
     let config = Config { sources: vec![dir.path().display().to_string().try_into().unwrap()], ..Config::default() };
     let (address, _state) = serve(config).await;
 
-    let listing = ask(&address, "/models").await.json();
+    let listing = request_async(&address, "/models", &[]).await.json();
     let models: BTreeMap<&str, &serde_json::Value> =
         listing["models"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m)).collect();
     assert!(!models.contains_key("data-shard"), "a data shard is not a model");
     assert_eq!(models["good"]["status"], "ok");
-    assert_eq!(ask(&address, &api::component_url("good", "w", "data")).await.body, [7u8; 16]);
+    assert_eq!(request_async(&address, &api::component_url("good", "w", "data"), &[]).await.body, [7u8; 16]);
     for (name, _, code) in &broken_at_scan {
         assert_eq!(models[name]["status"], "broken", "{name}");
         assert_eq!(models[name]["reason"]["code"], *code, "{name}: {}", models[name]["reason"]["message"]);
-        let reply = ask(&address, &api::model_url(name)).await;
+        let reply = request_async(&address, &api::model_url(name), &[]).await;
         assert_eq!((reply.status, reply.json()["error"]["reason"].as_str()), (422, Some(*code)), "{name}");
     }
     for (name, _, code) in &broken_when_read {
         assert_eq!(models[name]["status"], "ok", "{name}: its manifest is fine");
-        let reply = ask(&address, &api::component_url(name, "z", "data")).await;
+        let reply = request_async(&address, &api::component_url(name, "z", "data"), &[]).await;
         assert_eq!(reply.status, 422, "{name}: {}", String::from_utf8_lossy(&reply.body));
         assert_eq!(reply.json()["error"]["reason"], *code, "{name}: {}", reply.json()["error"]["message"]);
     }
     let url = api::component_url("seek-short-later", "z", "data");
-    let (address_, url_) = (address.clone(), url.clone());
-    let reply =
-        tokio::task::spawn_blocking(move || request(&address_, &url_, &[("range", "bytes=150-199")])).await.unwrap();
+    let reply = request_async(&address, &url, &[("range", "bytes=150-199")]).await;
     assert_eq!((reply.status, reply.json()["error"]["reason"].as_str()), (422, Some("zstd_too_short")));
     let received = tokio::task::spawn_blocking(move || {
         use std::io::{Read as _, Write as _};

@@ -9,21 +9,9 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{ModelSource, Reply, request, run_official_v2, serve};
+use common::{ModelSource, request_async, run_official_v2, serve};
 use ztserve::api;
 use ztserve::config::Config;
-
-/// [`request`] off the test's runtime.
-async fn ask(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let (address, path) = (address.to_owned(), path.to_owned());
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    tokio::task::spawn_blocking(move || {
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        request(&address, &path, &headers)
-    })
-    .await
-    .unwrap()
-}
 
 async fn every_part_is_served_as_the_official_reader_reads_it(source: ModelSource) {
     let dir = tempfile::tempdir().unwrap();
@@ -36,7 +24,7 @@ async fn every_part_is_served_as_the_official_reader_reads_it(source: ModelSourc
     }
     let (address, _state) = serve(source.config(Config::default())).await;
 
-    let listing = ask(&address, "/models", &[]).await.json();
+    let listing = request_async(&address, "/models", &[]).await.json();
     for model in listing["models"].as_array().unwrap() {
         assert_eq!(model["status"], "ok", "{}: {model}", source.kind());
         assert_eq!(model["container"], "zt-2");
@@ -48,7 +36,7 @@ async fn every_part_is_served_as_the_official_reader_reads_it(source: ModelSourc
         for (object, parts) in objects.as_object().unwrap() {
             for (part, bin) in parts.as_object().unwrap() {
                 let expected = fs::read(dir.path().join(bin.as_str().unwrap())).unwrap();
-                let reply = ask(&address, &api::component_url(id, object, part), &[]).await;
+                let reply = request_async(&address, &api::component_url(id, object, part), &[]).await;
                 assert_eq!(
                     reply.status,
                     200,
@@ -74,12 +62,12 @@ async fn every_part_is_served_as_the_official_reader_reads_it(source: ModelSourc
         (len - 4000, len - 1),
         (12_345_678, 40_000_000),
     ] {
-        let reply = ask(&address, &url, &[("range", &format!("bytes={start}-{end}"))]).await;
+        let reply = request_async(&address, &url, &[("range", &format!("bytes={start}-{end}"))]).await;
         assert_eq!(reply.status, 206, "{}: bytes={start}-{end}", source.kind());
         assert!(reply.body == big[start as usize..=end as usize], "{}: bytes={start}-{end} differ", source.kind());
     }
     // A client that accepts zstd is sent the stored stream, which any zstd decoder reads whole.
-    let reply = ask(&address, &url, &[("accept-encoding", "zstd")]).await;
+    let reply = request_async(&address, &url, &[("accept-encoding", "zstd")]).await;
     assert_eq!(reply.header("content-encoding"), Some("zstd"));
     assert!(zstd::decode_all(&reply.body[..]).unwrap() == big, "the passed-through stream decodes to the part");
 }

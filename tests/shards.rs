@@ -11,22 +11,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{ModelSource, Reply, request, serve};
+use common::{ModelSource, request_async, serve};
 use ztensor::read::shard_identity;
 use ztensor::{DType, DigestAlgorithm, Source, Writer};
 use ztserve::api;
 use ztserve::config::Config;
-
-async fn ask(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let (address, path) = (address.to_owned(), path.to_owned());
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    tokio::task::spawn_blocking(move || {
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        request(&address, &path, &headers)
-    })
-    .await
-    .unwrap()
-}
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8).collect()
@@ -104,7 +93,7 @@ async fn a_sharded_model_is_served_whole(source: ModelSource) {
     let (address, _state) = serve(source.config(Config::default())).await;
     let kind = source.kind();
 
-    let listing = ask(&address, "/models", &[]).await.json();
+    let listing = request_async(&address, "/models", &[]).await.json();
     let models: BTreeMap<&str, &serde_json::Value> =
         listing["models"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m)).collect();
     // The shards with manifests are models of their own too; the data shard is not.
@@ -120,24 +109,25 @@ async fn a_sharded_model_is_served_whole(source: ModelSource) {
     assert_eq!(llama["size"].as_u64(), Some(total as u64), "the model's size is its files'");
 
     for (name, expected) in &sharded.expected {
-        let reply = ask(&address, &api::component_url("llama", name, "data"), &[]).await;
+        let reply = request_async(&address, &api::component_url("llama", name, "data"), &[]).await;
         assert_eq!(reply.status, 200, "{kind}: {name}: {}", String::from_utf8_lossy(&reply.body));
         assert!(&reply.body == expected, "{kind}: {name}: bytes differ from the official reader's");
     }
-    let manifest = ask(&address, &api::model_url("llama"), &[]).await.json();
+    let manifest = request_async(&address, &api::model_url("llama"), &[]).await.json();
     let listed: Vec<&str> = manifest["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
     // The root, then the shards in the table's (deterministic CBOR) order: shorter names first.
     assert_eq!(listed, ["llama.zt", "llama-tail.zt", "llama-00001-of-00002.zt", "llama-00002-of-00002.zt"]);
-    let version = ask(&address, &api::model_url("llama"), &[]).await.header("x-zt-model-version").map(str::to_owned);
+    let version =
+        request_async(&address, &api::model_url("llama"), &[]).await.header("x-zt-model-version").map(str::to_owned);
     for name in listed {
-        let reply = ask(&address, &api::stored_file_url("llama", name), &[]).await;
+        let reply = request_async(&address, &api::stored_file_url("llama", name), &[]).await;
         assert_eq!(reply.status, 200, "{kind}: {name}");
         assert!(reply.body == sharded.files[name], "{kind}: {name} is served byte for byte");
         assert_eq!(reply.header("x-zt-model-version").map(str::to_owned), version, "one version for every file");
     }
-    let reply = ask(&address, &api::file_url("llama"), &[]).await;
+    let reply = request_async(&address, &api::file_url("llama"), &[]).await;
     assert_eq!((reply.status, reply.json()["error"]["code"].as_str()), (404, Some("several_files")));
-    let reply = ask(&address, &api::stored_file_url("llama", "other.zt"), &[]).await;
+    let reply = request_async(&address, &api::stored_file_url("llama", "other.zt"), &[]).await;
     assert_eq!((reply.status, reply.json()["error"]["code"].as_str()), (404, Some("file_not_found")));
 }
 
@@ -158,7 +148,7 @@ async fn reason_with(files: &BTreeMap<String, Vec<u8>>) -> (Option<String>, serd
         source.put(name, bytes).await;
     }
     let (address, _state) = serve(source.config(Config::default())).await;
-    let listing = ask(&address, "/models", &[]).await.json();
+    let listing = request_async(&address, "/models", &[]).await.json();
     let llama = listing["models"].as_array().unwrap().iter().find(|m| m["id"] == "llama").unwrap().clone();
     (llama["reason"]["code"].as_str().map(str::to_owned), llama)
 }

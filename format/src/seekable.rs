@@ -210,21 +210,28 @@ impl SeekTable {
     }
 }
 
+/// The seek table for frames of `(compressed, decoded)` sizes, as it follows them in a stream:
+/// a skippable frame holding the entries, the frame count, a descriptor with no checksum column,
+/// and the seekable magic. For writers of test streams, hostile ones included.
+pub fn encode_table(entries: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = SKIPPABLE_MAGIC.to_le_bytes().to_vec();
+    out.extend(((entries.len() * 8 + 9) as u32).to_le_bytes());
+    for (compressed, decoded) in entries {
+        out.extend(compressed.to_le_bytes());
+        out.extend(decoded.to_le_bytes());
+    }
+    out.extend((entries.len() as u32).to_le_bytes());
+    out.push(0);
+    out.extend(SEEKABLE_MAGIC.to_le_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn table(entries: &[(u32, u32)]) -> Vec<u8> {
-        let mut out = SKIPPABLE_MAGIC.to_le_bytes().to_vec();
-        out.extend(((entries.len() * 8 + 9) as u32).to_le_bytes());
-        for (c, d) in entries {
-            out.extend(c.to_le_bytes());
-            out.extend(d.to_le_bytes());
-        }
-        out.extend((entries.len() as u32).to_le_bytes());
-        out.push(0);
-        out.extend(SEEKABLE_MAGIC.to_le_bytes());
-        out
+        encode_table(entries)
     }
 
     fn parse(entries: &[(u32, u32)], frames_len: u64, decoded: u64) -> Result<SeekTable> {

@@ -213,6 +213,19 @@ impl Reply {
     }
 }
 
+/// [`request`] off the test's runtime (on its blocking pool), for tests that run a server in
+/// their own process.
+pub async fn request_async(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let (address, path) = (address.to_owned(), path.to_owned());
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    tokio::task::spawn_blocking(move || {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        request(&address, &path, &headers)
+    })
+    .await
+    .unwrap()
+}
+
 /// A GET with `headers` on a new connection (`Connection: close`), read to the end and timed
 /// to its first body byte and to its end. A body cut short comes back with `complete` false.
 pub fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
