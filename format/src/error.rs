@@ -170,6 +170,16 @@ pub enum FormatError {
     DigestMismatch { at: Location, algorithm: &'static str, expected: String, actual: String },
     #[error("{at}: stored bytes are {actual} long, expected {expected}")]
     StoredLengthMismatch { at: Location, expected: u64, actual: u64 },
+    #[error("safetensors header is invalid: {detail}")]
+    SafetensorsHeader { detail: String },
+    #[error("{at}: data_offsets [{start}, {end}] end before they start")]
+    OffsetsReversed { at: Location, start: u64, end: u64 },
+    #[error("{at}: data starts at {start}, leaving a gap after the bytes before it, which end at {expected}")]
+    DataGap { at: Location, start: u64, expected: u64 },
+    #[error("{at}: {elements} elements of {bits} bits do not fill whole bytes")]
+    PackedBits { at: Location, elements: u64, bits: u64 },
+    #[error("the tensors' bytes end at {tensors_end}, but the file holds {data} bytes of data")]
+    DataRegionMismatch { tensors_end: u64, data: u64 },
 }
 
 impl FormatError {
@@ -238,6 +248,11 @@ impl FormatError {
             ZstdCorrupt { .. } => "zstd_corrupt",
             DigestMismatch { .. } => "digest_mismatch",
             StoredLengthMismatch { .. } => "stored_length_mismatch",
+            SafetensorsHeader { .. } => "safetensors_header",
+            OffsetsReversed { .. } => "offsets_reversed",
+            DataGap { .. } => "data_gap",
+            PackedBits { .. } => "packed_bits",
+            DataRegionMismatch { .. } => "data_region_mismatch",
         }
     }
 }

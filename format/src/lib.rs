@@ -14,6 +14,7 @@ pub mod decode;
 mod error;
 pub mod json;
 mod legacy;
+pub mod safetensors;
 pub mod seekable;
 mod v1;
 pub mod v2;
