@@ -63,7 +63,8 @@ pub struct Config {
     /// When stored bytes are checked against their declared digest: `never`, `first-read`
     /// (once per component and file version) or `always` (every request).
     pub verify: VerifyPolicy,
-    /// Bytes read from the end of a remote object in the first request for its manifest.
+    /// Bytes read from the end of a remote `.zt` object (the start of a safetensors file) in
+    /// the first request for its manifest.
     pub manifest_suffix_bytes: u64,
     /// Bearer tokens accepted on `/models…`, each `TOKEN [PREFIX ...]` (empty, with no
     /// `token_file`: no token needed).

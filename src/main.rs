@@ -22,9 +22,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve every *.zt under the sources over HTTP (by default: models/ on 127.0.0.1:8080).
+    /// Serve every .zt, .safetensors and sharded safetensors checkpoint under the sources over
+    /// HTTP (by default: models/ on 127.0.0.1:8080).
     Serve {
-        /// A directory of .zt files, or s3://bucket/prefix; repeat for several. Overrides `sources`.
+        /// A directory of model files, or s3://bucket/prefix; repeat for several. Overrides `sources`.
         #[arg(long = "source", value_name = "DIR|S3_URL")]
         sources: Vec<String>,
         /// Address to listen on. Overrides `listen`.
@@ -39,7 +40,8 @@ enum Command {
     },
     /// Write the demo models (every format, zstd, digests, attributes) into DIR.
     WriteDemo { dir: PathBuf },
-    /// Print a file's version, attributes and objects.
+    /// Print a file's version, attributes and objects (.zt, .safetensors, or a checkpoint's
+    /// .safetensors.index.json with its shards).
     Inspect {
         file: PathBuf,
         /// Print the whole manifest as JSON.
@@ -48,8 +50,8 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Check every rule, decode every component and verify every digest.
-    /// Exits 0 when the file is valid, 1 when it is not.
+    /// Check every rule, decode every component and verify every digest (.zt, .safetensors,
+    /// or a checkpoint's index with its shards). Exits 0 when the file is valid, 1 when it is not.
     Verify {
         file: PathBuf,
         #[arg(long)]
@@ -57,7 +59,7 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Write an object's decoded little-endian bytes to stdout.
+    /// Write an object's decoded little-endian bytes to stdout (.zt, .safetensors, or an index).
     Cat {
         file: PathBuf,
         object: String,
@@ -97,7 +99,8 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Convert a safetensors file to a zTensor 1.2 or v2 file.
+    /// Convert a safetensors file, or a sharded checkpoint given by its .safetensors.index.json,
+    /// to a zTensor 1.2 or v2 file.
     Convert {
         input: PathBuf,
         output: PathBuf,

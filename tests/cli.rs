@@ -1,5 +1,7 @@
 //! The `ztserve` binary's file subcommands, run as a user would.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
@@ -149,6 +151,60 @@ fn convert_turns_safetensors_into_a_file_with_the_same_tensors() {
     let again = dir.path().join("again.zt");
     ztserve(&[&"convert", &input, &again, &"--compress", &"zstd:5", &"--digest", &"crc32c"]);
     assert_eq!(fs::read(&again).unwrap(), bytes);
+}
+
+#[test]
+fn the_tools_read_a_sharded_safetensors_checkpoint_through_its_index() {
+    use safetensors::Dtype;
+    let dir = tempfile::tempdir().unwrap();
+    let bf16: Vec<u8> = (0..24u8).collect();
+    let fp8: Vec<u8> = (100..106u8).collect();
+    let mask = [1u8, 0, 1];
+    let first: &[common::StTensor<'_>] = &[("layer.0.weight", Dtype::BF16, vec![3, 4], &bf16)];
+    let second: &[common::StTensor<'_>] =
+        &[("layer.1.weight", Dtype::F8_E4M3, vec![2, 3], &fp8), ("mask", Dtype::BOOL, vec![3], &mask)];
+    for (name, bytes) in common::safetensors_checkpoint(&[first, second]) {
+        fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let index = dir.path().join("model.safetensors.index.json");
+    let out = ztserve(&[&"inspect", &index]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("container:  safetensors") && text.contains("f8_e4m3fn"), "{text}");
+    assert!(text.contains("\"total_size\":33") && text.contains("\"format\":\"pt\""), "{text}");
+    let out = ztserve(&[&"verify", &index]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(ztserve(&[&"cat", &index, &"layer.1.weight"]).stdout, fp8);
+    assert_eq!(
+        ztserve(&[&"cat", &dir.path().join("model-00001-of-00002.safetensors"), &"layer.0.weight"]).stdout,
+        bf16
+    );
+
+    for (format, compress) in [("1.2", "zstd"), ("v2", "none")] {
+        let output = dir.path().join(format!("out-{format}.zt"));
+        let out = ztserve(&[&"convert", &index, &output, &"--format", &format, &"--compress", &compress]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(ztserve(&[&"cat", &output, &"layer.1.weight"]).stdout, fp8, "{format}");
+        assert_eq!(ztserve(&[&"cat", &output, &"mask"]).stdout, mask, "{format}");
+        assert_eq!(ztserve(&[&"verify", &output]).status.code(), Some(0), "{format}");
+    }
+
+    // A tensor moved to the other shard, and a shard gone, each named.
+    let (wrong, dir2) = (common::safetensors_checkpoint(&[second, first]), tempfile::tempdir().unwrap());
+    fs::write(dir2.path().join("model.safetensors.index.json"), fs::read(&index).unwrap()).unwrap();
+    for (name, bytes) in &wrong[1..] {
+        fs::write(dir2.path().join(name), bytes).unwrap();
+    }
+    let out = ztserve(&[&"verify", &"--json", &dir2.path().join("model.safetensors.index.json")]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"][0]["code"], "tensor_in_wrong_shard", "{report}");
+    fs::remove_file(dir2.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let out = ztserve(&[&"verify", &"--json", &dir2.path().join("model.safetensors.index.json")]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"][0]["code"], "shard_missing", "{report}");
+    let out = ztserve(&[&"inspect", &dir2.path().join("model.safetensors.index.json")]);
+    assert_eq!(out.status.code(), Some(1));
 }
 
 #[test]

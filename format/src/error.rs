@@ -102,7 +102,7 @@ pub enum FormatError {
     BadName { what: &'static str, name: String, reason: &'static str },
     #[error("{at}: rank {rank} is over the limit of 64")]
     RankTooLarge { at: Location, rank: usize },
-    #[error("shard {shard:?} was not found beside the root (by name, or by size and digest)")]
+    #[error("shard {shard:?} was not found beside the file that names it")]
     ShardMissing { shard: String },
     #[error("shard {shard:?} is {actual} bytes, the root's shard table says {expected}")]
     ShardSizeMismatch { shard: String, expected: u64, actual: u64 },
@@ -180,6 +180,16 @@ pub enum FormatError {
     PackedBits { at: Location, elements: u64, bits: u64 },
     #[error("the tensors' bytes end at {tensors_end}, but the file holds {data} bytes of data")]
     DataRegionMismatch { tensors_end: u64, data: u64 },
+    #[error("safetensors index is invalid: {detail}")]
+    SafetensorsIndex { detail: String },
+    #[error("tensor {tensor:?}: the index maps it to {shard:?}, which does not hold it")]
+    TensorNotInShard { tensor: String, shard: String },
+    #[error("tensor {tensor:?}: the index maps it to {shard:?}, but it is in {found_in:?}")]
+    TensorInWrongShard { tensor: String, shard: String, found_in: String },
+    #[error("tensor {tensor:?} in {shard:?} is not in the index's weight_map")]
+    TensorNotIndexed { tensor: String, shard: String },
+    #[error("shard {shard:?}: {error}")]
+    InShard { shard: String, error: Box<FormatError> },
 }
 
 impl FormatError {
@@ -253,6 +263,11 @@ impl FormatError {
             DataGap { .. } => "data_gap",
             PackedBits { .. } => "packed_bits",
             DataRegionMismatch { .. } => "data_region_mismatch",
+            SafetensorsIndex { .. } => "safetensors_index",
+            TensorNotInShard { .. } => "tensor_not_in_shard",
+            TensorInWrongShard { .. } => "tensor_in_wrong_shard",
+            TensorNotIndexed { .. } => "tensor_not_indexed",
+            InShard { error, .. } => error.code(),
         }
     }
 }

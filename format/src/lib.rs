@@ -52,6 +52,9 @@ pub enum Container {
     /// zTensor v2: 40-byte footer with a hashed, deterministic-CBOR manifest, 4096-aligned
     /// blobs, optional shards.
     V2,
+    /// A safetensors file, or a checkpoint of several under a `.safetensors.index.json`
+    /// ([`safetensors`]): no magic, found by its name.
+    Safetensors,
 }
 
 impl Container {
@@ -73,6 +76,7 @@ impl Container {
             Container::Legacy01 => 8,
             Container::V1 => 16,
             Container::V2 => v2::FOOTER_LEN,
+            Container::Safetensors => 0,
         }
     }
 
@@ -83,6 +87,7 @@ impl Container {
             Container::Legacy01 | Container::V1 => HEADER_LEN + 1 + self.trailer_len(),
             // Header and footer: a data shard holds nothing else.
             Container::V2 => HEADER_LEN + v2::FOOTER_LEN,
+            Container::Safetensors => safetensors::LENGTH_FIELD,
         }
     }
 
@@ -92,6 +97,7 @@ impl Container {
             Container::Legacy01 => "zt-0.1",
             Container::V1 => "zt-1",
             Container::V2 => "zt-2",
+            Container::Safetensors => "safetensors",
         }
     }
 }
@@ -102,7 +108,54 @@ impl fmt::Display for Container {
             Container::Legacy01 => "ZTEN0001 (0.1)",
             Container::V1 => "ZTEN1000 (1.x)",
             Container::V2 => "zTensor v2",
+            Container::Safetensors => "safetensors",
         })
+    }
+}
+
+/// What a stored file is, by its name: the kinds of file a source lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// `*.zt`: any zTensor generation, told apart by its magic.
+    Zt,
+    /// `*.safetensors`.
+    Safetensors,
+    /// `*.safetensors.index.json`: a sharded safetensors checkpoint's index.
+    SafetensorsIndex,
+}
+
+impl FileKind {
+    pub const SAFETENSORS_INDEX_SUFFIX: &'static str = ".safetensors.index.json";
+
+    /// The kind of the file named `key` (a path or a bare name), if it is one a source lists.
+    pub fn of(key: &str) -> Option<FileKind> {
+        let name = key.rsplit('/').next().unwrap_or(key);
+        if name.len() > Self::SAFETENSORS_INDEX_SUFFIX.len() && name.ends_with(Self::SAFETENSORS_INDEX_SUFFIX) {
+            Some(FileKind::SafetensorsIndex)
+        } else if name.len() > ".safetensors".len() && name.ends_with(".safetensors") {
+            Some(FileKind::Safetensors)
+        } else if name.len() > ".zt".len() && name.ends_with(".zt") {
+            Some(FileKind::Zt)
+        } else {
+            None
+        }
+    }
+
+    /// The model id a file of this kind at `key` stands for: the path without its extension,
+    /// or, for an index, its directory (with the index's stem when that is not `model`, or
+    /// when the index is at the source's root).
+    pub fn model_id(self, key: &str) -> String {
+        match self {
+            FileKind::Zt => key.strip_suffix(".zt").unwrap_or(key).to_owned(),
+            FileKind::Safetensors => key.strip_suffix(".safetensors").unwrap_or(key).to_owned(),
+            FileKind::SafetensorsIndex => {
+                let stem = key.strip_suffix(Self::SAFETENSORS_INDEX_SUFFIX).unwrap_or(key);
+                match stem.rsplit_once('/') {
+                    Some((dir, "model")) => dir.to_owned(),
+                    _ => stem.to_owned(),
+                }
+            }
+        }
     }
 }
 
@@ -659,6 +712,25 @@ mod tests {
             let span_len = whole.manifest_span.end - whole.manifest_span.start;
             assert_eq!(one_read, suffix.max(MAX_TRAILER_LEN) >= span_len + 16, "suffix {suffix}");
             assert!(fetched <= HEADER_LEN + suffix.max(MAX_TRAILER_LEN).min(bytes.len() as u64) + span_len);
+        }
+    }
+
+    #[test]
+    fn files_are_told_apart_by_name_and_name_their_models() {
+        let cases = [
+            ("org/llama.zt", Some((FileKind::Zt, "org/llama"))),
+            ("org/llama.safetensors", Some((FileKind::Safetensors, "org/llama"))),
+            ("org/llama/model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "org/llama"))),
+            ("org/llama/other.safetensors.index.json", Some((FileKind::SafetensorsIndex, "org/llama/other"))),
+            ("model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "model"))),
+            ("org/config.json", None),
+            ("org/.safetensors", None),
+            ("org/.zt", None),
+            ("org/llama.zt.partial", None),
+        ];
+        for (key, expected) in cases {
+            let found = FileKind::of(key).map(|kind| (kind, kind.model_id(key)));
+            assert_eq!(found, expected.map(|(kind, id)| (kind, id.to_string())), "{key}");
         }
     }
 }

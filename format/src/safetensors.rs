@@ -6,13 +6,18 @@
 //! logical type where safetensors has one zTensor names (bool, f8, f4, complex), and the byte
 //! range. The rules are the safetensors library's (`Metadata::validate`), each failure named
 //! with the tensor it is about; names must also be unique, which a JSON map does not promise.
+//! A sharded checkpoint's `*.safetensors.index.json` (`metadata`, `weight_map`) is read here
+//! too, and [`assemble`] makes one [`Manifest`] of it and its shards' headers, holding every
+//! tensor to the shard the index names.
 
 use std::fmt;
 use std::ops::Range;
 
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 
-use crate::{DType, FormatError, Location, Result};
+use crate::{
+    Component, Container, DType, DigestScope, Encoding, FormatError, Location, Manifest, Object, Result, Value,
+};
 
 /// Bytes of the header-length field that opens the file.
 pub const LENGTH_FIELD: u64 = 8;
@@ -85,6 +90,251 @@ pub struct Header {
     pub span: Range<u64>,
 }
 
+impl Tensor {
+    /// The tensor as a dense object whose one `data` component is its bytes in file `file`.
+    fn into_object(self, file: usize) -> Object {
+        let length = self.range.end - self.range.start;
+        let data = Component {
+            role: "data".into(),
+            dtype: self.dtype.dtype,
+            logical_type: self.dtype.logical_type.map(str::to_owned),
+            offset: self.range.start,
+            stored_length: length,
+            encoding: Encoding::Raw,
+            decoded_length: length,
+            digest: None,
+            digest_scope: DigestScope::Stored,
+            byte_order: crate::ByteOrder::Little,
+            file,
+        };
+        Object { name: self.name, shape: self.shape, format: "dense".into(), attributes: None, components: vec![data] }
+    }
+}
+
+impl Header {
+    /// The file as a model: `__metadata__` as its attributes, each tensor a dense object.
+    pub fn into_manifest(self, file_len: u64) -> Result<Manifest> {
+        let attributes = strings_map(&self.metadata);
+        let objects = self.tensors.into_iter().map(|t| t.into_object(0)).collect();
+        Manifest::new(Container::Safetensors, None, attributes, objects, self.span, file_len)
+    }
+}
+
+/// `pairs` as a CBOR map of strings, or nothing when there are none.
+fn strings_map(pairs: &[(String, String)]) -> Option<Value> {
+    (!pairs.is_empty())
+        .then(|| Value::Map(pairs.iter().map(|(k, v)| (Value::Text(k.clone()), Value::Text(v.clone()))).collect()))
+}
+
+/// The reads that find and parse a safetensors header, whoever makes them: a prefix of the
+/// file (which often holds the whole header), then at most one more read for the rest.
+#[derive(Debug, Clone)]
+pub struct HeaderReads {
+    file_len: u64,
+    first: Range<u64>,
+}
+
+impl HeaderReads {
+    /// Reads of a `file_len`-byte file whose first read is `prefix` bytes (at least the
+    /// length field, at most the file).
+    pub fn new(file_len: u64, prefix: u64) -> HeaderReads {
+        HeaderReads { file_len, first: 0..prefix.max(LENGTH_FIELD).min(file_len) }
+    }
+
+    pub fn first(&self) -> Range<u64> {
+        self.first.clone()
+    }
+
+    /// Where the header lies, from the `first` read, and the part of it still to be read.
+    pub fn locate(&self, first: &[u8]) -> Result<(Range<u64>, Range<u64>)> {
+        let span = header_span(first, self.file_len)?;
+        let missing = span.start.max(self.first.end)..span.end.max(self.first.end);
+        Ok((span, missing))
+    }
+
+    /// Parses the header from the `first` read and the `missing` bytes [`locate`](Self::locate) named.
+    pub fn parse(&self, first: &[u8], missing: &[u8]) -> Result<Header> {
+        let (span, _) = self.locate(first)?;
+        let held = &first[(span.start as usize).min(first.len())..(span.end as usize).min(first.len())];
+        let whole = if missing.is_empty() { std::borrow::Cow::Borrowed(held) } else { [held, missing].concat().into() };
+        parse(&whole, span, self.file_len)
+    }
+}
+
+/// Parses and validates a whole safetensors file held in memory (or mapped).
+pub fn parse_file(file: &[u8]) -> Result<Header> {
+    let span = header_span(file, file.len() as u64)?;
+    parse(&file[span.start as usize..span.end as usize], span, file.len() as u64)
+}
+
+/// The largest index file read: an index maps names to files, so the header's bound is ample.
+pub const MAX_INDEX_LEN: u64 = MAX_HEADER_LEN;
+
+/// A sharded checkpoint's index (`model.safetensors.index.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Index {
+    /// `metadata`, in file order (`total_size` and the like; any JSON values).
+    pub metadata: Vec<(String, serde_json::Value)>,
+    /// Tensor name → the shard file holding it, in file order.
+    pub weight_map: Vec<(String, String)>,
+    /// The shard files named, each once, sorted (`model-00001-of-00003.safetensors`, …).
+    pub shards: Vec<String>,
+}
+
+/// Parses an index file: a JSON object with a `weight_map` of tensor names to shard file names
+/// (plain names in the index's directory) and an optional `metadata` object.
+pub fn parse_index(bytes: &[u8]) -> Result<Index> {
+    let invalid = |detail: String| FormatError::SafetensorsIndex { detail };
+    if bytes.len() as u64 > MAX_INDEX_LEN {
+        return Err(FormatError::ManifestTooLarge { size: bytes.len() as u64, limit: MAX_INDEX_LEN });
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let read = de::Deserializer::deserialize_map(&mut deserializer, IndexVisitor)
+        .and_then(|read| deserializer.end().map(|()| read))
+        .map_err(|e| invalid(format!("not a JSON object with a weight_map: {e}")))?;
+    let metadata = match read.metadata {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Object(map)) => map.into_iter().collect(),
+        Some(other) => return Err(invalid(format!("metadata is {other}, not an object"))),
+    };
+    let pairs = read.weight_map.ok_or_else(|| invalid("it has no weight_map".into()))?;
+    let mut seen = std::collections::HashSet::with_capacity(pairs.len());
+    let mut mapped = Vec::with_capacity(pairs.len());
+    for (tensor, shard) in pairs {
+        let serde_json::Value::String(shard) = shard else {
+            return Err(invalid(format!("weight_map maps {tensor:?} to {shard}, not a file name")));
+        };
+        if !is_plain_file_name(&shard) {
+            return Err(invalid(format!("weight_map maps {tensor:?} to {shard:?}, not a file name in its directory")));
+        }
+        if !seen.insert(tensor.clone()) {
+            return Err(FormatError::DuplicateObject { name: tensor });
+        }
+        mapped.push((tensor, shard));
+    }
+    let mut shards: Vec<String> = mapped.iter().map(|(_, shard)| shard.clone()).collect();
+    shards.sort();
+    shards.dedup();
+    Ok(Index { metadata, weight_map: mapped, shards })
+}
+
+/// A name that stays in its directory: no separator, not `.` or `..`, no NUL, not empty.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
+/// A JSON object's entries in file order, duplicates kept.
+fn json_entries(text: &str) -> serde_json::Result<Vec<(String, serde_json::Value)>> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let entries = de::Deserializer::deserialize_map(&mut deserializer, EntriesVisitor)?;
+    deserializer.end()?;
+    Ok(entries)
+}
+
+/// One model of a sharded checkpoint: the index (`index_len` bytes, the model's file 0) and
+/// each shard's parsed file, named as the index names them, in [`Index::shards`] order (file
+/// `i + 1`). Every tensor must be in the shard the index maps it to and in no other; the
+/// model's attributes are the index's `metadata`, then the shards' `__metadata__` keys it lacks.
+pub fn assemble(index: &Index, index_len: u64, shards: &[(&str, &Manifest)]) -> Result<Manifest> {
+    let mut home: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for (name, manifest) in shards {
+        for object in &manifest.objects {
+            if let Some(first) = home.insert(&object.name, name) {
+                let claimed = index.weight_map.iter().find(|(t, _)| *t == object.name).map(|(_, s)| s.as_str());
+                let (shard, found_in) = match claimed {
+                    Some(shard) if shard == first => (shard, *name),
+                    Some(shard) => (shard, first),
+                    None => {
+                        return Err(FormatError::TensorNotIndexed {
+                            tensor: object.name.clone(),
+                            shard: name.to_string(),
+                        });
+                    }
+                };
+                return Err(FormatError::TensorInWrongShard {
+                    tensor: object.name.clone(),
+                    shard: shard.to_owned(),
+                    found_in: found_in.to_owned(),
+                });
+            }
+        }
+    }
+    let mut claimed = std::collections::HashSet::with_capacity(index.weight_map.len());
+    for (tensor, shard) in &index.weight_map {
+        match home.get(tensor.as_str()) {
+            None => return Err(FormatError::TensorNotInShard { tensor: tensor.clone(), shard: shard.clone() }),
+            Some(found_in) if found_in != shard => {
+                return Err(FormatError::TensorInWrongShard {
+                    tensor: tensor.clone(),
+                    shard: shard.clone(),
+                    found_in: found_in.to_string(),
+                });
+            }
+            Some(_) => claimed.insert(tensor.as_str()),
+        };
+    }
+    let mut objects = Vec::with_capacity(index.weight_map.len());
+    let mut attributes: Vec<(Value, Value)> =
+        index.metadata.iter().map(|(k, v)| (Value::Text(k.clone()), json_to_cbor(v))).collect();
+    for (position, (name, manifest)) in shards.iter().enumerate() {
+        for object in &manifest.objects {
+            if !claimed.contains(object.name.as_str()) {
+                return Err(FormatError::TensorNotIndexed { tensor: object.name.clone(), shard: name.to_string() });
+            }
+            let mut object = object.clone();
+            object.components.iter_mut().for_each(|c| c.file = position + 1);
+            objects.push(object);
+        }
+        if let Some(Value::Map(entries)) = &manifest.attributes {
+            for (key, value) in entries {
+                if !attributes.iter().any(|(k, _)| k == key) {
+                    attributes.push((key.clone(), value.clone()));
+                }
+            }
+        }
+    }
+    let attributes = (!attributes.is_empty()).then_some(Value::Map(attributes));
+    Manifest::new(Container::Safetensors, None, attributes, objects, 0..index_len, index_len)
+}
+
+/// A checkpoint in memory: its index's bytes, and each shard's bytes as `shard` finds them by
+/// the name the index gives (or why it could not). Each shard's own faults are named with it.
+pub fn parse_checkpoint<'a>(
+    index: &[u8],
+    shard: impl Fn(&str) -> Result<&'a [u8]>,
+) -> Result<(Manifest, Vec<&'a [u8]>)> {
+    let parsed = parse_index(index)?;
+    let mut files = Vec::with_capacity(parsed.shards.len());
+    let mut manifests = Vec::with_capacity(parsed.shards.len());
+    for name in &parsed.shards {
+        let in_shard = |error| FormatError::InShard { shard: name.clone(), error: Box::new(error) };
+        let bytes = shard(name)?;
+        let manifest = parse_file(bytes).and_then(|h| h.into_manifest(bytes.len() as u64)).map_err(in_shard)?;
+        files.push(bytes);
+        manifests.push(manifest);
+    }
+    let named: Vec<(&str, &Manifest)> = parsed.shards.iter().map(String::as_str).zip(&manifests).collect();
+    Ok((assemble(&parsed, index.len() as u64, &named)?, files))
+}
+
+/// A JSON value as CBOR: integers stay integers, other numbers become floats.
+fn json_to_cbor(value: &serde_json::Value) -> Value {
+    use serde_json::Value as Json;
+    match value {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Value::Integer(u.into()),
+            (None, Some(i)) => Value::Integer(i.into()),
+            _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => Value::Text(s.clone()),
+        Json::Array(items) => Value::Array(items.iter().map(json_to_cbor).collect()),
+        Json::Object(map) => Value::Map(map.iter().map(|(k, v)| (Value::Text(k.clone()), json_to_cbor(v))).collect()),
+    }
+}
+
 /// Where the JSON header lies in a file of `file_len` bytes whose first bytes are `head` (at
 /// least [`LENGTH_FIELD`] of them): what a reader fetches second.
 pub fn header_span(head: &[u8], file_len: u64) -> Result<Range<u64>> {
@@ -108,11 +358,8 @@ pub fn header_span(head: &[u8], file_len: u64) -> Result<Range<u64>> {
 pub fn parse(header: &[u8], span: Range<u64>, file_len: u64) -> Result<Header> {
     let invalid = |detail: String| FormatError::SafetensorsHeader { detail };
     let text = std::str::from_utf8(header).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    let entries = de::Deserializer::deserialize_map(&mut deserializer, EntriesVisitor)
-        .map_err(|e| invalid(format!("not a JSON object of tensors: {e}")))?;
     // The safetensors library pads headers with spaces; anything else after the object is not JSON.
-    deserializer.end().map_err(|e| invalid(format!("not a JSON object of tensors: {e}")))?;
+    let entries = json_entries(text).map_err(|e| invalid(format!("not a JSON object of tensors: {e}")))?;
 
     let mut metadata = None;
     let mut tensors = Vec::with_capacity(entries.len());
@@ -223,6 +470,52 @@ impl<'de> Visitor<'de> for EntriesVisitor {
             entries.push((key, map.next_value_seed(AnyValue)?));
         }
         Ok(entries)
+    }
+}
+
+/// An index's two fields; each may appear once, other fields are passed over.
+struct IndexVisitor;
+
+#[derive(Default)]
+struct IndexFields {
+    metadata: Option<serde_json::Value>,
+    weight_map: Option<Vec<(String, serde_json::Value)>>,
+}
+
+impl<'de> Visitor<'de> for IndexVisitor {
+    type Value = IndexFields;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+        let mut fields = IndexFields::default();
+        while let Some(key) = map.next_key::<String>()? {
+            let repeated = match key.as_str() {
+                "metadata" => fields.metadata.replace(map.next_value()?).is_some(),
+                "weight_map" => fields.weight_map.replace(map.next_value_seed(Entries)?).is_some(),
+                // Writers add fields of their own; only these two say what the checkpoint holds.
+                _ => {
+                    map.next_value::<de::IgnoredAny>()?;
+                    false
+                }
+            };
+            if repeated {
+                return Err(de::Error::custom(format!("{key:?} appears twice")));
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// A JSON object's entries in file order, duplicates kept.
+struct Entries;
+
+impl<'de> DeserializeSeed<'de> for Entries {
+    type Value = Vec<(String, serde_json::Value)>;
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> std::result::Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(EntriesVisitor)
     }
 }
 
@@ -376,6 +669,113 @@ mod tests {
             let index = buffers.iter().position(|(name, ..)| *name == tensor.name).unwrap();
             assert_eq!(&bytes[tensor.range.start as usize..tensor.range.end as usize], &buffers[index].2[..]);
         }
+    }
+
+    #[test]
+    fn a_header_is_read_with_one_more_read_only_when_the_prefix_does_not_hold_it() {
+        let bytes =
+            file(r#"{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#, 12);
+        let whole = parse_file(&bytes).unwrap();
+        for prefix in [0, 8, 20, whole.span.end, 1 << 20] {
+            let reads = HeaderReads::new(bytes.len() as u64, prefix);
+            let first = &bytes[reads.first().start as usize..reads.first().end as usize];
+            let (span, missing) = reads.locate(first).unwrap();
+            assert_eq!(span, whole.span);
+            assert_eq!(missing.is_empty(), prefix >= whole.span.end, "prefix {prefix}");
+            let header = reads.parse(first, &bytes[missing.start as usize..missing.end as usize]).unwrap();
+            assert_eq!(header, whole);
+        }
+        let manifest = whole.into_manifest(bytes.len() as u64).unwrap();
+        assert_eq!(manifest.container, Container::Safetensors);
+        let data = manifest.object("a").unwrap().component("data").unwrap();
+        assert_eq!((data.dtype, data.stored_length, data.file), (DType::F32, 12, 0));
+        assert_eq!(
+            crate::json::cbor_to_json(manifest.attributes.as_ref().unwrap()),
+            serde_json::json!({"format": "pt"})
+        );
+    }
+
+    fn shard(tensors: &[&str]) -> Manifest {
+        let mut header = String::from("{");
+        for (i, name) in tensors.iter().enumerate() {
+            if i > 0 {
+                header.push(',');
+            }
+            header.push_str(&format!(r#""{name}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{}]}}"#, i + 1));
+        }
+        header.push('}');
+        let bytes = file(&header, tensors.len());
+        parse_file(&bytes).unwrap().into_manifest(bytes.len() as u64).unwrap()
+    }
+
+    fn index(weight_map: &str) -> Index {
+        parse_index(format!(r#"{{"metadata":{{"total_size":3}},"weight_map":{weight_map}}}"#).as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn an_index_and_its_shards_make_one_model_with_each_tensor_in_its_own_shard() {
+        let index = index(r#"{"b":"s-2.safetensors","a":"s-1.safetensors","c":"s-2.safetensors"}"#);
+        assert_eq!(index.shards, ["s-1.safetensors", "s-2.safetensors"]);
+        let (one, two) = (shard(&["a"]), shard(&["b", "c"]));
+        let manifest = assemble(&index, 100, &[("s-1.safetensors", &one), ("s-2.safetensors", &two)]).unwrap();
+        let files: Vec<(&str, usize)> =
+            manifest.objects.iter().map(|o| (o.name.as_str(), o.components[0].file)).collect();
+        assert_eq!(files, [("a", 1), ("b", 2), ("c", 2)]);
+        assert_eq!(manifest.manifest_span, 0..100);
+        assert_eq!(
+            crate::json::cbor_to_json(manifest.attributes.as_ref().unwrap()),
+            serde_json::json!({"total_size": 3})
+        );
+
+        let wrong = index_codes(r#"{"a":"s-2.safetensors","b":"s-2.safetensors","c":"s-2.safetensors"}"#, &one, &two);
+        assert_eq!(wrong, "tensor_in_wrong_shard");
+        let missing = index_codes(r#"{"a":"s-1.safetensors","b":"s-1.safetensors","c":"s-2.safetensors"}"#, &one, &two);
+        assert_eq!(missing, "tensor_in_wrong_shard");
+        let (extra_one, extra_two) = (shard(&["a", "d"]), shard(&["b", "c"]));
+        let extra = index_codes(
+            r#"{"a":"s-1.safetensors","b":"s-2.safetensors","c":"s-2.safetensors"}"#,
+            &extra_one,
+            &extra_two,
+        );
+        assert_eq!(extra, "tensor_not_indexed");
+        let absent = index_codes(r#"{"a":"s-1.safetensors","b":"s-2.safetensors","z":"s-2.safetensors"}"#, &one, &two);
+        assert_eq!(absent, "tensor_not_in_shard");
+        let (only_a, only_b) = (shard(&["a"]), shard(&["b"]));
+        let gone =
+            index_codes(r#"{"a":"s-1.safetensors","b":"s-2.safetensors","z":"s-2.safetensors"}"#, &only_a, &only_b);
+        assert_eq!(gone, "tensor_not_in_shard");
+        let (twice_one, twice_two) = (shard(&["a"]), shard(&["a", "b"]));
+        let twice = index_codes(r#"{"a":"s-1.safetensors","b":"s-2.safetensors"}"#, &twice_one, &twice_two);
+        assert_eq!(twice, "tensor_in_wrong_shard");
+    }
+
+    fn index_codes(weight_map: &str, one: &Manifest, two: &Manifest) -> &'static str {
+        let index = index(weight_map);
+        assemble(&index, 10, &[("s-1.safetensors", one), ("s-2.safetensors", two)]).unwrap_err().code()
+    }
+
+    #[test]
+    fn broken_indexes_are_refused_with_the_reason() {
+        let code = |text: &str| parse_index(text.as_bytes()).unwrap_err();
+        for (text, needle) in [
+            ("not json", "not a JSON object"),
+            (r#"{"metadata":{}}"#, "no weight_map"),
+            (r#"{"weight_map":{},"weight_map":{}}"#, "appears twice"),
+            (r#"{"weight_map":{"a":"../x.safetensors"}}"#, "not a file name"),
+            (r#"{"weight_map":{"a":"sub/x.safetensors"}}"#, "not a file name"),
+            (r#"{"weight_map":{"a":"..\\x.safetensors"}}"#, "not a file name"),
+            (r#"{"weight_map":{"a":3}}"#, "not a file name"),
+            (r#"{"weight_map":[]}"#, "not a JSON object"),
+            (r#"{"metadata":[1],"weight_map":{}}"#, "metadata is"),
+        ] {
+            let error = code(text);
+            assert_eq!(error.code(), "safetensors_index", "{text}");
+            assert!(error.to_string().contains(needle), "{text}: {error}");
+        }
+        assert_eq!(code(r#"{"weight_map":{"a":"x.safetensors","a":"x.safetensors"}}"#).code(), "duplicate_object");
+        assert_eq!(parse_index(&[0xff, b'{']).unwrap_err().code(), "safetensors_index");
+        let extra = parse_index(br#"{"weight_map":{"a":"x.safetensors"},"format":"pt"}"#).unwrap();
+        assert_eq!(extra.weight_map, [("a".to_string(), "x.safetensors".to_string())]);
     }
 
     #[test]

@@ -83,6 +83,30 @@ pub fn verify_model<'a>(
     report
 }
 
+/// Runs every check over a safetensors file (`index` false) or a sharded checkpoint's index
+/// and each shard's bytes as `shard` finds them: the header rules, then each tensor's content
+/// rules (bool bytes). safetensors declares no digests, so none is checked.
+pub fn verify_safetensors<'a>(
+    file: &'a [u8],
+    index: bool,
+    shard: impl Fn(&str) -> Result<&'a [u8], FormatError>,
+) -> VerifyReport {
+    let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, undecodable: 0, errors: Vec::new() };
+    let parsed = if index {
+        crate::safetensors::parse_checkpoint(file, shard)
+            .map(|(manifest, shards)| (manifest, std::iter::once(file).chain(shards).map(Some).collect()))
+    } else {
+        crate::safetensors::parse_file(file)
+            .and_then(|header| header.into_manifest(file.len() as u64))
+            .map(|manifest| (manifest, vec![Some(file)]))
+    };
+    match parsed {
+        Ok((manifest, files)) => verify_components(&manifest, &files, &mut report),
+        Err(e) => report.errors.push(e),
+    }
+    report
+}
+
 fn verify_components(manifest: &Manifest, files: &[Option<&[u8]>], report: &mut VerifyReport) {
     let mut scratch = vec![0u8; DECODE_PIECE];
     for object in &manifest.objects {

@@ -5,8 +5,11 @@
 //! stays listed as broken with its reason, and never stops the others from serving. A source
 //! that cannot be listed keeps the models it had, and is reported degraded until it answers
 //! again. A v2 root's shards are found among the files beside it ([`shards`]); a data shard
-//! (a v2 file with no manifest) is part of some root's model, never a model of its own.
+//! (a v2 file with no manifest) is part of some root's model, never a model of its own. A
+//! safetensors file is a model unless a `*.safetensors.index.json` beside it makes it a shard of
+//! a checkpoint ([`checkpoints`]).
 
+mod checkpoints;
 mod shards;
 
 use std::collections::{BTreeMap, HashMap};
@@ -15,7 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::StreamExt as _;
 
-use crate::format::{FormatError, Limits, Manifest, ManifestReads};
+use crate::format::safetensors::{self, Index};
+use crate::format::{FileKind, FormatError, Limits, Manifest, ManifestReads};
 use crate::storage::mapped::MappedFile;
 use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
 
@@ -28,6 +32,8 @@ pub enum CatalogError {
     Storage(#[from] StorageError),
     #[error("id {id:?} is also provided by {first}; this copy in {second} is not served")]
     DuplicateId { id: String, first: String, second: String },
+    #[error("shard {shard}: {error}")]
+    InShard { shard: String, error: Box<CatalogError> },
 }
 
 impl CatalogError {
@@ -36,13 +42,17 @@ impl CatalogError {
             CatalogError::Format(e) => e.code(),
             CatalogError::Storage(_) => "storage_error",
             CatalogError::DuplicateId { .. } => "duplicate_id",
+            CatalogError::InShard { error, .. } => error.code(),
         }
     }
 
     /// Whether the failure belongs to the object's bytes (kept until the object changes),
     /// rather than to reading them (retried at the next rescan).
     fn is_lasting(&self) -> bool {
-        matches!(self, CatalogError::Format(_))
+        match self {
+            CatalogError::InShard { error, .. } => error.is_lasting(),
+            other => matches!(other, CatalogError::Format(_)),
+        }
     }
 }
 
@@ -228,11 +238,30 @@ pub struct ScanOptions {
     pub check_shard_digests: bool,
 }
 
-/// One listed file's manifest, as read for one version of it.
+/// One listed file's manifest (or a checkpoint's index), as read for one version of it.
 #[derive(Debug, Clone)]
 struct ParsedFile {
     version: String,
-    state: Result<Arc<Manifest>, CatalogError>,
+    state: Result<Parsed, CatalogError>,
+}
+
+/// What a listed file holds.
+#[derive(Debug, Clone)]
+enum Parsed {
+    /// A `.zt` manifest, or a safetensors file's header as one.
+    Manifest(Arc<Manifest>),
+    /// A sharded safetensors checkpoint's index.
+    Index(Arc<Index>),
+}
+
+impl ParsedFile {
+    fn manifest(&self) -> Result<&Arc<Manifest>, CatalogError> {
+        match &self.state {
+            Ok(Parsed::Manifest(manifest)) => Ok(manifest),
+            Ok(Parsed::Index(_)) => unreachable!("an index is never read as a manifest"),
+            Err(e) => Err(e.clone()),
+        }
+    }
 }
 
 /// An immutable snapshot of every source; the server swaps in a new one after each rescan.
@@ -304,7 +333,8 @@ impl Catalog {
 type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>);
 
 /// Lists a source; new and changed objects have their manifests read, several at once. Every
-/// file with a manifest is a model; a root's shards are resolved among the files listed.
+/// file with a manifest is a model, and every index a checkpoint's; a root's shards are
+/// resolved among the files listed.
 async fn list(
     source: &Arc<Source>,
     previous: &Catalog,
@@ -321,45 +351,45 @@ async fn list(
                     return (object, parsed.clone());
                 }
             }
-            let version = ObjectVersion {
-                storage: Arc::clone(storage),
-                key: object.key.clone(),
-                version: object.version.clone(),
-                size: object.size,
-            };
-            let state = read_remote_manifest(&version, options).await;
+            let version = version_of(source, &object);
+            let state = read_listed(&version, options).await;
             if let Err(CatalogError::Storage(e)) = &state {
                 source.report_failure(e);
             }
-            let parsed = ParsedFile { version: object.version.clone(), state: state.map(Arc::new) };
-            (object, parsed)
+            (object, ParsedFile { version: version.version, state })
         })
         .buffer_unordered(options.concurrent_reads.max(1))
         .collect()
         .await;
     parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    let claimed = checkpoints::claimed_shards(&parsed);
     let mut models = Vec::with_capacity(parsed.len());
     for (object, file) in &parsed {
-        if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) {
-            continue;
-        }
-        let id = object.key.strip_suffix(".zt").unwrap_or(&object.key).to_owned();
-        let root = || {
-            StoredFile::new(ObjectVersion {
-                storage: Arc::clone(storage),
-                key: object.key.clone(),
-                version: object.version.clone(),
-                size: object.size,
-            })
-        };
-        let (files, state) = match &file.state {
-            Ok(manifest) if !manifest.shards.is_empty() => {
-                match shards::resolve(source, object, manifest, &listed, digests, options.check_shard_digests).await {
-                    Ok(files) => (files, Ok(Arc::clone(manifest))),
-                    Err(e) => (vec![root()], Err(e)),
-                }
+        let kind = FileKind::of(&object.key).expect("sources list only model files");
+        let id = kind.model_id(&object.key);
+        let (files, state, container) = match kind {
+            FileKind::SafetensorsIndex => {
+                let (files, state) = checkpoints::resolve(source, object, file, &parsed);
+                (files, state, Some(crate::format::Container::Safetensors))
             }
-            state => (vec![root()], state.clone()),
+            FileKind::Safetensors if claimed.contains(object.key.as_str()) => continue,
+            _ if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) => continue,
+            _ => {
+                let root = || StoredFile::new(version_of(source, object));
+                let (files, state) = match file.manifest() {
+                    Ok(manifest) if !manifest.shards.is_empty() => {
+                        match shards::resolve(source, object, manifest, &listed, digests, options.check_shard_digests)
+                            .await
+                        {
+                            Ok(files) => (files, Ok(Arc::clone(manifest))),
+                            Err(e) => (vec![root()], Err(e)),
+                        }
+                    }
+                    state => (vec![root()], state.cloned()),
+                };
+                // Known once the manifest parsed, even when the model's shards are not found.
+                (files, state, file.manifest().ok().map(|m| m.container))
+            }
         };
         if let Err(CatalogError::Storage(e)) = &state {
             source.report_failure(e);
@@ -368,14 +398,68 @@ async fn list(
             Some(model) if model.state.is_ok() == state.is_ok() => models.push(Arc::clone(model)),
             _ => {
                 let mut model = Model::new(&id, source, files, state);
-                // Known once the manifest parsed, even when the model's shards are not found.
-                model.container = file.state.as_ref().ok().map(|m| m.container);
+                model.container = container;
                 models.push(Arc::new(model))
             }
         }
     }
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
     Ok((models, files))
+}
+
+/// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).
+fn directory(key: &str) -> &str {
+    key.rfind('/').map_or("", |slash| &key[..=slash])
+}
+
+fn version_of(source: &Arc<Source>, listed: &Listed) -> ObjectVersion {
+    ObjectVersion {
+        storage: Arc::clone(&source.storage),
+        key: listed.key.clone(),
+        version: listed.version.clone(),
+        size: listed.size,
+    }
+}
+
+/// Reads what a listed file holds, by its kind.
+async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -> Result<Parsed, CatalogError> {
+    match FileKind::of(&object.key) {
+        Some(FileKind::SafetensorsIndex) => {
+            if object.size > safetensors::MAX_INDEX_LEN {
+                let limit = safetensors::MAX_INDEX_LEN;
+                return Err(FormatError::ManifestTooLarge { size: object.size, limit }.into());
+            }
+            let bytes = object.fetch(0..object.size, "manifest").await?;
+            let index = blocking(object, move || safetensors::parse_index(&bytes)).await?;
+            Ok(Parsed::Index(Arc::new(index)))
+        }
+        Some(FileKind::Safetensors) => {
+            let reads = safetensors::HeaderReads::new(object.size, options.manifest_suffix_bytes);
+            let first = object.fetch(reads.first(), "manifest").await?;
+            let (_, missing) = reads.locate(&first)?;
+            let missing = object.fetch(missing, "manifest").await?;
+            let size = object.size;
+            let manifest = blocking(object, move || reads.parse(&first, &missing)?.into_manifest(size)).await?;
+            Ok(Parsed::Manifest(Arc::new(manifest)))
+        }
+        _ => Ok(Parsed::Manifest(Arc::new(read_remote_manifest(object, options).await?))),
+    }
+}
+
+/// Runs a parse off the async runtime.
+async fn blocking<T: Send + 'static>(
+    object: &ObjectVersion,
+    parse: impl FnOnce() -> Result<T, FormatError> + Send + 'static,
+) -> Result<T, CatalogError> {
+    tokio::task::spawn_blocking(parse)
+        .await
+        .map_err(|e| {
+            CatalogError::Storage(StorageError::Unavailable {
+                source_name: object.storage.name().to_owned(),
+                message: e.to_string(),
+            })
+        })?
+        .map_err(CatalogError::from)
 }
 
 /// Reads a remote object's manifest: one suffix read of `manifest_suffix_bytes` holds the
@@ -395,15 +479,7 @@ async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> 
     let located = reads.locate(&head, &tail, &options.limits)?;
     let missing = object.fetch(located.missing.clone(), "manifest").await?;
     let limits = options.limits;
-    tokio::task::spawn_blocking(move || located.parse(&tail, &missing, &limits))
-        .await
-        .map_err(|e| {
-            CatalogError::Storage(StorageError::Unavailable {
-                source_name: object.storage.name().to_owned(),
-                message: e.to_string(),
-            })
-        })?
-        .map_err(CatalogError::from)
+    blocking(object, move || located.parse(&tail, &missing, &limits)).await
 }
 
 #[cfg(test)]
@@ -513,5 +589,61 @@ mod tests {
         let sources = local(&[one.path(), two.path()]);
         let catalog = build(&sources, &Arc::default());
         assert_eq!(catalog.get("a").unwrap().source.name, sources[0].name);
+    }
+
+    /// A safetensors file of U8 tensors.
+    fn st(tensors: &[(&str, &[u8])]) -> Vec<u8> {
+        let views = tensors.iter().map(|(name, data)| {
+            (
+                name.to_string(),
+                ::safetensors::tensor::TensorView::new(::safetensors::Dtype::U8, vec![data.len()], data).unwrap(),
+            )
+        });
+        ::safetensors::serialize(views, None).unwrap()
+    }
+
+    #[test]
+    fn an_index_makes_one_model_of_its_shards_and_a_broken_one_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("org/llama")).unwrap();
+        std::fs::create_dir_all(root.join("org/gone")).unwrap();
+        std::fs::create_dir_all(root.join("org/bad")).unwrap();
+        std::fs::write(root.join("single.safetensors"), st(&[("w", &[1, 2])])).unwrap();
+        std::fs::write(root.join("org/llama/model-00001-of-00002.safetensors"), st(&[("a", &[1])])).unwrap();
+        std::fs::write(root.join("org/llama/model-00002-of-00002.safetensors"), st(&[("b", &[2, 2])])).unwrap();
+        let index = r#"{"metadata":{"total_size":3},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#;
+        std::fs::write(root.join("org/llama/model.safetensors.index.json"), index).unwrap();
+        std::fs::write(root.join("org/gone/model-00001-of-00002.safetensors"), st(&[("a", &[1])])).unwrap();
+        std::fs::write(root.join("org/gone/model.safetensors.index.json"), index).unwrap();
+        std::fs::write(root.join("org/bad/model-00001-of-00001.safetensors"), st(&[("a", &[1])])).unwrap();
+        std::fs::write(root.join("org/bad/model.safetensors.index.json"), "{not json").unwrap();
+        let sources = local(&[root]);
+        let catalog = build(&sources, &Arc::default());
+        let ids: Vec<&str> = catalog.models().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["org/bad", "org/gone", "org/llama", "single"]);
+        let llama = catalog.get("org/llama").unwrap();
+        let names: Vec<&str> = llama.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        );
+        assert_eq!(llama.container, Some(crate::format::Container::Safetensors));
+        let manifest = llama.state.as_ref().unwrap();
+        assert_eq!(manifest.object("b").unwrap().components[0].file, 2);
+        let code = |id: &str| catalog.get(id).unwrap().state.as_ref().unwrap_err().code();
+        assert_eq!(code("org/gone"), "shard_missing");
+        assert_eq!(code("org/bad"), "safetensors_index");
+        assert!(catalog.get("single").unwrap().state.is_ok());
+
+        // A shard rewritten changes the model's version; a broken shard breaks the checkpoint.
+        let version = llama.version.clone();
+        std::fs::write(root.join("org/llama/model-00002-of-00002.safetensors"), b"\xff\xff").unwrap();
+        let next = build(&sources, &catalog);
+        let llama = next.get("org/llama").unwrap();
+        assert_ne!(llama.version, version);
+        let error = llama.state.as_ref().unwrap_err();
+        assert_eq!(error.code(), "truncated");
+        assert!(error.to_string().starts_with("shard model-00002-of-00002.safetensors:"), "{error}");
     }
 }

@@ -11,19 +11,14 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt as _;
 
-use super::{CatalogError, Source, StoredFile};
+use super::{CatalogError, Source, StoredFile, directory, version_of};
 use crate::format::decode::Hasher;
 use crate::format::v2::positional_shard_name;
-use crate::format::{Digest, FormatError, Manifest, Shard};
-use crate::storage::{Listed, ObjectVersion};
+use crate::format::{Digest, FileKind, FormatError, Manifest, Shard};
+use crate::storage::Listed;
 
 /// Whole-file digests already computed: by source, key, version and algorithm.
 pub(super) type DigestMemo = Mutex<HashMap<(String, String, String, &'static str), Digest>>;
-
-/// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).
-fn directory(key: &str) -> &str {
-    key.rfind('/').map_or("", |slash| &key[..=slash])
-}
 
 /// Resolves every shard of `manifest` (whose root is `root`) among `listing`: the model's
 /// files, root first then each shard in table order, or why the model cannot be served.
@@ -38,7 +33,7 @@ pub(super) async fn resolve(
     let dir = directory(&root.key);
     let siblings: Vec<&Listed> = listing
         .iter()
-        .filter(|l| l.key != root.key && directory(&l.key) == dir && !l.key[dir.len()..].contains('/'))
+        .filter(|l| l.key != root.key && directory(&l.key) == dir && FileKind::of(&l.key) == Some(FileKind::Zt))
         .collect();
     let mut files = vec![StoredFile::new(version_of(source, root))];
     for shard in &manifest.shards {
@@ -88,15 +83,6 @@ async fn find_by_identity<'l>(
         }
     }
     Ok(None)
-}
-
-fn version_of(source: &Arc<Source>, listed: &Listed) -> ObjectVersion {
-    ObjectVersion {
-        storage: Arc::clone(&source.storage),
-        key: listed.key.clone(),
-        version: listed.version.clone(),
-        size: listed.size,
-    }
 }
 
 /// The whole-file digest of `listed` in `like`'s algorithm, computed once per file version:

@@ -116,11 +116,7 @@ impl super::Storage for LocalStorage {
                 .map_err(|e| self.unavailable(e))?;
             let mut listed: Vec<super::Listed> = found
                 .into_iter()
-                .map(|f| super::Listed {
-                    key: format!("{}.zt", f.id),
-                    size: f.identity.size,
-                    version: version_of(&f.identity),
-                })
+                .map(|f| super::Listed { key: f.key, size: f.identity.size, version: version_of(&f.identity) })
                 .collect();
             listed.sort_by(|a, b| a.key.cmp(&b.key));
             Ok(listed)

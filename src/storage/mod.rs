@@ -1,7 +1,8 @@
 //! Where bytes come from: one object-safe async trait, [`Storage`], for every backend the
 //! server uses: a local directory (`local.rs`, whose reads are regions of files mapped whole,
 //! sent with `sendfile` and read by the server only with `pread`) and an S3 bucket prefix
-//! (`s3.rs`, through `object_store`). A backend lists the `.zt` objects under its root and
+//! (`s3.rs`, through `object_store`). A backend lists the model files under its root (`.zt`,
+//! `.safetensors` and safetensors index files: `format::FileKind`) and
 //! reads byte ranges of one object *version*: a read of an object that changed since it was
 //! listed fails with [`StorageError::Changed`] rather than mixing two versions.
 //! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
@@ -39,10 +40,10 @@ pub fn record_bytes(backend: &'static str, purpose: &'static str, bytes: u64) {
     }
 }
 
-/// One `.zt` object found under a source's root.
+/// One model file found under a source's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
-    /// The path below the root, `/`-separated, with its `.zt` extension.
+    /// The path below the root, `/`-separated, with its extension.
     pub key: String,
     pub size: u64,
     /// What identifies this version of the object (an ETag, or a file's identity).
@@ -142,11 +143,11 @@ impl StorageError {
     }
 }
 
-/// A place `.zt` objects live.
+/// A place model files live.
 pub trait Storage: Send + Sync + std::fmt::Debug {
     /// The source as configured (`models`, `s3://bucket/prefix`).
     fn name(&self) -> &str;
-    /// Every `.zt` object under the root, in key order.
+    /// Every model file under the root, in key order.
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>>;
     /// Reads `range` of `key`, only from the version `version`.
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>>;

@@ -1,5 +1,5 @@
 //! S3 and S3-compatible stores (MinIO, Ceph, R2, …) through `object_store`'s AmazonS3 backend.
-//! A source `s3://bucket/prefix` lists every `*.zt` below the prefix; every read is one ranged
+//! A source `s3://bucket/prefix` lists every model file below the prefix; every read is one ranged
 //! GET conditioned with `If-Match` on the ETag seen at listing, and the ETag of the answer is
 //! checked again on our side, so two versions of an object are never mixed even by a store
 //! that ignores the condition. Endpoint, region, credentials and addressing come from the
@@ -180,7 +180,7 @@ impl Storage for S3Storage {
             let skip = self.prefix.as_ref().map_or(0, |p| p.as_ref().len() + 1);
             let mut listed: Vec<Listed> = metas
                 .into_iter()
-                .filter(|m| m.location.as_ref().ends_with(".zt"))
+                .filter(|m| crate::format::FileKind::of(m.location.as_ref()).is_some())
                 .map(|m| Listed {
                     key: m.location.as_ref()[skip..].to_owned(),
                     size: m.size,

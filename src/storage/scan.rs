@@ -1,11 +1,14 @@
-//! Finding `*.zt` files under a local source directory, and naming them: a model's id is its
-//! path relative to the source, `/`-separated, without `.zt`. Symlinks are followed only while
-//! they stay inside the source; anything that would leave it is skipped and reported.
+//! Finding the files a local source lists (`*.zt`, `*.safetensors`, `*.safetensors.index.json`:
+//! [`FileKind`]) under its directory, each keyed by its path relative to the source,
+//! `/`-separated. Symlinks are followed only while they stay inside the source; anything that
+//! would leave it is skipped and reported.
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use crate::format::FileKind;
 
 /// What identifies one version of a file: a rename or rewrite changes at least one of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,10 +30,11 @@ impl FileIdentity {
     }
 }
 
-/// A `.zt` file found under a source.
+/// A file found under a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundFile {
-    pub id: String,
+    /// Its path relative to the source, `/`-separated.
+    pub key: String,
     pub path: PathBuf,
     pub identity: FileIdentity,
 }
@@ -42,7 +46,8 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Walks `root` (iteratively: depth never reaches the stack) for regular `*.zt` files.
+/// Walks `root` (iteratively: depth never reaches the stack) for regular files of a
+/// [`FileKind`].
 pub fn scan_local(root: &Path) -> io::Result<(Vec<FoundFile>, Vec<Skipped>)> {
     let canonical_root = root.canonicalize()?;
     let mut found = Vec::new();
@@ -92,22 +97,22 @@ pub fn scan_local(root: &Path) -> io::Result<(Vec<FoundFile>, Vec<Skipped>)> {
                 }
                 continue;
             }
-            if !metadata.is_file() || path.extension().is_none_or(|e| e != "zt") {
+            if !metadata.is_file() || path.file_name().and_then(|n| n.to_str()).and_then(FileKind::of).is_none() {
                 continue;
             }
-            match model_id(&canonical_root, &path) {
-                Some(id) => found.push(FoundFile { id, path: target, identity: FileIdentity::of(&metadata) }),
+            match relative_key(&canonical_root, &path) {
+                Some(key) => found.push(FoundFile { key, path: target, identity: FileIdentity::of(&metadata) }),
                 None => skipped.push(Skipped { path, reason: "path is not UTF-8".into() }),
             }
         }
     }
-    found.sort_by(|a, b| a.id.cmp(&b.id));
+    found.sort_by(|a, b| a.key.cmp(&b.key));
     Ok((found, skipped))
 }
 
-/// `org/llama` for `ROOT/org/llama.zt`.
-fn model_id(root: &Path, path: &Path) -> Option<String> {
-    let relative = path.strip_prefix(root).ok()?.with_extension("");
+/// `org/llama.zt` for `ROOT/org/llama.zt`.
+fn relative_key(root: &Path, path: &Path) -> Option<String> {
+    let relative = path.strip_prefix(root).ok()?;
     let parts: Option<Vec<&str>> = relative.components().map(|c| c.as_os_str().to_str()).collect();
     Some(parts?.join("/"))
 }
@@ -117,20 +122,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_relative_paths_without_the_extension_and_symlinks_stay_inside() {
+    fn keys_are_relative_paths_of_listed_kinds_and_symlinks_stay_inside() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("models");
         fs::create_dir_all(root.join("org/sub")).unwrap();
         fs::write(root.join("top.zt"), b"x").unwrap();
         fs::write(root.join("org/sub/llama v1.zt"), b"x").unwrap();
         fs::write(root.join("org/readme.txt"), b"x").unwrap();
+        fs::write(root.join("org/st.safetensors"), b"x").unwrap();
+        fs::write(root.join("org/model.safetensors.index.json"), b"x").unwrap();
         fs::write(dir.path().join("outside.zt"), b"x").unwrap();
         std::os::unix::fs::symlink(dir.path().join("outside.zt"), root.join("escape.zt")).unwrap();
         std::os::unix::fs::symlink(root.join("top.zt"), root.join("alias.zt")).unwrap();
         std::os::unix::fs::symlink(&root, root.join("org/loop")).unwrap();
         let (found, skipped) = scan_local(&root).unwrap();
-        let ids: Vec<&str> = found.iter().map(|f| f.id.as_str()).collect();
-        assert_eq!(ids, ["alias", "org/sub/llama v1", "top"]);
+        let keys: Vec<&str> = found.iter().map(|f| f.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["alias.zt", "org/model.safetensors.index.json", "org/st.safetensors", "org/sub/llama v1.zt", "top.zt"]
+        );
         let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
         assert!(reasons.contains(&"symlink leads outside the source"), "{reasons:?}");
         assert!(reasons.contains(&"symlink loops back to an ancestor"), "{reasons:?}");

@@ -18,7 +18,8 @@ pub fn cat(
     limits: &Limits,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
-    let (file, manifest) = open(path, limits)?;
+    let opened = open(path, limits)?;
+    let manifest = &opened.manifest;
     let object =
         manifest.object(object_name).ok_or_else(|| anyhow!("no object named {object_name:?} in {}", path.display()))?;
     let roles = || object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", ");
@@ -33,11 +34,12 @@ pub fn cat(
         },
     };
     // A component in a v2 shard is read from the shard found beside the root.
-    let shard = match component.file {
-        0 => None,
-        index => Some(super::shards_beside(path, &manifest, false).swap_remove(index - 1)?.1),
+    let shard = match opened.files.get(component.file) {
+        Some(_) => None,
+        None => Some(super::shards_beside(path, manifest, false).swap_remove(component.file - 1)?.1),
     };
-    let stored = stored_bytes(shard.as_deref().unwrap_or(&file), &object.name, component)?;
+    let file = opened.files.get(component.file).or(shard.as_ref()).expect("opened or found beside");
+    let stored = stored_bytes(file, &object.name, component)?;
     if component.is_verbatim() || component.digest_scope == DigestScope::Stored {
         verify_digest(&object.name, component, stored)?;
     }

@@ -8,8 +8,7 @@ use std::path::Path;
 use anyhow::{Context, anyhow, bail};
 
 use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use crate::format::{DType, Value};
-use crate::storage::mapped::MappedFile;
+use crate::format::{DType, FileKind, Limits, Value};
 
 /// `--compress` and `--digest` of `convert`.
 pub fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {
@@ -35,29 +34,6 @@ pub fn parse_digest(text: &str) -> anyhow::Result<Option<DigestAlgorithm>> {
         "crc32c" => Ok(Some(DigestAlgorithm::Crc32c)),
         _ => bail!("--digest takes none, sha256 or crc32c, not {text:?}"),
     }
-}
-
-/// Maps a safetensors dtype to a storage dtype and logical type.
-fn safetensors_dtype(dtype: safetensors::Dtype) -> anyhow::Result<(DType, Option<&'static str>)> {
-    use safetensors::Dtype as S;
-    Ok(match dtype {
-        S::BOOL => (DType::Bool, None),
-        S::U8 => (DType::U8, None),
-        S::I8 => (DType::I8, None),
-        S::U16 => (DType::U16, None),
-        S::I16 => (DType::I16, None),
-        S::F16 => (DType::F16, None),
-        S::BF16 => (DType::BF16, None),
-        S::U32 => (DType::U32, None),
-        S::I32 => (DType::I32, None),
-        S::F32 => (DType::F32, None),
-        S::U64 => (DType::U64, None),
-        S::I64 => (DType::I64, None),
-        S::F64 => (DType::F64, None),
-        S::F8_E4M3 => (DType::U8, Some("f8_e4m3fn")),
-        S::F8_E5M2 => (DType::U8, Some("f8_e5m2")),
-        other => bail!("safetensors dtype {other:?} has no zTensor equivalent"),
-    })
 }
 
 /// What `convert` writes.
@@ -99,41 +75,56 @@ impl Target {
 struct Tensor<'a> {
     name: &'a str,
     dtype: DType,
-    logical_type: Option<&'static str>,
-    shape: Vec<u64>,
+    logical_type: Option<&'a str>,
+    shape: &'a [u64],
     bytes: &'a [u8],
 }
 
-/// `convert`: a safetensors file to a `.zt` file, written atomically (a temporary file beside
-/// the output, renamed into place only when complete). Tensors are written in name order so
-/// the output depends only on the input's content; `__metadata__` becomes the file's
-/// attributes.
+/// `convert`: a safetensors file, or a sharded checkpoint given by its index, to a `.zt` file,
+/// written atomically (a temporary file beside the output, renamed into place only when
+/// complete). Tensors are written in name order so the output depends only on the input's
+/// content; the checkpoint's metadata (`__metadata__`, an index's `metadata`) becomes the
+/// file's attributes.
 pub fn convert(input: &Path, output: &Path, target: &Target) -> anyhow::Result<usize> {
-    let file = MappedFile::open(input).with_context(|| format!("cannot open {}", input.display()))?;
-    let tensors = safetensors::SafeTensors::deserialize(&file)
-        .map_err(|e| anyhow!("{} is not a valid safetensors file: {e}", input.display()))?;
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(&file).map_err(|e| anyhow!("{e}"))?;
-    let mut names: Vec<&str> = tensors.names();
-    names.sort();
-    let mut inputs = Vec::with_capacity(names.len());
-    for name in &names {
-        let view = tensors.tensor(name).map_err(|e| anyhow!("tensor {name:?}: {e}"))?;
-        let (dtype, logical_type) = safetensors_dtype(view.dtype()).with_context(|| format!("tensor {name:?}"))?;
-        let shape = view.shape().iter().map(|&d| d as u64).collect();
-        inputs.push(Tensor { name, dtype, logical_type, shape, bytes: view.data() });
+    if !matches!(super::kind_of(input), Some(FileKind::Safetensors | FileKind::SafetensorsIndex)) {
+        bail!("{} is not a .safetensors file or a .safetensors.index.json", input.display());
     }
-    let mut attributes: Vec<(&String, &String)> = metadata.metadata().iter().flatten().collect();
-    attributes.sort();
+    let opened = super::open(input, &Limits::default())?;
+    let mut objects: Vec<&crate::format::Object> = opened.manifest.objects.iter().collect();
+    objects.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut inputs = Vec::with_capacity(objects.len());
+    for object in &objects {
+        let data = &object.components[0];
+        let bytes = crate::format::decode::stored_bytes(&opened.files[data.file], &object.name, data)?;
+        inputs.push(Tensor {
+            name: &object.name,
+            dtype: data.dtype,
+            logical_type: data.logical_type.as_deref(),
+            shape: &object.shape,
+            bytes,
+        });
+    }
+    let attributes = opened.manifest.attributes.clone();
     match target {
-        Target::V1_2(options) => write_v1_2(&inputs, &attributes, output, options)?,
-        Target::V2 { seekable } => write_v2(&inputs, &attributes, output, *seekable)?,
+        Target::V1_2(options) => write_v1_2(&inputs, attributes, output, options)?,
+        Target::V2 { seekable } => write_v2(&inputs, attributes.as_ref(), output, *seekable)?,
     }
-    Ok(names.len())
+    Ok(objects.len())
+}
+
+/// 1.2 stores bool as its own dtype and names only the f8 and complex logical types.
+fn v1_2_dtype<'a>(tensor: &Tensor<'a>) -> anyhow::Result<(DType, Option<&'a str>)> {
+    match tensor.logical_type {
+        None => Ok((tensor.dtype, None)),
+        Some("bool") => Ok((DType::Bool, None)),
+        Some(logical) if crate::format::known_logical_type(logical).is_some() => Ok((tensor.dtype, Some(logical))),
+        Some(logical) => bail!("tensor {:?}: {logical} has no zTensor 1.2 type; --format v2 has it", tensor.name),
+    }
 }
 
 fn write_v1_2(
     tensors: &[Tensor<'_>],
-    attributes: &[(&String, &String)],
+    attributes: Option<Value>,
     output: &Path,
     options: &WriteOptions,
 ) -> anyhow::Result<()> {
@@ -141,23 +132,16 @@ fn write_v1_2(
     let temp = tempfile::Builder::new().prefix(".ztserve-convert").tempfile_in(dir)?;
     let mut writer = Writer::new(io::BufWriter::with_capacity(1 << 20, temp))?;
     for tensor in tensors {
+        let (dtype, logical_type) = v1_2_dtype(tensor)?;
         let object = ObjectInput {
             name: tensor.name,
-            shape: &tensor.shape,
+            shape: tensor.shape,
             format: "dense",
             attributes: None,
-            components: vec![ComponentInput {
-                role: "data",
-                dtype: tensor.dtype,
-                logical_type: tensor.logical_type,
-                bytes: tensor.bytes,
-            }],
+            components: vec![ComponentInput { role: "data", dtype, logical_type, bytes: tensor.bytes }],
         };
         writer.add(&object, options).with_context(|| format!("tensor {:?}", tensor.name))?;
     }
-    let attributes = (!attributes.is_empty()).then(|| {
-        Value::Map(attributes.iter().map(|(k, v)| (Value::Text((*k).clone()), Value::Text((*v).clone()))).collect())
-    });
     let temp = writer.finish(attributes)?.into_inner().map_err(|e| e.into_error())?;
     temp.as_file().sync_all()?;
     temp.persist(output).map_err(|e| e.error).with_context(|| format!("cannot write {}", output.display()))?;
@@ -166,28 +150,22 @@ fn write_v1_2(
 
 /// A v2 file by the official writer, published atomically (it writes a partial file beside
 /// the output and renames it into place on finish; a failure abandons it).
-fn write_v2(
-    tensors: &[Tensor<'_>],
-    attributes: &[(&String, &String)],
-    output: &Path,
-    seekable: bool,
-) -> anyhow::Result<()> {
+fn write_v2(tensors: &[Tensor<'_>], attributes: Option<&Value>, output: &Path, seekable: bool) -> anyhow::Result<()> {
     let mut writer = ztensor::Writer::options()
         .canonical(!seekable)
         .publish(output)
         .map_err(|e| anyhow!("cannot write {}: {e}", output.display()))?;
     let written = (|| -> anyhow::Result<()> {
         for tensor in tensors {
-            // v2 has no bool storage type: bool is a logical type over u8.
-            let (dtype, logical) = match tensor.dtype {
-                DType::Bool => (DType::U8, Some("bool")),
-                dtype => (dtype, tensor.logical_type),
-            };
+            let (dtype, logical) = (tensor.dtype, tensor.logical_type);
+            if logical.is_some_and(|l| crate::format::v2::logical_size(l).is_none()) {
+                bail!("tensor {:?}: {} has no zTensor v2 logical type", tensor.name, logical.unwrap_or_default());
+            }
             let dtype: ztensor::DType =
                 dtype.name().parse().map_err(|_| anyhow!("dtype {dtype} has no v2 equivalent"))?;
             writer
                 .object(tensor.name, |o| {
-                    o.shape(tensor.shape.clone()).part("data", |mut p| {
+                    o.shape(tensor.shape.to_vec()).part("data", |mut p| {
                         p = p.dtype(dtype);
                         if let Some(logical) = logical {
                             p = p.logical(logical);
@@ -200,14 +178,8 @@ fn write_v2(
                 })
                 .map_err(|e| anyhow!("tensor {:?}: {e}", tensor.name))?;
         }
-        if !attributes.is_empty() {
-            let map = attributes
-                .iter()
-                .map(|(k, v)| {
-                    (ztensor::format::cbor::Value::Text((*k).clone()), ztensor::format::cbor::Value::Text((*v).clone()))
-                })
-                .collect();
-            writer.set_attributes(ztensor::format::cbor::Value::Map(map));
+        if let Some(attributes) = attributes {
+            writer.set_attributes(official_cbor(attributes)?);
         }
         Ok(())
     })();
@@ -218,4 +190,28 @@ fn write_v2(
             Err(e)
         }
     }
+}
+
+/// A CBOR value in the official crate's model (which has no tags).
+fn official_cbor(value: &Value) -> anyhow::Result<ztensor::format::cbor::Value> {
+    use ztensor::format::cbor::Value as Official;
+    Ok(match value {
+        Value::Integer(i) => {
+            let wide = i128::from(*i);
+            match u64::try_from(wide) {
+                Ok(n) => Official::Uint(n),
+                Err(_) => Official::Nint(u64::try_from(-1 - wide).map_err(|_| anyhow!("integer {wide} out of range"))?),
+            }
+        }
+        Value::Bytes(b) => Official::Bytes(b.clone()),
+        Value::Text(t) => Official::Text(t.clone()),
+        Value::Array(items) => Official::Array(items.iter().map(official_cbor).collect::<anyhow::Result<_>>()?),
+        Value::Map(entries) => Official::Map(
+            entries.iter().map(|(k, v)| Ok((official_cbor(k)?, official_cbor(v)?))).collect::<anyhow::Result<_>>()?,
+        ),
+        Value::Bool(b) => Official::Bool(*b),
+        Value::Null => Official::Null,
+        Value::Float(f) => Official::Float(*f),
+        other => bail!("attribute value {other:?} has no v2 form"),
+    })
 }

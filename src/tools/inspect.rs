@@ -9,7 +9,7 @@ use crate::format::json::{cbor_to_json, manifest_json};
 
 /// `inspect`: version, attributes and a table of objects.
 pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<()> {
-    let (_file, manifest) = open(path, limits)?;
+    let manifest = open(path, limits)?.manifest;
     if as_json {
         serde_json::to_writer_pretty(&mut *out, &manifest_json(&manifest))?;
         writeln!(out)?;
@@ -17,7 +17,11 @@ pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write)
     }
     writeln!(out, "file:       {}", path.display())?;
     writeln!(out, "container:  {}", manifest.container)?;
-    writeln!(out, "version:    {}", manifest.version.as_deref().unwrap_or("(none: 0.1 files carry no version)"))?;
+    let unversioned = match manifest.container {
+        crate::format::Container::Safetensors => "(none: safetensors files carry no version)",
+        _ => "(none: 0.1 files carry no version)",
+    };
+    writeln!(out, "version:    {}", manifest.version.as_deref().unwrap_or(unversioned))?;
     let attributes = manifest.attributes.as_ref().map_or("(none)".to_owned(), |a| cbor_to_json(a).to_string());
     writeln!(out, "attributes: {attributes}")?;
     for (shard, found) in manifest.shards.iter().zip(super::shards_beside(path, &manifest, false)) {

@@ -18,14 +18,62 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::format::{self, Limits, Manifest};
+use crate::format::{self, FileKind, Limits, Manifest};
 use crate::storage::mapped::MappedFile;
 
-pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<(MappedFile, Manifest)> {
-    let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let manifest =
-        format::parse_file(&file, limits).with_context(|| format!("{} is not a valid .zt file", path.display()))?;
-    Ok((file, manifest))
+/// A model opened from the file a tool was given, and the files its components are in as far
+/// as they were opened with it: the file itself, then a checkpoint's shards (a v2 root's
+/// shards are found when needed, [`shards_beside`]).
+pub(crate) struct Opened {
+    pub manifest: Manifest,
+    pub files: Vec<MappedFile>,
+}
+
+fn map(path: &Path) -> anyhow::Result<MappedFile> {
+    MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))
+}
+
+/// Opens a `.zt` file, a `.safetensors` file or a checkpoint's `.safetensors.index.json`
+/// (with the shards it names, in its directory).
+pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<Opened> {
+    let file = map(path)?;
+    let invalid = |what: &str| format!("{} is not a valid {what}", path.display());
+    match kind_of(path) {
+        Some(FileKind::Safetensors) => {
+            let manifest = format::safetensors::parse_file(&file)
+                .and_then(|header| header.into_manifest(file.len() as u64))
+                .with_context(|| invalid("safetensors file"))?;
+            Ok(Opened { manifest, files: vec![file] })
+        }
+        Some(FileKind::SafetensorsIndex) => {
+            let index = format::safetensors::parse_index(&file).with_context(|| invalid("safetensors index"))?;
+            let dir = directory_of(path);
+            let mut files = vec![file];
+            for name in &index.shards {
+                files.push(map(&dir.join(name))?);
+            }
+            let manifest = format::safetensors::parse_checkpoint(&files[0], |name| {
+                let at = index.shards.iter().position(|n| n == name).expect("the index names it");
+                Ok(&files[at + 1][..])
+            })
+            .with_context(|| invalid("safetensors checkpoint"))?
+            .0;
+            Ok(Opened { manifest, files })
+        }
+        _ => {
+            let manifest = format::parse_file(&file, limits).with_context(|| invalid(".zt file"))?;
+            Ok(Opened { manifest, files: vec![file] })
+        }
+    }
+}
+
+/// The kind of the file at `path`, by its name.
+pub(crate) fn kind_of(path: &Path) -> Option<FileKind> {
+    path.file_name().and_then(|n| n.to_str()).and_then(FileKind::of)
+}
+
+pub(crate) fn directory_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 /// A v2 root's shards, found beside it as the server finds them: at the positional name, held
@@ -37,7 +85,7 @@ pub(crate) fn shards_beside(
     manifest: &Manifest,
     check_digests: bool,
 ) -> Vec<Result<(std::path::PathBuf, MappedFile), format::FormatError>> {
-    let dir = root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = directory_of(root);
     let root_name = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let siblings: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
         .map(|entries| {

@@ -6,12 +6,30 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::json;
 
-use crate::format::{self, Limits};
+use crate::format::{self, FileKind, Limits};
 use crate::storage::mapped::MappedFile;
 
 /// `verify`: returns whether the file is valid, after printing the report.
 pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    if let kind @ Some(FileKind::Safetensors | FileKind::SafetensorsIndex) = super::kind_of(path) {
+        // A checkpoint's shards are the files its index names in its directory.
+        let index = kind == Some(FileKind::SafetensorsIndex);
+        let names = if index {
+            format::safetensors::parse_index(&file).map(|i| i.shards).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let dir = super::directory_of(path);
+        let shards: Vec<(String, Option<MappedFile>)> =
+            names.into_iter().map(|name| (name.clone(), MappedFile::open(&dir.join(&name)).ok())).collect();
+        let report =
+            format::verify::verify_safetensors(&file, index, |name| match shards.iter().find(|(n, _)| n == name) {
+                Some((_, Some(mapped))) => Ok(&mapped[..]),
+                _ => Err(format::FormatError::ShardMissing { shard: name.to_owned() }),
+            });
+        return write_report(path, &report, as_json, out);
+    }
     // A v2 root's shards are found beside it; any other file has none.
     let shards = match format::parse_file(&file, limits) {
         Ok(manifest) => {
@@ -28,6 +46,16 @@ pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) 
         },
         limits,
     );
+    write_report(path, &report, as_json, out)
+}
+
+/// Prints `report` as text or JSON; returns whether the model is valid.
+fn write_report(
+    path: &Path,
+    report: &format::verify::VerifyReport,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<bool> {
     if as_json {
         let errors: Vec<_> =
             report.errors.iter().map(|e| json!({ "code": e.code(), "message": e.to_string() })).collect();

@@ -1,0 +1,64 @@
+//! Sharded safetensors checkpoints: a `*.safetensors.index.json` makes one model of the shards
+//! its `weight_map` names, which must be listed in the index's directory and parse, and hold
+//! every tensor where the index says (`format::safetensors::assemble`). The model's files are
+//! the index, then the shards in name order. A shard belongs to its checkpoint and is not a model
+//! of its own; an index that cannot be read claims every safetensors file in its directory,
+//! since which ones it names cannot be known and they are parts of a broken checkpoint.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::{CatalogError, Parsed, ParsedFile, Source, StoredFile, directory, version_of};
+use crate::format::safetensors::assemble;
+use crate::format::{FileKind, FormatError, Manifest};
+use crate::storage::Listed;
+
+/// The keys of every safetensors file some index of `parsed` claims as its shard.
+pub(super) fn claimed_shards(parsed: &[(Listed, ParsedFile)]) -> HashSet<String> {
+    let mut claimed = HashSet::new();
+    for (object, file) in parsed.iter().filter(|(o, _)| FileKind::of(&o.key) == Some(FileKind::SafetensorsIndex)) {
+        let dir = directory(&object.key);
+        match &file.state {
+            Ok(Parsed::Index(index)) => claimed.extend(index.shards.iter().map(|shard| format!("{dir}{shard}"))),
+            _ => claimed.extend(
+                parsed
+                    .iter()
+                    .map(|(o, _)| &o.key)
+                    .filter(|key| directory(key) == dir && FileKind::of(key) == Some(FileKind::Safetensors))
+                    .cloned(),
+            ),
+        }
+    }
+    claimed
+}
+
+/// The files and state of the checkpoint whose index is `index_object`.
+pub(super) fn resolve(
+    source: &Arc<Source>,
+    index_object: &Listed,
+    index_file: &ParsedFile,
+    parsed: &[(Listed, ParsedFile)],
+) -> (Vec<StoredFile>, Result<Arc<Manifest>, CatalogError>) {
+    let mut files = vec![StoredFile::new(version_of(source, index_object))];
+    let index = match &index_file.state {
+        Ok(Parsed::Index(index)) => index,
+        Ok(Parsed::Manifest(_)) => unreachable!("an index is read as an index"),
+        Err(e) => return (files, Err(e.clone())),
+    };
+    let dir = directory(&index_object.key);
+    let mut shards = Vec::with_capacity(index.shards.len());
+    for name in &index.shards {
+        let key = format!("{dir}{name}");
+        let Some((listed, shard)) = parsed.iter().find(|(o, _)| o.key == key) else {
+            return (files, Err(FormatError::ShardMissing { shard: name.clone() }.into()));
+        };
+        match shard.manifest() {
+            Ok(manifest) => shards.push((name.as_str(), Arc::clone(manifest))),
+            Err(e) => return (files, Err(CatalogError::InShard { shard: name.clone(), error: Box::new(e) })),
+        }
+        files.push(StoredFile::new(version_of(source, listed)));
+    }
+    let borrowed: Vec<(&str, &Manifest)> = shards.iter().map(|(name, m)| (*name, m.as_ref())).collect();
+    let state = assemble(index, index_object.size, &borrowed).map(Arc::new).map_err(CatalogError::from);
+    (files, state)
+}
