@@ -70,7 +70,8 @@ enum Command {
         limits: LimitArgs,
     },
     /// Copy a model from a ztserve server into a local .zt file: rebuilt from its manifest and
-    /// components, or with --raw the stored file itself. Parallel ranged GETs, retries,
+    /// components, or with --raw the stored file itself (a directory of them for a model
+    /// stored in several files, as a sharded safetensors checkpoint is). Parallel ranged GETs, retries,
     /// resume (run the same command again), digest checks; written atomically. A bearer
     /// token is read from ZTSERVE_TOKEN.
     Pull {

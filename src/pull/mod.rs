@@ -1,11 +1,12 @@
 //! `ztserve pull URL OUT`: copies a model from a ztserve server to local disk. The model's
-//! manifest JSON lists its stored files (one, or a v2 root and its shards); the root file's own
-//! CBOR manifest is fetched by range from `/models/{m}/files/{name}` and parsed by
-//! [`crate::format`]. The output is then either the stored files byte for byte (`--raw`: the
-//! file, or a directory of every file for a model stored in several), or one file rebuilt from
-//! the selected objects, their stored blobs copied as they are (so zstd frames and seekable
-//! streams travel compressed and keep their digests): a 1.2 file from a 0.1 or 1.x model, a
-//! single-file v2 file (shards merged) from a v2 model. Bytes arrive by parallel ranged GETs
+//! manifest JSON lists its stored files (one, a v2 root and its shards, or a safetensors index
+//! and its shards); the root file's own manifest (a safetensors file's header, each shard's
+//! and the index for a checkpoint) is fetched by range from `/models/{m}/files/{name}` and
+//! parsed by [`crate::format`]. The output is then either the stored files byte for byte
+//! (`--raw`: the file, or a directory of every file for a model stored in several), or one file
+//! rebuilt from the selected objects, their stored blobs copied as they are (so zstd frames and
+//! seekable streams travel compressed and keep their digests): a 1.2 file from a 0.1 or 1.x
+//! model, a single-file v2 file (shards merged) from a v2 or safetensors model. Bytes arrive by parallel ranged GETs
 //! each bound to its file's ETag ([`remote`]), land in a partial file beside the output, are
 //! recorded in a journal ([`journal`]) so an interrupted pull resumes, and are checked against
 //! every declared digest (over the bytes it covers) before the partial file is renamed into
@@ -28,7 +29,9 @@ use sha2::Digest as _;
 
 use crate::format::decode::{Hasher, decode_component, verify_digest};
 use crate::format::write::{StoredComponent, StoredObject, plan};
-use crate::format::{self, Digest, Encoding, HEADER_LEN, Limits, MAX_TRAILER_LEN, Manifest, ManifestReads, V1_MAGIC};
+use crate::format::{
+    self, Digest, Encoding, FileKind, HEADER_LEN, Limits, MAX_TRAILER_LEN, Manifest, ManifestReads, V1_MAGIC,
+};
 use journal::{Identity, Journal};
 use remote::{Remote, RetryPolicy};
 
@@ -174,8 +177,12 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         bail!("--concurrency and --chunk-size must be above 0");
     }
     let model = Remote::new(model_url(&options.url)?, options.token.clone(), options.retry, options.concurrency)?;
-    let sources = source_files(&model).await?;
-    let manifest = fetch_manifest(&sources[0], &options.limits).await?;
+    let (sources, safetensors) = source_files(&model).await?;
+    let manifest = if safetensors {
+        fetch_checkpoint(&sources).await?
+    } else {
+        fetch_manifest(&sources[0], &options.limits).await?
+    };
     if options.raw && sources.len() > 1 {
         // Every stored file into a directory, each as its own pull (and journal).
         if !options.objects.is_empty() {
@@ -185,28 +192,33 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
             .with_context(|| format!("cannot create the directory {}", options.output.display()))?;
         let mut total = PullReport::default();
         for (index, file) in sources.iter().enumerate() {
-            let layout = match index {
-                0 => raw_layout(&manifest, file.len, options)?,
-                _ => shard_layout(&manifest.shards[index - 1], file.len, index),
+            // A v2 shard is held to the root's shard table; a checkpoint's files are copied
+            // as they are, each then parsed as what its name says it is.
+            let (layout, check) = match index {
+                _ if safetensors => (raw_layout(&manifest, index, file.len, options)?, FileKind::of(&file.name)),
+                0 => (raw_layout(&manifest, 0, file.len, options)?, Some(FileKind::Zt)),
+                _ => (shard_layout(&manifest.shards[index - 1], file.len, index), None),
             };
-            let report = transfer(&sources, &layout, &options.output.join(&file.name), options, index == 0).await?;
+            let report = transfer(&sources, &layout, &options.output.join(&file.name), options, check).await?;
             total.add(&report);
         }
         return Ok(total);
     }
-    let layout = if options.raw {
-        raw_layout(&manifest, sources[0].len, options)?
-    } else if manifest.container == format::Container::V2 {
-        rebuilt_v2_layout(&manifest, options)?
+    let (layout, check) = if options.raw {
+        (raw_layout(&manifest, 0, sources[0].len, options)?, FileKind::of(&sources[0].name))
+    } else if matches!(manifest.container, format::Container::V2 | format::Container::Safetensors) {
+        (rebuilt_v2_layout(&manifest, options)?, Some(FileKind::Zt))
     } else {
-        rebuilt_layout(&manifest, options)?
+        (rebuilt_layout(&manifest, options)?, Some(FileKind::Zt))
     };
-    transfer(&sources, &layout, &options.output, options, true).await
+    transfer(&sources, &layout, &options.output, options, check).await
 }
 
-/// The model's stored files, from its manifest JSON, each probed for its ETag and length.
-async fn source_files(model: &Remote) -> anyhow::Result<Vec<SourceFile>> {
+/// The model's stored files, from its manifest JSON, each probed for its ETag and length, and
+/// whether the model is stored as safetensors.
+async fn source_files(model: &Remote) -> anyhow::Result<(Vec<SourceFile>, bool)> {
     let listing = model.json().await?;
+    let safetensors = listing["container"] == format::Container::Safetensors.id();
     let files = listing["files"].as_array().filter(|files| !files.is_empty()).ok_or_else(|| {
         anyhow::anyhow!("{} answered a manifest without its files: is it a ztserve model URL?", model.url())
     })?;
@@ -225,17 +237,17 @@ async fn source_files(model: &Remote) -> anyhow::Result<Vec<SourceFile>> {
         let probe = remote.probe(HEADER_LEN).await?;
         sources.push(SourceFile { name: name.to_owned(), remote, etag: probe.etag, len: probe.len, head: probe.head });
     }
-    Ok(sources)
+    Ok((sources, safetensors))
 }
 
 /// Fetches a layout's bytes into a partial file beside `output`, journaled, checks them, and
-/// renames it into place (after checking it parses as a `.zt` file, when `has_manifest`).
+/// renames it into place (after checking it parses as the kind of file `check` names).
 async fn transfer(
     sources: &[SourceFile],
     layout: &Layout,
     output: &std::path::Path,
     options: &PullOptions,
-    has_manifest: bool,
+    check: Option<FileKind>,
 ) -> anyhow::Result<PullReport> {
     let (partial_path, journal_path) = journal::partial_paths(output);
     let identity = Identity {
@@ -307,10 +319,14 @@ async fn transfer(
     }
     partial.sync_all()?;
     journal.synced(journal.lines())?;
-    if has_manifest {
-        let check = crate::storage::mapped::MappedFile::open(&partial_path)?;
-        format::parse_file(&check, &options.limits)
-            .context("internal error: the pulled file does not parse; it was not moved into place")?;
+    if let Some(kind) = check {
+        let bytes = crate::storage::mapped::MappedFile::open(&partial_path)?;
+        let parsed = match kind {
+            FileKind::Zt => format::parse_file(&bytes, &options.limits).map(drop),
+            FileKind::Safetensors => format::safetensors::parse_file(&bytes).map(drop),
+            FileKind::SafetensorsIndex => format::safetensors::parse_index(&bytes).map(drop),
+        };
+        parsed.context("the pulled file does not parse; it was not moved into place")?;
     }
     std::fs::rename(&partial_path, output)
         .with_context(|| format!("cannot move the pulled file to {}", output.display()))?;
@@ -336,6 +352,40 @@ async fn fetch_manifest(root: &SourceFile, limits: &Limits) -> anyhow::Result<Ma
     located.parse(&tail, &missing, limits).with_context(invalid)
 }
 
+/// A safetensors model's manifest: each file's header (one ranged GET, a second for a header
+/// longer than the first read), and for a checkpoint its index, assembled as the server does.
+async fn fetch_checkpoint(sources: &[SourceFile]) -> anyhow::Result<Manifest> {
+    let root = &sources[0];
+    if FileKind::of(&root.name) != Some(FileKind::SafetensorsIndex) {
+        return fetch_header(root).await;
+    }
+    if root.len > format::safetensors::MAX_INDEX_LEN {
+        bail!("{} is {} bytes, over the index limit", root.remote.url(), root.len);
+    }
+    let index = format::safetensors::parse_index(&root.remote.range(0..root.len, &root.etag).await?)
+        .with_context(|| format!("{} is not a valid safetensors index", root.remote.url()))?;
+    let mut shards = Vec::with_capacity(index.shards.len());
+    for name in &index.shards {
+        let file = sources[1..]
+            .iter()
+            .find(|f| f.name == *name)
+            .ok_or_else(|| anyhow::anyhow!("the served model does not list the shard {name:?} its index names"))?;
+        shards.push((name.as_str(), fetch_header(file).await?));
+    }
+    let borrowed: Vec<(&str, &Manifest)> = shards.iter().map(|(name, m)| (*name, m)).collect();
+    Ok(format::safetensors::assemble(&index, root.len, &borrowed)?)
+}
+
+/// A safetensors file's header as a manifest.
+async fn fetch_header(file: &SourceFile) -> anyhow::Result<Manifest> {
+    let reads = format::safetensors::HeaderReads::new(file.len, 64 << 10);
+    let invalid = || format!("{} is not a valid safetensors file", file.remote.url());
+    let first = file.remote.range(reads.first(), &file.etag).await?;
+    let (_, missing) = reads.locate(&first).with_context(invalid)?;
+    let missing = if missing.is_empty() { Default::default() } else { file.remote.range(missing, &file.etag).await? };
+    reads.parse(&first, &missing).and_then(|h| h.into_manifest(file.len)).with_context(invalid)
+}
+
 /// Compiles `--objects` patterns; `*` matches `/` too, since object names are not paths.
 fn selector(patterns: &[String]) -> anyhow::Result<Option<globset::GlobSet>> {
     if patterns.is_empty() {
@@ -357,19 +407,20 @@ fn label(object: &format::Object, component: &format::Component) -> String {
     format!("{:?}.{:?}", object.name, component.role)
 }
 
-/// `--raw`: the output is the file; each component's blob is a unit, so its digest is checked.
-fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> anyhow::Result<Layout> {
+/// `--raw`: the output is the model's file `file`; each of its components' blobs is a unit, so
+/// its digest is checked.
+fn raw_layout(manifest: &Manifest, file: usize, source_len: u64, options: &PullOptions) -> anyhow::Result<Layout> {
     if !options.objects.is_empty() {
         bail!("--objects selects objects for a rebuilt file; --raw copies the whole stored file");
     }
     let mut units = Vec::new();
     let mut covered = 0u64;
-    // The root file's own blobs; those in shards are copied with their shard.
+    // The file's own blobs; those in other files are copied with theirs.
     let mut blobs: Vec<(&format::Object, &format::Component)> = manifest
         .objects
         .iter()
         .flat_map(|o| o.components.iter().map(move |c| (o, c)))
-        .filter(|(_, c)| c.file == 0)
+        .filter(|(_, c)| c.file == file)
         .collect();
     blobs.sort_by_key(|(_, c)| c.offset);
     for (object, component) in blobs {
@@ -379,7 +430,7 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
             units.push(Unit {
                 label: "padding".into(),
                 output: covered..blob.start,
-                file: 0,
+                file,
                 source: covered..blob.start,
                 digest: None,
                 decoded_check: None,
@@ -391,7 +442,7 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
             units.push(Unit {
                 label: label(object, component),
                 output: blob.clone(),
-                file: 0,
+                file,
                 source: blob.clone(),
                 digest: checkable_digest(component),
                 decoded_check: decoded_check(object, component),
@@ -404,7 +455,7 @@ fn raw_layout(manifest: &Manifest, source_len: u64, options: &PullOptions) -> an
     units.push(Unit {
         label: "manifest".into(),
         output: covered..source_len,
-        file: 0,
+        file,
         source: covered..source_len,
         digest: None,
         decoded_check: None,

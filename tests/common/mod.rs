@@ -24,13 +24,27 @@ pub fn venv_root() -> PathBuf {
 /// The Python of the venv holding `ztensor==version`, made by `scripts/test`. A missing venv
 /// fails the test: interop is never skipped silently.
 pub fn official_python(version: &str) -> PathBuf {
-    let python = venv_root().join(format!("ztensor-{version}")).join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/test, which installs ztensor=={version} into a venv",
-        python.display()
-    );
+    venv_python(&format!("ztensor-{version}"))
+}
+
+/// The Python of `scripts/test`'s venv `name` (`client`, `tools`, `ztensor-2.1.2`, …); a
+/// missing venv fails the test.
+pub fn venv_python(name: &str) -> PathBuf {
+    let python = venv_root().join(name).join("bin/python");
+    assert!(python.exists(), "{} is missing: run scripts/test, which makes the venv {name}", python.display());
     python
+}
+
+/// Runs `tests/interop/SCRIPT ARGS` with the Python of venv `venv`; returns its standard output.
+pub fn run_interop_script(venv: &str, script: &str, args: &[&Path]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(script);
+    let output = Command::new(venv_python(venv)).arg(path).args(args).output().expect("python runs");
+    assert!(
+        output.status.success(),
+        "{script} {args:?} in the venv {venv} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Runs `tests/interop/official.py ARGS` under `ztensor==version` (0.1 and 1.x).
@@ -44,13 +58,7 @@ pub fn run_official_v2(version: &str, args: &[&Path]) {
 }
 
 fn run_script(version: &str, script: &str, args: &[&Path]) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(script);
-    let output = Command::new(official_python(version)).arg(path).args(args).output().expect("python runs");
-    assert!(
-        output.status.success(),
-        "{script} {args:?} under ztensor=={version} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_interop_script(&format!("ztensor-{version}"), script, args);
 }
 
 /// `value` in deterministic CBOR, as v2 manifests must be.

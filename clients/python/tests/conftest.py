@@ -1,7 +1,8 @@
 """Live ztserve servers for the client tests: the binary from ZTSERVE_BIN (scripts/test builds
 it), on 127.0.0.1 ports of their own, over a models directory made here: the repository's
 demo models, a file written by the official ztensor==1.2.3 package (this venv's ztensor),
-v2 files written by the official ztensor==2.1.2 (in its own venv, `.venv/ztensor-2.1.2`), a
+v2 files written by the official ztensor==2.1.2 (in its own venv, `.venv/ztensor-2.1.2`),
+safetensors checkpoints (one file by `safetensors.torch`, one sharded by `huggingface_hub`), a
 larger model for multi-range transfers, and copies of it and of a v2 file with one byte flipped
 in each raw blob that has a digest (sha256, crc32c and xxh3)."""
 
@@ -99,6 +100,38 @@ def write_v2(directory):
     return parts
 
 
+def write_safetensors(directory):
+    """st/weights.safetensors by `safetensors.torch.save_file` (bf16, fp8, bool, f16, i64) and
+    hf/tiny, sharded at 10 KB by `huggingface_hub.save_torch_state_dict` as save_pretrained
+    shards; returns their model ids and local files."""
+    import torch
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import save_file
+
+    torch.manual_seed(19)
+    (directory / "st").mkdir()
+    save_file(
+        {
+            "embed": torch.randn(32, 16, dtype=torch.bfloat16),
+            "q": torch.randn(16, 16).to(torch.float8_e4m3fn),
+            "k": torch.randn(16, 16).to(torch.float8_e5m2),
+            "mask": torch.rand(5) > 0.5,
+            "norm": torch.randn(16, dtype=torch.float16),
+            "step": torch.tensor([3, 4], dtype=torch.int64),
+        },
+        directory / "st" / "weights.safetensors",
+        metadata={"format": "pt"},
+    )
+    state = {f"layers.{i}.{n}": torch.randn(64, 32, dtype=torch.bfloat16) for i in range(3) for n in ("up", "down")}
+    state["norm"] = torch.ones(32)
+    (directory / "hf" / "tiny").mkdir(parents=True)
+    save_torch_state_dict(state, directory / "hf" / "tiny", max_shard_size="10KB")
+    shards = sorted((directory / "hf" / "tiny").glob("*.safetensors"))
+    if len(shards) < 3:
+        raise RuntimeError(f"expected a checkpoint of several shards, got {shards}")
+    return {"st/weights": [directory / "st" / "weights.safetensors"], "hf/tiny": shards}
+
+
 def write_large(path):
     """Several megabytes across dtypes, written by the official package with both digests."""
     import ztensor
@@ -152,7 +185,9 @@ def models(tmp_path_factory):
     v2 = write_v2(directory)
     (bad / "v2").mkdir()
     corrupted_v2 = flip_digested_blobs(directory / "v2" / "canonical.zt", bad / "v2" / "canonical.zt")
-    return {"dir": directory, "bad_dir": bad, "corrupted": corrupted, "v2": v2, "corrupted_v2": corrupted_v2}
+    safetensors = write_safetensors(directory)
+    return {"dir": directory, "bad_dir": bad, "corrupted": corrupted, "v2": v2, "corrupted_v2": corrupted_v2,
+            "safetensors": safetensors}
 
 
 @pytest.fixture(scope="session")

@@ -260,6 +260,33 @@ def test_official_v2_files_load_equal_to_what_ztensor_2_1_2_reads(server, models
     assert client.load("v2/seekable", names=["big"])["big"].nbytes == len(models["v2"]["seekable.zt"]["big"]["data"])
 
 
+def test_safetensors_checkpoints_load_equal_to_what_safe_open_reads(server, models):
+    """A torch-written file and a huggingface_hub-sharded checkpoint load into numpy and torch
+    exactly as `safetensors.safe_open` reads the local files: dtypes (bf16, fp8, bool) and values."""
+    import torch
+    from safetensors import safe_open
+
+    client = Client(server.url, chunk_size=4096)
+    for model, files in models["safetensors"].items():
+        expected = {}
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                expected.update({name: f.get_tensor(name) for name in f.keys()})
+        as_torch = client.load(model, framework="torch")
+        as_numpy = client.load(model)
+        assert set(as_torch) == set(expected) == set(as_numpy), model
+        for name, tensor in expected.items():
+            loaded = as_torch[name]
+            assert loaded.dtype == tensor.dtype and loaded.shape == tensor.shape, f"{model}: {name}"
+            assert torch.equal(loaded.view(torch.uint8), tensor.view(torch.uint8)), f"{model}: {name}"
+            array = as_numpy[name]
+            assert array.shape == tuple(tensor.shape), f"{model}: {name}"
+            assert array.tobytes() == tensor.contiguous().view(torch.uint8).numpy().tobytes(), f"{model}: {name}"
+    weights = client.load("st/weights")
+    assert weights["embed"].dtype.name == "bfloat16" and weights["q"].dtype.name == "float8_e4m3fn"
+    assert weights["mask"].dtype == np.bool_
+
+
 def test_v2_bytes_that_miss_their_xxh3_digest_raise_digest_mismatch(trusting_server, models):
     assert set(models["corrupted_v2"].values()) == {"xxh3"}
     client = Client(trusting_server.url)
