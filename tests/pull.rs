@@ -1,5 +1,6 @@
 //! `ztserve pull` against a real server (the binary, on 127.0.0.1): rebuilt and raw copies
-//! byte for byte, legacy big-endian data, `--objects`, resume after a kill, a model replaced
+//! byte for byte, legacy big-endian data, v2 and safetensors models, `--objects`, resume after
+//! a kill, a model replaced
 //! between runs, digest mismatches, tokens, and retries while the server is not up yet.
 //! Interop of pulled files with the official ztensor==1.2.3 reader is in the Python client's
 //! tests (clients/python/tests), which run in the same `scripts/test`.
@@ -360,4 +361,43 @@ fn v2_models_are_rebuilt_as_one_file_and_raw_copied_file_by_file() {
 fn seekable_part(file: &[u8], object: &str) -> std::ops::Range<u64> {
     let manifest = parse_file(file, &Limits::default()).unwrap();
     manifest.object(object).unwrap().components[0].stored_range()
+}
+
+/// A sharded safetensors checkpoint: a rebuild is one v2 file holding the same tensors (their
+/// dtypes and logical types kept), and `--raw` copies the index and every shard byte for byte.
+#[test]
+fn a_safetensors_checkpoint_is_rebuilt_as_one_v2_file_and_raw_copied_with_its_index() {
+    use safetensors::Dtype;
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("models/org/llama");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    let (embed, fp8, mask) = (noise(3 << 20, 5), noise(1000, 6), vec![0u8, 1, 1, 0]);
+    let first: &[common::StTensor<'_>] = &[("embed", Dtype::BF16, vec![1024, 1536], &embed)];
+    let second: &[common::StTensor<'_>] =
+        &[("q", Dtype::F8_E4M3, vec![10, 100], &fp8), ("mask", Dtype::BOOL, vec![4], &mask)];
+    for (name, bytes) in common::safetensors_checkpoint(&[first, second]) {
+        std::fs::write(checkpoint.join(name), bytes).unwrap();
+    }
+    let server = serve(&dir.path().join("models"), &[]);
+    let out = dir.path().join("llama.zt");
+    let summary = succeeded(&pull(&server.address, "org%2Fllama", &out, &["--chunk-size", "1M"]));
+    assert!(summary.contains("3 without a digest"), "{summary}");
+    let rebuilt = parse_file(&std::fs::read(&out).unwrap(), &Limits::default()).unwrap();
+    assert_eq!(rebuilt.container, ztserve::format::Container::V2);
+    assert_eq!(rebuilt.object("q").unwrap().components[0].logical_type.as_deref(), Some("f8_e4m3fn"));
+    assert_eq!(rebuilt.object("mask").unwrap().components[0].logical_type.as_deref(), Some("bool"));
+    assert!(cat(&out, "embed") == embed && cat(&out, "q") == fp8 && cat(&out, "mask") == mask);
+
+    let raw = dir.path().join("raw-llama");
+    succeeded(&pull(&server.address, "org%2Fllama", &raw, &["--raw"]));
+    let mut names: Vec<String> =
+        std::fs::read_dir(&raw).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    );
+    for name in &names {
+        assert!(std::fs::read(raw.join(name)).unwrap() == std::fs::read(checkpoint.join(name)).unwrap(), "{name}");
+    }
 }
