@@ -161,6 +161,16 @@ impl HeaderReads {
     }
 }
 
+/// A file of `header` (as the JSON header, length field in front) and `data_len` bytes of data:
+/// how tests and the fuzzer build files by hand.
+pub fn file_around(header: &[u8], data_len: usize) -> Vec<u8> {
+    let mut file = Vec::with_capacity(8 + header.len() + data_len);
+    file.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    file.extend_from_slice(header);
+    file.extend((0..data_len).map(|i| (i.wrapping_mul(31) % 251) as u8));
+    file
+}
+
 /// Parses and validates a whole safetensors file held in memory (or mapped).
 pub fn parse_file(file: &[u8]) -> Result<Header> {
     let span = header_span(file, file.len() as u64)?;
