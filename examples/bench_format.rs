@@ -9,6 +9,9 @@
 //!                                    the same with a zt.zstd-seekable/1 part (the official
 //!                                    writer's 1 MiB frames, level 3), and the same bytes as one
 //!                                    zstd frame at the same level to PATH.zst (for `zstd -d`)
+//!   bench_format safetensors PATH BYTES
+//!                                    a safetensors file with one U8 tensor "blob", as the
+//!                                    library lays it out (header padded with spaces to 8)
 
 use std::fs;
 use std::time::Instant;
@@ -127,6 +130,17 @@ fn main() {
             frame.include_checksum(true).unwrap();
             std::io::Write::write_all(&mut frame, &bytes).unwrap();
             fs::write(format!("{}.zst", args[2]), frame.finish().unwrap()).unwrap();
+        }
+        "safetensors" => {
+            let bytes = weights_like(args[3].parse().unwrap());
+            let mut header =
+                format!(r#"{{"blob":{{"dtype":"U8","shape":[{0}],"data_offsets":[0,{0}]}}}}"#, bytes.len())
+                    .into_bytes();
+            header.resize(header.len().next_multiple_of(8), b' ');
+            let mut file = fs::File::create(&args[2]).unwrap();
+            std::io::Write::write_all(&mut file, &(header.len() as u64).to_le_bytes()).unwrap();
+            std::io::Write::write_all(&mut file, &header).unwrap();
+            std::io::Write::write_all(&mut file, &bytes).unwrap();
         }
         other => panic!("unknown mode {other}"),
     }
