@@ -82,7 +82,7 @@ async fn hostile_checkpoints_are_broken_with_their_reason(source: ModelSource) {
         source.put(&format!("bad/{name}.safetensors"), bytes).await;
     }
     // Checkpoints: a shard missing, a tensor in the wrong shard, an index that is not JSON, one
-    // that points outside its directory, and one whose shard is itself broken.
+    // that points outside its directory or at itself, and one whose shard is itself broken.
     let a: &[common::StTensor<'_>] = &[("a", safetensors::Dtype::U8, vec![1], &[1])];
     let b: &[common::StTensor<'_>] = &[("b", safetensors::Dtype::U8, vec![1], &[2])];
     let checkpoint = common::safetensors_checkpoint(&[a, b]);
@@ -100,6 +100,8 @@ async fn hostile_checkpoints_are_broken_with_their_reason(source: ModelSource) {
     source.put("notjson/model-00001-of-00001.safetensors", &checkpoint[1].1).await;
     let escape = br#"{"weight_map":{"a":"../good.safetensors"}}"#;
     source.put("escape/model.safetensors.index.json", escape).await;
+    let itself = br#"{"weight_map":{"a":"model.safetensors.index.json"}}"#;
+    source.put("itself/model.safetensors.index.json", itself).await;
     source.put("brokenshard/model.safetensors.index.json", &checkpoint[0].1).await;
     source.put("brokenshard/model-00001-of-00002.safetensors", &checkpoint[1].1).await;
     source.put("brokenshard/model-00002-of-00002.safetensors", &st(&two("[3,5]", 2), 5)).await;
@@ -120,6 +122,7 @@ async fn hostile_checkpoints_are_broken_with_their_reason(source: ModelSource) {
     assert_eq!(reason("wrong"), "tensor_in_wrong_shard");
     assert_eq!(reason("notjson"), "safetensors_index");
     assert_eq!(reason("escape"), "safetensors_index");
+    assert_eq!(reason("itself"), "safetensors_index");
     assert_eq!(reason("brokenshard"), "data_gap");
     let ids: Vec<&str> = listing["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert!(!ids.iter().any(|id| id.contains("model-0000")), "{kind}: shards are never models: {ids:?}");

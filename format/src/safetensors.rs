@@ -218,6 +218,9 @@ pub fn parse_index(bytes: &[u8]) -> Result<Index> {
         if !is_plain_file_name(&shard) {
             return Err(invalid(format!("weight_map maps {tensor:?} to {shard:?}, not a file name in its directory")));
         }
+        if crate::FileKind::of(&shard) != Some(crate::FileKind::Safetensors) {
+            return Err(invalid(format!("weight_map maps {tensor:?} to {shard:?}, not a .safetensors file")));
+        }
         if !seen.insert(tensor.clone()) {
             return Err(FormatError::DuplicateObject { name: tensor });
         }
@@ -775,6 +778,8 @@ mod tests {
             (r#"{"weight_map":{"a":"sub/x.safetensors"}}"#, "not a file name"),
             (r#"{"weight_map":{"a":"..\\x.safetensors"}}"#, "not a file name"),
             (r#"{"weight_map":{"a":3}}"#, "not a file name"),
+            (r#"{"weight_map":{"a":"model.safetensors.index.json"}}"#, "not a .safetensors file"),
+            (r#"{"weight_map":{"a":"x.zt"}}"#, "not a .safetensors file"),
             (r#"{"weight_map":[]}"#, "not a JSON object"),
             (r#"{"metadata":[1],"weight_map":{}}"#, "metadata is"),
         ] {

@@ -42,7 +42,10 @@ pub(super) fn resolve(
     let mut files = vec![StoredFile::new(version_of(source, index_object))];
     let index = match &index_file.state {
         Ok(Parsed::Index(index)) => index,
-        Ok(Parsed::Manifest(_)) => unreachable!("an index is read as an index"),
+        // Files are read by their kind, so an index never holds a manifest.
+        Ok(Parsed::Manifest(_)) => {
+            return (files, Err(FormatError::SafetensorsIndex { detail: "not an index".into() }.into()));
+        }
         Err(e) => return (files, Err(e.clone())),
     };
     let dir = directory(&index_object.key);

@@ -255,10 +255,13 @@ enum Parsed {
 }
 
 impl ParsedFile {
+    /// The manifest it holds, or why it holds none (an index holds none: it names files that do).
     fn manifest(&self) -> Result<&Arc<Manifest>, CatalogError> {
         match &self.state {
             Ok(Parsed::Manifest(manifest)) => Ok(manifest),
-            Ok(Parsed::Index(_)) => unreachable!("an index is never read as a manifest"),
+            Ok(Parsed::Index(_)) => {
+                Err(FormatError::SafetensorsIndex { detail: "an index, where a tensor file belongs".into() }.into())
+            }
             Err(e) => Err(e.clone()),
         }
     }
@@ -365,7 +368,8 @@ async fn list(
     let claimed = checkpoints::claimed_shards(&parsed);
     let mut models = Vec::with_capacity(parsed.len());
     for (object, file) in &parsed {
-        let kind = FileKind::of(&object.key).expect("sources list only model files");
+        // Sources list only files of a known kind.
+        let Some(kind) = FileKind::of(&object.key) else { continue };
         let id = kind.model_id(&object.key);
         let (files, state, container) = match kind {
             FileKind::SafetensorsIndex => {
