@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -496,10 +496,7 @@ fn head_and_not_modified_answers_never_start_a_decode() {
     write_model(dir.path(), "m", &[("w", &body, zstd(None))]);
     let server = serve(dir.path(), &[]);
     let path = "/models/m/objects/w";
-    let mut stream = std::net::TcpStream::connect(&server.address).unwrap();
-    write!(stream, "HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut head = String::new();
-    stream.read_to_string(&mut head).unwrap();
+    let head = common::head_request(&server.address, path);
     assert!(
         head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("content-length: 1048576"),
         "{head}"

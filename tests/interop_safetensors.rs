@@ -21,10 +21,12 @@ fn rust_checkpoint(dir: &Path, expect: &mut serde_json::Value) {
     let bf16: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
     let e4m3: Vec<u8> = (0..24u8).map(|i| i.wrapping_mul(11)).collect();
     let e5m2: Vec<u8> = (0..10u8).map(|i| i.wrapping_mul(23)).collect();
-    let tensors: [common::StTensor<'_>; 3] = [
+    let big = common::noise(1 << 20, 7);
+    let tensors: [common::StTensor<'_>; 4] = [
         ("w.bf16", Dtype::BF16, vec![4, 8], &bf16),
         ("w.e4m3", Dtype::F8_E4M3, vec![2, 3, 4], &e4m3),
         ("w.e5m2", Dtype::F8_E5M2, vec![10], &e5m2),
+        ("w.big", Dtype::BF16, vec![512, 1024], &big),
     ];
     fs::create_dir_all(dir.join("rust")).unwrap();
     fs::write(dir.join("rust/fp8.safetensors"), common::safetensors_file(&tensors)).unwrap();
@@ -94,7 +96,28 @@ async fn every_tensor_is_served_as_the_peers_read_it(source: ModelSource) {
             assert!(reply.body == fs::read(dir.path().join(file)).unwrap(), "{kind}: {id}: {name} differs");
         }
     }
-    assert_eq!(compared, 43, "tensors compared");
+    assert_eq!(compared, 44, "tensors compared");
+
+    // HEAD, conditionals and zero-copy as for every model: a tensor of a local file leaves by
+    // sendfile, without a copy.
+    let url = api::object_url("rust/fp8", "w.big");
+    let sent_before = common::metric("ztserve_sendfile_bytes_total", &[]);
+    let full = request_async(&address, &url, &[]).await;
+    if kind == "local" {
+        let sent = common::metric("ztserve_sendfile_bytes_total", &[]) - sent_before;
+        assert!(sent >= 0.9 * f64::from(1u32 << 20), "{sent} bytes of a 1 MiB tensor were sent by sendfile");
+    }
+    let etag = full.header("etag").unwrap().to_owned();
+    let head = {
+        let (address, url) = (address.clone(), url.clone());
+        tokio::task::spawn_blocking(move || common::head_request(&address, &url)).await.unwrap()
+    };
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("content-length: 1048576\r\n"), "{kind}: {head}");
+    assert!(head.ends_with("\r\n\r\n"), "{kind}: HEAD sends no body");
+    let cached = request_async(&address, &url, &[("if-none-match", &etag)]).await;
+    assert_eq!(cached.status, 304, "{kind}");
+    let ranged = request_async(&address, &url, &[("range", "bytes=10-19"), ("if-range", &etag)]).await;
+    assert_eq!((ranged.status, &ranged.body[..]), (206, &full.body[10..20]), "{kind}");
 
     // What the dtypes say, and ranges inside a sharded checkpoint's tensor.
     let q = request_async(&address, &api::object_url("pt/weights", "attn.q.weight"), &[]).await;

@@ -74,6 +74,40 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
     assert_eq!(body, payload[..2000]);
 }
 
+/// A safetensors header is read with the file's first 64 KiB, and a second ranged read only when
+/// it is longer; a checkpoint's index is read whole, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safetensors_headers_take_one_read_when_they_fit_and_two_when_they_do_not() {
+    let source = ModelSource::s3();
+    let small: &[common::StTensor<'_>] = &[("w", safetensors::Dtype::U8, vec![4], &[1, 2, 3, 4])];
+    source.put("small.safetensors", &common::safetensors_file(small)).await;
+    let names: Vec<String> = (0..1500).map(|i| format!("tensor.{i:05}.with.a.long.descriptive.name")).collect();
+    let wide: Vec<common::StTensor<'_>> =
+        names.iter().map(|n| (n.as_str(), safetensors::Dtype::U8, vec![2], &[7u8, 8][..])).collect();
+    let wide = common::safetensors_file(&wide);
+    assert!(u64::from_le_bytes(wide[..8].try_into().unwrap()) > 64 << 10, "the header is longer than the first read");
+    source.put("wide.safetensors", &wide).await;
+    for (name, bytes) in common::safetensors_checkpoint(&[small]) {
+        source.put(&format!("ckpt/{name}"), &bytes).await;
+    }
+
+    let (address, state) = serve(source.config(Config::default())).await;
+    assert_eq!(s3_reads("manifest"), 5.0, "1 (small) + 2 (wide) + 1 (index) + 1 (its shard)");
+    let list = ask(&address, "/models", &[]).await.json();
+    let statuses: Vec<(&str, &str)> = list["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(statuses, [("ckpt", "ok"), ("small", "ok"), ("wide", "ok")]);
+    assert_eq!(list["models"][2]["objects"], 1500);
+    state.service.rescan().await;
+    assert_eq!(s3_reads("manifest"), 5.0, "nothing re-read while ETags are unchanged");
+    let body = ask(&address, &ztserve::api::object_url("wide", "tensor.01499.with.a.long.descriptive.name"), &[]).await;
+    assert_eq!(body.body, [7, 8]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_ranges_read_only_their_bytes_and_long_reads_split_into_parallel_gets() {
     let source = ModelSource::s3();

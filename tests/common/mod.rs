@@ -234,6 +234,16 @@ pub async fn request_async(address: &str, path: &str, headers: &[(&str, &str)]) 
     .unwrap()
 }
 
+/// A HEAD on a new connection: the response head as text (header names as the server sends
+/// them, lowercase).
+pub fn head_request(address: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(stream, "HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut head = String::new();
+    stream.read_to_string(&mut head).unwrap();
+    head
+}
+
 /// A GET with `headers` on a new connection (`Connection: close`), read to the end and timed
 /// to its first body byte and to its end. A body cut short comes back with `complete` false.
 pub fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
