@@ -1,4 +1,4 @@
-//! ztserve: serve tensors stored in zTensor (`.zt`) files.
+//! ztserve: serve tensors stored in zTensor (`.zt`) files and safetensors checkpoints.
 //!
 //! Module map. Layers run one way, http -> service -> {catalog, decode} -> storage -> format,
 //! with `api`, `config` and `telemetry` beside them; no module imports one above it.
@@ -6,12 +6,14 @@
 //!   segments), `X-Zt-*` header names.
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
-//!   decode, verify and write every `.zt` generation, and render manifests as JSON.
+//!   decode, verify and write every `.zt` generation, read safetensors headers and checkpoint
+//!   indexes into the same manifest, and render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
 //!   `unsafe`, in `storage::mapped` (the crate denies it everywhere else).
-//! - [`catalog`]: the sources and their health, which models exist under them, their parsed
+//! - [`catalog`]: the sources and their health, which models exist under them (a `.zt` file
+//!   with any v2 shards, a safetensors file, or a checkpoint's index and shards), their parsed
 //!   manifests (cached by file identity or ETag), broken files, and what is learnt per
 //!   component (digest verdicts).
 //! - [`decode`]: shared, cached decoding of components not stored verbatim, one concern per

@@ -271,11 +271,14 @@ fn the_committed_demo_models_are_exactly_what_write_demo_writes() {
         "v2/sharded.zt",
         "v2/sharded-00001-of-00002.zt",
         "v2/sharded-00002-of-00002.zt",
+        "hf/tiny-llama/model.safetensors.index.json",
+        "hf/tiny-llama/model-00001-of-00002.safetensors",
+        "hf/tiny-llama/model-00002-of-00002.safetensors",
     ] {
         let fresh = fs::read(dir.path().join(name)).unwrap();
         assert_eq!(fs::read(committed.join(name)).unwrap(), fresh, "models/{name}: run `ztserve write-demo models`");
         if !name.contains("-of-") {
-            // A root is verified with its shards, found beside it.
+            // A root (or a checkpoint's index) is verified with its shards, found beside it.
             let out = ztserve(&[&"verify", &committed.join(name)]);
             assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stdout));
         }

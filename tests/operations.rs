@@ -30,7 +30,8 @@ fn the_dockerfile_command_serves_the_demo_models_and_answers_healthz() {
     assert_eq!(status, 200);
     let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let ids: Vec<&str> = list["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["demo/dense", "demo/structured", "v2/seekable", "v2/sharded"], "the data shards are not models");
+    let expected = ["demo/dense", "demo/structured", "hf/tiny-llama", "v2/seekable", "v2/sharded"];
+    assert_eq!(ids, expected, "the data shards and the checkpoint's shards are not models");
     assert!(list["models"].as_array().unwrap().iter().all(|m| m["status"] == "ok"), "{list}");
 }
 
@@ -178,10 +179,15 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
     s3.create_bucket("models");
     let client = s3.client("models");
     let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    for dir in std::fs::read_dir(&models).unwrap() {
-        let dir = dir.unwrap().path();
+    // Every file below ./models, at any depth, as `mc mirror` copies it.
+    let mut pending = vec![models.clone()];
+    while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
             let key = path.strip_prefix(&models).unwrap().to_str().unwrap().to_owned();
             use object_store::ObjectStoreExt as _;
             let key = object_store::path::Path::from(key);
@@ -222,7 +228,10 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
         .map(|m| (m["id"].as_str().unwrap(), m["source"].as_str().unwrap(), m["status"].as_str().unwrap()))
         .collect();
     let ok = |id| (id, "s3://models", "ok");
-    assert_eq!(served, [ok("demo/dense"), ok("demo/structured"), ok("v2/seekable"), ok("v2/sharded")]);
+    assert_eq!(
+        served,
+        [ok("demo/dense"), ok("demo/structured"), ok("hf/tiny-llama"), ok("v2/seekable"), ok("v2/sharded")]
+    );
     let address = server.address.clone();
     let (status, body) =
         tokio::task::spawn_blocking(move || common::http_get(&address, "/models/demo%2Fdense/file")).await.unwrap();

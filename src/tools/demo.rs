@@ -1,6 +1,7 @@
 //! `ztserve write-demo`: the demo models `serve` shows by default: 1.2 files by our own writer
-//! (`demo/`), and v2 files by the official `ztensor` crate's writer (`v2/`): a model with
-//! seekable zstd parts, and one whose root names two data shards.
+//! (`demo/`), v2 files by the official `ztensor` crate's writer (`v2/`): a model with seekable
+//! zstd parts, and one whose root names two data shards; and a safetensors checkpoint sharded
+//! as Hugging Face shards (`hf/tiny-llama/`), by the `safetensors` crate.
 
 use std::path::Path;
 
@@ -155,6 +156,58 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     std::fs::write(&structured_path, writer.finish(Some(attributes))?)?;
     let mut written = vec![dense_path, structured_path];
     written.extend(write_v2_demo(&dir.join("v2"))?);
+    written.extend(write_safetensors_demo(&dir.join("hf/tiny-llama"))?);
+    Ok(written)
+}
+
+/// One tensor of the demo checkpoint: name, dtype, shape, bytes.
+type DemoTensor<'a> = (&'a str, safetensors::Dtype, Vec<usize>, &'a [u8]);
+
+/// `hf/tiny-llama/`: two shards (`model-0000N-of-00002.safetensors`, with `__metadata__`
+/// `{"format": "pt"}` as torch writes it) and the `model.safetensors.index.json` mapping each
+/// tensor to its shard, as `save_pretrained` lays out a large checkpoint. bf16, fp8 and bool.
+fn write_safetensors_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use safetensors::Dtype;
+    std::fs::create_dir_all(dir)?;
+    let bf16 = |n: usize, scale: f32| {
+        le_bytes(n, move |i| (((i % 29) as f32 - 14.0) * scale).to_bits() >> 16, |b| (b as u16).to_le_bytes())
+    };
+    let embed = bf16(128 * 32, 1.0 / 16.0);
+    let head = bf16(128 * 32, 1.0 / 32.0);
+    let q: Vec<u8> = (0..32 * 32).map(|i| (i * 13 % 251) as u8).collect();
+    let norm = le_bytes(32, |i| 1.0 + i as f32 / 64.0, f32::to_le_bytes);
+    let mask: Vec<u8> = (0..8).map(|i| u8::from(i % 2 == 0)).collect();
+    let shards: [Vec<DemoTensor<'_>>; 2] = [
+        vec![
+            ("model.embed_tokens.weight", Dtype::BF16, vec![128, 32], &embed),
+            ("model.layers.0.self_attn.q_proj.weight", Dtype::F8_E4M3, vec![32, 32], &q),
+        ],
+        vec![
+            ("model.norm.weight", Dtype::F32, vec![32], &norm),
+            ("lm_head.weight", Dtype::BF16, vec![128, 32], &head),
+            ("attention_mask", Dtype::BOOL, vec![8], &mask),
+        ],
+    ];
+    let mut weight_map = std::collections::BTreeMap::new();
+    let mut written = Vec::new();
+    let mut total = 0;
+    for (index, tensors) in shards.iter().enumerate() {
+        let name = format!("model-{:05}-of-{:05}.safetensors", index + 1, shards.len());
+        let mut views = Vec::with_capacity(tensors.len());
+        for (tensor, dtype, shape, bytes) in tensors {
+            weight_map.insert(tensor.to_string(), name.clone());
+            total += bytes.len();
+            views.push((tensor.to_string(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)?));
+        }
+        let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        let path = dir.join(&name);
+        std::fs::write(&path, safetensors::serialize(views, Some(metadata))?)?;
+        written.push(path);
+    }
+    let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    let index_path = dir.join("model.safetensors.index.json");
+    std::fs::write(&index_path, serde_json::to_string_pretty(&index)? + "\n")?;
+    written.insert(0, index_path);
     Ok(written)
 }
 
