@@ -32,6 +32,16 @@ fn s3_reads(purpose: &str) -> f64 {
     metric("ztserve_storage_read_duration_seconds_count", &[("backend", "s3"), ("kind", purpose)])
 }
 
+/// Each listed model's id and status.
+fn statuses(list: &serde_json::Value) -> Vec<(&str, &str)> {
+    list["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
+        .collect()
+}
+
 fn s3_bytes(purpose: &str) -> f64 {
     metric("ztserve_storage_read_bytes_total", &[("backend", "s3"), ("purpose", purpose)])
 }
@@ -54,12 +64,7 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
     let (address, state) = serve(source.config(Config::default())).await;
     assert_eq!(s3_reads("manifest"), 6.0, "1 + 2 + 3 reads");
     let list = ask(&address, "/models", &[]).await.json();
-    let statuses: Vec<(&str, &str)> = list["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
-        .collect();
+    let statuses = statuses(&list);
     assert_eq!(statuses, [("large", "ok"), ("small", "ok"), ("wide", "ok")]);
     assert_eq!(list["models"][2]["objects"], 1500);
 
@@ -94,12 +99,7 @@ async fn safetensors_headers_take_one_read_when_they_fit_and_two_when_they_do_no
     let (address, state) = serve(source.config(Config::default())).await;
     assert_eq!(s3_reads("manifest"), 5.0, "1 (small) + 2 (wide) + 1 (index) + 1 (its shard)");
     let list = ask(&address, "/models", &[]).await.json();
-    let statuses: Vec<(&str, &str)> = list["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
-        .collect();
+    let statuses = statuses(&list);
     assert_eq!(statuses, [("ckpt", "ok"), ("small", "ok"), ("wide", "ok")]);
     assert_eq!(list["models"][2]["objects"], 1500);
     state.service.rescan().await;
