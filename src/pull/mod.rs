@@ -6,11 +6,11 @@
 //! (`--raw`: the file, or a directory of every file for a model stored in several), or one file
 //! rebuilt from the selected objects, their stored blobs copied as they are (so zstd frames and
 //! seekable streams travel compressed and keep their digests): a 1.2 file from a 0.1 or 1.x
-//! model, a single-file v2 file (shards merged) from a v2 or safetensors model. Bytes arrive by parallel ranged GETs
-//! each bound to its file's ETag ([`remote`]), land in a partial file beside the output, are
-//! recorded in a journal ([`journal`]) so an interrupted pull resumes, and are checked against
-//! every declared digest (over the bytes it covers) before the partial file is renamed into
-//! place.
+//! model, a single-file v2 file (shards merged) from a v2 or safetensors model. Bytes arrive by
+//! parallel ranged GETs each bound to its file's ETag ([`remote`]), land in a partial file
+//! beside the output, are recorded in a journal ([`journal`]) so an interrupted pull resumes,
+//! and are checked against every declared digest (over the bytes it covers) before the partial
+//! file is renamed into place.
 
 pub mod journal;
 pub mod remote;
