@@ -572,7 +572,38 @@ macro_rules! both_sources {
     };
 }
 
+/// `/models/org/llama/...` names `org/llama` as `/models/org%2Fllama/...` does, on every model
+/// route, with the same bytes and headers; with models `org` and `org/llama`, each path means the
+/// longest id whose rest is a model route.
+async fn natural_ids_with_slashes_name_the_same_model_as_the_encoded_form(source: ModelSource) {
+    populate(&source).await;
+    source.put("org.zt", &llama()).await;
+    let state = state_for(&source).await;
+    for (natural, encoded) in [
+        ("/models/org/llama", "/models/org%2Fllama"),
+        ("/models/org/llama/objects/weights", WEIGHTS),
+        ("/models/org/llama/objects/weights/components/data", "/models/org%2Fllama/objects/weights/components/data"),
+        ("/models/org/llama/file", "/models/org%2Fllama/file"),
+        ("/models/org/llama/files/llama.zt", "/models/org%2Fllama/files/llama.zt"),
+    ] {
+        let (a, b) = (get(&state, natural, &[]).await, get(&state, encoded, &[]).await);
+        assert_eq!((a.status, &a.body), (StatusCode::OK, &b.body), "{natural}");
+        assert_eq!(a.header("etag"), b.header("etag"), "{natural}");
+    }
+    let ranged = get(&state, "/models/org/llama/objects/weights", &[("range", "bytes=4-7")]).await;
+    assert_eq!((ranged.status, ranged.body.as_slice()), (StatusCode::PARTIAL_CONTENT, &0.25f32.to_le_bytes()[..]));
+    // `org` is a model too: its own routes are its own, and `org/llama` is not an object of it.
+    assert_eq!(get(&state, "/models/org/file", &[]).await.body, llama());
+    assert_eq!(get(&state, "/models/org", &[]).await.json()["id"], "org");
+    assert_eq!(get(&state, "/models/org/llama", &[]).await.json()["id"], "org/llama");
+    // An unknown id answers as in the encoded form: that model does not exist.
+    let missing = get(&state, "/models/org/nothing/objects/weights", &[]).await;
+    let encoded = get(&state, "/models/org%2Fnothing/objects/weights", &[]).await;
+    assert_eq!((missing.status, missing.body), (StatusCode::NOT_FOUND, encoded.body));
+}
+
 both_sources!(
+    natural_ids_with_slashes_name_the_same_model_as_the_encoded_form,
     readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200,
     the_model_list_shows_good_and_broken_files_with_reasons,
     the_manifest_lists_every_object_with_component_urls,

@@ -1,13 +1,16 @@
 //! The HTTP contract of ARCHITECTURE.md over the service: the router and its layers (tracing,
 //! timeout, concurrency limit, panic catching, bearer tokens), the shared state (the service
 //! and the tokens), signals and graceful shutdown. Handlers extract typed paths, ask the
-//! service, evaluate ranges and conditionals, and set headers. `app(state)` is the test seam.
+//! service, evaluate ranges and conditionals, and set headers. Natural model ids
+//! (`/models/org/llama/...`) are rewritten to the one-segment form before routing
+//! ([`natural`]). `app(state)` is the test seam.
 
 pub mod auth;
 mod connections;
 pub use connections::ConnectionLimits;
 mod error;
 mod models;
+mod natural;
 mod objects;
 mod ops;
 pub mod range;
@@ -59,6 +62,7 @@ impl AppState {
 pub fn app(state: Arc<AppState>) -> Router {
     let timeout = state.config().request_timeout_secs;
     let concurrency = state.config().max_concurrent_requests;
+    let state_for_ids = Arc::clone(&state);
     let router = Router::new()
         .route(routes::HEALTHZ, get(ops::healthz))
         .route(routes::READYZ, get(ops::readyz))
@@ -86,7 +90,14 @@ pub fn app(state: Arc<AppState>) -> Router {
             (timeout > 0).then(|| axum::middleware::from_fn_with_state(Duration::from_secs(timeout), answer_within)),
         )
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency));
-    router.layer(layers)
+    // Natural ids (`/models/org/llama/...`) are rewritten before the routes match: the whole
+    // router sits behind the rewrite, which middleware of its own would run too late for.
+    let routed = router.layer(layers);
+    let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {
+        let catalog = state_for_ids.service.catalog();
+        natural::rewrite_request(request, |id| catalog.get(id).is_some())
+    });
+    Router::new().fallback_service(tower::Layer::layer(&rewrite, routed))
 }
 
 /// Answers `request_timeout` when the answer has not started within `limit` (a body then

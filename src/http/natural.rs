@@ -1,0 +1,112 @@
+//! Natural model URLs: `/models/org/llama/objects/w` names the model `org/llama` as
+//! `/models/org%2Fllama/objects/w` does. Before routing, a path under `/models/` whose model id
+//! is written with `/` is rewritten to the one-segment form the routes match. The rule, pure
+//! and table-tested here: a first segment that is itself a known id, followed by a model route
+//! (nothing, `file`, `files/{name}`, `objects/{object}`, `objects/{object}/components/{role}`),
+//! is taken as it is, so the `%2F` form always means exactly its id; otherwise the longest known
+//! id whose rest is a model route wins (with models `org` and `org/llama`,
+//! `/models/org/llama/file` is `org/llama`'s file and `/models/org/file` is `org`'s). Object
+//! names and roles stay one segment each: a `/` in them is written `%2F`.
+
+use axum::extract::Request;
+use axum::http::Uri;
+
+/// Whether `rest` (path segments after a model id) is one of the model routes.
+fn is_model_route(rest: &[&str]) -> bool {
+    matches!(rest, [] | ["file"] | ["files", _] | ["objects", _] | ["objects", _, "components", _])
+}
+
+fn decoded(segments: &[&str]) -> Option<String> {
+    let joined = segments.join("/");
+    percent_encoding::percent_decode_str(&joined).decode_utf8().ok().map(|id| id.into_owned())
+}
+
+/// The one-segment form of `path` when it names a model by its natural id (a known one, or else
+/// the shortest id whose rest is a model route, which the routes answer is not a model), or
+/// `None` when it needs no rewrite.
+pub fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<String> {
+    let rest = path.strip_prefix("/models/")?;
+    let segments: Vec<&str> = rest.split('/').collect();
+    if segments.len() < 2 {
+        return None;
+    }
+    if decoded(&segments[..1]).is_some_and(|id| is_model(&id)) && is_model_route(&segments[1..]) {
+        return None;
+    }
+    let route = |split: usize| -> Option<(String, &[&str])> {
+        let (id, rest) = segments.split_at(split);
+        is_model_route(rest).then_some(())?;
+        Some((decoded(id)?, rest))
+    };
+    // The longest known id; else the path as written when it is the one-segment form, or the
+    // shortest unknown id (the most route after it): the routes then answer it is not a model.
+    let known = (2..=segments.len()).rev().filter_map(route).find(|(id, _)| is_model(id));
+    let (id, rest) = match known {
+        Some(found) => found,
+        None if is_model_route(&segments[1..]) => return None,
+        None => (2..=segments.len()).find_map(route)?,
+    };
+    let mut path = crate::api::model_url(&id);
+    for segment in rest {
+        path.push('/');
+        path.push_str(segment);
+    }
+    Some(path)
+}
+
+/// Rewrites `request`'s URI as [`rewrite`] says, keeping its query.
+pub fn rewrite_request(mut request: Request, is_model: impl Fn(&str) -> bool) -> Request {
+    if let Some(path) = rewrite(request.uri().path(), is_model) {
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        if let Ok(uri) = Uri::builder().path_and_query(path_and_query).build() {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_ids_resolve_to_the_longest_known_id_whose_rest_is_a_model_route() {
+        let ids = ["org", "org/llama", "org/llama/v2", "a b/c", "org/objects"];
+        let known = |id: &str| ids.contains(&id);
+        let cases: &[(&str, Option<&str>)] = &[
+            ("/models/org/llama", Some("/models/org%2Fllama")),
+            ("/models/org/llama/file", Some("/models/org%2Fllama/file")),
+            (
+                "/models/org/llama/files/model.safetensors.index.json",
+                Some("/models/org%2Fllama/files/model.safetensors.index.json"),
+            ),
+            ("/models/org/llama/objects/w", Some("/models/org%2Fllama/objects/w")),
+            (
+                "/models/org/llama/objects/a%2Fb/components/data",
+                Some("/models/org%2Fllama/objects/a%2Fb/components/data"),
+            ),
+            ("/models/org/llama/v2/objects/w", Some("/models/org%2Fllama%2Fv2/objects/w")),
+            ("/models/org/file", None),
+            ("/models/org/objects/w", None),
+            // A prefix of another id: the other id's rest must be a route.
+            ("/models/org/objects/objects/w", Some("/models/org%2Fobjects/objects/w")),
+            ("/models/a%20b/c/objects/w", Some("/models/a%20b%2Fc/objects/w")),
+            // The one-segment form is never rewritten, nor what names no model.
+            ("/models/org%2Fllama/objects/w", None),
+            ("/models/org", None),
+            ("/models/nothing/here/objects/w", Some("/models/nothing%2Fhere/objects/w")),
+            ("/models/org/nothing", Some("/models/org%2Fnothing")),
+            ("/models/org/llama/objects/w/extra", Some("/models/org%2Fllama%2Fobjects%2Fw%2Fextra")),
+            ("/models/org/llama/components", Some("/models/org%2Fllama%2Fcomponents")),
+            ("/models/org%2Fnothing/objects/w", None),
+            ("/healthz", None),
+            ("/models/%ff/x/file", None),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(rewrite(path, known).as_deref(), *expected, "{path}");
+        }
+    }
+}
