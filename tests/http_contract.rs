@@ -602,7 +602,27 @@ async fn natural_ids_with_slashes_name_the_same_model_as_the_encoded_form(source
     assert_eq!((missing.status, missing.body), (StatusCode::NOT_FOUND, encoded.body));
 }
 
+/// Every model response a shared cache may store says so, and that it must revalidate by ETag:
+/// bytes whole, ranged and unmodified, the stored file, and the manifest and its 304.
+async fn model_responses_let_a_shared_cache_store_them_and_revalidate_by_etag(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let whole = get(&state, WEIGHTS, &[]).await;
+    let manifest = get(&state, "/models/org%2Fllama", &[]).await;
+    let replies = [
+        get(&state, WEIGHTS, &[("range", "bytes=0-3")]).await,
+        get(&state, WEIGHTS, &[("if-none-match", whole.header("etag"))]).await,
+        get(&state, "/models/org%2Fllama/file", &[]).await,
+        get(&state, "/models/org%2Fllama", &[("if-none-match", manifest.header("etag"))]).await,
+    ];
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status.as_u16()).collect();
+    assert_eq!(statuses, [206, 304, 200, 304]);
+    for reply in [&whole, &manifest].into_iter().chain(&replies) {
+        assert_eq!(reply.header("cache-control"), "public, no-cache", "{}", reply.status);
+    }
+}
+
 both_sources!(
+    model_responses_let_a_shared_cache_store_them_and_revalidate_by_etag,
     natural_ids_with_slashes_name_the_same_model_as_the_encoded_form,
     readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200,
     the_model_list_shows_good_and_broken_files_with_reasons,

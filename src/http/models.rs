@@ -74,11 +74,12 @@ pub async fn manifest(
         let rendered = service::rendered_manifest(&model, &manifest);
         let etag = (header::ETAG, header_value(&rendered.etag));
         let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
+        let cache = (header::CACHE_CONTROL, super::respond::REVALIDATE);
         if if_none_match_matches(if_none_match, &rendered.etag) {
-            return Ok((StatusCode::NOT_MODIFIED, [etag, model_version(&model)]).into_response());
+            return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(&model)]).into_response());
         }
         Ok((
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), etag, model_version(&model)],
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), etag, cache, model_version(&model)],
             rendered.body.clone(),
         )
             .into_response())

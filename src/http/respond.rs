@@ -99,6 +99,11 @@ fn body_of(stream: ByteStream) -> Body {
     }))
 }
 
+/// `Cache-Control` of every model response: a shared cache may store it, and revalidates it by
+/// its ETag before each use (so a replaced model is never served stale, and each use is checked
+/// against the requester's token by the origin).
+pub(crate) const REVALIDATE: HeaderValue = HeaderValue::from_static("public, no-cache");
+
 /// Answers a GET (or, when `head`, a HEAD) for `representation`.
 pub async fn bytes_response(
     request: &HeaderMap,
@@ -109,7 +114,10 @@ pub async fn bytes_response(
     let Representation { source, etag, content_type, headers: extra, guard } = representation;
     let len = source.len();
     let etag_value = HeaderValue::from_str(&etag).map_err(|e| ApiError::Internal(format!("bad etag {etag:?}: {e}")))?;
-    let mut builder = Response::builder().header(header::ETAG, etag_value).header(header::ACCEPT_RANGES, "bytes");
+    let mut builder = Response::builder()
+        .header(header::ETAG, etag_value)
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CACHE_CONTROL, REVALIDATE);
     for (name, value) in extra {
         builder = builder.header(name, value);
     }
