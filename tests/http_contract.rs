@@ -621,7 +621,32 @@ async fn model_responses_let_a_shared_cache_store_them_and_revalidate_by_etag(so
     }
 }
 
+/// JSON over 1 KiB is compressed for a client that accepts gzip or zstd (to the same JSON);
+/// smaller JSON and tensor bytes never are.
+async fn json_is_compressed_when_the_client_accepts_it_and_tensor_bytes_never_are(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let small = get(&state, "/models", &[("accept-encoding", "gzip")]).await;
+    assert!(small.body.len() < 1024 && small.header("content-encoding").is_empty());
+    for path in ["/models/org%2Fllama"] {
+        let plain = get(&state, path, &[]).await;
+        assert_eq!(plain.header("content-encoding"), "", "{path}");
+        let gzip = get(&state, path, &[("accept-encoding", "gzip")]).await;
+        assert_eq!(gzip.header("content-encoding"), "gzip", "{path}");
+        let mut unzipped = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gzip.body[..]), &mut unzipped).unwrap();
+        assert_eq!(unzipped, plain.body, "{path}");
+        let zstd = get(&state, path, &[("accept-encoding", "zstd")]).await;
+        assert_eq!(zstd.header("content-encoding"), "zstd", "{path}");
+        assert_eq!(zstd::decode_all(&zstd.body[..]).unwrap(), plain.body, "{path}");
+        assert!(zstd.body.len() < plain.body.len() / 2, "{path}: {} of {} bytes", zstd.body.len(), plain.body.len());
+    }
+    let bytes = get(&state, WEIGHTS, &[("accept-encoding", "gzip, zstd")]).await;
+    assert_eq!((bytes.status, bytes.header("content-encoding")), (StatusCode::OK, ""));
+    assert_eq!(bytes.body, f32_bytes(1000));
+}
+
 both_sources!(
+    json_is_compressed_when_the_client_accepts_it_and_tensor_bytes_never_are,
     model_responses_let_a_shared_cache_store_them_and_revalidate_by_etag,
     natural_ids_with_slashes_name_the_same_model_as_the_encoded_form,
     readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200,

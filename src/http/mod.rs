@@ -67,8 +67,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route(routes::HEALTHZ, get(ops::healthz))
         .route(routes::READYZ, get(ops::readyz))
         .route(routes::METRICS, get(ops::metrics))
-        .route(routes::MODELS, get(models::list))
-        .route(routes::MANIFEST, get(models::manifest))
+        .route(routes::MODELS, get(models::list).layer(compressed_json()))
+        .route(routes::MANIFEST, get(models::manifest).layer(compressed_json()))
         .route(routes::FILE, get(models::file))
         .route(routes::STORED_FILE, get(models::file))
         .route(routes::OBJECT, get(objects::object))
@@ -98,6 +98,21 @@ pub fn app(state: Arc<AppState>) -> Router {
         natural::rewrite_request(request, |id| catalog.get(id).is_some())
     });
     Router::new().fallback_service(tower::Layer::layer(&rewrite, routed))
+}
+
+/// gzip or zstd for the JSON routes when the client accepts it: the manifest of a model of
+/// thousands of tensors runs to megabytes of repetitive text. Only on these routes, so tensor
+/// bytes are never touched (a stored zstd frame is passed through by its own route).
+fn compressed_json() -> tower_http::compression::CompressionLayer<impl tower_http::compression::Predicate> {
+    use tower_http::compression::Predicate as _;
+    let json = |_: axum::http::StatusCode,
+                _: axum::http::Version,
+                headers: &axum::http::HeaderMap,
+                _: &axum::http::Extensions| {
+        headers.get(axum::http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+    };
+    tower_http::compression::CompressionLayer::new()
+        .compress_when(tower_http::compression::predicate::SizeAbove::new(1024).and(json))
 }
 
 /// Answers `request_timeout` when the answer has not started within `limit` (a body then
