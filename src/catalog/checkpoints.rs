@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{CatalogError, Parsed, ParsedFile, Source, StoredFile, directory, version_of};
-use crate::format::safetensors::assemble;
+use crate::format::safetensors::{Index, assemble};
 use crate::format::{FileKind, FormatError, Manifest};
 use crate::storage::Listed;
 
@@ -32,13 +32,30 @@ pub(super) fn claimed_shards(parsed: &[(Listed, ParsedFile)]) -> HashSet<String>
     claimed
 }
 
-/// The files and state of the checkpoint whose index is `index_object`.
+/// A checkpoint whose index and shards all parsed: assembled into one manifest on demand, so
+/// a rescan that finds every file unchanged keeps the model it had without assembling it again.
+pub(super) struct Checkpoint {
+    index: Arc<Index>,
+    index_len: u64,
+    shards: Vec<(String, Arc<Manifest>)>,
+}
+
+impl Checkpoint {
+    /// The model's manifest, every tensor held to the shard the index names.
+    pub(super) fn assemble(&self) -> Result<Arc<Manifest>, CatalogError> {
+        let shards: Vec<(&str, &Manifest)> = self.shards.iter().map(|(name, m)| (name.as_str(), m.as_ref())).collect();
+        Ok(Arc::new(assemble(&self.index, self.index_len, &shards)?))
+    }
+}
+
+/// The files of the checkpoint whose index is `index_object` (the index, then the shards found
+/// so far), and the checkpoint, or why it cannot be served. `parsed` is in key order.
 pub(super) fn resolve(
     source: &Arc<Source>,
     index_object: &Listed,
     index_file: &ParsedFile,
     parsed: &[(Listed, ParsedFile)],
-) -> (Vec<StoredFile>, Result<Arc<Manifest>, CatalogError>) {
+) -> (Vec<StoredFile>, Result<Checkpoint, CatalogError>) {
     let mut files = vec![StoredFile::new(version_of(source, index_object))];
     let index = match &index_file.state {
         Ok(Parsed::Index(index)) => index,
@@ -52,16 +69,15 @@ pub(super) fn resolve(
     let mut shards = Vec::with_capacity(index.shards.len());
     for name in &index.shards {
         let key = format!("{dir}{name}");
-        let Some((listed, shard)) = parsed.iter().find(|(o, _)| o.key == key) else {
+        let Ok(at) = parsed.binary_search_by(|(o, _)| o.key.as_str().cmp(&key)) else {
             return (files, Err(FormatError::ShardMissing { shard: name.clone() }.into()));
         };
+        let (listed, shard) = &parsed[at];
         match shard.manifest() {
-            Ok(manifest) => shards.push((name.as_str(), Arc::clone(manifest))),
+            Ok(manifest) => shards.push((name.clone(), Arc::clone(manifest))),
             Err(e) => return (files, Err(CatalogError::InShard { shard: name.clone(), error: Box::new(e) })),
         }
         files.push(StoredFile::new(version_of(source, listed)));
     }
-    let borrowed: Vec<(&str, &Manifest)> = shards.iter().map(|(name, m)| (*name, m.as_ref())).collect();
-    let state = assemble(index, index_object.size, &borrowed).map(Arc::new).map_err(CatalogError::from);
-    (files, state)
+    (files, Ok(Checkpoint { index: Arc::clone(index), index_len: index_object.size, shards }))
 }

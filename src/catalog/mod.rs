@@ -373,8 +373,13 @@ async fn list(
         let id = kind.model_id(&object.key);
         let (files, state, container) = match kind {
             FileKind::SafetensorsIndex => {
-                let (files, state) = checkpoints::resolve(source, object, file, &parsed);
-                (files, state, Some(crate::format::Container::Safetensors))
+                let (files, checkpoint) = checkpoints::resolve(source, object, file, &parsed);
+                // Every file unchanged: the model is too, and is not assembled again.
+                if let Some(model) = previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
+                    models.push(Arc::clone(model));
+                    continue;
+                }
+                (files, checkpoint.and_then(|c| c.assemble()), Some(crate::format::Container::Safetensors))
             }
             FileKind::Safetensors if claimed.contains(object.key.as_str()) => continue,
             _ if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) => continue,
@@ -640,7 +645,10 @@ mod tests {
         assert_eq!(code("org/bad"), "safetensors_index");
         assert!(catalog.get("single").unwrap().state.is_ok());
 
-        // A shard rewritten changes the model's version; a broken shard breaks the checkpoint.
+        // Unchanged files keep the model; a shard rewritten changes the model's version, and a
+        // broken shard breaks the checkpoint.
+        let again = build(&sources, &catalog);
+        assert!(Arc::ptr_eq(llama, again.get("org/llama").unwrap()), "an unchanged checkpoint is kept");
         let version = llama.version.clone();
         std::fs::write(root.join("org/llama/model-00002-of-00002.safetensors"), b"\xff\xff").unwrap();
         let next = build(&sources, &catalog);
