@@ -16,42 +16,32 @@ fn is_model_route(rest: &[&str]) -> bool {
     matches!(rest, [] | ["file"] | ["files", _] | ["objects", _] | ["objects", _, "components", _])
 }
 
-fn decoded(segments: &[&str]) -> Option<String> {
-    let joined = segments.join("/");
-    percent_encoding::percent_decode_str(&joined).decode_utf8().ok().map(|id| id.into_owned())
-}
-
 /// The one-segment form of `path` when it names a model by its natural id (a known one, or else
 /// the shortest id whose rest is a model route, which the routes answer is not a model), or
-/// `None` when it needs no rewrite.
+/// `None` when it needs no rewrite. Every request for model bytes passes here: the usual path
+/// (an id in one segment) is settled without allocating anything but the segment list.
 pub fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<String> {
     let rest = path.strip_prefix("/models/")?;
     let segments: Vec<&str> = rest.split('/').collect();
     if segments.len() < 2 {
         return None;
     }
-    if decoded(&segments[..1]).is_some_and(|id| is_model(&id)) && is_model_route(&segments[1..]) {
+    // The id of the first `split` segments, as written and decoded, and what follows it.
+    let id_end = |split: usize| segments[..split].iter().map(|s| s.len() + 1).sum::<usize>() - 1;
+    let id = |split: usize| percent_encoding::percent_decode_str(&rest[..id_end(split)]).decode_utf8().ok();
+    let route = |split: usize| is_model_route(&segments[split..]).then(|| id(split)).flatten().map(|id| (id, split));
+    if is_model_route(&segments[1..]) && id(1).is_some_and(|id| is_model(&id)) {
         return None;
     }
-    let route = |split: usize| -> Option<(String, &[&str])> {
-        let (id, rest) = segments.split_at(split);
-        is_model_route(rest).then_some(())?;
-        Some((decoded(id)?, rest))
-    };
     // The longest known id; else the path as written when it is the one-segment form, or the
     // shortest unknown id (the most route after it): the routes then answer it is not a model.
     let known = (2..=segments.len()).rev().filter_map(route).find(|(id, _)| is_model(id));
-    let (id, rest) = match known {
+    let (id, split) = match known {
         Some(found) => found,
         None if is_model_route(&segments[1..]) => return None,
         None => (2..=segments.len()).find_map(route)?,
     };
-    let mut path = crate::api::model_url(&id);
-    for segment in rest {
-        path.push('/');
-        path.push_str(segment);
-    }
-    Some(path)
+    Some(crate::api::model_url(&id) + &rest[id_end(split)..])
 }
 
 /// Rewrites `request`'s URI as [`rewrite`] says, keeping its query.
