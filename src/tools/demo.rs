@@ -160,8 +160,8 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     Ok(written)
 }
 
-/// One tensor of the demo checkpoint: name, dtype, shape, bytes.
-type DemoTensor<'a> = (&'a str, safetensors::Dtype, Vec<usize>, &'a [u8]);
+/// One tensor of a safetensors checkpoint: name, dtype, shape, bytes.
+pub type CheckpointTensor<'a> = (&'a str, safetensors::Dtype, Vec<usize>, &'a [u8]);
 
 /// `hf/tiny-llama/`: two shards (`model-0000N-of-00002.safetensors`, with `__metadata__`
 /// `{"format": "pt"}` as torch writes it) and the `model.safetensors.index.json` mapping each
@@ -177,7 +177,7 @@ fn write_safetensors_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>>
     let q: Vec<u8> = (0..32 * 32).map(|i| (i * 13 % 251) as u8).collect();
     let norm = le_bytes(32, |i| 1.0 + i as f32 / 64.0, f32::to_le_bytes);
     let mask: Vec<u8> = (0..8).map(|i| u8::from(i % 2 == 0)).collect();
-    let shards: [Vec<DemoTensor<'_>>; 2] = [
+    let shards: [Vec<CheckpointTensor<'_>>; 2] = [
         vec![
             ("model.embed_tokens.weight", Dtype::BF16, vec![128, 32], &embed),
             ("model.layers.0.self_attn.q_proj.weight", Dtype::F8_E4M3, vec![32, 32], &q),
@@ -188,27 +188,44 @@ fn write_safetensors_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>>
             ("attention_mask", Dtype::BOOL, vec![8], &mask),
         ],
     ];
-    let mut weight_map = std::collections::BTreeMap::new();
     let mut written = Vec::new();
+    for (name, bytes) in safetensors_checkpoint(&[&shards[0], &shards[1]])? {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// A safetensors file of `tensors`, with `__metadata__` `{"format": "pt"}` as torch writes it.
+pub fn safetensors_file(tensors: &[CheckpointTensor<'_>]) -> anyhow::Result<Vec<u8>> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, bytes) in tensors {
+        views.push((name.to_string(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)?));
+    }
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    Ok(safetensors::serialize(views, Some(metadata))?)
+}
+
+/// A sharded checkpoint in Hugging Face's layout: `model.safetensors.index.json` (its
+/// `metadata.total_size` and a `weight_map` of every tensor to its shard), then
+/// `model-0000N-of-0000M.safetensors` for each of `shards`, by file name. Deterministic.
+pub fn safetensors_checkpoint(shards: &[&[CheckpointTensor<'_>]]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let mut weight_map = std::collections::BTreeMap::new();
+    let mut files = Vec::with_capacity(shards.len() + 1);
     let mut total = 0;
     for (index, tensors) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", index + 1, shards.len());
-        let mut views = Vec::with_capacity(tensors.len());
-        for (tensor, dtype, shape, bytes) in tensors {
+        for (tensor, _, _, bytes) in tensors.iter() {
             weight_map.insert(tensor.to_string(), name.clone());
             total += bytes.len();
-            views.push((tensor.to_string(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)?));
         }
-        let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-        let path = dir.join(&name);
-        std::fs::write(&path, safetensors::serialize(views, Some(metadata))?)?;
-        written.push(path);
+        files.push((name, safetensors_file(tensors)?));
     }
     let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    let index_path = dir.join("model.safetensors.index.json");
-    std::fs::write(&index_path, serde_json::to_string_pretty(&index)? + "\n")?;
-    written.insert(0, index_path);
-    Ok(written)
+    files
+        .insert(0, ("model.safetensors.index.json".to_string(), (serde_json::to_string_pretty(&index)? + "\n").into()));
+    Ok(files)
 }
 
 /// `v2/seekable.zt` (seekable zstd parts, one of several frames, beside raw ones) and

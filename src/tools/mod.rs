@@ -10,7 +10,7 @@ mod verify;
 
 pub use cat::cat;
 pub use convert::{Target, convert};
-pub use demo::write_demo;
+pub use demo::{CheckpointTensor, safetensors_checkpoint, safetensors_file, write_demo};
 pub use inspect::inspect;
 pub use verify::verify;
 

@@ -608,33 +608,15 @@ impl ModelSource {
 }
 
 /// One tensor of a safetensors checkpoint a test writes: name, dtype, shape, bytes.
-pub type StTensor<'a> = (&'a str, safetensors::Dtype, Vec<usize>, &'a [u8]);
+pub type StTensor<'a> = ztserve::tools::CheckpointTensor<'a>;
 
 /// A safetensors file of `tensors`, with `__metadata__` `{"format": "pt"}` as torch writes it.
 pub fn safetensors_file(tensors: &[StTensor<'_>]) -> Vec<u8> {
-    let views = tensors.iter().map(|(name, dtype, shape, data)| {
-        (name.to_string(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap())
-    });
-    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize(views, Some(metadata)).unwrap()
+    ztserve::tools::safetensors_file(tensors).unwrap()
 }
 
-/// A sharded checkpoint in Hugging Face's layout: `model-0000i-of-0000n.safetensors` for each
-/// of `shards` and `model.safetensors.index.json` mapping each tensor to its shard. Returns
-/// the files by name.
+/// A sharded checkpoint in Hugging Face's layout, as the demo's is written: the index, then
+/// `model-0000i-of-0000n.safetensors` for each of `shards`, by file name.
 pub fn safetensors_checkpoint(shards: &[&[StTensor<'_>]]) -> Vec<(String, Vec<u8>)> {
-    let mut files = Vec::new();
-    let mut weight_map = serde_json::Map::new();
-    let mut total = 0;
-    for (i, tensors) in shards.iter().enumerate() {
-        let name = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
-        for (tensor, _, _, data) in tensors.iter() {
-            weight_map.insert(tensor.to_string(), serde_json::Value::String(name.clone()));
-            total += data.len();
-        }
-        files.push((name, safetensors_file(tensors)));
-    }
-    let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    files.insert(0, ("model.safetensors.index.json".to_string(), serde_json::to_vec_pretty(&index).unwrap()));
-    files
+    ztserve::tools::safetensors_checkpoint(shards).unwrap()
 }
