@@ -311,13 +311,14 @@ pub fn assemble(index: &Index, index_len: u64, shards: &[(&str, &Manifest)]) -> 
     Manifest::new(Container::Safetensors, None, attributes, objects, 0..index_len, index_len)
 }
 
-/// A checkpoint in memory: its index's bytes, and each shard's bytes as `shard` finds them by
-/// the name the index gives (or why it could not). Each shard's own faults are named with it.
+/// A checkpoint in memory: its parsed index (of `index_len` bytes), and each shard's bytes as
+/// `shard` finds them by the name the index gives (or why it could not). Each shard's own
+/// faults are named with it.
 pub fn parse_checkpoint<'a>(
-    index: &[u8],
+    parsed: &Index,
+    index_len: u64,
     shard: impl Fn(&str) -> Result<&'a [u8]>,
 ) -> Result<(Manifest, Vec<&'a [u8]>)> {
-    let parsed = parse_index(index)?;
     let mut files = Vec::with_capacity(parsed.shards.len());
     let mut manifests = Vec::with_capacity(parsed.shards.len());
     for name in &parsed.shards {
@@ -328,7 +329,7 @@ pub fn parse_checkpoint<'a>(
         manifests.push(manifest);
     }
     let named: Vec<(&str, &Manifest)> = parsed.shards.iter().map(String::as_str).zip(&manifests).collect();
-    Ok((assemble(&parsed, index.len() as u64, &named)?, files))
+    Ok((assemble(parsed, index_len, &named)?, files))
 }
 
 /// A JSON value as CBOR: integers stay integers, other numbers become floats.

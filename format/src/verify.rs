@@ -93,7 +93,8 @@ pub fn verify_safetensors<'a>(
 ) -> VerifyReport {
     let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, undecodable: 0, errors: Vec::new() };
     let parsed = if index {
-        crate::safetensors::parse_checkpoint(file, shard)
+        crate::safetensors::parse_index(file)
+            .and_then(|index| crate::safetensors::parse_checkpoint(&index, file.len() as u64, shard))
             .map(|(manifest, shards)| (manifest, std::iter::once(file).chain(shards).map(Some).collect()))
     } else {
         crate::safetensors::parse_file(file)

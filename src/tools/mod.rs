@@ -52,7 +52,7 @@ pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<Opened> {
             for name in &index.shards {
                 files.push(map(&dir.join(name))?);
             }
-            let manifest = format::safetensors::parse_checkpoint(&files[0], |name| {
+            let manifest = format::safetensors::parse_checkpoint(&index, files[0].len() as u64, |name| {
                 let at = index.shards.iter().position(|n| n == name).expect("the index names it");
                 Ok(&files[at + 1][..])
             })
