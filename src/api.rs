@@ -1,5 +1,6 @@
-//! The names the server and its clients share: the route templates, the URLs the server hands
-//! out (built from percent-encoded path segments) and the `X-Zt-*` header names. The router,
+//! The names the server and its clients share: the route templates, which paths are model
+//! routes, the URLs the server hands out (ids written naturally where that is unambiguous,
+//! every name a percent-encoded path segment) and the `X-Zt-*` header names. The router,
 //! the manifest's JSON, telemetry and `ztserve pull` all take them from here, so a URL the
 //! manifest gives is one the router answers.
 
@@ -16,6 +17,8 @@ pub mod routes {
     pub const FILE: &str = "/models/{model}/file";
     /// Any of a model's stored files, by name (a v2 root and its shards).
     pub const STORED_FILE: &str = "/models/{model}/files/{name}";
+    /// A file of the model's safetensors view (`model.safetensors`, or its index and shards).
+    pub const VIEW_FILE: &str = "/models/{model}/{view_file}";
     pub const OBJECT: &str = "/models/{model}/objects/{object}";
     pub const COMPONENT: &str = "/models/{model}/objects/{object}/components/{role}";
     /// An object may be named "" (the official 1.2.3 writer allows it): an empty segment.
@@ -31,6 +34,7 @@ pub mod routes {
         MANIFEST,
         FILE,
         STORED_FILE,
+        VIEW_FILE,
         OBJECT,
         COMPONENT,
         UNNAMED_OBJECT,
@@ -59,29 +63,71 @@ pub fn segment(text: &str) -> String {
     utf8_percent_encode(text, SEGMENT).to_string()
 }
 
+/// Whether `rest` (the path segments after a model id, as written) is one of the model routes:
+/// the manifest (nothing), `file`, `files/{name}`, `objects/{object}`,
+/// `objects/{object}/components/{role}`, or a file of the safetensors view.
+pub fn is_model_route(rest: &[&str]) -> bool {
+    match rest {
+        [] | ["file"] | ["files", _] | ["objects", _] | ["objects", _, "components", _] => true,
+        [name] => crate::format::view::is_view_file_name(name),
+        _ => false,
+    }
+}
+
+/// `/models/{id}/{rest...}` (`rest` already encoded). The id is written naturally, its `/`
+/// kept, when no tail of it could itself be read as a model route (the natural-URL rule then
+/// finds exactly this id, whatever other models exist), and as one `%2F`-encoded segment
+/// otherwise (an id such as `a/objects/b`, or with an empty or dot segment a client would
+/// normalise away).
+fn model_path(id: &str, rest: &[&str]) -> String {
+    let parts: Vec<String> = id.split('/').map(segment).collect();
+    let plain = parts.iter().all(|p| !p.is_empty() && p != "." && p != "..");
+    let unambiguous = (1..parts.len()).all(|k| {
+        let tail: Vec<&str> = parts[k..].iter().map(String::as_str).chain(rest.iter().copied()).collect();
+        !is_model_route(&tail)
+    });
+    let id = if plain && unambiguous { parts.join("/") } else { segment(id) };
+    let mut path = format!("/models/{id}");
+    for part in rest {
+        path.push('/');
+        path.push_str(part);
+    }
+    path
+}
+
 /// `/models/{id}`: the model's manifest.
 pub fn model_url(id: &str) -> String {
-    format!("/models/{}", segment(id))
+    model_path(id, &[])
 }
 
 /// `/models/{id}/file`: the model's stored file.
 pub fn file_url(id: &str) -> String {
-    format!("{}/file", model_url(id))
+    model_path(id, &["file"])
 }
 
 /// `/models/{id}/files/{name}`: one of the model's stored files.
 pub fn stored_file_url(id: &str, name: &str) -> String {
-    format!("{}/files/{}", model_url(id), segment(name))
+    model_path(id, &["files", &segment(name)])
+}
+
+/// `/models/{id}/{name}`: a file of the model's safetensors view.
+pub fn view_file_url(id: &str, name: &str) -> String {
+    model_path(id, &[&segment(name)])
 }
 
 /// `/models/{id}/objects/{name}`: the object's bytes or description.
 pub fn object_url(id: &str, object: &str) -> String {
-    format!("{}/objects/{}", model_url(id), segment(object))
+    model_path(id, &["objects", &segment(object)])
 }
 
 /// `/models/{id}/objects/{name}/components/{role}`: one component's bytes.
 pub fn component_url(id: &str, object: &str, role: &str) -> String {
-    format!("{}/components/{}", object_url(id, object), segment(role))
+    model_path(id, &["objects", &segment(object), "components", &segment(role)])
+}
+
+/// `/models/{id}` with the id as one `%2F`-encoded segment: the form every id has.
+pub fn encoded_model_url(id: &str) -> String {
+    format!("/models/{}", segment(id))
 }
 
 #[cfg(test)]
@@ -90,12 +136,27 @@ mod tests {
 
     #[test]
     fn urls_percent_encode_each_name_as_one_segment() {
-        assert_eq!(model_url("org/llama"), "/models/org%2Fllama");
+        assert_eq!(model_url("org/llama"), "/models/org/llama", "natural");
+        assert_eq!(encoded_model_url("org/llama"), "/models/org%2Fllama");
         assert_eq!(file_url("a b"), "/models/a%20b/file");
         assert_eq!(object_url("m", "a/b c%?#ü"), "/models/m/objects/a%2Fb%20c%25%3F%23%C3%BC");
         assert_eq!(component_url("m", "w", "data"), "/models/m/objects/w/components/data");
         assert_eq!(object_url("m", ""), "/models/m/objects/", "the unnamed object's route");
         assert_eq!(component_url("m", "", "data"), "/models/m/objects//components/data");
         assert_eq!(segment("-._~"), "-._~");
+        assert_eq!(view_file_url("org/llama", "model.safetensors"), "/models/org/llama/model.safetensors");
+    }
+
+    #[test]
+    fn an_id_is_written_naturally_only_when_no_tail_of_it_reads_as_a_route() {
+        assert_eq!(object_url("a/b c", "w"), "/models/a/b%20c/objects/w");
+        assert_eq!(component_url("org/team/llama", "w", "data"), "/models/org/team/llama/objects/w/components/data");
+        // `a/objects/b` would read as model `a`'s object `b`; `a/file` as `a`'s file.
+        assert_eq!(model_url("a/objects/b"), "/models/a%2Fobjects%2Fb");
+        assert_eq!(model_url("a/file"), "/models/a%2Ffile");
+        assert_eq!(object_url("a/files", "w"), "/models/a/files/objects/w", "only the whole tail counts");
+        assert_eq!(model_url("a/x.safetensors"), "/models/a%2Fx.safetensors");
+        assert_eq!(model_url("a/../b"), "/models/a%2F..%2Fb");
+        assert_eq!(model_url("a//b"), "/models/a%2F%2Fb");
     }
 }

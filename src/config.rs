@@ -63,6 +63,9 @@ pub struct Config {
     /// When stored bytes are checked against their declared digest: `never`, `first-read`
     /// (once per component and file version) or `always` (every request).
     pub verify: VerifyPolicy,
+    /// Largest tensor data in one file of a model's safetensors view; a larger model's view is
+    /// an index and shards of at most this size (`huggingface_hub`'s default, 5 GB).
+    pub view_shard_bytes: u64,
     /// Bytes read from the end of a remote `.zt` object (the start of a safetensors file) in
     /// the first request for its manifest.
     pub manifest_suffix_bytes: u64,
@@ -122,6 +125,7 @@ impl Default for Config {
             max_concurrent_decodes: 0,
             decode_wait_ms: 1000,
             verify: VerifyPolicy::FirstRead,
+            view_shard_bytes: 5_000_000_000,
             on_unreadable_source: OnUnreadableSource::Fail,
             manifest_suffix_bytes: 64 << 10,
             tokens: Vec::new(),
@@ -251,6 +255,7 @@ impl Config {
             ("s3_read_timeout_secs", self.s3_read_timeout_secs),
             ("s3_range_chunk_bytes", self.s3_range_chunk_bytes),
             ("s3_range_concurrency", self.s3_range_concurrency as u64),
+            ("view_shard_bytes", self.view_shard_bytes),
         ] {
             if value == 0 {
                 return Err(fail(key, "must be at least 1".into()));

@@ -2,12 +2,14 @@
 //!
 //! Module map. Layers run one way, http -> service -> {catalog, decode} -> storage -> format,
 //! with `api`, `config` and `telemetry` beside them; no module imports one above it.
-//! - [`api`]: what server and clients share: route templates, URL builders (percent-encoded
+//! - [`api`]: what server and clients share: route templates, which paths are model routes,
+//!   URL builders (ids written naturally where unambiguous, other names percent-encoded
 //!   segments), `X-Zt-*` header names.
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, read safetensors headers and checkpoint
-//!   indexes into the same manifest, and render manifests as JSON.
+//!   indexes into the same manifest, plan a manifest's safetensors view (`format::view`), and
+//!   render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
@@ -22,7 +24,8 @@
 //!   decode; private decodes; the cache bounded in bytes).
 //! - [`service`]: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, the digest policy, content
-//!   checks, decoder admission, and the typed representations requests get.
+//!   checks, decoder admission, the typed representations requests get, and each model's
+//!   safetensors view as bytes (its header, then each tensor as its own route serves it).
 //! - [`http`]: the HTTP contract (axum) over the service: routes, ranges, conditional
 //!   requests, content negotiation, streaming bodies, errors (the only place statuses are
 //!   chosen), metrics per request; bearer-token access control (`auth`); the connection loop

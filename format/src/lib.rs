@@ -20,6 +20,7 @@ mod v1;
 pub mod v2;
 pub mod validate;
 pub mod verify;
+pub mod view;
 pub mod write;
 
 use std::collections::HashMap;

@@ -138,6 +138,8 @@ pub struct Model {
     pub state: Result<Arc<Manifest>, CatalogError>,
     /// The manifest rendered as JSON once, not per request.
     pub manifest_json: OnceLock<Rendered>,
+    /// The safetensors view, planned once per model version.
+    pub view: OnceLock<Arc<crate::format::view::View>>,
     /// Results of the content checks (bool bytes, sparse structure) by object name, run once
     /// per object while the file is unchanged.
     pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
@@ -200,6 +202,7 @@ impl Model {
             files,
             state,
             manifest_json: OnceLock::new(),
+            view: OnceLock::new(),
             content_checks: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
         }

@@ -71,6 +71,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route(routes::MANIFEST, get(models::manifest).layer(compressed_json()))
         .route(routes::FILE, get(models::file))
         .route(routes::STORED_FILE, get(models::file))
+        .route(routes::VIEW_FILE, get(models::view_file))
         .route(routes::OBJECT, get(objects::object))
         .route(routes::COMPONENT, get(objects::component))
         .route(routes::UNNAMED_OBJECT, get(objects::object))

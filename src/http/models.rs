@@ -1,5 +1,5 @@
 //! Model routes: the list, one model's manifest as JSON (rendered once per model version,
-//! with an ETag), and the stored file itself with ranges.
+//! with an ETag), the stored files with ranges, and the files of its safetensors view.
 
 use std::sync::Arc;
 
@@ -71,7 +71,7 @@ pub async fn manifest(
     answer((|| {
         let params = path_params(params)?;
         let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-        let rendered = service::rendered_manifest(&model, &manifest);
+        let rendered = service::rendered_manifest(&model, &manifest, &state.service.view(&model, &manifest));
         let etag = (header::ETAG, header_value(&rendered.etag));
         let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
         let cache = (header::CACHE_CONTROL, super::respond::REVALIDATE);
@@ -106,6 +106,40 @@ pub async fn file(
                 source: stored.source,
                 etag: stored.etag,
                 content_type: "application/octet-stream",
+                headers: vec![model_version(&model)],
+                guard: None,
+            };
+            bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config().max_ranges)
+                .await
+        }
+        .await,
+    )
+}
+
+/// `GET /models/{m}/model.safetensors` (or the view's index and shards): a file of the model's
+/// safetensors view, with ranges; any other name under a model is no route.
+pub async fn view_file(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<Access>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+) -> Response {
+    answer(
+        async {
+            let params = path_params(params)?;
+            let name = param(&params, "view_file");
+            if !crate::format::view::is_view_file_name(name) {
+                return Err(ApiError::RouteNotFound(uri.path().to_owned()));
+            }
+            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
+            let file = state.service.view_file(&model, &manifest, name).await?;
+            let content_type = if name.ends_with(".json") { "application/json" } else { "application/octet-stream" };
+            let representation = Representation {
+                source: file.source,
+                etag: file.etag,
+                content_type,
                 headers: vec![model_version(&model)],
                 guard: None,
             };

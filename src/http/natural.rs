@@ -11,10 +11,7 @@
 use axum::extract::Request;
 use axum::http::Uri;
 
-/// Whether `rest` (path segments after a model id) is one of the model routes.
-fn is_model_route(rest: &[&str]) -> bool {
-    matches!(rest, [] | ["file"] | ["files", _] | ["objects", _] | ["objects", _, "components", _])
-}
+use crate::api::is_model_route;
 
 /// The one-segment form of `path` when it names a model by its natural id (a known one, or else
 /// the shortest id whose rest is a model route, which the routes answer is not a model), or
@@ -41,7 +38,7 @@ pub fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<String> {
         None if is_model_route(&segments[1..]) => return None,
         None => (2..=segments.len()).find_map(route)?,
     };
-    Some(crate::api::model_url(&id) + &rest[id_end(split)..])
+    Some(crate::api::encoded_model_url(&id) + &rest[id_end(split)..])
 }
 
 /// Rewrites `request`'s URI as [`rewrite`] says, keeping its query.

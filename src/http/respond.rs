@@ -17,7 +17,7 @@ use futures_util::stream::{self};
 
 use super::error::ApiError;
 use super::range::{RangeDecision, evaluate, if_none_match_matches, if_range_allows};
-use crate::service::{ByteStream, Guard, RangeSource, ServiceError};
+use crate::service::{ByteStream, Guard, RangeSource, guarded};
 
 /// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
 pub type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
@@ -51,42 +51,6 @@ async fn primed(mut body: ByteStream) -> Result<ByteStream, ApiError> {
         Some(Err(e)) => Err(e.into()),
         Some(Ok(first)) => Ok(stream::once(async { Ok(first) }).chain(body).boxed()),
     }
-}
-
-/// Holds each piece back until the next arrives, and the last until `guard` passes; a failed
-/// guard ends the body with an error instead, which aborts the response.
-fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
-    struct Held {
-        body: ByteStream,
-        held: Option<Bytes>,
-        guard: Option<Guard>,
-    }
-    stream::unfold(Held { body, held: None, guard: Some(guard) }, |mut s| async move {
-        loop {
-            match s.body.next().await {
-                Some(Ok(piece)) => {
-                    if let Some(previous) = s.held.replace(piece) {
-                        return Some((Ok(previous), s));
-                    }
-                }
-                Some(Err(e)) => {
-                    s.held = None;
-                    s.guard = None;
-                    return Some((Err(e), s));
-                }
-                None => {
-                    if let Some(guard) = s.guard.take() {
-                        if let Err(reason) = guard.await {
-                            s.held = None;
-                            return Some((Err(ServiceError::Internal(format!("response body aborted: {reason}"))), s));
-                        }
-                    }
-                    return s.held.take().map(|last| (Ok(last), s));
-                }
-            }
-        }
-    })
-    .boxed()
 }
 
 /// A body whose errors are logged and turned into the aborted connection hyper makes of them.

@@ -16,6 +16,7 @@ use crate::api;
 use crate::catalog::{Model, Rendered, Source, StoredFile};
 use crate::decode::Stored;
 use crate::format::json::manifest_json;
+use crate::format::view::View;
 use crate::format::{Manifest, Object};
 use crate::storage::{ObjectVersion, Readahead, StorageError};
 
@@ -203,10 +204,11 @@ pub fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object
     rendered["url"] = json!(api::object_url(&model.id, &object.name));
 }
 
-/// The manifest as JSON with the model's id and every object's and component's URL, rendered
-/// once per model version, with a strong ETag that is a digest of the body itself (so a change
-/// in how the server renders it changes the tag too).
-pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rendered {
+/// The manifest as JSON with the model's id, every object's and component's URL, and its
+/// safetensors view (the files, and the objects left out with why), rendered once per model
+/// version, with a strong ETag that is a digest of the body itself (so a change in how the
+/// server renders it changes the tag too).
+pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest, view: &View) -> &'m Rendered {
     model.manifest_json.get_or_init(|| {
         let mut doc = manifest_json(manifest);
         doc["id"] = json!(model.id);
@@ -220,6 +222,14 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest) -> &'m Rende
                 add_urls(rendered, model, object);
             }
         }
+        doc["safetensors_view"] = json!({
+            "files": view.files.iter().map(|f| json!({
+                "name": f.name,
+                "size": f.len,
+                "url": api::view_file_url(&model.id, &f.name),
+            })).collect::<Vec<_>>(),
+            "excluded": view.excluded.iter().map(|e| json!({ "object": e.object, "reason": e.reason })).collect::<Vec<_>>(),
+        });
         let body = serde_json::to_vec(&doc).expect("JSON values serialize");
         let digest = <sha2::Sha256 as sha2::Digest>::digest(&body);
         Rendered { etag: format!("\"{}\"", hex::encode(&digest[..16])), body: sendable(body) }

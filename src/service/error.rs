@@ -25,6 +25,8 @@ pub enum ServiceError {
     DecodersBusy,
     #[error("model {model:?} has no stored file {name:?}; its files are {available}")]
     FileNotFound { model: String, name: String, available: String },
+    #[error("the safetensors view of model {model:?} has no file {name:?}; its files are {available}")]
+    ViewFileNotFound { model: String, name: String, available: String },
     /// `/file` of a model stored in several files: each is served by name.
     #[error("model {model:?} is stored in {count} files, not one: fetch each from its URL under /files/")]
     SeveralFiles { model: String, count: usize },

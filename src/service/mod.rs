@@ -9,6 +9,7 @@ mod components;
 mod error;
 mod representation;
 mod seekable;
+mod view;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -17,7 +18,7 @@ use std::time::Duration;
 pub use self::bytes::{StoredBytes, add_urls, etag, model_version, rendered_manifest};
 pub use components::{ComponentBytes, ComponentRequest};
 pub use error::ServiceError;
-pub use representation::{ByteStream, Guard, RangeSource};
+pub use representation::{ByteStream, Guard, RangeSource, guarded};
 
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};

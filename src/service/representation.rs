@@ -23,6 +23,42 @@ pub fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send
     check.boxed().shared()
 }
 
+/// Holds each piece back until the next arrives, and the last until `guard` passes; a failed
+/// guard ends the body with an error instead, which aborts the response.
+pub fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
+    struct Held {
+        body: ByteStream,
+        held: Option<Bytes>,
+        guard: Option<Guard>,
+    }
+    stream::unfold(Held { body, held: None, guard: Some(guard) }, |mut s| async move {
+        loop {
+            match s.body.next().await {
+                Some(Ok(piece)) => {
+                    if let Some(previous) = s.held.replace(piece) {
+                        return Some((Ok(previous), s));
+                    }
+                }
+                Some(Err(e)) => {
+                    s.held = None;
+                    s.guard = None;
+                    return Some((Err(e), s));
+                }
+                None => {
+                    if let Some(guard) = s.guard.take() {
+                        if let Err(reason) = guard.await {
+                            s.held = None;
+                            return Some((Err(ServiceError::Internal(format!("response body aborted: {reason}"))), s));
+                        }
+                    }
+                    return s.held.take().map(|last| (Ok(last), s));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
 /// Where a representation's bytes come from.
 pub trait RangeSource: Send + Sync + 'static {
     fn len(&self) -> u64;

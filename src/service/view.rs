@@ -1,0 +1,144 @@
+//! The safetensors view of a model as bytes: the plan (`format::view`) made once per model
+//! version, and each view file as a representation. A stored file (a model kept as
+//! safetensors) is served as it is; a built file is its header from memory, then each
+//! tensor's bytes exactly as its component is served on its own route (sent from the file,
+//! decoded through the shared cache, or frame by frame when seekable, with the digest policy
+//! applied), each opened only when a body reaches it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream;
+use futures_util::{StreamExt as _, TryStreamExt as _};
+
+use super::bytes::{StoredBytes, etag, model_version};
+use super::components::ComponentRequest;
+use super::representation::{ByteStream, RangeSource, guarded};
+use super::{Service, ServiceError};
+use crate::catalog::Model;
+use crate::format::Manifest;
+use crate::format::view::{View, ViewBytes, ViewTensor, plan};
+
+impl Service {
+    /// The model's safetensors view, planned on first use and kept for its version.
+    pub fn view(&self, model: &Model, manifest: &Manifest) -> Arc<View> {
+        Arc::clone(model.view.get_or_init(|| {
+            let stored: Vec<(&str, u64)> = model
+                .files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.name.as_str(), if i == 0 { manifest.file_len } else { f.object.size }))
+                .collect();
+            Arc::new(plan(manifest, &stored, self.config.view_shard_bytes))
+        }))
+    }
+
+    /// The view file `name` of the model (`model.safetensors`, or the index and shards).
+    pub async fn view_file(
+        self: &Arc<Self>,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        name: &str,
+    ) -> Result<StoredBytes, ServiceError> {
+        let view = self.view(model, manifest);
+        let Some(file) = view.file(name) else {
+            let available: Vec<&str> = view.files.iter().map(|f| f.name.as_str()).collect();
+            return Err(ServiceError::ViewFileNotFound {
+                model: model.id.clone(),
+                name: name.to_owned(),
+                available: available.join(", "),
+            });
+        };
+        match &file.bytes {
+            ViewBytes::Stored { file: 0 } if model.files.len() == 1 => self.stored_file(model, manifest).await,
+            ViewBytes::Stored { file } => {
+                let stored = model
+                    .files
+                    .get(*file)
+                    .ok_or_else(|| ServiceError::Internal(format!("model {:?} has no stored file {file}", model.id)))?;
+                self.stored_file_named(model, manifest, &stored.name).await
+            }
+            ViewBytes::Built { head, tensors } => {
+                use sha2::Digest as _;
+                // The header's digest is part of the tag: a server that lays a view out anew
+                // never shares a tag with one that laid it out before.
+                let layout = hex::encode(&sha2::Sha256::digest(head)[..8]);
+                Ok(StoredBytes {
+                    source: Arc::new(BuiltFile {
+                        service: Arc::clone(self),
+                        model: Arc::clone(model),
+                        manifest: Arc::clone(manifest),
+                        head: Bytes::copy_from_slice(head),
+                        tensors: tensors.clone().into(),
+                        len: file.len,
+                    }),
+                    etag: etag(model, &format!("view\0{name}\0{layout}")),
+                    model_version: model_version(model),
+                })
+            }
+        }
+    }
+}
+
+/// A built view file: its head, then its tensors' bytes back to back.
+struct BuiltFile {
+    service: Arc<Service>,
+    model: Arc<Model>,
+    manifest: Arc<Manifest>,
+    head: Bytes,
+    /// In file order, tiling `head.len()..len`.
+    tensors: Arc<[ViewTensor]>,
+    len: u64,
+}
+
+impl RangeSource for BuiltFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let head_len = self.head.len() as u64;
+        let head = (range.start < head_len)
+            .then(|| Ok(self.head.slice(range.start as usize..range.end.min(head_len) as usize)));
+        let first = self.tensors.partition_point(|t| t.range.end <= range.start);
+        let (service, model, manifest) =
+            (Arc::clone(&self.service), Arc::clone(&self.model), Arc::clone(&self.manifest));
+        let tensors = Arc::clone(&self.tensors);
+        let parts = (first..tensors.len())
+            .map(move |i| tensors[i].clone())
+            .take_while(move |t| t.range.start < range.end)
+            .filter_map(move |t| {
+                let within = range.start.max(t.range.start) - t.range.start..range.end.min(t.range.end) - t.range.start;
+                (!within.is_empty()).then(|| {
+                    tensor_bytes(Arc::clone(&service), Arc::clone(&model), Arc::clone(&manifest), t.object, within)
+                })
+            });
+        stream::iter(head).chain(stream::iter(parts).flatten()).boxed()
+    }
+}
+
+/// `within` of the decoded bytes of object `object`'s one component, served as its own route
+/// serves them; the digest policy's check, when one runs, holds back the part's last piece.
+fn tensor_bytes(
+    service: Arc<Service>,
+    model: Arc<Model>,
+    manifest: Arc<Manifest>,
+    object: usize,
+    within: Range<u64>,
+) -> ByteStream {
+    stream::once(async move {
+        let object = &manifest.objects[object];
+        let component = &object.components[0];
+        let whole = within.start == 0 && within.end == component.decoded_length;
+        let request = ComponentRequest { head: false, ranged: !whole, accepts_zstd: false };
+        let bytes = service.component_bytes(&model, &manifest, object, component, request).await?;
+        let body = bytes.source.open(within);
+        Ok(match bytes.guard {
+            Some(guard) => guarded(body, guard),
+            None => body,
+        })
+    })
+    .try_flatten()
+    .boxed()
+}
