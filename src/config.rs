@@ -76,6 +76,10 @@ pub struct Config {
     pub token_file: String,
     /// Whether `/metrics` needs a token too (when tokens are configured).
     pub metrics_require_token: bool,
+    /// Address of the S3-compatible read endpoint (empty: off).
+    pub s3_listen: String,
+    /// The one bucket the S3-compatible endpoint serves.
+    pub s3_endpoint_bucket: String,
     /// S3 endpoint URL (empty: `AWS_ENDPOINT_URL`, else AWS itself).
     pub s3_endpoint: String,
     /// S3 region (empty: `AWS_REGION` / `AWS_DEFAULT_REGION`, else us-east-1).
@@ -131,6 +135,8 @@ impl Default for Config {
             tokens: Vec::new(),
             token_file: String::new(),
             metrics_require_token: false,
+            s3_listen: String::new(),
+            s3_endpoint_bucket: "models".into(),
             s3_endpoint: String::new(),
             s3_region: String::new(),
             s3_access_key_id: String::new(),
@@ -261,6 +267,16 @@ impl Config {
                 return Err(fail(key, "must be at least 1".into()));
             }
         }
+        if !self.s3_listen.is_empty() && self.s3_listen.parse::<SocketAddr>().is_err() {
+            return Err(fail(
+                "s3_listen",
+                "must be an address such as 0.0.0.0:9000, or empty for no S3 endpoint".into(),
+            ));
+        }
+        if !is_bucket_name(&self.s3_endpoint_bucket) {
+            let message = "must be a bucket name: 3 to 63 of a-z 0-9 . -, starting and ending with a letter or digit";
+            return Err(fail("s3_endpoint_bucket", message.into()));
+        }
         if self.rescan_interval_secs == 0 {
             return Err(fail("rescan_interval_secs", "must be at least 1".into()));
         }
@@ -285,6 +301,23 @@ impl Config {
             return Err(fail("max_manifest_bytes", "must be at least 1".into()));
         }
         Ok(())
+    }
+}
+
+/// Whether `name` is a valid S3 bucket name (the rules for new buckets).
+fn is_bucket_name(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (3..=63).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && !name.contains("..")
+}
+
+impl Config {
+    /// The S3-compatible endpoint's address, when it is on.
+    pub fn s3_listen_address(&self) -> Option<SocketAddr> {
+        self.s3_listen.parse().ok()
     }
 }
 

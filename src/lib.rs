@@ -1,6 +1,6 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files and safetensors checkpoints.
 //!
-//! Module map. Layers run one way, http -> service -> {catalog, decode} -> storage -> format,
+//! Module map. Layers run one way, {http, s3} -> service -> {catalog, decode} -> storage -> format,
 //! with `api`, `config` and `telemetry` beside them; no module imports one above it.
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
 //!   URL builders (ids written naturally where unambiguous, other names percent-encoded
@@ -31,6 +31,9 @@
 //!   chosen), metrics per request; bearer-token access control (`auth`); the connection loop
 //!   and its limits (`connections`: count, head size, header and idle timeouts); connections
 //!   that send slices of mapped files with `sendfile` instead of copying them (`zero_copy`).
+//! - [`s3`]: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
+//!   whose keys are each model's safetensors view and stored files, served from the same service
+//!   with http's state, tokens (as SigV4 keys) and layers.
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`tools`]: the file tools over local files: `inspect`, `verify`, `cat`, `convert`,
 //!   `write-demo`, one module each.
@@ -46,6 +49,7 @@ pub mod config;
 pub mod decode;
 pub mod http;
 pub mod pull;
+pub mod s3;
 pub mod service;
 pub mod storage;
 pub mod telemetry;

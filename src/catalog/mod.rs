@@ -140,6 +140,8 @@ pub struct Model {
     pub manifest_json: OnceLock<Rendered>,
     /// The safetensors view, planned once per model version.
     pub view: OnceLock<Arc<crate::format::view::View>>,
+    /// When the catalog first found this version (the S3 endpoint's `Last-Modified`).
+    pub found_at: std::time::SystemTime,
     /// Results of the content checks (bool bytes, sparse structure) by object name, run once
     /// per object while the file is unchanged.
     pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
@@ -203,6 +205,7 @@ impl Model {
             state,
             manifest_json: OnceLock::new(),
             view: OnceLock::new(),
+            found_at: std::time::SystemTime::now(),
             content_checks: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
         }

@@ -1,6 +1,7 @@
 //! Who may read what: optional bearer tokens, each allowed every model or only those under
 //! some id prefixes. Tokens come from the config (`tokens`, `ZTSERVE_TOKENS`) and a token
-//! file re-read when it changes. Only SHA-256 digests of tokens are kept, and a presented
+//! file re-read when it changes. Only SHA-256 digests of tokens are kept (unless the S3
+//! endpoint is on: SigV4 verification needs each token as its key's secret), and a presented
 //! token is compared with every one of them in constant time, so neither the comparison's
 //! timing nor a heap dump gives a token away; no token is ever logged. `/healthz` and
 //! `/readyz` stay open, `/metrics` is open unless `metrics_require_token` is set. A model
@@ -48,11 +49,26 @@ impl Access {
     }
 }
 
-/// One accepted token: its digest and what it may read.
+/// One accepted token: its digest and what it may read, and, only while the S3 endpoint is
+/// on, its S3 key (SigV4 is a shared-secret scheme: verifying a signature needs the secret).
 #[derive(Clone)]
 struct Grant {
     sha256: [u8; 32],
     access: Access,
+    s3: Option<S3Key>,
+}
+
+/// A token as S3 credentials: the access key id is the first 20 hex digits of the token's
+/// SHA-256 (public: it names the key), the secret is the token.
+#[derive(Clone)]
+struct S3Key {
+    access_key_id: String,
+    secret: Arc<str>,
+}
+
+/// The S3 access key id of a token whose SHA-256 is `sha256`.
+fn s3_access_key_id(sha256: &[u8; 32]) -> String {
+    hex::encode(&sha256[..10])
 }
 
 /// Why a token entry was refused. Never carries the token itself.
@@ -65,7 +81,7 @@ pub struct TokenError {
 
 /// Parses one entry, `TOKEN [PREFIX ...]`, as written in `tokens`, `ZTSERVE_TOKENS` or a
 /// line of the token file. `origin` names the entry in errors (never its text).
-fn parse_entry(entry: &str, origin: &str) -> Result<Grant, TokenError> {
+fn parse_entry(entry: &str, origin: &str, keep_s3_secret: bool) -> Result<Grant, TokenError> {
     let fail = |message: String| TokenError { origin: origin.to_owned(), message };
     let mut words = entry.split_whitespace();
     let token = words.next().ok_or_else(|| fail("is empty".into()))?;
@@ -89,15 +105,17 @@ fn parse_entry(entry: &str, origin: &str) -> Result<Grant, TokenError> {
         prefixes.push(prefix.to_owned());
     }
     let access = if prefixes.is_empty() { Access::Everything } else { Access::Under(prefixes.into()) };
-    Ok(Grant { sha256: sha2::Sha256::digest(token.as_bytes()).into(), access })
+    let sha256: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+    let s3 = keep_s3_secret.then(|| S3Key { access_key_id: s3_access_key_id(&sha256), secret: token.into() });
+    Ok(Grant { sha256, access, s3 })
 }
 
 /// Parses a token file: one entry per line; blank lines and lines starting with `#` skipped.
-fn parse_file(text: &str, path: &Path) -> Result<Vec<Grant>, TokenError> {
+fn parse_file(text: &str, path: &Path, keep_s3_secrets: bool) -> Result<Vec<Grant>, TokenError> {
     text.lines()
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
-        .map(|(n, line)| parse_entry(line, &format!("token file {} line {}", path.display(), n + 1)))
+        .map(|(n, line)| parse_entry(line, &format!("token file {} line {}", path.display(), n + 1), keep_s3_secrets))
         .collect()
 }
 
@@ -117,17 +135,20 @@ pub struct Tokens {
     file: Option<PathBuf>,
     /// The token file's grants and the version they were read from.
     from_file: RwLock<(Vec<Grant>, Option<FileStamp>)>,
+    /// Whether tokens are kept as S3 secrets too (the S3 endpoint is on).
+    keep_s3_secrets: bool,
 }
 
 impl Tokens {
     /// The tokens of `entries` (config and environment) and `file` (empty: none). Any invalid
     /// entry, or an unreadable file, is an error: the server must not start with less
-    /// protection than configured.
-    pub fn new(entries: &[String], file: &str) -> Result<Tokens, TokenError> {
+    /// protection than configured. With `keep_s3_secrets`, each token is also kept as the
+    /// secret of its S3 key.
+    pub fn new(entries: &[String], file: &str, keep_s3_secrets: bool) -> Result<Tokens, TokenError> {
         let from_config = entries
             .iter()
             .enumerate()
-            .map(|(n, e)| parse_entry(e, &format!("tokens entry {}", n + 1)))
+            .map(|(n, e)| parse_entry(e, &format!("tokens entry {}", n + 1), keep_s3_secrets))
             .collect::<Result<_, _>>()?;
         let file = (!file.is_empty()).then(|| PathBuf::from(file));
         let tokens = Tokens {
@@ -135,12 +156,13 @@ impl Tokens {
             from_config,
             file,
             from_file: RwLock::new((Vec::new(), None)),
+            keep_s3_secrets,
         };
         if let Some(path) = &tokens.file {
             let read = std::fs::read_to_string(path)
                 .map_err(|e| TokenError { origin: format!("token file {}", path.display()), message: e.to_string() })?;
             let stamp = stamp(path).ok();
-            *tokens.from_file.write().expect("never poisoned") = (parse_file(&read, path)?, stamp);
+            *tokens.from_file.write().expect("never poisoned") = (parse_file(&read, path, keep_s3_secrets)?, stamp);
         }
         metrics::gauge!(names::AUTH_TOKENS).set(tokens.count() as f64);
         Ok(tokens)
@@ -169,6 +191,15 @@ impl Tokens {
         found
     }
 
+    /// The secret of S3 access key `access_key_id` and what it may read, when it is a token's.
+    pub fn s3_key(&self, access_key_id: &str) -> Option<(Arc<str>, Access)> {
+        let from_file = self.from_file.read().expect("never poisoned");
+        self.from_config.iter().chain(&from_file.0).find_map(|grant| {
+            let key = grant.s3.as_ref().filter(|k| k.access_key_id == access_key_id)?;
+            Some((Arc::clone(&key.secret), grant.access.clone()))
+        })
+    }
+
     /// Re-reads the token file if it changed. A file that cannot be read or parsed revokes
     /// every token it held (the config's stay): failing closed, so a broken edit never
     /// leaves a removed token working. The error is logged and counted.
@@ -181,7 +212,7 @@ impl Tokens {
         }
         let parsed = std::fs::read_to_string(path)
             .map_err(|e| TokenError { origin: format!("token file {}", path.display()), message: e.to_string() })
-            .and_then(|text| parse_file(&text, path));
+            .and_then(|text| parse_file(&text, path, self.keep_s3_secrets));
         let outcome = match parsed {
             Ok(grants) => {
                 tracing::info!(file = %path.display(), tokens = grants.len(), "token file re-read");
@@ -256,7 +287,7 @@ mod tests {
 
     #[test]
     fn prefixes_allow_whole_segments_only() {
-        let grant = parse_entry(&format!("{TOKEN} team-a/ org/vision"), "t").unwrap();
+        let grant = parse_entry(&format!("{TOKEN} team-a/ org/vision"), "t", false).unwrap();
         for (id, allowed) in [
             ("team-a", true),
             ("team-a/llama", true),
@@ -270,7 +301,19 @@ mod tests {
         ] {
             assert_eq!(grant.access.allows(id), allowed, "{id}");
         }
-        assert!(parse_entry(TOKEN, "t").unwrap().access.allows("anything/at/all"));
+        assert!(parse_entry(TOKEN, "t", false).unwrap().access.allows("anything/at/all"));
+    }
+
+    #[test]
+    fn a_token_is_an_s3_key_only_while_the_endpoint_keeps_secrets() {
+        let id = s3_access_key_id(&sha2::Sha256::digest(TOKEN.as_bytes()).into());
+        assert_eq!(id.len(), 20);
+        let entries = [format!("{TOKEN} team-a")];
+        let kept = Tokens::new(&entries, "", true).unwrap();
+        let (secret, access) = kept.s3_key(&id).expect("the token's key");
+        assert_eq!((&*secret, access.allows("team-a/x"), access.allows("b")), (TOKEN, true, false));
+        assert!(kept.s3_key("0123456789abcdef0123").is_none());
+        assert!(Tokens::new(&entries, "", false).unwrap().s3_key(&id).is_none(), "no secret kept");
     }
 
     #[test]
@@ -283,7 +326,7 @@ mod tests {
             (&format!("{TOKEN} ../etc"), "prefix"),
             (&format!("{TOKEN} a//b"), "prefix"),
         ] {
-            let error = parse_entry(entry, "tokens entry 1").err().unwrap().to_string();
+            let error = parse_entry(entry, "tokens entry 1", false).err().unwrap().to_string();
             assert!(error.contains(expected), "{entry:?}: {error}");
             let token = entry.split_whitespace().next().unwrap_or("");
             assert!(token.is_empty() || !error.contains(token), "{error} repeats the token");
@@ -295,7 +338,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
         std::fs::write(&path, format!("# team A\n{TOKEN} team-a\n\n")).unwrap();
-        let tokens = Tokens::new(&["ffffffffffffffffffff".into()], path.to_str().unwrap()).unwrap();
+        let tokens = Tokens::new(&["ffffffffffffffffffff".into()], path.to_str().unwrap(), false).unwrap();
         assert!(tokens.required());
         assert!(matches!(tokens.check("ffffffffffffffffffff"), Some(Access::Everything)));
         assert!(matches!(tokens.check(TOKEN), Some(Access::Under(_))));
@@ -309,6 +352,6 @@ mod tests {
         tokens.reload_if_changed();
         assert!(tokens.check(TOKEN).is_none(), "a file with an invalid line keeps nothing");
         assert!(tokens.check("ffffffffffffffffffff").is_some(), "the config's tokens stay");
-        assert!(!Tokens::new(&[], "").unwrap().required());
+        assert!(!Tokens::new(&[], "", false).unwrap().required());
     }
 }

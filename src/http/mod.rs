@@ -49,7 +49,8 @@ impl AppState {
     pub fn new(config: Config) -> anyhow::Result<Arc<AppState>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
-        let tokens = Arc::new(auth::Tokens::new(&config.tokens, &config.token_file)?);
+        let keep_s3_secrets = config.s3_listen_address().is_some();
+        let tokens = Arc::new(auth::Tokens::new(&config.tokens, &config.token_file, keep_s3_secrets)?);
         Ok(Arc::new(AppState { service: Service::new(config)?, tokens }))
     }
 
@@ -60,8 +61,6 @@ impl AppState {
 
 /// The router with every route and layer.
 pub fn app(state: Arc<AppState>) -> Router {
-    let timeout = state.config().request_timeout_secs;
-    let concurrency = state.config().max_concurrent_requests;
     let state_for_ids = Arc::clone(&state);
     let router = Router::new()
         .route(routes::HEALTHZ, get(ops::healthz))
@@ -80,8 +79,27 @@ pub fn app(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // Inside the trace and metrics layers, so refusals are logged and counted too.
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_token))
-        .with_state(state);
+        .with_state(Arc::clone(&state));
+    let routed = with_common_layers(router, state.config(), "unmatched");
+    // Natural ids (`/models/org/llama/...`) are rewritten before the routes match: the whole
+    // router sits behind the rewrite, which middleware of its own would run too late for.
+    let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {
+        let catalog = state_for_ids.service.catalog();
+        natural::rewrite_request(request, |id| catalog.get(id).is_some())
+    });
+    Router::new().fallback_service(tower::Layer::layer(&rewrite, routed))
+}
+
+/// What metrics and logs call the route of a request no route pattern matched.
+#[derive(Clone, Copy)]
+struct RouteLabel(&'static str);
+
+/// The layers every listener's requests pass: metrics (labelled by the matched route, else
+/// `unmatched_route`), tracing, panic catching, the request timeout and the concurrency limit.
+pub(crate) fn with_common_layers(router: Router, config: &Config, unmatched_route: &'static str) -> Router {
+    let timeout = config.request_timeout_secs;
     let layers = ServiceBuilder::new()
+        .layer(axum::Extension(RouteLabel(unmatched_route)))
         .layer(axum::middleware::from_fn(metered))
         .layer(TraceLayer::new_for_http().make_span_with(request_span).on_request(()).on_response(record_response))
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
@@ -90,15 +108,16 @@ pub fn app(state: Arc<AppState>) -> Router {
         .option_layer(
             (timeout > 0).then(|| axum::middleware::from_fn_with_state(Duration::from_secs(timeout), answer_within)),
         )
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency));
-    // Natural ids (`/models/org/llama/...`) are rewritten before the routes match: the whole
-    // router sits behind the rewrite, which middleware of its own would run too late for.
-    let routed = router.layer(layers);
-    let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {
-        let catalog = state_for_ids.service.catalog();
-        natural::rewrite_request(request, |id| catalog.get(id).is_some())
-    });
-    Router::new().fallback_service(tower::Layer::layer(&rewrite, routed))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.max_concurrent_requests));
+    router.layer(layers)
+}
+
+/// The route a request is counted and logged under.
+fn route_of(request: &Request) -> &'static str {
+    match request.extensions().get::<axum::extract::MatchedPath>() {
+        Some(path) => routes::ALL.iter().copied().find(|r| *r == path.as_str()).unwrap_or("unmatched"),
+        None => request.extensions().get::<RouteLabel>().map_or("unmatched", |l| l.0),
+    }
 }
 
 /// gzip or zstd for the JSON routes when the client accepts it: the manifest of a model of
@@ -129,7 +148,7 @@ async fn answer_within(
 /// One span per request; handlers fill in `model` and `object`, the response fills in
 /// `status`, `bytes` and `duration_ms`.
 fn request_span(request: &Request) -> tracing::Span {
-    let route = request.extensions().get::<axum::extract::MatchedPath>().map_or("", |p| p.as_str());
+    let route = route_of(request);
     tracing::info_span!(
         "request",
         method = %request.method(),
@@ -165,7 +184,7 @@ fn record_response<B: axum::body::HttpBody>(
 /// Counts each request by route, method and status, and its body bytes and duration as the
 /// body is sent (a streamed body's time is the time to its end, or to its abort).
 async fn metered(request: Request, next: axum::middleware::Next) -> Response {
-    let route = request.extensions().get::<axum::extract::MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let route = route_of(&request).to_owned();
     let method = request.method().to_string();
     let started = std::time::Instant::now();
     let response = next.run(request).await;
@@ -262,11 +281,32 @@ pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, sources = ?state.config().sources, "listening");
-    serve_on(listener, state).await
+    let s3 = match state.config().s3_listen_address() {
+        Some(addr) => {
+            let s3 = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the S3 endpoint: {e}"))?;
+            let bucket = &state.config().s3_endpoint_bucket;
+            tracing::info!(address = %s3.local_addr()?, bucket = %bucket, "S3 endpoint listening");
+            Some(s3)
+        }
+        None => None,
+    };
+    serve_with_s3(listener, s3, state).await
 }
 
 /// [`serve`] on an already bound listener (tests bind 127.0.0.1:0).
 pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
+    serve_with_s3(listener, None, state).await
+}
+
+/// [`serve`] on already bound listeners: the HTTP routes on `listener`, and the S3 endpoint on
+/// `s3` when given. Both drain on the same signal.
+pub async fn serve_with_s3(
+    listener: tokio::net::TcpListener,
+    s3: Option<tokio::net::TcpListener>,
+    state: Arc<AppState>,
+) -> anyhow::Result<()> {
     // Installed before anything else: until a handler is installed a signal keeps its default
     // action, and SIGTERM would kill the process outright rather than drain it. (Installing it
     // when the shutdown future was first polled left a window after the first answers.)
@@ -291,7 +331,15 @@ pub async fn serve_on(listener: tokio::net::TcpListener, state: Arc<AppState>) -
     });
     let drain = Duration::from_secs(state.config().shutdown_drain_secs);
     let limits = ConnectionLimits::from_config(state.config());
-    connections::serve(listener, app(state), limits, signals.received(), drain).await;
+    let shutdown = futures_util::FutureExt::shared(Box::pin(signals.received()));
+    let s3 = s3.map(|s3| {
+        let router = crate::s3::app(Arc::clone(&state));
+        tokio::spawn(connections::serve(s3, router, limits.clone(), shutdown.clone(), drain))
+    });
+    connections::serve(listener, app(state), limits, shutdown, drain).await;
+    if let Some(s3) = s3 {
+        let _ = s3.await;
+    }
     rescans.abort();
     upkeep.abort();
     token_file.abort();

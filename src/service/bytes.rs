@@ -245,7 +245,7 @@ impl Service {
         let bytes = model_bytes(model, manifest, 0).await?;
         Ok(StoredBytes {
             source: bytes.served(&self.readahead, &model.id, 0..manifest.file_len),
-            etag: etag(model, "file"),
+            etag: stored_file_etag(model, 0),
             model_version: model_version(model),
         })
     }
@@ -269,9 +269,17 @@ impl Service {
         let len = if index == 0 { manifest.file_len } else { model.files[index].object.size };
         Ok(StoredBytes {
             source: bytes.served(&self.readahead, &model.id, 0..len),
-            etag: etag(model, &format!("file\0{name}")),
+            etag: stored_file_etag(model, index),
             model_version: model_version(model),
         })
+    }
+}
+
+/// The ETag of the model's stored file `index`: the `/file` tag for a model of one file.
+pub fn stored_file_etag(model: &Model, index: usize) -> String {
+    match model.files.get(index) {
+        Some(file) if model.files.len() > 1 => etag(model, &format!("file\0{}", file.name)),
+        _ => etag(model, "file"),
     }
 }
 

@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub use self::bytes::{StoredBytes, add_urls, etag, model_version, rendered_manifest};
+pub use self::bytes::{StoredBytes, add_urls, etag, model_version, rendered_manifest, stored_file_etag};
+pub use self::view::view_file_etag;
 pub use components::{ComponentBytes, ComponentRequest};
 pub use error::ServiceError;
 pub use representation::{ByteStream, Guard, RangeSource, guarded};

@@ -12,13 +12,13 @@ use bytes::Bytes;
 use futures_util::stream;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
-use super::bytes::{StoredBytes, etag, model_version};
+use super::bytes::{StoredBytes, etag, model_version, stored_file_etag};
 use super::components::ComponentRequest;
 use super::representation::{ByteStream, RangeSource, guarded};
 use super::{Service, ServiceError};
 use crate::catalog::Model;
 use crate::format::Manifest;
-use crate::format::view::{View, ViewBytes, ViewTensor, plan};
+use crate::format::view::{View, ViewBytes, ViewFile, ViewTensor, plan};
 
 impl Service {
     /// The model's safetensors view, planned on first use and kept for its version.
@@ -59,24 +59,32 @@ impl Service {
                     .ok_or_else(|| ServiceError::Internal(format!("model {:?} has no stored file {file}", model.id)))?;
                 self.stored_file_named(model, manifest, &stored.name).await
             }
-            ViewBytes::Built { head, tensors } => {
-                use sha2::Digest as _;
-                // The header's digest is part of the tag: a server that lays a view out anew
-                // never shares a tag with one that laid it out before.
-                let layout = hex::encode(&sha2::Sha256::digest(head)[..8]);
-                Ok(StoredBytes {
-                    source: Arc::new(BuiltFile {
-                        service: Arc::clone(self),
-                        model: Arc::clone(model),
-                        manifest: Arc::clone(manifest),
-                        head: Bytes::copy_from_slice(head),
-                        tensors: tensors.clone().into(),
-                        len: file.len,
-                    }),
-                    etag: etag(model, &format!("view\0{name}\0{layout}")),
-                    model_version: model_version(model),
-                })
-            }
+            ViewBytes::Built { head, tensors } => Ok(StoredBytes {
+                source: Arc::new(BuiltFile {
+                    service: Arc::clone(self),
+                    model: Arc::clone(model),
+                    manifest: Arc::clone(manifest),
+                    head: Bytes::copy_from_slice(head),
+                    tensors: tensors.clone().into(),
+                    len: file.len,
+                }),
+                etag: view_file_etag(model, file),
+                model_version: model_version(model),
+            }),
+        }
+    }
+}
+
+/// The ETag of a view file: its stored file's, or for a built one, the model version's with the
+/// file's name and a digest of its header (so a server that lays a view out anew never shares a
+/// tag with one that laid it out before).
+pub fn view_file_etag(model: &Model, file: &ViewFile) -> String {
+    match &file.bytes {
+        ViewBytes::Stored { file: index } => stored_file_etag(model, *index),
+        ViewBytes::Built { head, .. } => {
+            use sha2::Digest as _;
+            let layout = hex::encode(&sha2::Sha256::digest(head)[..8]);
+            etag(model, &format!("view\0{}\0{layout}", file.name))
         }
     }
 }

@@ -358,6 +358,23 @@ pub async fn serve(config: Config) -> (String, Arc<AppState>) {
     (address, state)
 }
 
+/// [`serve`] with the S3 endpoint on its own 127.0.0.1:0 listener: the HTTP and S3 addresses.
+pub async fn serve_with_s3(config: Config) -> (String, String, Arc<AppState>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (address, s3_address) = (listener.local_addr().unwrap().to_string(), s3.local_addr().unwrap().to_string());
+    // The endpoint is on: tokens are kept as S3 secrets.
+    let config = Config { s3_listen: s3_address.clone(), ..config };
+    let state = AppState::new(config).unwrap();
+    tokio::spawn(ztserve::http::serve_with_s3(listener, Some(s3), Arc::clone(&state)));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !state.service.is_ready() {
+        assert!(Instant::now() < deadline, "not ready within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (address, s3_address, state)
+}
+
 /// The sum of a Prometheus series' samples whose labels include every `labels` pair.
 pub fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = ztserve::telemetry::metrics().render();

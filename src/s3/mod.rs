@@ -1,0 +1,393 @@
+//! The S3-compatible read endpoint, on its own listener (`s3_listen`), built on `s3s` (the
+//! protocol: routing, XML, SigV4, errors): one bucket (`s3_endpoint_bucket`), path-style, whose
+//! keys ([`keys`]) are each model's safetensors view and stored files, so loaders that read S3
+//! (vLLM's Run:ai streamer, boto3, s3fs) read any model unchanged. It answers ListObjectsV2,
+//! HeadObject, GetObject (ranges, conditionals), HeadBucket and GetBucketLocation from the same
+//! service as the HTTP routes; every other operation is `s3s`'s `NotImplemented`. With no
+//! tokens every request is served and signatures are ignored; with tokens, requests must be
+//! SigV4-signed with a token's S3 key and see only the models the token may read (others are
+//! `NoSuchKey`, as absent models are on the HTTP routes).
+
+mod keys;
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::Request;
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use s3s::dto::{
+    CommonPrefix, ETag, ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
+    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListObjectsV2Input,
+    ListObjectsV2Output, Object, ObjectStorageClass, StreamingBlob, Timestamp,
+};
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
+
+use self::keys::{After, Key, Keys, Query, Target};
+use crate::http::AppState;
+use crate::http::auth::Access;
+use crate::service::{ServiceError, StoredBytes};
+
+/// The most keys one ListObjectsV2 page holds, as on S3.
+const MAX_KEYS: usize = 1000;
+
+/// The router of the S3 endpoint: `s3s`'s service behind the same panic catching, concurrency
+/// limit, tracing and metrics as the HTTP routes.
+pub fn app(state: Arc<AppState>) -> Router {
+    let open = !state.tokens.required();
+    let bucket = state.config().s3_endpoint_bucket.clone();
+    let mut builder =
+        s3s::service::S3ServiceBuilder::new(Endpoint { state: Arc::clone(&state), bucket, keys: Mutex::new(None) });
+    if !open {
+        builder.set_auth(TokenKeys(Arc::clone(&state)));
+    }
+    let service = builder.build();
+    let handled = axum::error_handling::HandleError::new(service, |e: s3s::HttpError| async move {
+        tracing::error!(error = ?e, "the S3 endpoint failed a request");
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR
+    });
+    let router = Router::new().fallback_service(handled);
+    let router = if open { router.layer(axum::middleware::map_request(unsigned)) } else { router };
+    crate::http::with_common_layers(router, state.config(), "s3")
+}
+
+/// With no tokens, every request is served as it comes: its signature, which no configured
+/// secret could check, is dropped (clients with credentials configured sign by default).
+async fn unsigned(mut request: Request) -> Request {
+    request.headers_mut().remove(axum::http::header::AUTHORIZATION);
+    if let Some(query) = request.uri().query().filter(|q| q.contains("X-Amz-Signature")) {
+        let kept: Vec<&str> = query.split('&').filter(|p| !p.starts_with("X-Amz-")).collect();
+        let path_and_query = match kept.is_empty() {
+            true => request.uri().path().to_owned(),
+            false => format!("{}?{}", request.uri().path(), kept.join("&")),
+        };
+        if let Ok(uri) = axum::http::Uri::builder().path_and_query(path_and_query).build() {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
+}
+
+/// Tokens as S3 keys: `s3s` checks each signature with the secret found here.
+struct TokenKeys(Arc<AppState>);
+
+#[async_trait::async_trait]
+impl s3s::auth::S3Auth for TokenKeys {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
+        match self.0.tokens.s3_key(access_key) {
+            Some((secret, _)) => Ok(s3s::auth::SecretKey::from(&*secret)),
+            None => Err(s3_error!(InvalidAccessKeyId, "no token has this access key id")),
+        }
+    }
+}
+
+/// The S3 operations over the service.
+struct Endpoint {
+    state: Arc<AppState>,
+    bucket: String,
+    /// The keys of the catalog last listed, rebuilt when the catalog changes.
+    keys: Mutex<Option<Arc<Keys>>>,
+}
+
+impl Endpoint {
+    /// What the request may read: everything when no tokens are configured, otherwise what
+    /// its verified access key's token may (`s3s` has already refused a bad signature).
+    fn access<T>(&self, request: &S3Request<T>) -> S3Result<Access> {
+        if !self.state.tokens.required() {
+            return Ok(Access::Everything);
+        }
+        let Some(credentials) = &request.credentials else {
+            return Err(s3_error!(AccessDenied, "requests must be signed with a token's S3 key"));
+        };
+        match self.state.tokens.s3_key(&credentials.access_key) {
+            Some((_, access)) => Ok(access),
+            None => Err(s3_error!(InvalidAccessKeyId, "no token has this access key id")),
+        }
+    }
+
+    fn check_bucket(&self, bucket: &str) -> S3Result<()> {
+        if bucket != self.bucket {
+            return Err(s3_error!(NoSuchBucket, "this endpoint serves only the bucket {:?}", self.bucket));
+        }
+        if !self.state.service.is_ready() {
+            return Err(service_error(ServiceError::NotReady));
+        }
+        Ok(())
+    }
+
+    /// The current catalog's keys.
+    fn keys(&self) -> Arc<Keys> {
+        let catalog = self.state.service.catalog();
+        let mut cached = self.keys.lock().expect("never poisoned");
+        match &*cached {
+            Some(keys) if keys.are_of(&catalog) => Arc::clone(keys),
+            _ => {
+                let keys = Arc::new(Keys::build(&self.state.service, catalog));
+                *cached = Some(Arc::clone(&keys));
+                keys
+            }
+        }
+    }
+
+    /// The bytes `key` serves, for a request that may read `access`.
+    async fn object(&self, key: &str, access: &Access) -> S3Result<(Arc<Keys>, usize, StoredBytes)> {
+        let keys = self.keys();
+        let Some(found) = keys.get(key).filter(|k| access.allows(&k.model.id)) else {
+            return Err(s3_error!(NoSuchKey, "no key {key:?}"));
+        };
+        let service = &self.state.service;
+        let bytes = match &found.target {
+            Target::View(name) => service.view_file(&found.model, &found.manifest, name).await,
+            Target::Stored(name) => service.stored_file_named(&found.model, &found.manifest, name).await,
+        }
+        .map_err(service_error)?;
+        let index = keys.index_of(key).expect("found above");
+        Ok((keys, index, bytes))
+    }
+}
+
+/// An S3 error for a service error: a missing thing is `NoSuchKey`, a broken model
+/// `InvalidObjectState`, anything passing `ServiceUnavailable` (`SlowDown` for busy decoders),
+/// with the service's message (5xx details only in the log).
+fn service_error(error: ServiceError) -> S3Error {
+    use ServiceError as E;
+    let code = match &error {
+        E::ModelNotFound(_)
+        | E::ObjectNotFound { .. }
+        | E::ComponentNotFound { .. }
+        | E::FileNotFound { .. }
+        | E::ViewFileNotFound { .. }
+        | E::SeveralFiles { .. } => S3ErrorCode::NoSuchKey,
+        E::BrokenModel { .. } | E::InvalidComponent { .. } => S3ErrorCode::InvalidObjectState,
+        E::DecodersBusy => S3ErrorCode::SlowDown,
+        E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } => S3ErrorCode::ServiceUnavailable,
+        E::Internal(reason) => {
+            tracing::error!(reason = %reason, "internal error");
+            return S3Error::with_message(S3ErrorCode::InternalError, "internal error");
+        }
+    };
+    S3Error::with_message(code, error.to_string())
+}
+
+/// Our ETag (quoted) as S3's.
+fn s3_etag(etag: &str) -> ETag {
+    ETag::Strong(etag.trim_matches('"').to_owned())
+}
+
+fn matches(condition: &ETagCondition, etag: &str) -> bool {
+    match condition {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(tag) => tag.value() == etag.trim_matches('"'),
+    }
+}
+
+/// What a GET or HEAD of one object answers, once its conditionals and range are settled.
+struct Answer {
+    range: Option<std::ops::Range<u64>>,
+    len: u64,
+}
+
+/// Applies a GET's or HEAD's conditional headers (ETag and time) and range to `key`.
+fn settle(
+    key: &Key,
+    etag: &str,
+    conditions: (Option<&ETagCondition>, Option<&ETagCondition>, Option<&Timestamp>, Option<&Timestamp>),
+    range: Option<&s3s::dto::Range>,
+    len: u64,
+) -> S3Result<Answer> {
+    let (if_match, if_none_match, if_modified_since, if_unmodified_since) = conditions;
+    let modified = Timestamp::from(key.model.found_at);
+    let seconds = |t: &Timestamp| time::OffsetDateTime::from(t.clone()).unix_timestamp();
+    if if_match.is_some_and(|c| !matches(c, etag))
+        || (if_match.is_none() && if_unmodified_since.is_some_and(|t| seconds(&modified) > seconds(t)))
+    {
+        return Err(s3_error!(PreconditionFailed, "the object does not match the precondition"));
+    }
+    if if_none_match.is_some_and(|c| matches(c, etag))
+        || (if_none_match.is_none() && if_modified_since.is_some_and(|t| seconds(&modified) <= seconds(t)))
+    {
+        return Err(S3Error::new(S3ErrorCode::NotModified));
+    }
+    let range = match range {
+        None => None,
+        Some(range) => Some(
+            range
+                .check(len)
+                .map_err(|_| s3_error!(InvalidRange, "the range is not satisfiable for an object of {len} bytes"))?,
+        ),
+    };
+    Ok(Answer { range, len })
+}
+
+#[async_trait::async_trait]
+impl S3 for Endpoint {
+    async fn list_objects_v2(
+        &self,
+        request: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let access = self.access(&request)?;
+        let input = request.input;
+        self.check_bucket(&input.bucket)?;
+        let max_keys = match input.max_keys {
+            None => MAX_KEYS,
+            Some(n) if n < 0 => return Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
+            Some(n) => (n as usize).min(MAX_KEYS),
+        };
+        let after = match &input.continuation_token {
+            Some(token) => Some(
+                After::from_token(token)
+                    .ok_or_else(|| s3_error!(InvalidArgument, "the continuation token provided is incorrect"))?,
+            ),
+            None => input.start_after.clone().map(After::Key),
+        };
+        let query = Query {
+            prefix: input.prefix.clone().unwrap_or_default(),
+            delimiter: input.delimiter.clone().unwrap_or_default(),
+            after,
+            max_keys,
+        };
+        let keys = self.keys();
+        let page = keys.list(&query, |id| access.allows(id));
+        let url_encoded = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
+        let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
+        let contents: Vec<Object> = page
+            .contents
+            .iter()
+            .map(|key| Object {
+                key: Some(encode(&key.key)),
+                size: Some(key.size as i64),
+                e_tag: Some(s3_etag(&key.etag)),
+                last_modified: Some(Timestamp::from(key.model.found_at)),
+                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+                ..Object::default()
+            })
+            .collect();
+        let common_prefixes: Vec<CommonPrefix> =
+            page.common_prefixes.iter().map(|p| CommonPrefix { prefix: Some(encode(p)) }).collect();
+        let output = ListObjectsV2Output {
+            name: Some(self.bucket.clone()),
+            prefix: Some(encode(&query.prefix)),
+            delimiter: input.delimiter.as_deref().map(encode),
+            start_after: input.start_after.as_deref().map(encode),
+            encoding_type: input.encoding_type.clone(),
+            max_keys: Some(max_keys as i32),
+            key_count: Some((contents.len() + common_prefixes.len()) as i32),
+            is_truncated: Some(page.next.is_some()),
+            continuation_token: input.continuation_token.clone(),
+            next_continuation_token: page.next.as_ref().map(After::token),
+            contents: Some(contents),
+            common_prefixes: (!common_prefixes.is_empty()).then_some(common_prefixes),
+            ..ListObjectsV2Output::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn head_object(&self, request: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let access = self.access(&request)?;
+        let input = request.input;
+        self.check_bucket(&input.bucket)?;
+        let (keys, index, bytes) = self.object(&input.key, &access).await?;
+        let key = keys.at(index);
+        let conditions = (
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        );
+        let answer = settle(key, &bytes.etag, conditions, input.range.as_ref(), bytes.source.len())?;
+        let output = HeadObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(answer.range.as_ref().map_or(answer.len, |r| r.end - r.start) as i64),
+            content_range: answer.range.as_ref().map(|r| content_range(r, answer.len)),
+            content_type: Some(content_type(&key.key)),
+            e_tag: Some(s3_etag(&bytes.etag)),
+            last_modified: Some(Timestamp::from(key.model.found_at)),
+            ..HeadObjectOutput::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn get_object(&self, request: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let access = self.access(&request)?;
+        let input = request.input;
+        self.check_bucket(&input.bucket)?;
+        if input.part_number.is_some() {
+            return Err(s3_error!(NotImplemented, "partNumber is not supported: objects are not multipart uploads"));
+        }
+        let (keys, index, bytes) = self.object(&input.key, &access).await?;
+        let key = keys.at(index);
+        let conditions = (
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        );
+        let answer = settle(key, &bytes.etag, conditions, input.range.as_ref(), bytes.source.len())?;
+        let range = answer.range.clone().unwrap_or(0..answer.len);
+        let body = primed(bytes.source.open(range.clone())).await?;
+        let output = GetObjectOutput {
+            body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
+            accept_ranges: Some("bytes".into()),
+            content_length: Some((range.end - range.start) as i64),
+            content_range: answer.range.as_ref().map(|r| content_range(r, answer.len)),
+            content_type: Some(content_type(&key.key)),
+            e_tag: Some(s3_etag(&bytes.etag)),
+            last_modified: Some(Timestamp::from(key.model.found_at)),
+            ..GetObjectOutput::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn head_bucket(&self, request: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.access(&request)?;
+        self.check_bucket(&request.input.bucket)?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        request: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.access(&request)?;
+        self.check_bucket(&request.input.bucket)?;
+        // us-east-1, whose location constraint is empty: the region clients sign for by default.
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+}
+
+/// `bytes first-last/len`.
+fn content_range(range: &std::ops::Range<u64>, len: u64) -> String {
+    format!("bytes {}-{}/{len}", range.start, range.end - 1)
+}
+
+fn content_type(key: &str) -> s3s::dto::ContentType {
+    let essence = if key.ends_with(".json") { "application/json" } else { "application/octet-stream" };
+    essence.parse().expect("a valid media type")
+}
+
+/// A key as `encoding-type=url` listings write it: every byte but unreserved ones and `/`
+/// percent-encoded (botocore decodes with `unquote_plus`, so `+` must be encoded too).
+fn url_encode(text: &str) -> String {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+    const KEEP: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
+    utf8_percent_encode(text, KEEP).to_string()
+}
+
+/// Takes the body's first piece before the response starts, so a source that fails at once is
+/// answered with its error; a later failure aborts the body before its end.
+async fn primed(
+    mut body: crate::service::ByteStream,
+) -> S3Result<futures_util::stream::BoxStream<'static, Result<Bytes, std::io::Error>>> {
+    let first = match body.next().await {
+        None => None,
+        Some(Err(e)) => return Err(service_error(e)),
+        Some(Ok(first)) => Some(first),
+    };
+    let rest = body.map(|piece| {
+        piece.map_err(|e| {
+            tracing::warn!(error = %e, "S3 response body aborted");
+            std::io::Error::other(e.to_string())
+        })
+    });
+    Ok(futures_util::stream::iter(first.map(Ok)).chain(rest).boxed())
+}

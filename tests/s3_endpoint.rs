@@ -1,0 +1,211 @@
+//! The S3-compatible endpoint, read by the loaders GPU workers run (tests/interop/s3_loaders.py:
+//! the Run:ai streamer as vLLM sets it up, boto3, s3fs, safetensors): an official 1.2.3 file
+//! with zstd components, official 2.1.2 files (canonical, and seekable zstd with a 64 MiB part),
+//! the safetensors peers' checkpoints (one sharded by `huggingface_hub`) and 600 small models (so
+//! the listing pages past 1,000 keys) are served from a local directory, and every tensor each
+//! loader reads is the bytes the official reader returns from the local file. Signed access
+//! (tokens as S3 keys, object_store as the signing client) and the key space's rules are
+//! checked here too.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{request_async, run_interop_script, serve_with_s3};
+use serde_json::{Value, json};
+use ztserve::config::Config;
+use ztserve::format::DType;
+
+/// Runs an official release's script (`official.py`, `official_v2.py`) with `args`.
+fn official(venv: &str, script: &str, args: &[&Path]) {
+    run_interop_script(venv, script, args);
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Writes the models under `models`; returns, by model id, each tensor's bytes as the official
+/// reader returned them (a .bin path), for the models the loaders read.
+fn write_models(work: &Path, models: &Path) -> BTreeMap<String, BTreeMap<String, PathBuf>> {
+    let mut expected = BTreeMap::new();
+
+    // An official 1.2.3 file: raw and zstd components of every dtype, fp8, complex, bf16, and
+    // objects a safetensors file cannot hold.
+    let zt12 = work.join("zt12");
+    official("ztensor-1.2.3", "official.py", &[Path::new("write"), &zt12]);
+    fs::create_dir_all(models.join("zt12")).unwrap();
+    fs::copy(zt12.join("official.zt"), models.join("zt12/official.zt")).unwrap();
+    let read = work.join("zt12-read");
+    official("ztensor-1.2.3", "official.py", &[Path::new("read"), &zt12.join("official.zt"), &read]);
+    let listing = read_json(&read.join("read.json"));
+    let written = read_json(&zt12.join("expect.json"));
+    let mut tensors = BTreeMap::new();
+    for (name, object) in listing.as_object().unwrap() {
+        if object.get("error").is_some() {
+            // 1.2.3 cannot read its own complex64 object back: the bytes its writer was given.
+            assert_eq!(name, "complex", "the only object 1.2.3 cannot read: {object}");
+            tensors.insert(name.clone(), zt12.join(written["objects"][name]["data"].as_str().unwrap()));
+        } else if object["components"].as_object().unwrap().len() == 1 {
+            tensors.insert(name.clone(), read.join(object["components"]["data"].as_str().unwrap()));
+        }
+    }
+    expected.insert("zt12/official".to_owned(), tensors);
+
+    // Official 2.1.2 files: canonical, and seekable zstd with a part of 64 MiB.
+    let v2 = work.join("v2");
+    fs::create_dir_all(&v2).unwrap();
+    official("ztensor-2.1.2", "official_v2.py", &[Path::new("write"), &v2]);
+    fs::create_dir_all(models.join("v2")).unwrap();
+    for file in ["canonical", "seekable"] {
+        fs::copy(v2.join(format!("{file}.zt")), models.join(format!("v2/{file}.zt"))).unwrap();
+        let read = work.join(format!("v2-{file}-read"));
+        fs::create_dir_all(&read).unwrap();
+        official("ztensor-2.1.2", "official_v2.py", &[Path::new("read"), &v2.join(format!("{file}.zt")), &read]);
+        let listing = read_json(&read.join("read.json"));
+        let mut tensors = BTreeMap::new();
+        for (name, object) in listing["objects"].as_object().unwrap() {
+            let parts = object["parts"].as_object().unwrap();
+            if object["layout"] == "dense" && parts.len() == 1 {
+                tensors.insert(name.clone(), read.join(parts["data"]["bin"].as_str().unwrap()));
+            }
+        }
+        expected.insert(format!("v2/{file}"), tensors);
+    }
+
+    // The demo's seekable v2 file (written with the official Rust writer), whose dtypes every
+    // loader has.
+    fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/models/v2/seekable.zt"), models.join("v2/demo-seekable.zt"))
+        .unwrap();
+    let read = work.join("v2-demo-read");
+    fs::create_dir_all(&read).unwrap();
+    official("ztensor-2.1.2", "official_v2.py", &[Path::new("read"), &models.join("v2/demo-seekable.zt"), &read]);
+    let listing = read_json(&read.join("read.json"));
+    let tensors = listing["objects"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, object)| (name.clone(), read.join(object["parts"]["data"]["bin"].as_str().unwrap())))
+        .collect();
+    expected.insert("v2/demo-seekable".to_owned(), tensors);
+
+    // The safetensors peers' checkpoints, one sharded as save_pretrained shards.
+    let peers = work.join("peers");
+    fs::create_dir_all(&peers).unwrap();
+    run_interop_script("client", "safetensors_peers.py", &[Path::new("write"), &peers]);
+    for (id, entry) in read_json(&peers.join("expect.json")).as_object().unwrap() {
+        for file in entry["files"].as_array().unwrap() {
+            let file = file.as_str().unwrap();
+            fs::create_dir_all(models.join(file).parent().unwrap()).unwrap();
+            fs::copy(peers.join(file), models.join(file)).unwrap();
+        }
+        let tensors = entry["tensors"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, t)| (name.clone(), peers.join(t["bin"].as_str().unwrap())))
+            .collect();
+        expected.insert(id.clone(), tensors);
+    }
+
+    // Enough small models that the listing pages.
+    fs::create_dir_all(models.join("many")).unwrap();
+    for i in 0..600u32 {
+        let bytes = i.to_le_bytes();
+        fs::write(models.join(format!("many/m{i:03}.zt")), common::model(&[("w", DType::U32, &bytes, false)])).unwrap();
+    }
+    expected
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loaders_read_every_model_through_the_s3_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, models) = (dir.path().join("work"), dir.path().join("models"));
+    let expected = write_models(&work, &models);
+    let config = Config {
+        sources: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+        ..Config::default()
+    };
+    let (address, s3_address, _state) = serve_with_s3(config).await;
+
+    // Every key the bucket must list: each model's view files, and its stored files besides.
+    let mut keys = Vec::new();
+    let mut plan_models = serde_json::Map::new();
+    for model in request_async(&address, "/models", &[]).await.json()["models"].as_array().unwrap() {
+        let id = model["id"].as_str().unwrap();
+        assert_eq!(model["status"], "ok", "{model}");
+        let manifest = request_async(&address, model["url"].as_str().unwrap(), &[]).await.json();
+        let view: Vec<&str> = manifest["safetensors_view"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        keys.extend(view.iter().map(|name| format!("{id}/{name}")));
+        if model["container"] != "safetensors" {
+            keys.extend(
+                manifest["files"].as_array().unwrap().iter().map(|f| format!("{id}/{}", f["name"].as_str().unwrap())),
+            );
+        }
+        if let Some(tensors) = expected.get(id) {
+            let excluded: Vec<&str> = manifest["safetensors_view"]["excluded"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["object"].as_str().unwrap())
+                .collect();
+            let held: serde_json::Map<String, Value> = tensors
+                .iter()
+                .filter(|(name, _)| !excluded.contains(&name.as_str()))
+                .map(|(name, path)| (name.clone(), json!(path)))
+                .collect();
+            plan_models.insert(id.to_owned(), json!({ "files": view, "tensors": held }));
+        }
+    }
+    keys.sort();
+    assert!(keys.len() > 1200, "{} keys", keys.len());
+    assert_eq!(plan_models.len(), expected.len(), "every model the loaders read is listed");
+    let plan = json!({
+        "endpoint": format!("http://{s3_address}"),
+        "http": format!("http://{address}"),
+        "bucket": "models",
+        "keys": keys,
+        "models": plan_models,
+    });
+    let plan_path = dir.path().join("plan.json");
+    fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
+    let plan_path_for_script = plan_path.clone();
+    let summary = tokio::task::spawn_blocking(move || {
+        run_interop_script("client", "s3_loaders.py", &[Path::new("check"), &plan_path_for_script])
+    })
+    .await
+    .unwrap();
+    let counts: Value = serde_json::from_str(summary.trim().lines().last().unwrap()).unwrap();
+    eprintln!("loaders compared: {counts}");
+    let tensors: u64 = plan_models.values().map(|m| m["tensors"].as_object().unwrap().len() as u64).sum();
+    for loader in ["s3fs", "safe_open"] {
+        assert_eq!(counts[loader], tensors, "{loader} compared every tensor: {counts}");
+    }
+    // `safetensors.torch.load` (of bytes) lacks F8_E8M0, which `safe_open` reads.
+    let torch_refused = counts["torch_load_refused"].as_array().unwrap();
+    let torch_refused_tensors: u64 = torch_refused.iter().map(|r| r["tensors"].as_u64().unwrap()).sum();
+    assert_eq!(counts["torch_load"].as_u64().unwrap() + torch_refused_tensors, tensors, "{counts}");
+    assert!(torch_refused.iter().all(|r| r["dtypes"] == json!(["F8_E8M0"])), "{counts}");
+    // The streamer has no torch type for some safetensors dtypes and refuses whole files that
+    // hold one; every other model it reads in full.
+    let refused = counts["runai_refused"].as_array().unwrap();
+    let refused_tensors: u64 = refused.iter().map(|r| r["tensors"].as_u64().unwrap()).sum();
+    assert_eq!(counts["runai"].as_u64().unwrap() + refused_tensors, tensors, "{counts}");
+    for entry in refused {
+        for dtype in entry["dtypes"].as_array().unwrap() {
+            let dtype = dtype.as_str().unwrap();
+            let lacking = ["F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2"];
+            assert!(lacking.contains(&dtype), "the Run:ai streamer refused a dtype it defines: {entry}");
+        }
+        let model = entry["model"].as_str().unwrap();
+        assert!(!["zt12/official", "v2/demo-seekable", "hf/llama"].contains(&model), "{entry}");
+    }
+    assert_eq!(counts["listed"], keys.len() as u64, "{counts}");
+}
