@@ -209,3 +209,170 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
     }
     assert_eq!(counts["listed"], keys.len() as u64, "{counts}");
 }
+
+/// A request written as it is (any method, any path) on a new connection: the status and body.
+fn raw(address: &str, method: &str, path: &str, headers: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+async fn raw_async(address: &str, method: &str, path: &str, headers: &str) -> (u16, String) {
+    let (address, method, path, headers) = (address.to_owned(), method.to_owned(), path.to_owned(), headers.to_owned());
+    tokio::task::spawn_blocking(move || raw(&address, &method, &path, &headers)).await.unwrap()
+}
+
+/// The S3 error code of an XML error body.
+fn s3_code(body: &str) -> &str {
+    body.split("<Code>").nth(1).and_then(|rest| rest.split("</Code>").next()).unwrap_or("")
+}
+
+const TOKEN_A: &str = "team-a-token-0123456789";
+const TOKEN_ALL: &str = "every-model-token-0123456789";
+
+fn access_key_id(token: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(token.as_bytes())[..10])
+}
+
+fn signed_client(s3_address: &str, key_id: &str, secret: &str) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(format!("http://{s3_address}"))
+        .with_region("us-east-1")
+        .with_bucket_name("models")
+        .with_allow_http(true)
+        .with_access_key_id(key_id)
+        .with_secret_access_key(secret)
+        .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
+        .build()
+        .unwrap()
+}
+
+/// With tokens, each is an S3 key (id: its SHA-256's first 20 hex digits, secret: itself):
+/// SigV4-signed requests (object_store signs them) list and read exactly what the token may;
+/// unsigned requests, unknown keys, wrong secrets and stale dates are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_requests_read_what_their_token_may() {
+    use futures_util::TryStreamExt as _;
+    use object_store::{ObjectStore as _, ObjectStoreExt as _};
+
+    let dir = tempfile::tempdir().unwrap();
+    for team in ["team-a", "team-b"] {
+        fs::create_dir_all(dir.path().join(team)).unwrap();
+        let model = common::model(&[("w", DType::F32, &[1, 2, 3, 4, 5, 6, 7, 8], true)]);
+        fs::write(dir.path().join(format!("{team}/m.zt")), model).unwrap();
+    }
+    let config = Config {
+        sources: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
+        tokens: vec![format!("{TOKEN_A} team-a"), TOKEN_ALL.to_owned()],
+        ..Config::default()
+    };
+    let (address, s3_address, _state) = serve_with_s3(config).await;
+
+    let team_a = signed_client(&s3_address, &access_key_id(TOKEN_A), TOKEN_A);
+    let listed: Vec<String> = team_a.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
+    assert_eq!(listed, ["team-a/m/m.zt", "team-a/m/model.safetensors"], "only the token's models");
+    let view = team_a.get(&"team-a/m/model.safetensors".into()).await.unwrap().bytes().await.unwrap();
+    let bearer = format!("Bearer {TOKEN_A}");
+    let over_http = request_async(&address, "/models/team-a/m/model.safetensors", &[("authorization", &bearer)]).await;
+    assert!(over_http.status == 200 && view[..] == over_http.body[..], "the same bytes as the HTTP route");
+    let ranged = team_a.get_range(&"team-a/m/model.safetensors".into(), 3..20).await.unwrap();
+    assert_eq!(ranged[..], over_http.body[3..20]);
+    let other = team_a.get(&"team-b/m/model.safetensors".into()).await.unwrap_err();
+    assert!(matches!(other, object_store::Error::NotFound { .. }), "another team's model is absent: {other}");
+
+    let everything = signed_client(&s3_address, &access_key_id(TOKEN_ALL), TOKEN_ALL);
+    let listed: Vec<String> = everything.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+
+    for (id, secret, code) in [
+        (access_key_id(TOKEN_A), "not-the-token-0123456789", "SignatureDoesNotMatch"),
+        ("0123456789abcdef0123".to_owned(), TOKEN_A, "InvalidAccessKeyId"),
+    ] {
+        let refused = signed_client(&s3_address, &id, secret).get(&"team-a/m/model.safetensors".into()).await;
+        let error = refused.unwrap_err().to_string();
+        assert!(error.contains(code), "{code}: {error}");
+    }
+    let (status, body) = raw_async(&s3_address, "GET", "/models/team-a/m/model.safetensors", "").await;
+    assert_eq!((status, s3_code(&body)), (403, "AccessDenied"), "unsigned: {body}");
+    let stale = format!(
+        "x-amz-date: 20200101T000000Z\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\nAuthorization: AWS4-HMAC-SHA256 \
+         Credential={}/20200101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, \
+         Signature={}\r\n",
+        access_key_id(TOKEN_A),
+        "0".repeat(64)
+    );
+    let (status, body) = raw_async(&s3_address, "GET", "/models/team-a/m/model.safetensors", &stale).await;
+    assert_eq!(status, 403, "a stale date: {body}");
+    assert!(["RequestTimeTooSkewed", "SignatureDoesNotMatch"].contains(&s3_code(&body)), "{body}");
+}
+
+/// Hostile requests get a precise S3 error, never a 500 nor a byte outside a source, and the
+/// endpoint serves others throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_get_precise_s3_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    fs::create_dir_all(models.join("org")).unwrap();
+    fs::write(models.join("org/m.zt"), common::model(&[("w", DType::U8, b"12345678", false)])).unwrap();
+    fs::write(dir.path().join("secret.txt"), "outside the source").unwrap();
+    fs::write(models.join("org/notes.txt"), "not a model file").unwrap();
+    let config = Config {
+        sources: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+        ..Config::default()
+    };
+    let (_address, s3, _state) = serve_with_s3(config).await;
+    let good = "/models/org/m/model.safetensors";
+    let long_prefix = format!("/models?list-type=2&prefix={}", "a".repeat(8000));
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("GET", "/models/../secret.txt".into(), 404, "NoSuchKey"),
+        ("GET", "/models/org/..%2F..%2Fsecret.txt".into(), 404, "NoSuchKey"),
+        ("GET", "/models/org%5C..%5C..%5Csecret.txt".into(), 404, "NoSuchKey"),
+        ("GET", "/models/%2E%2E/secret.txt".into(), 404, "NoSuchKey"),
+        ("GET", "/models/org/notes.txt".into(), 404, "NoSuchKey"),
+        ("GET", "/models/org/m".into(), 404, "NoSuchKey"),
+        ("GET", "/other/org/m/model.safetensors".into(), 404, "NoSuchBucket"),
+        ("GET", "/models?list-type=2&max-keys=-1".into(), 400, "InvalidArgument"),
+        ("GET", "/models?list-type=2&max-keys=abc".into(), 400, "InvalidArgument"),
+        ("GET", "/models?list-type=2&max-keys=99999999999999999999".into(), 400, "InvalidArgument"),
+        ("GET", "/models?list-type=2&continuation-token=bm90LW91cnM".into(), 400, "InvalidArgument"),
+        ("GET", long_prefix, 200, ""),
+        ("PUT", "/models/org/m/model.safetensors".into(), 501, "NotImplemented"),
+        ("DELETE", "/models/org/m/model.safetensors".into(), 501, "NotImplemented"),
+        ("POST", "/models?delete".into(), 400, "MissingRequestBodyError"),
+        ("PUT", "/models".into(), 501, "NotImplemented"),
+        ("GET", "/models?acl".into(), 501, "NotImplemented"),
+    ];
+    for (method, path, status, code) in cases {
+        let (got, body) = raw_async(&s3, method, &path, "").await;
+        let shown = &path[..path.len().min(80)];
+        assert_eq!((got, s3_code(&body)), (status, code), "{method} {shown}: {body}");
+        assert!(!body.contains("outside the source"), "{method} {shown} read outside the source");
+        let (still, _) = raw_async(&s3, "GET", good, "").await;
+        assert_eq!(still, 200, "the endpoint serves others after {method} {shown}");
+    }
+    // Ranges: unsatisfiable is InvalidRange; conditionals answer 304 and 412.
+    let (status, body) = raw_async(&s3, "GET", good, "Range: bytes=999999-\r\n").await;
+    assert_eq!((status, s3_code(&body)), (416, "InvalidRange"), "{body}");
+    let (_, head) = raw_async(&s3, "HEAD", good, "").await;
+    let etag = head.lines().find_map(|l| l.strip_prefix("etag: ")).unwrap().trim().to_owned();
+    let (status, _) = raw_async(&s3, "GET", good, &format!("If-None-Match: {etag}\r\n")).await;
+    assert_eq!(status, 304);
+    let (status, body) = raw_async(&s3, "GET", good, "If-Match: \"other\"\r\n").await;
+    assert_eq!((status, s3_code(&body)), (412, "PreconditionFailed"), "{body}");
+    let (status, _) = raw_async(&s3, "GET", good, &format!("If-Match: {etag}\r\nRange: bytes=0-7\r\n")).await;
+    assert_eq!(status, 206);
+    // An oversized head is refused by the connection layer, as on the HTTP listener.
+    let (status, _) = raw_async(&s3, "GET", good, &format!("x-big: {}\r\n", "b".repeat(20_000))).await;
+    assert_eq!(status, 431);
+}
