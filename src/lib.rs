@@ -15,7 +15,8 @@
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
 //!   `unsafe`, in `storage::mapped` (the crate denies it everywhere else).
 //! - [`catalog`]: the sources and their health, which models exist under them (a `.zt` file
-//!   with any v2 shards, a safetensors file, or a checkpoint's index and shards), their parsed
+//!   with any v2 shards, a safetensors file, or a checkpoint's index and shards) and the files
+//!   beside each (config, tokenizer), their parsed
 //!   manifests (cached by file identity or ETag), broken files, and what is learnt per
 //!   component (digest verdicts).
 //! - [`decode`]: shared, cached decoding of components not stored verbatim, one concern per
@@ -32,7 +33,7 @@
 //!   and its limits (`connections`: count, head size, header and idle timeouts); connections
 //!   that send slices of mapped files with `sendfile` instead of copying them (`zero_copy`).
 //! - [`s3`]: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
-//!   whose keys are each model's safetensors view and stored files, served from the same service
+//!   whose keys are each model's safetensors view, stored files and companions, served from the same service
 //!   with http's state, tokens (as SigV4 keys) and layers.
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`tools`]: the file tools over local files: `inspect`, `verify`, `cat`, `convert`,

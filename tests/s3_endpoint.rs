@@ -110,6 +110,20 @@ fn write_models(work: &Path, models: &Path) -> BTreeMap<String, BTreeMap<String,
         expected.insert(id.clone(), tensors);
     }
 
+    // Files beside models, as a Hugging Face repository has them: served under the model's
+    // prefix (a nested one too); hidden ones (a download cache) are not.
+    for (dir, name) in [
+        ("hf/llama", "config.json"),
+        ("hf/llama", "tokenizer.json"),
+        ("hf/llama", "tokenizer/vocab.txt"),
+        ("hf/llama", ".cache/huggingface/download/config.json.metadata"),
+        ("zt12", "generation_config.json"),
+    ] {
+        let path = models.join(dir).join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, format!("{{\"file\": \"{name}\"}}")).unwrap();
+    }
+
     // Enough small models that the listing pages.
     fs::create_dir_all(models.join("many")).unwrap();
     for i in 0..600u32 {
@@ -164,6 +178,17 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
             plan_models.insert(id.to_owned(), json!({ "files": view, "tensors": held }));
         }
     }
+    let companions = json!({
+        "hf/llama": {
+            "config.json": models.join("hf/llama/config.json"),
+            "tokenizer.json": models.join("hf/llama/tokenizer.json"),
+            "tokenizer/vocab.txt": models.join("hf/llama/tokenizer/vocab.txt"),
+        },
+        "zt12/official": { "generation_config.json": models.join("zt12/generation_config.json") },
+    });
+    for (id, files) in companions.as_object().unwrap() {
+        keys.extend(files.as_object().unwrap().keys().map(|name| format!("{id}/{name}")));
+    }
     keys.sort();
     assert!(keys.len() > 1200, "{} keys", keys.len());
     assert_eq!(plan_models.len(), expected.len(), "every model the loaders read is listed");
@@ -173,6 +198,7 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
         "bucket": "models",
         "keys": keys,
         "models": plan_models,
+        "companions": companions,
     });
     let plan_path = dir.path().join("plan.json");
     fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
@@ -208,6 +234,7 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
         assert!(!["zt12/official", "v2/demo-seekable", "hf/llama"].contains(&model), "{entry}");
     }
     assert_eq!(counts["listed"], keys.len() as u64, "{counts}");
+    assert_eq!(counts["pulled"], 4, "every file beside a model, by the streamer's pull_files: {counts}");
 }
 
 /// A request written as it is (any method, any path) on a new connection: the status and body.

@@ -81,12 +81,14 @@ async fn suite(fixture: &impl Fixture) {
     fixture.put("a.zt", b"first version").await;
     fixture.put("org/big.zt", &big).await;
     fixture.put("org/notes.txt", b"not a model").await;
+    fixture.put("org/.cache/partial.zt", b"hidden").await;
     let storage = fixture.storage();
 
-    // Listing: every .zt below the root, relative keys, sizes, in key order.
+    // Listing: every visible file below the root (model files and the files beside them; no
+    // hidden path), relative keys, sizes, in key order.
     let listed = storage.list().await.unwrap();
     let keys: Vec<(&str, u64)> = listed.iter().map(|l| (l.key.as_str(), l.size)).collect();
-    assert_eq!(keys, [("a.zt", 13), ("org/big.zt", 3 << 20)], "{}", storage.name());
+    assert_eq!(keys, [("a.zt", 13), ("org/big.zt", 3 << 20), ("org/notes.txt", 11)], "{}", storage.name());
     let (a, big_version) = (listed[0].version.clone(), listed[1].version.clone());
 
     // Ranges: bounded, suffix, suffix longer than the object; large reads arrive whole.

@@ -7,9 +7,11 @@
 //! again. A v2 root's shards are found among the files beside it ([`shards`]); a data shard
 //! (a v2 file with no manifest) is part of some root's model, never a model of its own. A
 //! safetensors file is a model unless a `*.safetensors.index.json` beside it makes it a shard of
-//! a checkpoint ([`checkpoints`]).
+//! a checkpoint ([`checkpoints`]). The other files listed belong to the models of the nearest
+//! directory above them that holds a model file ([`companions`]).
 
 mod checkpoints;
+mod companions;
 mod shards;
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,6 +24,7 @@ use crate::format::safetensors::{self, Index};
 use crate::format::{FileKind, FormatError, Limits, Manifest, ManifestReads};
 use crate::storage::mapped::MappedFile;
 use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
+pub use companions::Companion;
 
 /// Why a model cannot be served.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -284,6 +287,8 @@ pub struct Catalog {
     files: HashMap<(String, String), ParsedFile>,
     /// Whole-file digests of shards, computed once per file version.
     digests: shards::DigestMemo,
+    /// The files beside each model that are not model files, by model id.
+    companions: BTreeMap<String, Arc<[Companion]>>,
 }
 
 impl Catalog {
@@ -298,9 +303,12 @@ impl Catalog {
         for source in sources {
             let listed = list(source, previous, options, &catalog.digests).await;
             let models = match listed {
-                Ok((models, files)) => {
+                Ok((models, files, companions)) => {
                     source.report_success();
                     catalog.files.extend(files);
+                    for (id, files) in companions {
+                        catalog.companions.entry(id).or_insert(files);
+                    }
                     models
                 }
                 Err(e) => {
@@ -309,7 +317,14 @@ impl Catalog {
                     catalog.unreadable_sources.push((source.name.clone(), e.to_string()));
                     let kept = previous.files.iter().filter(|((name, _), _)| *name == source.name);
                     catalog.files.extend(kept.map(|(key, parsed)| (key.clone(), parsed.clone())));
-                    previous.models().filter(|m| Arc::ptr_eq(&m.source, source)).cloned().collect()
+                    let kept: Vec<Arc<Model>> =
+                        previous.models().filter(|m| Arc::ptr_eq(&m.source, source)).cloned().collect();
+                    for model in &kept {
+                        if let Some(files) = previous.companions.get(&model.id) {
+                            catalog.companions.entry(model.id.clone()).or_insert_with(|| Arc::clone(files));
+                        }
+                    }
+                    kept
                 }
             };
             for model in models {
@@ -336,10 +351,15 @@ impl Catalog {
     pub fn models(&self) -> impl Iterator<Item = &Arc<Model>> {
         self.models.values()
     }
+
+    /// The files beside model `id` that are not model files (none when it has none).
+    pub fn companions(&self, id: &str) -> &[Companion] {
+        self.companions.get(id).map_or(&[], |files| files)
+    }
 }
 
-/// A source's models, and the manifest of every file it lists.
-type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>);
+/// A source's models, the manifest of every model file it lists, and each model's companions.
+type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>, BTreeMap<String, Arc<[Companion]>>);
 
 /// Lists a source; new and changed objects have their manifests read, several at once. Every
 /// file with a manifest is a model, and every index a checkpoint's; a root's shards are
@@ -352,7 +372,8 @@ async fn list(
 ) -> Result<Listing, StorageError> {
     let storage = &source.storage;
     let listed = storage.list().await?;
-    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(listed.iter().cloned())
+    let model_files: Vec<Listed> = listed.iter().filter(|l| FileKind::of(&l.key).is_some()).cloned().collect();
+    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(model_files)
         .map(|object: Listed| async move {
             let known = previous.files.get(&(source.name.clone(), object.key.clone()));
             if let Some(parsed) = known.filter(|p| p.version == object.version) {
@@ -374,7 +395,6 @@ async fn list(
     let claimed = checkpoints::claimed_shards(&parsed);
     let mut models = Vec::with_capacity(parsed.len());
     for (object, file) in &parsed {
-        // Sources list only files of a known kind.
         let Some(kind) = FileKind::of(&object.key) else { continue };
         let id = kind.model_id(&object.key);
         let (files, state, container) = match kind {
@@ -418,8 +438,9 @@ async fn list(
             }
         }
     }
+    let companions = companions::assign(source, &models, &listed);
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
-    Ok((models, files))
+    Ok((models, files, companions))
 }
 
 /// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).

@@ -1,6 +1,7 @@
 //! The bucket's key space: every key, sorted as S3 sorts them (by UTF-8 bytes), built once per
-//! catalog. A model's keys are `{id}/{name}` for each file of its safetensors view and each
-//! stored file not already in the view; only models that serve are listed. Listing pages
+//! catalog. A model's keys are `{id}/{name}` for each file of its safetensors view, each stored
+//! file not already in the view, and each file beside it that is not a model file (its path
+//! below the model's directory); only models that serve are listed. Listing pages
 //! (prefix, delimiter, start-after, continuation tokens, max-keys) run over the sorted keys,
 //! filtered by what the request may read; a key is found by binary search, so no key can name
 //! anything but a listed file of a listed model.
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
-use crate::service::{Service, stored_file_etag, view_file_etag};
+use crate::service::{Service, companion_etag, stored_file_etag, view_file_etag};
 
 /// What a key serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub enum Target {
     View(String),
     /// One of the model's stored files, by name.
     Stored(String),
+    /// The model's companion of this index in the catalog's list.
+    Companion(usize),
 }
 
 /// One key of the bucket.
@@ -42,6 +45,17 @@ impl Keys {
     pub fn build(service: &Service, catalog: Arc<Catalog>) -> Keys {
         let mut sorted = Vec::new();
         for model in catalog.models() {
+            for (index, companion) in catalog.companions(&model.id).iter().enumerate() {
+                let Ok(manifest) = &model.state else { break };
+                sorted.push(Key {
+                    key: format!("{}/{}", model.id, companion.name),
+                    model: Arc::clone(model),
+                    manifest: Arc::clone(manifest),
+                    target: Target::Companion(index),
+                    size: companion.object.size,
+                    etag: companion_etag(model, companion),
+                });
+            }
             let Ok(manifest) = &model.state else { continue };
             let view = service.view(model, manifest);
             let mut in_view = vec![false; model.files.len()];
@@ -85,6 +99,11 @@ impl Keys {
     /// Whether these are the keys of `catalog`.
     pub fn are_of(&self, catalog: &Arc<Catalog>) -> bool {
         Arc::ptr_eq(&self.catalog, catalog)
+    }
+
+    /// The catalog these keys are of.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     pub fn get(&self, key: &str) -> Option<&Key> {

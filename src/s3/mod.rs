@@ -1,6 +1,7 @@
 //! The S3-compatible read endpoint, on its own listener (`s3_listen`), built on `s3s` (the
 //! protocol: routing, XML, SigV4, errors): one bucket (`s3_endpoint_bucket`), path-style, whose
-//! keys ([`keys`]) are each model's safetensors view and stored files, so loaders that read S3
+//! keys ([`keys`]) are each model's safetensors view, stored files and the files beside it
+//! (config, tokenizer), so loaders that read S3
 //! (vLLM's Run:ai streamer, boto3, s3fs) read any model unchanged. It answers ListObjectsV2,
 //! HeadObject, GetObject (ranges, conditionals), HeadBucket and GetBucketLocation from the same
 //! service as the HTTP routes; every other operation is `s3s`'s `NotImplemented`. With no
@@ -139,6 +140,10 @@ impl Endpoint {
         let bytes = match &found.target {
             Target::View(name) => service.view_file(&found.model, &found.manifest, name).await,
             Target::Stored(name) => service.stored_file_named(&found.model, &found.manifest, name).await,
+            Target::Companion(index) => match keys.catalog().companions(&found.model.id).get(*index) {
+                Some(companion) => Ok(service.companion_file(&found.model, companion)),
+                None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", found.model.id))),
+            },
         }
         .map_err(service_error)?;
         let index = keys.index_of(key).expect("found above");

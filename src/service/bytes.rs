@@ -13,7 +13,7 @@ use serde_json::json;
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
 use crate::api;
-use crate::catalog::{Model, Rendered, Source, StoredFile};
+use crate::catalog::{Companion, Model, Rendered, Source, StoredFile};
 use crate::decode::Stored;
 use crate::format::json::manifest_json;
 use crate::format::view::View;
@@ -102,7 +102,8 @@ pub(crate) fn storage_failed(source: &Source, model: &str, error: StorageError) 
     ServiceError::Storage { model: model.to_owned(), source: error }
 }
 
-/// Raw bytes of a remote object, read with ranged GETs (split and run in parallel when long).
+/// Raw bytes of a listed object read through its storage: ranged GETs from S3 (split and run in
+/// parallel when long), reads of a local file.
 struct RemoteRange {
     object: ObjectVersion,
     source: Arc<Source>,
@@ -250,6 +251,22 @@ impl Service {
         })
     }
 
+    /// A file beside the model (`config.json`, …), byte for byte, bound to its listed version.
+    pub fn companion_file(&self, model: &Arc<Model>, companion: &Companion) -> StoredBytes {
+        StoredBytes {
+            source: Arc::new(RemoteRange {
+                object: companion.object.clone(),
+                source: Arc::clone(&model.source),
+                model: model.id.clone(),
+                start: 0,
+                len: companion.object.size,
+                readahead: self.readahead.clone(),
+            }),
+            etag: companion_etag(model, companion),
+            model_version: model_version(model),
+        }
+    }
+
     /// The model's stored file `name` (the root or a shard), byte for byte.
     pub async fn stored_file_named(
         &self,
@@ -273,6 +290,11 @@ impl Service {
             model_version: model_version(model),
         })
     }
+}
+
+/// The ETag of a file beside the model: its own version's, within the model's.
+pub fn companion_etag(model: &Model, companion: &Companion) -> String {
+    etag(model, &format!("companion\0{}\0{}", companion.name, companion.object.version))
 }
 
 /// The ETag of the model's stored file `index`: the `/file` tag for a model of one file.

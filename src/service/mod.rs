@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub use self::bytes::{StoredBytes, add_urls, etag, model_version, rendered_manifest, stored_file_etag};
+pub use self::bytes::{
+    StoredBytes, add_urls, companion_etag, etag, model_version, rendered_manifest, stored_file_etag,
+};
 pub use self::view::view_file_etag;
 pub use components::{ComponentBytes, ComponentRequest};
 pub use error::ServiceError;

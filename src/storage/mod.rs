@@ -1,8 +1,8 @@
 //! Where bytes come from: one object-safe async trait, [`Storage`], for every backend the
 //! server uses: a local directory (`local.rs`, whose reads are regions of files mapped whole,
 //! sent with `sendfile` and read by the server only with `pread`) and an S3 bucket prefix
-//! (`s3.rs`, through `object_store`). A backend lists the model files under its root (`.zt`,
-//! `.safetensors` and safetensors index files: `format::FileKind`) and
+//! (`s3.rs`, through `object_store`). A backend lists every file under its root but hidden ones
+//! (a path part starting with `.`), model files and the files beside them alike, and
 //! reads byte ranges of one object *version*: a read of an object that changed since it was
 //! listed fails with [`StorageError::Changed`] rather than mixing two versions.
 //! [`ObjectVersion`] binds the reads of one response to one version, checks that each read

@@ -180,12 +180,12 @@ impl Storage for S3Storage {
             let skip = self.prefix.as_ref().map_or(0, |p| p.as_ref().len() + 1);
             let mut listed: Vec<Listed> = metas
                 .into_iter()
-                .filter(|m| crate::format::FileKind::of(m.location.as_ref()).is_some())
                 .map(|m| Listed {
                     key: m.location.as_ref()[skip..].to_owned(),
                     size: m.size,
                     version: m.e_tag.unwrap_or_else(|| m.last_modified.to_rfc3339()),
                 })
+                .filter(|l| !l.key.split('/').any(|part| part.starts_with('.')))
                 .collect();
             listed.sort_by(|a, b| a.key.cmp(&b.key));
             Ok(listed)

@@ -1,14 +1,12 @@
-//! Finding the files a local source lists (`*.zt`, `*.safetensors`, `*.safetensors.index.json`:
-//! [`FileKind`]) under its directory, each keyed by its path relative to the source,
-//! `/`-separated. Symlinks are followed only while they stay inside the source; anything that
-//! would leave it is skipped and reported.
+//! Finding the files a local source lists (every regular file under its directory but hidden
+//! ones: model files, and the files beside them such as `config.json`), each keyed by its path
+//! relative to the source, `/`-separated. Symlinks are followed only while they stay inside the
+//! source; anything that would leave it is skipped and reported.
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use crate::format::FileKind;
 
 /// What identifies one version of a file: a rename or rewrite changes at least one of these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,8 +44,8 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Walks `root` (iteratively: depth never reaches the stack) for regular files of a
-/// [`FileKind`].
+/// Walks `root` (iteratively: depth never reaches the stack) for regular files, leaving out
+/// hidden ones and hidden directories (a name starting with `.`: caches, partial downloads).
 pub fn scan_local(root: &Path) -> io::Result<(Vec<FoundFile>, Vec<Skipped>)> {
     let canonical_root = root.canonicalize()?;
     let mut found = Vec::new();
@@ -64,6 +62,9 @@ pub fn scan_local(root: &Path) -> io::Result<(Vec<FoundFile>, Vec<Skipped>)> {
         for entry in entries {
             let Ok(entry) = entry else { continue };
             let path = entry.path();
+            if entry.file_name().as_encoded_bytes().starts_with(b".") {
+                continue;
+            }
             let Ok(file_type) = entry.file_type() else { continue };
             // Resolve symlinks and keep only targets inside the source.
             let (target, metadata) = if file_type.is_symlink() {
@@ -97,7 +98,7 @@ pub fn scan_local(root: &Path) -> io::Result<(Vec<FoundFile>, Vec<Skipped>)> {
                 }
                 continue;
             }
-            if !metadata.is_file() || path.file_name().and_then(|n| n.to_str()).and_then(FileKind::of).is_none() {
+            if !metadata.is_file() {
                 continue;
             }
             match relative_key(&canonical_root, &path) {
@@ -122,13 +123,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_relative_paths_of_listed_kinds_and_symlinks_stay_inside() {
+    fn keys_are_relative_paths_of_visible_files_and_symlinks_stay_inside() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("models");
         fs::create_dir_all(root.join("org/sub")).unwrap();
         fs::write(root.join("top.zt"), b"x").unwrap();
         fs::write(root.join("org/sub/llama v1.zt"), b"x").unwrap();
         fs::write(root.join("org/readme.txt"), b"x").unwrap();
+        fs::create_dir_all(root.join("org/.cache")).unwrap();
+        fs::write(root.join("org/.cache/download.zt"), b"x").unwrap();
+        fs::write(root.join("org/.hidden.zt"), b"x").unwrap();
         fs::write(root.join("org/st.safetensors"), b"x").unwrap();
         fs::write(root.join("org/model.safetensors.index.json"), b"x").unwrap();
         fs::write(dir.path().join("outside.zt"), b"x").unwrap();
@@ -139,7 +143,14 @@ mod tests {
         let keys: Vec<&str> = found.iter().map(|f| f.key.as_str()).collect();
         assert_eq!(
             keys,
-            ["alias.zt", "org/model.safetensors.index.json", "org/st.safetensors", "org/sub/llama v1.zt", "top.zt"]
+            [
+                "alias.zt",
+                "org/model.safetensors.index.json",
+                "org/readme.txt",
+                "org/st.safetensors",
+                "org/sub/llama v1.zt",
+                "top.zt"
+            ]
         );
         let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
         assert!(reasons.contains(&"symlink leads outside the source"), "{reasons:?}");

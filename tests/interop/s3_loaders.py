@@ -10,6 +10,8 @@ every tensor is compared with its .bin:
   - the Run:ai streamer (`list_safetensors`, then `SafetensorsStreamer.stream_files`), set up
     as vLLM's `runai_streamer` load format sets it up for an S3-compatible store (a model with a
     dtype it has no torch type for must be refused with its own error);
+  - the Run:ai streamer's `pull_files`, as vLLM fetches a repository's config and tokenizer:
+    the files beside each model, byte for byte;
   - boto3: the listing, paginated past 1,000 keys, must be exactly the expected keys; every
     view file's HEAD and a ranged GET;
   - s3fs: open each view file, read the header, seek to each tensor and read it;
@@ -84,6 +86,21 @@ def run_ai(plan, counts, refused):
                 seen.add(name)
         assert seen == set(expected), f"{model_id}: the streamer missed {sorted(set(expected) - seen)}"
         counts["runai"] += len(seen)
+
+
+def pulled(plan, counts):
+    """The files beside each model, fetched as vLLM fetches a repository's config and tokenizer."""
+    from runai_model_streamer import pull_files
+
+    for model_id, files in plan["companions"].items():
+        with tempfile.TemporaryDirectory() as dst:
+            pull_files(f"s3://{plan['bucket']}/{model_id}", dst, ignore_pattern=["*.safetensors", "*.zt", "*.safetensors.index.json"])
+            got = sorted(os.path.relpath(os.path.join(root, f), dst) for root, _, names in os.walk(dst) for f in names)
+            assert got == sorted(files), f"{model_id}: pull_files gave {got}, not {sorted(files)}"
+            for name, path in files.items():
+                with open(os.path.join(dst, name), "rb") as a, open(path, "rb") as b:
+                    assert a.read() == b.read(), f"{model_id}/{name} differs"
+                counts["pulled"] += 1
 
 
 def boto(plan, counts):
@@ -190,9 +207,10 @@ def check(plan_path):
             "AWS_DEFAULT_REGION": "us-east-1",
         }
     )
-    counts = {"runai": 0, "boto3": 0, "s3fs": 0, "safe_open": 0, "torch_load": 0}
+    counts = {"runai": 0, "boto3": 0, "s3fs": 0, "safe_open": 0, "torch_load": 0, "pulled": 0}
     refused = []
     run_ai(plan, counts, refused)
+    pulled(plan, counts)
     boto(plan, counts)
     fsspec(plan, counts)
     torch_refused = []
