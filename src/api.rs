@@ -54,9 +54,10 @@ pub mod headers {
     pub const REPR_DIGEST: &str = "repr-digest";
 }
 
-/// Characters left as they are in a path segment; everything else (including `/`, `%`, `?`,
-/// `#` and spaces) is percent-encoded.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+/// Characters left as they are in a path segment (unreserved ones, and `@`, which a path may
+/// hold as it is and version-pinned URLs use); everything else (including `/`, `%`, `?`, `#` and
+/// spaces) is percent-encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'@');
 
 /// `text` as one percent-encoded path segment.
 pub fn segment(text: &str) -> String {
@@ -93,6 +94,14 @@ fn model_path(id: &str, rest: &[&str]) -> String {
         path.push_str(part);
     }
     path
+}
+
+/// The model id and version of a version-pinned id, `{id}@{version}` (a version is hex digits
+/// and `-`, as `X-Zt-Model-Version` writes it between its quotes); `None` for any other id.
+pub fn split_pinned(id: &str) -> Option<(&str, &str)> {
+    let (base, version) = id.rsplit_once('@')?;
+    let token = !version.is_empty() && version.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+    (token && !base.is_empty()).then_some((base, version))
 }
 
 /// `/models/{id}`: the model's manifest.
@@ -145,6 +154,16 @@ mod tests {
         assert_eq!(component_url("m", "", "data"), "/models/m/objects//components/data");
         assert_eq!(segment("-._~"), "-._~");
         assert_eq!(view_file_url("org/llama", "model.safetensors"), "/models/org/llama/model.safetensors");
+    }
+
+    #[test]
+    fn a_pinned_id_is_an_id_then_at_then_a_version() {
+        assert_eq!(split_pinned("org/llama@18f0-ab12"), Some(("org/llama", "18f0-ab12")));
+        assert_eq!(split_pinned("a@b@ff"), Some(("a@b", "ff")));
+        assert_eq!(split_pinned("org/llama@18f0/objects/w"), None);
+        assert_eq!(split_pinned("org/llama@"), None);
+        assert_eq!(split_pinned("@ff"), None);
+        assert_eq!(split_pinned("org/llama"), None);
     }
 
     #[test]

@@ -373,10 +373,8 @@ async fn ids_and_names_cannot_reach_outside_the_source(source: ModelSource) {
     }
 }
 
-async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource) {
-    let state = populated_state(&source).await;
-    let before = get(&state, WEIGHTS, &[]).await;
-    // Replace org/llama atomically with a different file, add one, remove the broken one.
+/// A model whose one object is `weights`, two f32.
+fn small_weights() -> Vec<u8> {
     let mut w = Writer::new(Vec::new()).unwrap();
     let small = f32_bytes(2);
     w.add(
@@ -390,7 +388,15 @@ async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource)
         &WriteOptions::default(),
     )
     .unwrap();
-    let bytes = w.finish(None).unwrap();
+    w.finish(None).unwrap()
+}
+
+async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let before = get(&state, WEIGHTS, &[]).await;
+    // Replace org/llama atomically with a different file, add one, remove the broken one.
+    let small = f32_bytes(2);
+    let bytes = small_weights();
     source.put("org/llama.zt", &bytes).await;
     source.put("new.zt", &bytes).await;
     source.remove("broken.zt").await;
@@ -645,7 +651,49 @@ async fn json_is_compressed_when_the_client_accepts_it_and_tensor_bytes_never_ar
     assert_eq!(bytes.body, f32_bytes(1000));
 }
 
+/// `/models/{id}@{version}/...` (the version as the manifest's `model_version` gives it) serves
+/// that version, naturally or encoded, with a year-long immutable `Cache-Control`; once the
+/// model changes, the pinned URL answers 404 `version_gone` and the unpinned one the new bytes.
+async fn version_pinned_urls_are_immutable_until_the_version_is_gone(source: ModelSource) {
+    let state = populated_state(&source).await;
+    let manifest = get(&state, "/models/org/llama", &[]).await.json();
+    let version = manifest["model_version"].as_str().unwrap().to_owned();
+    assert_eq!(manifest["pinned_url"], format!("/models/org/llama@{version}"));
+    let unpinned = get(&state, WEIGHTS, &[]).await;
+    assert_eq!(unpinned.header("x-zt-model-version"), format!("\"{version}\""));
+    let immutable = "public, max-age=31536000, immutable";
+    for path in [
+        format!("/models/org/llama@{version}/objects/weights"),
+        format!("/models/org%2Fllama@{version}/objects/weights"),
+        format!("/models/org%2Fllama%40{version}/objects/weights"),
+    ] {
+        let pinned = get(&state, &path, &[]).await;
+        assert_eq!(
+            (pinned.status, pinned.header("cache-control")),
+            (StatusCode::OK, immutable),
+            "{path}: {}",
+            String::from_utf8_lossy(&pinned.body)
+        );
+        assert_eq!(pinned.body, unpinned.body, "{path}");
+        assert_eq!(pinned.header("etag"), unpinned.header("etag"), "{path}: the same representation");
+    }
+    for path in ["", "/file", "/model.safetensors", "/objects/ids.zstd", "/objects/q"] {
+        let pinned = get(&state, &format!("/models/org/llama@{version}{path}"), &[]).await;
+        assert_eq!((pinned.status, pinned.header("cache-control")), (StatusCode::OK, immutable), "{path}");
+    }
+
+    source.put("org/llama.zt", &small_weights()).await;
+    state.service.rescan().await;
+    let gone = get(&state, &format!("/models/org/llama@{version}/objects/weights"), &[]).await;
+    assert_eq!((gone.status, gone.error_code()), (StatusCode::NOT_FOUND, "version_gone".to_owned()));
+    let current = get(&state, WEIGHTS, &[]).await;
+    assert_eq!((current.status, current.header("cache-control")), (StatusCode::OK, "public, no-cache"));
+    let other = get(&state, "/models/org/llama@0000/objects/weights", &[]).await;
+    assert_eq!(other.error_code(), "version_gone");
+}
+
 both_sources!(
+    version_pinned_urls_are_immutable_until_the_version_is_gone,
     json_is_compressed_when_the_client_accepts_it_and_tensor_bytes_never_are,
     model_responses_let_a_shared_cache_store_them_and_revalidate_by_etag,
     natural_ids_with_slashes_name_the_same_model_as_the_encoded_form,

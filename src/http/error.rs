@@ -52,6 +52,7 @@ impl ApiError {
             ApiError::Service(S::ObjectNotFound { .. }) => (StatusCode::NOT_FOUND, "object_not_found"),
             ApiError::Service(S::ComponentNotFound { .. }) => (StatusCode::NOT_FOUND, "component_not_found"),
             ApiError::Service(S::FileNotFound { .. }) => (StatusCode::NOT_FOUND, "file_not_found"),
+            ApiError::Service(S::VersionGone { .. }) => (StatusCode::NOT_FOUND, "version_gone"),
             ApiError::Service(S::ViewFileNotFound { .. }) => (StatusCode::NOT_FOUND, "view_file_not_found"),
             ApiError::Service(S::SeveralFiles { .. }) => (StatusCode::NOT_FOUND, "several_files"),
             ApiError::Service(S::BrokenModel { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"),

@@ -85,7 +85,11 @@ pub fn app(state: Arc<AppState>) -> Router {
     // router sits behind the rewrite, which middleware of its own would run too late for.
     let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {
         let catalog = state_for_ids.service.catalog();
-        natural::rewrite_request(request, |id| catalog.get(id).is_some())
+        let is_model = |id: &str| {
+            catalog.get(id).is_some()
+                || crate::api::split_pinned(id).is_some_and(|(base, _)| catalog.get(base).is_some())
+        };
+        natural::rewrite_request(request, is_model)
     });
     Router::new().fallback_service(tower::Layer::layer(&rewrite, routed))
 }
@@ -257,7 +261,9 @@ pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
     params.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.as_str())
 }
 
-/// Looks a model up, refusing when not ready, unknown or broken.
+/// Looks a model up, refusing when not ready, unknown or broken. `id` may pin a version,
+/// `{id}@{version}` (the `X-Zt-Model-Version` without its quotes), unless a model has that exact
+/// id: a version that is no longer the model's answers `version_gone`.
 /// A model outside the request's [`auth::Access`] is answered exactly as an unknown one.
 pub(crate) fn ready_model(
     state: &AppState,
@@ -265,10 +271,32 @@ pub(crate) fn ready_model(
     id: &str,
 ) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
     tracing::Span::current().record("model", id);
-    if state.service.is_ready() && !access.allows(id) {
+    let (base, pinned) = match crate::api::split_pinned(id) {
+        Some((base, version)) if state.service.catalog().get(id).is_none() => (base, Some(version)),
+        _ => (id, None),
+    };
+    if state.service.is_ready() && !access.allows(base) {
         return Err(ServiceError::ModelNotFound(id.to_owned()).into());
     }
-    Ok(state.service.model(id)?)
+    let (model, manifest) = state.service.model(base)?;
+    match pinned {
+        Some(version) if version != crate::service::version_token(&model) => Err(ServiceError::VersionGone {
+            model: base.to_owned(),
+            version: version.to_owned(),
+            current: crate::service::version_token(&model),
+        }
+        .into()),
+        _ => Ok((model, manifest)),
+    }
+}
+
+/// `Cache-Control` of a response drawn from `model` for the id a request named: a version-pinned
+/// URL never changes, so a cache may keep it for a year without asking again; any other is
+/// revalidated by its ETag before each use.
+pub(crate) fn cache_control(requested: &str, model: &Model) -> (axum::http::HeaderName, HeaderValue) {
+    const IMMUTABLE: HeaderValue = HeaderValue::from_static("public, max-age=31536000, immutable");
+    let value = if requested == model.id { respond::REVALIDATE } else { IMMUTABLE };
+    (axum::http::header::CACHE_CONTROL, value)
 }
 
 pub(crate) fn header_value(text: &str) -> HeaderValue {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::auth::Access;
 use super::range::if_none_match_matches;
 use super::respond::{Representation, bytes_response};
-use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
+use super::{ApiError, AppState, answer, cache_control, header_value, param, path_params, ready_model};
 use crate::api;
 use crate::catalog::Model;
 use crate::service::{self, ServiceError};
@@ -74,7 +74,7 @@ pub async fn manifest(
         let rendered = service::rendered_manifest(&model, &manifest, &state.service.view(&model, &manifest));
         let etag = (header::ETAG, header_value(&rendered.etag));
         let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
-        let cache = (header::CACHE_CONTROL, super::respond::REVALIDATE);
+        let cache = cache_control(param(&params, "model"), &model);
         if if_none_match_matches(if_none_match, &rendered.etag) {
             return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(&model)]).into_response());
         }
@@ -106,7 +106,7 @@ pub async fn file(
                 source: stored.source,
                 etag: stored.etag,
                 content_type: "application/octet-stream",
-                headers: vec![model_version(&model)],
+                headers: vec![model_version(&model), cache_control(param(&params, "model"), &model)],
                 guard: None,
             };
             bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config().max_ranges)
@@ -140,7 +140,7 @@ pub async fn view_file(
                 source: file.source,
                 etag: file.etag,
                 content_type,
-                headers: vec![model_version(&model)],
+                headers: vec![model_version(&model), cache_control(param(&params, "model"), &model)],
                 guard: None,
             };
             bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config().max_ranges)

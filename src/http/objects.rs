@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use super::auth::Access;
 use super::models::model_version;
 use super::respond::{ExtraHeaders, Representation, bytes_response};
-use super::{ApiError, AppState, answer, header_value, param, path_params, ready_model};
+use super::{ApiError, AppState, answer, cache_control, header_value, param, path_params, ready_model};
 use crate::api;
 use crate::catalog::Model;
 use crate::format::json::object_json;
@@ -34,15 +34,17 @@ pub async fn object(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
+            let cache = cache_control(param(&params, "model"), &model);
             let object = find_object(&state, &model, &manifest, param(&params, "object"))?;
             match &object.components[..] {
                 [only] => {
-                    component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, only).await
+                    let head = method == Method::HEAD;
+                    component_bytes(&state, head, &headers, cache, &model, &manifest, object, only).await
                 }
                 _ => {
                     let mut doc = object_json(object);
                     service::add_urls(&mut doc, &model, object);
-                    Ok(([model_version(&model)], Json(doc)).into_response())
+                    Ok(([model_version(&model), cache], Json(doc)).into_response())
                 }
             }
         }
@@ -62,9 +64,11 @@ pub async fn component(
         async {
             let params = path_params(params)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
+            let cache = cache_control(param(&params, "model"), &model);
             let object = find_object(&state, &model, &manifest, param(&params, "object"))?;
             let component = state.service.component(&model, object, param(&params, "role"))?;
-            component_bytes(&state, method == Method::HEAD, &headers, &model, &manifest, object, component).await
+            let head = method == Method::HEAD;
+            component_bytes(&state, head, &headers, cache, &model, &manifest, object, component).await
         }
         .await,
     )
@@ -105,10 +109,12 @@ fn repr_digest(sha256: &[u8; 32]) -> HeaderValue {
 }
 
 /// A component's bytes with the contract's headers.
+#[allow(clippy::too_many_arguments)]
 async fn component_bytes(
     state: &Arc<AppState>,
     head: bool,
     headers: &HeaderMap,
+    cache: (HeaderName, HeaderValue),
     model: &Arc<Model>,
     manifest: &Manifest,
     object: &Object,
@@ -126,6 +132,7 @@ async fn component_bytes(
     }
     let mut extra: ExtraHeaders = vec![
         model_version(model),
+        cache,
         (HeaderName::from_static(api::headers::DTYPE), header_value(component.dtype.name())),
         (HeaderName::from_static(api::headers::FORMAT), header_value(&api::segment(&object.format))),
         (

@@ -78,10 +78,10 @@ pub async fn bytes_response(
     let Representation { source, etag, content_type, headers: extra, guard } = representation;
     let len = source.len();
     let etag_value = HeaderValue::from_str(&etag).map_err(|e| ApiError::Internal(format!("bad etag {etag:?}: {e}")))?;
-    let mut builder = Response::builder()
-        .header(header::ETAG, etag_value)
-        .header(header::ACCEPT_RANGES, "bytes")
-        .header(header::CACHE_CONTROL, REVALIDATE);
+    let mut builder = Response::builder().header(header::ETAG, etag_value).header(header::ACCEPT_RANGES, "bytes");
+    if !extra.iter().any(|(name, _)| name == header::CACHE_CONTROL) {
+        builder = builder.header(header::CACHE_CONTROL, REVALIDATE);
+    }
     for (name, value) in extra {
         builder = builder.header(name, value);
     }

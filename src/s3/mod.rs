@@ -158,6 +158,7 @@ fn service_error(error: ServiceError) -> S3Error {
     use ServiceError as E;
     let code = match &error {
         E::ModelNotFound(_)
+        | E::VersionGone { .. }
         | E::ObjectNotFound { .. }
         | E::ComponentNotFound { .. }
         | E::FileNotFound { .. }

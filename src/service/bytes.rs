@@ -193,6 +193,12 @@ pub fn model_version(model: &Model) -> String {
     etag(model, "file")
 }
 
+/// The model version as it goes into a version-pinned URL (`{id}@{token}`): the
+/// `X-Zt-Model-Version` value without its quotes.
+pub fn version_token(model: &Model) -> String {
+    model_version(model).trim_matches('"').to_owned()
+}
+
 /// Adds to an object's rendered JSON its URL, and each component's URL and the name of the
 /// stored file its bytes live in.
 pub fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object) {
@@ -213,6 +219,8 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest, view: &View)
     model.manifest_json.get_or_init(|| {
         let mut doc = manifest_json(manifest);
         doc["id"] = json!(model.id);
+        doc["model_version"] = json!(version_token(model));
+        doc["pinned_url"] = json!(api::model_url(&format!("{}@{}", model.id, version_token(model))));
         doc["files"] = model
             .files
             .iter()

@@ -12,6 +12,9 @@ pub enum ServiceError {
     NotReady,
     #[error("no model {0:?}")]
     ModelNotFound(String),
+    /// A version-pinned URL whose version the model no longer has.
+    #[error("model {model:?} is no longer at version {version}; it is at {current}")]
+    VersionGone { model: String, version: String, current: String },
     #[error("model {model:?} has no object {object:?}")]
     ObjectNotFound { model: String, object: String },
     #[error("object {object:?} of model {model:?} has no component {role:?}; its components are {available}")]

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use self::bytes::{
-    StoredBytes, add_urls, companion_etag, etag, model_version, rendered_manifest, stored_file_etag,
+    StoredBytes, add_urls, companion_etag, etag, model_version, rendered_manifest, stored_file_etag, version_token,
 };
 pub use self::view::view_file_etag;
 pub use components::{ComponentBytes, ComponentRequest};
