@@ -8,13 +8,7 @@ curl() { command curl --max-time "${BENCH_CURL_SECONDS:-600}" "$@"; }
 
 # Installs the apt packages that provide the commands named, when any is missing.
 bench_need() {  # command=package ...
-  local missing=()
-  for pair in "$@"; do
-    type -P "${pair%%=*}" >/dev/null || missing+=("${pair#*=}")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  fi
+  "$(dirname "${BASH_SOURCE[0]}")/../scripts/apt-need" "$@"
 }
 
 # Stops every process recorded as $work/*.pid (process groups: they run under setsid).
