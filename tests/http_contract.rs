@@ -643,6 +643,14 @@ async fn json_is_compressed_when_the_client_accepts_it_and_tensor_bytes_never_ar
         assert_eq!(unzipped, plain.body, "{path}");
         let zstd = get(&state, path, &[("accept-encoding", "zstd")]).await;
         assert_eq!(zstd.header("content-encoding"), "zstd", "{path}");
+        // Each coding is a representation of its own, with its own strong ETag.
+        let tag = plain.header("etag").trim_end_matches('"');
+        assert_eq!(gzip.header("etag"), format!("{tag}-gzip\""), "{path}");
+        assert_eq!(zstd.header("etag"), format!("{tag}-zstd\""), "{path}");
+        let unchanged = get(&state, path, &[("accept-encoding", "gzip"), ("if-none-match", gzip.header("etag"))]).await;
+        assert_eq!((unchanged.status, unchanged.header("etag")), (StatusCode::NOT_MODIFIED, gzip.header("etag")));
+        let plain_again = get(&state, path, &[("if-none-match", plain.header("etag"))]).await;
+        assert_eq!((plain_again.status, plain_again.header("etag")), (StatusCode::NOT_MODIFIED, plain.header("etag")));
         assert_eq!(zstd::decode_all(&zstd.body[..]).unwrap(), plain.body, "{path}");
         assert!(zstd.body.len() < plain.body.len() / 2, "{path}: {} of {} bytes", zstd.body.len(), plain.body.len());
     }

@@ -67,7 +67,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route(routes::READYZ, get(ops::readyz))
         .route(routes::METRICS, get(ops::metrics))
         .route(routes::MODELS, get(models::list).layer(compressed_json()))
-        .route(routes::MANIFEST, get(models::manifest).layer(compressed_json()))
+        .route(
+            routes::MANIFEST,
+            get(models::manifest).layer(compressed_json()).layer(axum::middleware::from_fn(coded_etags)),
+        )
         .route(routes::FILE, get(models::file))
         .route(routes::STORED_FILE, get(models::file))
         .route(routes::VIEW_FILE, get(models::view_file))
@@ -137,6 +140,62 @@ fn compressed_json() -> tower_http::compression::CompressionLayer<impl tower_htt
     };
     tower_http::compression::CompressionLayer::new()
         .compress_when(tower_http::compression::predicate::SizeAbove::new(1024).and(json))
+}
+
+/// The content codings the JSON routes may answer with, as they tag ETags.
+const CODINGS: [&str; 2] = ["gzip", "zstd"];
+
+/// A compressed manifest is a representation of its own, so its strong ETag names the coding
+/// (`"…-gzip"`): a cache never takes one coding's bytes for another's. An `If-None-Match` naming
+/// a coded tag is compared as the tag it was made from, and a 304 answers with the tag the
+/// client sent.
+async fn coded_etags(mut request: Request, next: axum::middleware::Next) -> Response {
+    use axum::http::header::{CONTENT_ENCODING, ETAG, IF_NONE_MATCH};
+    let uncoded = |tag: &str| {
+        CODINGS.iter().find_map(|coding| {
+            let base = tag.strip_suffix(&format!("-{coding}\""))?;
+            Some((format!("{base}\""), *coding))
+        })
+    };
+    // The coded tags the client sent, by the tag each was made from.
+    let mut sent: Vec<(String, &'static str)> = Vec::new();
+    if let Some(value) = request.headers().get(IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
+        let tags: Vec<String> = value
+            .split(',')
+            .map(|tag| {
+                let tag = tag.trim();
+                match uncoded(tag) {
+                    Some((base, coding)) => {
+                        sent.push((base.clone(), coding));
+                        base
+                    }
+                    None => tag.to_owned(),
+                }
+            })
+            .collect();
+        if !sent.is_empty() {
+            if let Ok(value) = HeaderValue::from_str(&tags.join(", ")) {
+                request.headers_mut().insert(IF_NONE_MATCH, value);
+            }
+        }
+    }
+    let mut response = next.run(request).await;
+    let etag = response.headers().get(ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let coding = match response.headers().get(CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
+        Some(coding) => CODINGS.iter().copied().find(|c| *c == coding),
+        None if response.status() == axum::http::StatusCode::NOT_MODIFIED => {
+            sent.iter().find(|(base, _)| Some(base) == etag.as_ref()).map(|(_, coding)| *coding)
+        }
+        None => None,
+    };
+    if let (Some(etag), Some(coding)) = (etag, coding) {
+        if let Some(base) = etag.strip_suffix('"') {
+            if let Ok(value) = HeaderValue::from_str(&format!("{base}-{coding}\"")) {
+                response.headers_mut().insert(ETAG, value);
+            }
+        }
+    }
+    response
 }
 
 /// Answers `request_timeout` when the answer has not started within `limit` (a body then
