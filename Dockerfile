@@ -20,7 +20,8 @@ COPY models /models
 USER ztserve
 ENV ZTSERVE_LISTEN=0.0.0.0:8080 \
     ZTSERVE_SOURCES=/models
-EXPOSE 8080
+# 9000: the S3-compatible endpoint, when ZTSERVE_S3_LISTEN=0.0.0.0:9000 turns it on.
+EXPOSE 8080 9000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
 # Same command the tests run: `ztserve serve` with config from /etc and overrides from env.
