@@ -9,6 +9,8 @@
 //!                                    the same with a zt.zstd-seekable/1 part (the official
 //!                                    writer's 1 MiB frames, level 3), and the same bytes as one
 //!                                    zstd frame at the same level to PATH.zst (for `zstd -d`)
+//!   bench_format layers PATH BYTES N a file of N raw bf16 tensors of BYTES/N bytes each, named
+//!                                    and shaped like a transformer's layers
 //!   bench_format safetensors PATH BYTES
 //!                                    a safetensors file with one U8 tensor "blob", as the
 //!                                    library lays it out (header padded with spaces to 8)
@@ -67,6 +69,22 @@ fn one_v2_blob(path: &str, bytes: &[u8], seekable: bool) {
     w.finish().unwrap();
 }
 
+/// A 1.2 file of `n` raw bf16 tensors of `bytes / n` bytes each, `[rows, 4096]`, named like a
+/// transformer's layers: a model that loads as several tensors (and view shards).
+fn layers(path: &str, bytes: usize, n: usize) {
+    let each = weights_like(bytes / n);
+    let mut w = Writer::new(std::io::BufWriter::new(fs::File::create(path).unwrap())).unwrap();
+    for i in 0..n {
+        let name = format!("model.layers.{i}.mlp.up_proj.weight");
+        let shape = [each.len() as u64 / 2 / 4096, 4096];
+        let data = ComponentInput { role: "data", dtype: DType::BF16, logical_type: None, bytes: &each };
+        let object =
+            ObjectInput { name: &name, shape: &shape, format: "dense", attributes: None, components: vec![data] };
+        w.add(&object, &WriteOptions { zstd_level: None, digest: None }).unwrap();
+    }
+    w.finish(None).unwrap();
+}
+
 /// A file of `n` small tensors named and described like a transformer's layers, each with a
 /// crc32c digest: its manifest is what a large real model's looks like.
 fn many_objects(n: usize) -> Vec<u8> {
@@ -109,6 +127,7 @@ fn main() {
         }
         "objects" => fs::write(&args[2], many_objects(args[3].parse().unwrap())).unwrap(),
         "raw" => one_blob(&args[2], &weights_like(args[3].parse().unwrap()), None),
+        "layers" => layers(&args[2], args[3].parse().unwrap(), args[4].parse().unwrap()),
         "zstd" => {
             let bytes = weights_like(args[3].parse().unwrap());
             one_blob(&args[2], &bytes, Some(3));

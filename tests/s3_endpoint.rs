@@ -403,3 +403,34 @@ async fn hostile_requests_get_precise_s3_errors() {
     let (status, _) = raw_async(&s3, "GET", good, &format!("x-big: {}\r\n", "b".repeat(20_000))).await;
     assert_eq!(status, 431);
 }
+
+/// Models stored on S3 are served by the endpoint as local ones are: the view (decoded from
+/// zstd), the stored file and the files beside the model, each the bytes the HTTP routes give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_serves_models_stored_on_s3() {
+    use futures_util::TryStreamExt as _;
+    use object_store::{ObjectStore as _, ObjectStoreExt as _};
+
+    let source = common::ModelSource::s3();
+    let weights: Vec<u8> = (0..1u32 << 18).flat_map(|i| (i / 7).to_le_bytes()).collect();
+    source.put("org/llama/model.zt", &common::model(&[("w", DType::U32, &weights, true)])).await;
+    source.put("org/llama/config.json", b"{\"layers\": 2}").await;
+    let (address, s3_address, _state) = serve_with_s3(source.config(Config::default())).await;
+
+    let client = signed_client(&s3_address, "any", "any");
+    let listed: Vec<String> = client.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
+    assert_eq!(
+        listed,
+        ["org/llama/model/config.json", "org/llama/model/model.safetensors", "org/llama/model/model.zt"]
+    );
+    for (key, route) in [
+        ("org/llama/model/model.safetensors", "/models/org/llama/model/model.safetensors"),
+        ("org/llama/model/model.zt", "/models/org/llama/model/file"),
+    ] {
+        let over_s3 = client.get(&key.into()).await.unwrap().bytes().await.unwrap();
+        let over_http = request_async(&address, route, &[]).await;
+        assert!(over_http.status == 200 && over_s3[..] == over_http.body[..], "{key}");
+    }
+    let config = client.get(&"org/llama/model/config.json".into()).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&config[..], b"{\"layers\": 2}");
+}

@@ -106,10 +106,6 @@ impl Keys {
         &self.catalog
     }
 
-    pub fn get(&self, key: &str) -> Option<&Key> {
-        self.index_of(key).map(|i| &self.sorted[i])
-    }
-
     pub fn index_of(&self, key: &str) -> Option<usize> {
         self.sorted.binary_search_by(|k| k.key.as_str().cmp(key)).ok()
     }
@@ -118,50 +114,62 @@ impl Keys {
         &self.sorted[index]
     }
 
-    /// One page of a listing: the keys and common prefixes after `query`'s starting point, at
-    /// most `max_keys` of them together, of models `allows` accepts.
-    pub fn list(&self, query: &Query, allows: impl Fn(&str) -> bool) -> Page<'_> {
-        let prefix = query.prefix.as_str();
-        let mut at = self.sorted.partition_point(|k| k.key.as_str() < prefix);
-        let mut skip_under = None;
-        match &query.after {
-            Some(After::Key(key)) => at = at.max(self.sorted.partition_point(|k| k.key <= *key)),
-            Some(After::Prefix(common)) => {
-                at = at.max(self.sorted.partition_point(|k| k.key < *common));
-                skip_under = Some(common.clone());
-            }
-            None => {}
-        }
-        let mut page = Page { contents: Vec::new(), common_prefixes: Vec::new(), next: None };
-        let mut last = None;
-        for key in self.sorted[at..].iter().take_while(|k| k.key.starts_with(prefix)) {
-            if skip_under.as_deref().is_some_and(|common| key.key.starts_with(common)) || !allows(&key.model.id) {
-                continue;
-            }
-            if page.contents.len() + page.common_prefixes.len() == query.max_keys {
-                // Something more is listable: the page is truncated after what it holds.
-                page.next = last;
-                break;
-            }
-            let rest = &key.key[prefix.len()..];
-            let common = (!query.delimiter.is_empty())
-                .then(|| rest.find(&query.delimiter))
-                .flatten()
-                .map(|end| key.key[..prefix.len() + end + query.delimiter.len()].to_owned());
-            match common {
-                Some(common) => {
-                    page.common_prefixes.push(common.clone());
-                    skip_under = Some(common.clone());
-                    last = Some(After::Prefix(common));
-                }
-                None => {
-                    page.contents.push(key);
-                    last = Some(After::Key(key.key.clone()));
-                }
-            }
-        }
-        page
+    /// One page of a listing of the keys of models `allows` accepts.
+    pub fn list(&self, query: &Query, allows: impl Fn(&str) -> bool) -> Page<'_, Key> {
+        page(&self.sorted, |k| &k.key, |k| allows(&k.model.id), query)
     }
+}
+
+/// One page of a listing of `sorted` (by the key `key_of` gives): the keys and common prefixes
+/// after `query`'s starting point, at most `max_keys` of them together, of the items `listed`
+/// accepts.
+fn page<'k, T>(
+    sorted: &'k [T],
+    key_of: impl Fn(&T) -> &str,
+    listed: impl Fn(&T) -> bool,
+    query: &Query,
+) -> Page<'k, T> {
+    let prefix = query.prefix.as_str();
+    let mut at = sorted.partition_point(|k| key_of(k) < prefix);
+    let mut skip_under = None;
+    match &query.after {
+        Some(After::Key(key)) => at = at.max(sorted.partition_point(|k| key_of(k) <= key.as_str())),
+        Some(After::Prefix(common)) => {
+            at = at.max(sorted.partition_point(|k| key_of(k) < common.as_str()));
+            skip_under = Some(common.clone());
+        }
+        None => {}
+    }
+    let mut page = Page { contents: Vec::new(), common_prefixes: Vec::new(), next: None };
+    let mut last = None;
+    for item in sorted[at..].iter().take_while(|k| key_of(k).starts_with(prefix)) {
+        let key = key_of(item);
+        if skip_under.as_deref().is_some_and(|common| key.starts_with(common)) || !listed(item) {
+            continue;
+        }
+        if page.contents.len() + page.common_prefixes.len() == query.max_keys {
+            // Something more is listable: the page is truncated after what it holds.
+            page.next = last;
+            break;
+        }
+        let rest = &key[prefix.len()..];
+        let common = (!query.delimiter.is_empty())
+            .then(|| rest.find(&query.delimiter))
+            .flatten()
+            .map(|end| key[..prefix.len() + end + query.delimiter.len()].to_owned());
+        match common {
+            Some(common) => {
+                page.common_prefixes.push(common.clone());
+                skip_under = Some(common.clone());
+                last = Some(After::Prefix(common));
+            }
+            None => {
+                page.contents.push(item);
+                last = Some(After::Key(key.to_owned()));
+            }
+        }
+    }
+    page
 }
 
 /// Where a listing resumes: after a key, or after every key under a common prefix.
@@ -205,9 +213,75 @@ pub struct Query {
 }
 
 /// One page of a listing.
-pub struct Page<'k> {
-    pub contents: Vec<&'k Key>,
+pub struct Page<'k, T> {
+    pub contents: Vec<&'k T>,
     pub common_prefixes: Vec<String>,
     /// Where the next page starts, when the listing is truncated.
     pub next: Option<After>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEYS: [&str; 8] = [
+        "a/model.safetensors",
+        "b/config.json",
+        "b/model.safetensors",
+        "b/tok/vocab.txt",
+        "c/d/model.safetensors",
+        "c/e/model.safetensors",
+        "hidden/model.safetensors",
+        "z",
+    ];
+
+    fn query(prefix: &str, delimiter: &str, after: Option<After>, max_keys: usize) -> Query {
+        Query { prefix: prefix.into(), delimiter: delimiter.into(), after, max_keys }
+    }
+
+    /// Every page of a listing, each as its keys and common prefixes, following the tokens.
+    fn pages(prefix: &str, delimiter: &str, max_keys: usize) -> Vec<Vec<String>> {
+        let (mut all, mut after) = (Vec::new(), None);
+        loop {
+            let token = after.as_ref().map(After::token);
+            let after_token = token.as_deref().map(|t| After::from_token(t).expect("our own token"));
+            let page =
+                page(&KEYS, |k| k, |k| !k.starts_with("hidden/"), &query(prefix, delimiter, after_token, max_keys));
+            let mut items: Vec<String> = page.contents.iter().map(|k| k.to_string()).collect();
+            items.extend(page.common_prefixes.iter().map(|p| format!("{p}*")));
+            all.push(items);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return all,
+            }
+        }
+    }
+
+    #[test]
+    fn listings_page_through_keys_and_common_prefixes_and_skip_what_is_not_listed() {
+        assert_eq!(
+            pages("", "", 1000),
+            [KEYS.iter().filter(|k| !k.starts_with("hidden/")).map(|k| k.to_string()).collect::<Vec<_>>()]
+        );
+        assert_eq!(pages("", "/", 1000), [vec!["z", "a/*", "b/*", "c/*"]]);
+        assert_eq!(pages("b/", "/", 1000), [vec!["b/config.json", "b/model.safetensors", "b/tok/*"]]);
+        assert_eq!(pages("c/", "/", 1), [vec!["c/d/*"], vec!["c/e/*"]], "a common prefix is skipped whole");
+        assert_eq!(pages("", "/", 2), [vec!["a/*", "b/*"], vec!["z", "c/*"]]);
+        assert_eq!(pages("b", "", 2), [vec!["b/config.json", "b/model.safetensors"], vec!["b/tok/vocab.txt"]]);
+        assert_eq!(pages("nothing/", "/", 10), [Vec::<String>::new()]);
+        let start_after = page(&KEYS, |k| k, |_| true, &query("", "", Some(After::Key("b/z".into())), 2));
+        assert_eq!(start_after.contents, [&"c/d/model.safetensors", &"c/e/model.safetensors"]);
+        assert_eq!(start_after.next, Some(After::Key("c/e/model.safetensors".into())));
+        assert!(page(&KEYS, |k| k, |_| true, &query("", "", None, 0)).next.is_none(), "max-keys 0: an empty page");
+    }
+
+    #[test]
+    fn continuation_tokens_are_ours_or_refused() {
+        for after in [After::Key("a/b".into()), After::Key(String::new()), After::Prefix("c/".into())] {
+            assert_eq!(After::from_token(&after.token()), Some(after));
+        }
+        for token in ["", "!!", "bm90LW91cnM", "cA"] {
+            assert_eq!(After::from_token(token), None, "{token}");
+        }
+    }
 }

@@ -130,12 +130,14 @@ impl Endpoint {
         }
     }
 
-    /// The bytes `key` serves, for a request that may read `access`.
+    /// The bytes `key` serves, for a request that may read `access`, and the key's index in
+    /// the keys it was found among.
     async fn object(&self, key: &str, access: &Access) -> S3Result<(Arc<Keys>, usize, StoredBytes)> {
         let keys = self.keys();
-        let Some(found) = keys.get(key).filter(|k| access.allows(&k.model.id)) else {
+        let Some(index) = keys.index_of(key).filter(|&i| access.allows(&keys.at(i).model.id)) else {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
+        let found = keys.at(index);
         let service = &self.state.service;
         let bytes = match &found.target {
             Target::View(name) => service.view_file(&found.model, &found.manifest, name).await,
@@ -146,7 +148,6 @@ impl Endpoint {
             },
         }
         .map_err(service_error)?;
-        let index = keys.index_of(key).expect("found above");
         Ok((keys, index, bytes))
     }
 }
