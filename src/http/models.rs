@@ -102,15 +102,8 @@ pub async fn file(
                 Some((_, name)) => state.service.stored_file_named(&model, &manifest, name).await?,
                 None => state.service.stored_file(&model, &manifest).await?,
             };
-            let representation = Representation {
-                source: stored.source,
-                etag: stored.etag,
-                content_type: "application/octet-stream",
-                headers: vec![model_version(&model), cache_control(param(&params, "model"), &model)],
-                guard: None,
-            };
-            bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config().max_ranges)
-                .await
+            let cache = cache_control(param(&params, "model"), &model);
+            file_response(&state, &headers, &method, &model, cache, stored, "application/octet-stream").await
         }
         .await,
     )
@@ -136,16 +129,30 @@ pub async fn view_file(
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let file = state.service.view_file(&model, &manifest, name).await?;
             let content_type = if name.ends_with(".json") { "application/json" } else { "application/octet-stream" };
-            let representation = Representation {
-                source: file.source,
-                etag: file.etag,
-                content_type,
-                headers: vec![model_version(&model), cache_control(param(&params, "model"), &model)],
-                guard: None,
-            };
-            bytes_response(&headers, method == axum::http::Method::HEAD, representation, state.config().max_ranges)
-                .await
+            let cache = cache_control(param(&params, "model"), &model);
+            file_response(&state, &headers, &method, &model, cache, file, content_type).await
         }
         .await,
     )
+}
+
+/// A whole file's answer (a stored file, a file of the view): ranges, conditionals, HEAD, and
+/// the model's version and cache headers.
+async fn file_response(
+    state: &AppState,
+    request: &HeaderMap,
+    method: &axum::http::Method,
+    model: &Model,
+    cache: (HeaderName, HeaderValue),
+    file: service::StoredBytes,
+    content_type: &'static str,
+) -> Result<Response, ApiError> {
+    let representation = Representation {
+        source: file.source,
+        etag: file.etag,
+        content_type,
+        headers: vec![model_version(model), cache],
+        guard: None,
+    };
+    bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().max_ranges).await
 }

@@ -152,6 +152,22 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// The object `key` for a GET or HEAD: its bytes, and what its conditionals and range make
+    /// of the answer.
+    async fn settled(
+        &self,
+        key: &str,
+        access: &Access,
+        conditions: Conditions<'_>,
+        range: Option<&s3s::dto::Range>,
+    ) -> S3Result<(Arc<Keys>, usize, StoredBytes, Answer)> {
+        let (keys, index, bytes) = self.object(key, access).await?;
+        let answer = settle(keys.at(index), &bytes.etag, conditions, range, bytes.source.len())?;
+        Ok((keys, index, bytes, answer))
+    }
+}
+
 /// An S3 error for a service error: a missing thing is `NoSuchKey`, a broken model
 /// `InvalidObjectState`, anything passing `ServiceUnavailable` (`SlowDown` for busy decoders),
 /// with the service's message (5xx details only in the log).
@@ -188,6 +204,14 @@ fn matches(condition: &ETagCondition, etag: &str) -> bool {
     }
 }
 
+/// A GET's or HEAD's conditional headers.
+struct Conditions<'a> {
+    if_match: Option<&'a ETagCondition>,
+    if_none_match: Option<&'a ETagCondition>,
+    if_modified_since: Option<&'a Timestamp>,
+    if_unmodified_since: Option<&'a Timestamp>,
+}
+
 /// What a GET or HEAD of one object answers, once its conditionals and range are settled.
 struct Answer {
     range: Option<std::ops::Range<u64>>,
@@ -198,11 +222,11 @@ struct Answer {
 fn settle(
     key: &Key,
     etag: &str,
-    conditions: (Option<&ETagCondition>, Option<&ETagCondition>, Option<&Timestamp>, Option<&Timestamp>),
+    conditions: Conditions<'_>,
     range: Option<&s3s::dto::Range>,
     len: u64,
 ) -> S3Result<Answer> {
-    let (if_match, if_none_match, if_modified_since, if_unmodified_since) = conditions;
+    let Conditions { if_match, if_none_match, if_modified_since, if_unmodified_since } = conditions;
     let modified = Timestamp::from(key.model.found_at);
     let seconds = |t: &Timestamp| time::OffsetDateTime::from(t.clone()).unix_timestamp();
     if if_match.is_some_and(|c| !matches(c, etag))
@@ -293,15 +317,14 @@ impl S3 for Endpoint {
         let access = self.access(&request)?;
         let input = request.input;
         self.check_bucket(&input.bucket)?;
-        let (keys, index, bytes) = self.object(&input.key, &access).await?;
+        let conditions = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        let (keys, index, bytes, answer) = self.settled(&input.key, &access, conditions, input.range.as_ref()).await?;
         let key = keys.at(index);
-        let conditions = (
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-            input.if_unmodified_since.as_ref(),
-        );
-        let answer = settle(key, &bytes.etag, conditions, input.range.as_ref(), bytes.source.len())?;
         let output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: Some(answer.range.as_ref().map_or(answer.len, |r| r.end - r.start) as i64),
@@ -321,15 +344,14 @@ impl S3 for Endpoint {
         if input.part_number.is_some() {
             return Err(s3_error!(NotImplemented, "partNumber is not supported: objects are not multipart uploads"));
         }
-        let (keys, index, bytes) = self.object(&input.key, &access).await?;
+        let conditions = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        let (keys, index, bytes, answer) = self.settled(&input.key, &access, conditions, input.range.as_ref()).await?;
         let key = keys.at(index);
-        let conditions = (
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-            input.if_unmodified_since.as_ref(),
-        );
-        let answer = settle(key, &bytes.etag, conditions, input.range.as_ref(), bytes.source.len())?;
         let range = answer.range.clone().unwrap_or(0..answer.len);
         let body = primed(bytes.source.open(range.clone())).await?;
         let output = GetObjectOutput {
