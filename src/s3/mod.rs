@@ -1,8 +1,8 @@
 //! The S3-compatible read endpoint, on its own listener (`s3_listen`), built on `s3s` (the
 //! protocol: routing, XML, SigV4, errors): one bucket (`s3_endpoint_bucket`), path-style, whose
 //! keys ([`keys`]) are each model's safetensors view, stored files and the files beside it
-//! (config, tokenizer), so loaders that read S3
-//! (vLLM's Run:ai streamer, boto3, s3fs) read any model unchanged. It answers ListObjectsV2,
+//! (config, tokenizer), so loaders that read S3 (vLLM's Run:ai streamer, boto3, s3fs) read any
+//! model unchanged. It answers ListObjectsV2,
 //! HeadObject, GetObject (ranges, conditionals), HeadBucket and GetBucketLocation from the same
 //! service as the HTTP routes; every other operation is `s3s`'s `NotImplemented`. With no
 //! tokens every request is served and signatures are ignored; with tokens, requests must be
