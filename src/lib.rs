@@ -8,8 +8,8 @@
 //! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, read safetensors headers and checkpoint
-//!   indexes into the same manifest, plan a manifest's safetensors view (`format::view`), and
-//!   render manifests as JSON.
+//!   indexes into the same manifest, plan a manifest's safetensors view (`format::view`) and
+//!   slices of dense tensors as byte runs (`format::slice`), and render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only

@@ -16,6 +16,7 @@ pub mod json;
 mod legacy;
 pub mod safetensors;
 pub mod seekable;
+pub mod slice;
 mod v1;
 pub mod v2;
 pub mod validate;

@@ -1,0 +1,313 @@
+//! Slices of dense row-major tensors, planned purely: a slice spec (`start:stop` per
+//! dimension, numpy-style: `:` for a whole dimension, an omitted bound for its end, negative
+//! bounds counted from the end, trailing dimensions left out meaning whole, no steps) or an even
+//! split of one dimension among tensor-parallel ranks (the last taking any remainder, as vLLM's
+//! loaders divide), checked against a shape; and the sub-tensor's bytes as the ordered,
+//! maximal contiguous byte runs of the whole tensor it is made of, generated lazily, so a slice
+//! of any size is planned in constant memory.
+
+use std::fmt;
+use std::ops::Range;
+
+/// A slice: one range of indices per dimension of the tensor it was checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slice {
+    pub ranges: Vec<Range<u64>>,
+}
+
+/// Why a slice cannot be cut from a tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceError {
+    /// The spec is not `start:stop` per dimension.
+    Syntax { spec: String, detail: String },
+    /// More dimensions than the tensor has.
+    Rank { given: usize, rank: usize },
+    /// A bound beyond its dimension.
+    OutOfBounds { dimension: usize, bound: i64, size: u64 },
+    /// A start after its stop.
+    Reversed { dimension: usize, start: u64, stop: u64 },
+    /// A rank split that does not fit the tensor (rank ≥ world, world 0, no such dimension).
+    Shard { detail: String },
+}
+
+impl SliceError {
+    /// The stable code of the error, as the HTTP contract names it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SliceError::Syntax { .. } => "slice_syntax",
+            SliceError::Rank { .. } => "slice_rank",
+            SliceError::OutOfBounds { .. } => "slice_out_of_bounds",
+            SliceError::Reversed { .. } => "slice_reversed",
+            SliceError::Shard { .. } => "slice_shard",
+        }
+    }
+}
+
+impl fmt::Display for SliceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SliceError::Syntax { spec, detail } => write!(f, "slice {spec:?}: {detail}"),
+            SliceError::Rank { given, rank } => {
+                write!(f, "the slice has {given} dimensions; the tensor has {rank}")
+            }
+            SliceError::OutOfBounds { dimension, bound, size } => {
+                write!(f, "bound {bound} of dimension {dimension} is outside its {size} elements")
+            }
+            SliceError::Reversed { dimension, start, stop } => {
+                write!(f, "dimension {dimension} starts at {start}, after its stop {stop}; slices have no steps")
+            }
+            SliceError::Shard { detail } => write!(f, "{detail}"),
+        }
+    }
+}
+
+impl std::error::Error for SliceError {}
+
+/// A bound as written: `None` when omitted.
+fn bound(text: &str, spec: &str) -> Result<Option<i64>, SliceError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<i64>()
+        .map(Some)
+        .map_err(|_| SliceError::Syntax { spec: spec.to_owned(), detail: format!("{text:?} is not an integer bound") })
+}
+
+/// A bound resolved against a dimension of `size`: negative ones count from its end.
+fn resolve(bound: i64, size: u64, dimension: usize) -> Result<u64, SliceError> {
+    let out = || SliceError::OutOfBounds { dimension, bound, size };
+    let resolved = if bound < 0 { size.checked_sub(bound.unsigned_abs()).ok_or_else(out)? } else { bound as u64 };
+    if resolved > size {
+        return Err(out());
+    }
+    Ok(resolved)
+}
+
+/// Parses `spec` (`0:4096,:` …) against `shape`.
+pub fn parse(spec: &str, shape: &[u64]) -> Result<Slice, SliceError> {
+    let parts: Vec<&str> = if spec.trim().is_empty() { Vec::new() } else { spec.split(',').collect() };
+    if parts.len() > shape.len() {
+        return Err(SliceError::Rank { given: parts.len(), rank: shape.len() });
+    }
+    let mut ranges = Vec::with_capacity(shape.len());
+    for (dimension, (&size, part)) in
+        shape.iter().zip(parts.iter().map(Some).chain(std::iter::repeat(None))).enumerate()
+    {
+        let Some(part) = part else {
+            ranges.push(0..size);
+            continue;
+        };
+        let Some((start, stop)) = part.split_once(':') else {
+            let detail = format!("dimension {dimension} is {part:?}, not start:stop");
+            return Err(SliceError::Syntax { spec: spec.to_owned(), detail });
+        };
+        if stop.contains(':') {
+            let detail = format!("dimension {dimension} has a step; slices have none");
+            return Err(SliceError::Syntax { spec: spec.to_owned(), detail });
+        }
+        let start = bound(start, spec)?.map_or(Ok(0), |b| resolve(b, size, dimension))?;
+        let stop = bound(stop, spec)?.map_or(Ok(size), |b| resolve(b, size, dimension))?;
+        if start > stop {
+            return Err(SliceError::Reversed { dimension, start, stop });
+        }
+        ranges.push(start..stop);
+    }
+    Ok(Slice { ranges })
+}
+
+/// Rank `rank` of `world`'s share of dimension `dimension` of `shape`: an even split, the last
+/// rank taking any remainder.
+pub fn shard(rank: u64, world: u64, dimension: usize, shape: &[u64]) -> Result<Slice, SliceError> {
+    if world == 0 || rank >= world {
+        return Err(SliceError::Shard { detail: format!("rank {rank} is not one of {world} ranks") });
+    }
+    let Some(&size) = shape.get(dimension) else {
+        let detail = format!("dimension {dimension} does not exist in a tensor of rank {}", shape.len());
+        return Err(SliceError::Shard { detail });
+    };
+    let each = size / world;
+    let start = rank * each;
+    let stop = if rank + 1 == world { size } else { start + each };
+    let mut ranges: Vec<Range<u64>> = shape.iter().map(|&d| 0..d).collect();
+    ranges[dimension] = start..stop;
+    Ok(Slice { ranges })
+}
+
+impl Slice {
+    /// The sub-tensor's shape.
+    pub fn shape(&self) -> Vec<u64> {
+        self.ranges.iter().map(|r| r.end - r.start).collect()
+    }
+
+    /// The sub-tensor's length in bytes, for elements of `element` bytes (`None` on overflow).
+    pub fn len(&self, element: u64) -> Option<u64> {
+        self.ranges.iter().try_fold(element, |n, r| n.checked_mul(r.end - r.start))
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.iter().any(|r| r.is_empty())
+    }
+
+    /// The byte runs of the whole tensor of `shape` (elements of `element` bytes) that make the
+    /// sub-tensor, in row-major order, each as long as it can be.
+    pub fn runs(&self, shape: &[u64], element: u64) -> Runs {
+        // The innermost dimensions the slice takes whole are one run with the first one it cuts.
+        let cut = (0..shape.len()).rev().find(|&d| self.ranges[d] != (0..shape[d]));
+        let (outer, run_len, strides) = match cut {
+            None => (0, shape.iter().product::<u64>() * element, Vec::new()),
+            Some(cut) => {
+                let inner: u64 = shape[cut + 1..].iter().product::<u64>() * element;
+                let mut strides = vec![0; cut + 1];
+                let mut stride = inner;
+                for d in (0..=cut).rev() {
+                    strides[d] = stride;
+                    stride *= shape[d];
+                }
+                (cut, (self.ranges[cut].end - self.ranges[cut].start) * inner, strides)
+            }
+        };
+        let index: Vec<u64> = self.ranges.iter().take(outer).map(|r| r.start).collect();
+        Runs { ranges: self.ranges.clone(), outer, index, strides, run_len, done: self.is_empty() }
+    }
+}
+
+/// The byte runs of a slice, in order (see [`Slice::runs`]).
+#[derive(Debug, Clone)]
+pub struct Runs {
+    ranges: Vec<Range<u64>>,
+    /// How many outer dimensions are iterated; the rest make each run.
+    outer: usize,
+    /// The current index in the outer dimensions.
+    index: Vec<u64>,
+    /// Bytes per step of each dimension up to the one cut innermost (empty: no cut).
+    strides: Vec<u64>,
+    run_len: u64,
+    done: bool,
+}
+
+impl Iterator for Runs {
+    type Item = Range<u64>;
+
+    fn next(&mut self) -> Option<Range<u64>> {
+        if self.done {
+            return None;
+        }
+        if self.strides.is_empty() {
+            self.done = true;
+            return (self.run_len > 0).then_some(0..self.run_len);
+        }
+        let cut = self.outer;
+        let start: u64 = self.index.iter().zip(&self.strides).map(|(i, s)| i * s).sum::<u64>()
+            + self.ranges[cut].start * self.strides[cut];
+        // The next outer index, last dimension fastest.
+        let mut d = self.outer;
+        loop {
+            if d == 0 {
+                self.done = true;
+                break;
+            }
+            d -= 1;
+            self.index[d] += 1;
+            if self.index[d] < self.ranges[d].end {
+                break;
+            }
+            self.index[d] = self.ranges[d].start;
+        }
+        Some(start..start + self.run_len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice's bytes gathered by its runs from a tensor whose every byte is its offset (mod 251).
+    fn gathered(slice: &Slice, shape: &[u64], element: u64) -> Vec<u8> {
+        slice.runs(shape, element).flat_map(|r| r.map(|b| (b % 251) as u8)).collect()
+    }
+
+    /// The same bytes picked element by element, as numpy slicing picks them.
+    fn picked(slice: &Slice, shape: &[u64], element: u64) -> Vec<u8> {
+        let total: u64 = shape.iter().product();
+        let mut out = Vec::new();
+        for flat in 0..total {
+            let mut rest = flat;
+            let mut index = vec![0; shape.len()];
+            for d in (0..shape.len()).rev() {
+                index[d] = rest % shape[d];
+                rest /= shape[d];
+            }
+            if index.iter().zip(&slice.ranges).all(|(i, r)| r.contains(i)) {
+                out.extend((flat * element..(flat + 1) * element).map(|b| (b % 251) as u8));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn specs_parse_numpy_style_and_bad_ones_are_refused_with_their_code() {
+        let shape = [8, 6, 4];
+        assert_eq!(parse("2:5", &shape).unwrap().ranges, [2..5, 0..6, 0..4]);
+        assert_eq!(parse(":, 1:, :3", &shape).unwrap().ranges, [0..8, 1..6, 0..3]);
+        assert_eq!(parse("-3:, :-2", &shape).unwrap().ranges, [5..8, 0..4, 0..4]);
+        assert_eq!(parse("", &shape).unwrap().ranges, [0..8, 0..6, 0..4]);
+        assert_eq!(parse("3:3", &shape).unwrap().shape(), [0, 6, 4], "an empty slice is a slice");
+        assert_eq!(parse("", &[]).unwrap().ranges, [], "a scalar is whole");
+        for (spec, code) in [
+            ("1", "slice_syntax"),
+            ("a:b", "slice_syntax"),
+            ("0:4:2", "slice_syntax"),
+            (":,:,:,:", "slice_rank"),
+            ("0:9", "slice_out_of_bounds"),
+            ("-9:", "slice_out_of_bounds"),
+            ("5:2", "slice_reversed"),
+            ("99999999999999999999:", "slice_syntax"),
+        ] {
+            assert_eq!(parse(spec, &shape).unwrap_err().code(), code, "{spec}");
+        }
+    }
+
+    #[test]
+    fn shards_split_evenly_and_the_last_takes_the_remainder() {
+        let shape = [10, 7];
+        let rows: Vec<Range<u64>> = (0..3).map(|r| shard(r, 3, 0, &shape).unwrap().ranges[0].clone()).collect();
+        assert_eq!(rows, [0..3, 3..6, 6..10]);
+        assert_eq!(shard(1, 2, 1, &shape).unwrap().ranges, [0..10, 3..7]);
+        assert_eq!(shard(2, 2, 0, &shape).unwrap_err().code(), "slice_shard");
+        assert_eq!(shard(0, 0, 0, &shape).unwrap_err().code(), "slice_shard");
+        assert_eq!(shard(0, 2, 2, &shape).unwrap_err().code(), "slice_shard");
+    }
+
+    /// A list of one run.
+    fn one(run: Range<u64>) -> Vec<Range<u64>> {
+        vec![run]
+    }
+
+    #[test]
+    fn runs_are_maximal_and_gather_what_numpy_would_pick() {
+        // Rows of a matrix are one run; columns one run per row; whole tensors one run.
+        let rows: Vec<_> = parse("1:3", &[4, 8]).unwrap().runs(&[4, 8], 2).collect();
+        assert_eq!(rows, one(16..48));
+        let columns: Vec<_> = parse(":,2:4", &[3, 8]).unwrap().runs(&[3, 8], 2).collect();
+        assert_eq!(columns, [4..8, 20..24, 36..40]);
+        assert_eq!(parse("", &[3, 8]).unwrap().runs(&[3, 8], 4).collect::<Vec<_>>(), one(0..96));
+        assert_eq!(parse("1:1", &[3, 8]).unwrap().runs(&[3, 8], 4).count(), 0);
+        assert_eq!(parse("", &[]).unwrap().runs(&[], 8).collect::<Vec<_>>(), one(0..8), "a scalar");
+        for (spec, shape) in [
+            ("1:3,:,2:5", &[4u64, 3, 6][..]),
+            (":,1:2,:", &[2, 3, 4]),
+            ("0:1,0:1,0:1,1:2", &[2, 2, 2, 2]),
+            ("-2:,:-1", &[5, 5]),
+            (":3", &[7]),
+        ] {
+            let slice = parse(spec, shape).unwrap();
+            for element in [1, 2, 4, 8] {
+                let bytes = gathered(&slice, shape, element);
+                assert_eq!(bytes, picked(&slice, shape, element), "{spec} of {shape:?} × {element}");
+                assert_eq!(bytes.len() as u64, slice.len(element).unwrap());
+            }
+        }
+    }
+}
