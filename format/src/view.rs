@@ -8,6 +8,7 @@
 //! shards, under their stored names, never rebuilt.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde_json::{Map, Value as Json, json};
 
@@ -29,6 +30,12 @@ pub fn shard_name(number: usize, count: usize) -> String {
 /// the only names the view routes and keys answer.
 pub fn is_view_file_name(name: &str) -> bool {
     name == INDEX_FILE || (name.ends_with(".safetensors") && name.len() > ".safetensors".len())
+}
+
+/// The media type a file of a model's directory is served as: JSON for `.json` files (the
+/// index, configs), bytes otherwise.
+pub fn media_type(name: &str) -> &'static str {
+    if name.ends_with(".json") { "application/json" } else { "application/octet-stream" }
 }
 
 /// The safetensors view of one model.
@@ -53,8 +60,9 @@ pub struct ViewFile {
 pub enum ViewBytes {
     /// The model's stored file of this index, as it is.
     Stored { file: usize },
-    /// Built: `head` (the header, or the whole index), then each tensor's bytes in order.
-    Built { head: Vec<u8>, tensors: Vec<ViewTensor> },
+    /// Built: `head` (the header, or the whole index), then each tensor's bytes in order;
+    /// `layout` names the head (16 hex digits of its SHA-256), so ETags can tell layouts apart.
+    Built { head: Arc<[u8]>, tensors: Arc<[ViewTensor]>, layout: String },
 }
 
 /// A tensor's place in a built view file.
@@ -132,6 +140,13 @@ fn holdable(object: &Object) -> Result<Mapped, String> {
     Ok(mapped)
 }
 
+/// A built file's bytes, named by a digest of its head.
+fn built(head: Vec<u8>, tensors: Vec<ViewTensor>) -> ViewBytes {
+    use sha2::Digest as _;
+    let layout = hex::encode(&sha2::Sha256::digest(&head)[..8]);
+    ViewBytes::Built { head: head.into(), tensors: tensors.into(), layout }
+}
+
 /// `__metadata__` of every view file: the model's attributes, strings as they are and other
 /// values JSON-encoded (safetensors metadata holds only strings), and `format: pt` when the
 /// attributes name no format, because `transformers` refuses a file whose metadata lacks it.
@@ -199,7 +214,7 @@ fn built_file(name: String, tensors: &[Held], metadata: &Map<String, Json>) -> V
         .zip(offsets)
         .map(|(t, r)| ViewTensor { object: t.object, range: data_start + r.start..data_start + r.end })
         .collect();
-    ViewFile { name, len: data_start + at, bytes: ViewBytes::Built { head, tensors } }
+    ViewFile { name, len: data_start + at, bytes: built(head, tensors) }
 }
 
 /// The view of `manifest`, whose stored files are `stored` (name and size, in the model's file
@@ -261,18 +276,14 @@ pub fn plan(manifest: &Manifest, stored: &[(&str, u64)], shard_bytes: u64) -> Vi
     let mut weight_map = Map::new();
     for shard in &shards {
         if let ViewBytes::Built { tensors, .. } = &shard.bytes {
-            for tensor in tensors {
+            for tensor in tensors.iter() {
                 weight_map.insert(manifest.objects[tensor.object].name.clone(), Json::String(shard.name.clone()));
             }
         }
     }
     let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
     let head = serde_json::to_vec_pretty(&index).expect("JSON values serialize");
-    let mut files = vec![ViewFile {
-        name: INDEX_FILE.into(),
-        len: head.len() as u64,
-        bytes: ViewBytes::Built { head, tensors: Vec::new() },
-    }];
+    let mut files = vec![ViewFile { name: INDEX_FILE.into(), len: head.len() as u64, bytes: built(head, Vec::new()) }];
     files.extend(shards);
     View { files, excluded }
 }
@@ -311,9 +322,9 @@ mod tests {
 
     /// The built file's bytes with each tensor's data filled with its object index.
     fn bytes_of(file: &ViewFile) -> Vec<u8> {
-        let ViewBytes::Built { head, tensors } = &file.bytes else { panic!("built") };
-        let mut bytes = head.clone();
-        for t in tensors {
+        let ViewBytes::Built { head, tensors, .. } = &file.bytes else { panic!("built") };
+        let mut bytes = head.to_vec();
+        for t in tensors.iter() {
             assert_eq!(t.range.start, bytes.len() as u64, "tensors tile the data region");
             bytes.extend(std::iter::repeat_n(t.object as u8, (t.range.end - t.range.start) as usize));
         }

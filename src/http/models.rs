@@ -128,7 +128,7 @@ pub async fn view_file(
             }
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let file = state.service.view_file(&model, &manifest, name).await?;
-            let content_type = if name.ends_with(".json") { "application/json" } else { "application/octet-stream" };
+            let content_type = crate::format::view::media_type(name);
             let cache = cache_control(param(&params, "model"), &model);
             file_response(&state, &headers, &method, &model, cache, file, content_type).await
         }

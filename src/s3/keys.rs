@@ -45,8 +45,8 @@ impl Keys {
     pub fn build(service: &Service, catalog: Arc<Catalog>) -> Keys {
         let mut sorted = Vec::new();
         for model in catalog.models() {
+            let Ok(manifest) = &model.state else { continue };
             for (index, companion) in catalog.companions(&model.id).iter().enumerate() {
-                let Ok(manifest) = &model.state else { break };
                 sorted.push(Key {
                     key: format!("{}/{}", model.id, companion.name),
                     model: Arc::clone(model),
@@ -56,7 +56,6 @@ impl Keys {
                     etag: companion_etag(model, companion),
                 });
             }
-            let Ok(manifest) = &model.state else { continue };
             let view = service.view(model, manifest);
             let mut in_view = vec![false; model.files.len()];
             for file in &view.files {

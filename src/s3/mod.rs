@@ -390,8 +390,7 @@ fn content_range(range: &std::ops::Range<u64>, len: u64) -> String {
 }
 
 fn content_type(key: &str) -> s3s::dto::ContentType {
-    let essence = if key.ends_with(".json") { "application/json" } else { "application/octet-stream" };
-    essence.parse().expect("a valid media type")
+    crate::format::view::media_type(key).parse().expect("a valid media type")
 }
 
 /// A key as `encoding-type=url` listings write it: every byte but unreserved ones and `/`

@@ -251,10 +251,22 @@ impl Service {
         if model.files.len() != 1 {
             return Err(ServiceError::SeveralFiles { model: model.id.clone(), count: model.files.len() });
         }
-        let bytes = model_bytes(model, manifest, 0).await?;
+        self.stored_file_at(model, manifest, 0).await
+    }
+
+    /// The model's stored file `index` (in the model's file order), byte for byte.
+    pub(crate) async fn stored_file_at(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        index: usize,
+    ) -> Result<StoredBytes, ServiceError> {
+        let bytes = model_bytes(model, manifest, index).await?;
+        // The file holding the manifest is as long as the manifest says; the others as listed.
+        let len = if index == 0 { manifest.file_len } else { model.files[index].object.size };
         Ok(StoredBytes {
-            source: bytes.served(&self.readahead, &model.id, 0..manifest.file_len),
-            etag: stored_file_etag(model, 0),
+            source: bytes.served(&self.readahead, &model.id, 0..len),
+            etag: stored_file_etag(model, index),
             model_version: model_version(model),
         })
     }
@@ -290,13 +302,7 @@ impl Service {
                 available: names.join(", "),
             });
         };
-        let bytes = model_bytes(model, manifest, index).await?;
-        let len = if index == 0 { manifest.file_len } else { model.files[index].object.size };
-        Ok(StoredBytes {
-            source: bytes.served(&self.readahead, &model.id, 0..len),
-            etag: stored_file_etag(model, index),
-            model_version: model_version(model),
-        })
+        self.stored_file_at(model, manifest, index).await
     }
 }
 

@@ -51,21 +51,14 @@ impl Service {
             });
         };
         match &file.bytes {
-            ViewBytes::Stored { file: 0 } if model.files.len() == 1 => self.stored_file(model, manifest).await,
-            ViewBytes::Stored { file } => {
-                let stored = model
-                    .files
-                    .get(*file)
-                    .ok_or_else(|| ServiceError::Internal(format!("model {:?} has no stored file {file}", model.id)))?;
-                self.stored_file_named(model, manifest, &stored.name).await
-            }
-            ViewBytes::Built { head, tensors } => Ok(StoredBytes {
+            ViewBytes::Stored { file } => self.stored_file_at(model, manifest, *file).await,
+            ViewBytes::Built { head, tensors, .. } => Ok(StoredBytes {
                 source: Arc::new(BuiltFile {
                     service: Arc::clone(self),
                     model: Arc::clone(model),
                     manifest: Arc::clone(manifest),
-                    head: Bytes::copy_from_slice(head),
-                    tensors: tensors.clone().into(),
+                    head: Bytes::from_owner(Arc::clone(head)),
+                    tensors: Arc::clone(tensors),
                     len: file.len,
                 }),
                 etag: view_file_etag(model, file),
@@ -81,15 +74,12 @@ impl Service {
 pub fn view_file_etag(model: &Model, file: &ViewFile) -> String {
     match &file.bytes {
         ViewBytes::Stored { file: index } => stored_file_etag(model, *index),
-        ViewBytes::Built { head, .. } => {
-            use sha2::Digest as _;
-            let layout = hex::encode(&sha2::Sha256::digest(head)[..8]);
-            etag(model, &format!("view\0{}\0{layout}", file.name))
-        }
+        ViewBytes::Built { layout, .. } => etag(model, &format!("view\0{}\0{layout}", file.name)),
     }
 }
 
-/// A built view file: its head, then its tensors' bytes back to back.
+/// A built view file: its head, then its tensors' bytes back to back, both shared with the
+/// plan rather than copied per response.
 struct BuiltFile {
     service: Arc<Service>,
     model: Arc<Model>,
