@@ -3,11 +3,14 @@
 //! bounds counted from the end, trailing dimensions left out meaning whole, no steps) or an even
 //! split of one dimension among tensor-parallel ranks (the last taking any remainder, as vLLM's
 //! loaders divide), checked against a shape; and the sub-tensor's bytes as the ordered,
-//! maximal contiguous byte runs of the whole tensor it is made of, generated lazily, so a slice
-//! of any size is planned in constant memory.
+//! maximal contiguous byte runs of the whole tensor it is made of, generated lazily (from any
+//! byte of the slice on), so a slice of any size is planned in constant memory; and which
+//! objects can be cut at all (dense, whole-byte elements of a known type).
 
 use std::fmt;
 use std::ops::Range;
+
+use crate::Object;
 
 /// A slice: one range of indices per dimension of the tensor it was checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +31,12 @@ pub enum SliceError {
     Reversed { dimension: usize, start: u64, stop: u64 },
     /// A rank split that does not fit the tensor (rank ≥ world, world 0, no such dimension).
     Shard { detail: String },
+    /// The object is not one dense tensor of its shape.
+    NotDense { detail: String },
+    /// Its elements are smaller than a byte (packed), so a slice may start inside a byte.
+    SubByte { logical_type: String },
+    /// Its logical type is not one this server knows the element size of.
+    UnknownType { logical_type: String },
 }
 
 impl SliceError {
@@ -39,6 +48,9 @@ impl SliceError {
             SliceError::OutOfBounds { .. } => "slice_out_of_bounds",
             SliceError::Reversed { .. } => "slice_reversed",
             SliceError::Shard { .. } => "slice_shard",
+            SliceError::NotDense { .. } => "slice_not_dense",
+            SliceError::SubByte { .. } => "slice_sub_byte",
+            SliceError::UnknownType { .. } => "slice_unknown_type",
         }
     }
 }
@@ -56,7 +68,13 @@ impl fmt::Display for SliceError {
             SliceError::Reversed { dimension, start, stop } => {
                 write!(f, "dimension {dimension} starts at {start}, after its stop {stop}; slices have no steps")
             }
-            SliceError::Shard { detail } => write!(f, "{detail}"),
+            SliceError::Shard { detail } | SliceError::NotDense { detail } => write!(f, "{detail}"),
+            SliceError::SubByte { logical_type } => {
+                write!(f, "{logical_type} packs several elements into a byte, so its slices cannot be cut as bytes")
+            }
+            SliceError::UnknownType { logical_type } => {
+                write!(f, "the logical type {logical_type:?} is not registered, so the size of its elements is unknown")
+            }
         }
     }
 }
@@ -116,6 +134,54 @@ pub fn parse(spec: &str, shape: &[u64]) -> Result<Slice, SliceError> {
     Ok(Slice { ranges })
 }
 
+/// The bytes of one element of `object`, when it can be sliced: a dense tensor (one `data`
+/// component) of whole-byte elements whose decoded bytes are exactly its shape's.
+pub fn element_bytes(object: &Object) -> Result<u64, SliceError> {
+    let not_dense = |detail: String| SliceError::NotDense { detail };
+    if object.format != "dense" {
+        return Err(not_dense(format!("{} is a {} object; only dense tensors are sliced", object.name, object.format)));
+    }
+    let [data] = &object.components[..] else {
+        return Err(not_dense(format!("{} has {} components, not one", object.name, object.components.len())));
+    };
+    let element = match data.logical_type.as_deref() {
+        None => data.dtype.width(),
+        Some(name) => match crate::v2::logical_size(name) {
+            Some((_, crate::v2::LogicalSize::PerElement(ratio))) => data.dtype.width() * ratio,
+            Some((_, crate::v2::LogicalSize::Nibbles)) => {
+                return Err(SliceError::SubByte { logical_type: name.to_owned() });
+            }
+            None => return Err(SliceError::UnknownType { logical_type: name.to_owned() }),
+        },
+    };
+    let whole = object.element_count().and_then(|n| n.checked_mul(element));
+    if whole != Some(data.decoded_length) {
+        let detail = format!(
+            "{}: its {} bytes are not its shape's elements of {element} bytes",
+            object.name, data.decoded_length
+        );
+        return Err(not_dense(detail));
+    }
+    Ok(element)
+}
+
+/// The `shard=RANK/WORLD` and `dim=D` of a request (a negative dimension counts from the
+/// last) as a slice of `shape`.
+pub fn shard_spec(split: &str, dim: &str, shape: &[u64]) -> Result<Slice, SliceError> {
+    let syntax = |detail: String| SliceError::Syntax { spec: format!("shard={split}&dim={dim}"), detail };
+    let (rank, world) = split
+        .split_once('/')
+        .and_then(|(r, w)| Some((r.trim().parse::<u64>().ok()?, w.trim().parse::<u64>().ok()?)))
+        .ok_or_else(|| syntax(format!("shard {split:?} is not RANK/WORLD")))?;
+    let dimension = dim.trim().parse::<i64>().map_err(|_| syntax(format!("dim {dim:?} is not an integer")))?;
+    let resolved = if dimension < 0 { (shape.len() as i64).checked_add(dimension) } else { Some(dimension) };
+    let Some(dimension) = resolved.filter(|&d| d >= 0 && (d as usize) < shape.len()) else {
+        let detail = format!("dimension {dimension} does not exist in a tensor of rank {}", shape.len());
+        return Err(SliceError::Shard { detail });
+    };
+    shard(rank, world, dimension as usize, shape)
+}
+
 /// Rank `rank` of `world`'s share of dimension `dimension` of `shape`: an even split, the last
 /// rank taking any remainder.
 pub fn shard(rank: u64, world: u64, dimension: usize, shape: &[u64]) -> Result<Slice, SliceError> {
@@ -132,6 +198,17 @@ pub fn shard(rank: u64, world: u64, dimension: usize, shape: &[u64]) -> Result<S
     let mut ranges: Vec<Range<u64>> = shape.iter().map(|&d| 0..d).collect();
     ranges[dimension] = start..stop;
     Ok(Slice { ranges })
+}
+
+/// The slice as a spec that resolves to it alone: `start:stop` for every dimension.
+impl fmt::Display for Slice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, range) in self.ranges.iter().enumerate() {
+            let comma = if i == 0 { "" } else { "," };
+            write!(f, "{comma}{}:{}", range.start, range.end)?;
+        }
+        Ok(())
+    }
 }
 
 impl Slice {
@@ -170,6 +247,51 @@ impl Slice {
         };
         let index: Vec<u64> = self.ranges.iter().take(outer).map(|r| r.start).collect();
         Runs { ranges: self.ranges.clone(), outer, index, strides, run_len, done: self.is_empty() }
+    }
+
+    /// The byte runs of the whole tensor that make bytes `within` of the sub-tensor (within
+    /// `0..len`), in order, the first and last cut to fit. The first is found by arithmetic,
+    /// not by walking the runs before it.
+    pub fn runs_within(&self, shape: &[u64], element: u64, within: Range<u64>) -> RunsWithin {
+        let mut runs = self.runs(shape, element);
+        let skipped = within.start.checked_div(runs.run_len).unwrap_or(0);
+        // The outer index of run `skipped`, the last outer dimension fastest.
+        let mut rest = skipped;
+        for d in (0..runs.outer).rev() {
+            let extent = (self.ranges[d].end - self.ranges[d].start).max(1);
+            runs.index[d] = self.ranges[d].start + rest % extent;
+            rest /= extent;
+        }
+        if rest > 0 || (runs.strides.is_empty() && skipped > 0) {
+            runs.done = true;
+        }
+        let into_first = within.start - skipped * runs.run_len;
+        RunsWithin { runs, into_first, left: within.end.saturating_sub(within.start) }
+    }
+}
+
+/// The runs of part of a slice (see [`Slice::runs_within`]).
+#[derive(Debug, Clone)]
+pub struct RunsWithin {
+    runs: Runs,
+    /// Bytes of the next run that come before the part.
+    into_first: u64,
+    /// Bytes of the part still to come.
+    left: u64,
+}
+
+impl Iterator for RunsWithin {
+    type Item = Range<u64>;
+
+    fn next(&mut self) -> Option<Range<u64>> {
+        if self.left == 0 {
+            return None;
+        }
+        let run = self.runs.next()?;
+        let start = run.start + std::mem::take(&mut self.into_first);
+        let end = run.end.min(start + self.left);
+        self.left -= end - start;
+        Some(start..end)
     }
 }
 
@@ -309,5 +431,79 @@ mod tests {
                 assert_eq!(bytes.len() as u64, slice.len(element).unwrap());
             }
         }
+    }
+
+    #[test]
+    fn any_part_of_a_slice_is_the_same_part_of_its_gathered_bytes() {
+        for (spec, shape) in [("1:3,:,2:5", &[4u64, 3, 6][..]), (":,2:4", &[3, 8]), ("", &[5, 3]), ("2:6", &[9])] {
+            let slice = parse(spec, shape).unwrap();
+            for element in [1, 2, 8] {
+                let bytes = gathered(&slice, shape, element);
+                let len = bytes.len() as u64;
+                for start in 0..=len {
+                    for end in start..=len {
+                        let part: Vec<u8> = slice
+                            .runs_within(shape, element, start..end)
+                            .flat_map(|r| r.map(|b| (b % 251) as u8))
+                            .collect();
+                        assert_eq!(part, bytes[start as usize..end as usize], "{spec} × {element}: {start}..{end}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shard_requests_resolve_like_numpy_dimensions_and_print_as_specs() {
+        let shape = [10, 7];
+        assert_eq!(shard_spec("2/3", "0", &shape).unwrap().to_string(), "6:10,0:7");
+        assert_eq!(shard_spec("0/2", "-1", &shape).unwrap().to_string(), "0:10,0:3");
+        assert_eq!(
+            parse(&shard_spec("1/2", "1", &shape).unwrap().to_string(), &shape).unwrap().to_string(),
+            "0:10,3:7"
+        );
+        for (shard, dim, code) in [
+            ("1", "0", "slice_syntax"),
+            ("a/2", "0", "slice_syntax"),
+            ("0/2", "x", "slice_syntax"),
+            ("0/2", "2", "slice_shard"),
+            ("0/2", "-3", "slice_shard"),
+            ("2/2", "0", "slice_shard"),
+        ] {
+            assert_eq!(shard_spec(shard, dim, &shape).unwrap_err().code(), code, "{shard} {dim}");
+        }
+    }
+
+    #[test]
+    fn only_dense_tensors_of_whole_byte_elements_are_sliced() {
+        use crate::{ByteOrder, Component, DType, DigestScope, Encoding};
+        let data = |dtype, logical: Option<&str>, decoded_length| Component {
+            role: "data".into(),
+            dtype,
+            logical_type: logical.map(str::to_owned),
+            offset: 0,
+            stored_length: decoded_length,
+            encoding: Encoding::Raw,
+            decoded_length,
+            digest: None,
+            digest_scope: DigestScope::Stored,
+            byte_order: ByteOrder::Little,
+            file: 0,
+        };
+        let object = |format: &str, components| Object {
+            name: "w".into(),
+            format: format.into(),
+            shape: vec![2, 3],
+            components,
+            attributes: None,
+        };
+        let element = |o: &Object| element_bytes(o).map_err(|e| e.code());
+        assert_eq!(element(&object("dense", vec![data(DType::BF16, None, 12)])), Ok(2));
+        assert_eq!(element(&object("dense", vec![data(DType::F64, Some("complex128"), 96)])), Ok(16));
+        assert_eq!(element(&object("dense", vec![data(DType::U8, Some("f8_e4m3fn"), 6)])), Ok(1));
+        assert_eq!(element(&object("dense", vec![data(DType::U8, Some("f4_e2m1"), 3)])), Err("slice_sub_byte"));
+        assert_eq!(element(&object("dense", vec![data(DType::U8, Some("mx9"), 6)])), Err("slice_unknown_type"));
+        assert_eq!(element(&object("dense", vec![data(DType::F32, None, 20)])), Err("slice_not_dense"));
+        assert_eq!(element(&object("zt.sparse_csr/1", vec![data(DType::F32, None, 24)])), Err("slice_not_dense"));
     }
 }
