@@ -50,6 +50,8 @@ pub mod headers {
     pub const DTYPE: &str = "x-zt-dtype";
     pub const TYPE: &str = "x-zt-type";
     pub const SHAPE: &str = "x-zt-shape";
+    /// On a slice: the slice as `start:stop` for every dimension, whatever form it was asked in.
+    pub const SLICE: &str = "x-zt-slice";
     pub const FORMAT: &str = "x-zt-format";
     pub const REPR_DIGEST: &str = "repr-digest";
 }

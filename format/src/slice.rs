@@ -21,7 +21,7 @@ pub struct Slice {
 /// Why a slice cannot be cut from a tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SliceError {
-    /// The spec is not `start:stop` per dimension.
+    /// The spec is not `start:stop` per dimension (`spec` empty: the query's keys are wrong).
     Syntax { spec: String, detail: String },
     /// More dimensions than the tensor has.
     Rank { given: usize, rank: usize },
@@ -58,6 +58,7 @@ impl SliceError {
 impl fmt::Display for SliceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            SliceError::Syntax { spec, detail } if spec.is_empty() => write!(f, "{detail}"),
             SliceError::Syntax { spec, detail } => write!(f, "slice {spec:?}: {detail}"),
             SliceError::Rank { given, rank } => {
                 write!(f, "the slice has {given} dimensions; the tensor has {rank}")

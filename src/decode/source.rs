@@ -97,6 +97,27 @@ impl Stored {
         }
     }
 
+    /// The bytes of `runs` (ranges within these stored bytes), back to back, read on the
+    /// calling (blocking) thread: from memory, or with one `pread` per run of a local file.
+    pub fn gather_blocking(&self, runs: &[Range<u64>]) -> Result<Bytes, StorageError> {
+        match self {
+            Stored::Whole(bytes) => {
+                let mut out = bytes::BytesMut::with_capacity(runs.iter().map(|r| (r.end - r.start) as usize).sum());
+                for run in runs {
+                    out.extend_from_slice(&bytes[run.start as usize..run.end as usize]);
+                }
+                Ok(out.freeze())
+            }
+            Stored::File { file, source_name, key, range } => {
+                let at: Vec<Range<u64>> = runs.iter().map(|r| range.start + r.start..range.start + r.end).collect();
+                let read = crate::storage::local::pread_gather(file, &at, source_name, key)?;
+                crate::storage::record_bytes("local", "slice", read.len() as u64);
+                Ok(read)
+            }
+            Stored::Remote { .. } => self.read_blocking(),
+        }
+    }
+
     /// The source named in errors about these bytes.
     pub(super) fn source_name(&self) -> &str {
         match self {

@@ -57,6 +57,7 @@ impl ApiError {
             ApiError::Service(S::SeveralFiles { .. }) => (StatusCode::NOT_FOUND, "several_files"),
             ApiError::Service(S::BrokenModel { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"),
             ApiError::Service(S::InvalidComponent { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
+            ApiError::Service(S::BadSlice { source, .. }) => (StatusCode::BAD_REQUEST, source.code()),
             ApiError::Service(S::NotReady) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             ApiError::Service(S::ChangedOnDisk { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
             ApiError::Service(S::DecodersBusy) => (StatusCode::SERVICE_UNAVAILABLE, "decoders_busy"),

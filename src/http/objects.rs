@@ -1,11 +1,12 @@
 //! Object and component routes: a component's decoded little-endian bytes with ranges (or its
-//! stored zstd frame, negotiated), or an object's JSON description when it has several
-//! components. The bytes, digests and versions come from the service; this sets headers.
+//! stored zstd frame, negotiated), a slice of a dense object (`?slice=` or `?shard=&dim=`), or
+//! an object's JSON description when it has several components. The bytes, digests and
+//! versions come from the service; this reads the query and sets headers.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{RawPathParams, State};
+use axum::extract::{Query, RawPathParams, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 
@@ -16,11 +17,54 @@ use super::{ApiError, AppState, answer, cache_control, header_value, param, path
 use crate::api;
 use crate::catalog::Model;
 use crate::format::json::object_json;
+use crate::format::slice::SliceError;
 use crate::format::{Component, Manifest, Object};
-use crate::service::{self, ComponentRequest};
+use crate::service::{self, ComponentRequest, ServiceError, SliceRequest};
 use axum::Extension;
 
 type Params = Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>;
+type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
+
+/// The slice a query asks for: `slice=SPEC`, or `shard=RANK/WORLD` with `dim=D`; `None` when
+/// it names neither. Each key at most once, and never both forms.
+fn slice_request(pairs: &[(String, String)]) -> Result<Option<SliceRequest<'_>>, SliceError> {
+    let syntax = |detail: &str| SliceError::Syntax { spec: String::new(), detail: detail.to_owned() };
+    let one = |key: &str| -> Result<Option<&str>, SliceError> {
+        let mut values = pairs.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        let first = values.next();
+        match values.next() {
+            Some(_) => Err(syntax(&format!("{key} is given more than once"))),
+            None => Ok(first),
+        }
+    };
+    match (one("slice")?, one("shard")?, one("dim")?) {
+        (None, None, None) => Ok(None),
+        (Some(spec), None, None) => Ok(Some(SliceRequest::Spec(spec))),
+        (None, Some(split), Some(dim)) => Ok(Some(SliceRequest::Shard { split, dim })),
+        (None, Some(_), None) => Err(syntax("shard needs dim, the dimension to split")),
+        (None, None, Some(_)) => Err(syntax("dim is given without shard")),
+        (Some(_), _, _) => Err(syntax("give slice or shard with dim, not both")),
+    }
+}
+
+/// The query's pairs, or a 400 for a query that is not `key=value&…`.
+fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
+    query.map(|Query(pairs)| pairs).map_err(|e| ApiError::BadRequest(format!("the query string is malformed: {e}")))
+}
+
+/// The slice of `object` the query asks for (refused at once unless `object` is one dense
+/// tensor), its refusal naming the object.
+fn slice_of<'q>(
+    model: &Model,
+    object: &Object,
+    pairs: &'q [(String, String)],
+) -> Result<Option<SliceRequest<'q>>, ApiError> {
+    let request = slice_request(pairs)
+        .and_then(|request| request.map(|r| crate::format::slice::element_bytes(object).map(|_| r)).transpose());
+    request.map_err(|source| {
+        ServiceError::BadSlice { model: model.id.clone(), object: object.name.clone(), source }.into()
+    })
+}
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
 pub async fn object(
@@ -29,17 +73,22 @@ pub async fn object(
     method: Method,
     headers: HeaderMap,
     params: Params,
+    query: QueryPairs,
 ) -> Response {
     answer(
         async {
             let params = path_params(params)?;
+            let pairs = query_pairs(query)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let cache = cache_control(param(&params, "model"), &model);
             let object = find_object(&state, &model, &manifest, param(&params, "object"))?;
-            match &object.components[..] {
-                [only] => {
-                    let head = method == Method::HEAD;
-                    component_bytes(&state, head, &headers, cache, &model, &manifest, object, only).await
+            let slice = slice_of(&model, object, &pairs)?;
+            let head = method == Method::HEAD;
+            match (&object.components[..], slice) {
+                // A slice is only ever of a dense object's one component (`slice_of`).
+                ([only], _) => {
+                    let part = Part { model: &model, manifest: &manifest, object, component: only };
+                    component_bytes(&state, head, &headers, cache, part, slice).await
                 }
                 _ => {
                     let mut doc = object_json(object);
@@ -59,16 +108,20 @@ pub async fn component(
     method: Method,
     headers: HeaderMap,
     params: Params,
+    query: QueryPairs,
 ) -> Response {
     answer(
         async {
             let params = path_params(params)?;
+            let pairs = query_pairs(query)?;
             let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
             let cache = cache_control(param(&params, "model"), &model);
             let object = find_object(&state, &model, &manifest, param(&params, "object"))?;
             let component = state.service.component(&model, object, param(&params, "role"))?;
+            let slice = slice_of(&model, object, &pairs)?;
             let head = method == Method::HEAD;
-            component_bytes(&state, head, &headers, cache, &model, &manifest, object, component).await
+            let part = Part { model: &model, manifest: &manifest, object, component };
+            component_bytes(&state, head, &headers, cache, part, slice).await
         }
         .await,
     )
@@ -108,21 +161,38 @@ fn repr_digest(sha256: &[u8; 32]) -> HeaderValue {
     HeaderValue::from_str(&format!("sha-256=:{encoded}:")).expect("base64 is a valid header value")
 }
 
-/// A component's bytes with the contract's headers.
-#[allow(clippy::too_many_arguments)]
+/// The component a request is for.
+struct Part<'a> {
+    model: &'a Arc<Model>,
+    manifest: &'a Manifest,
+    object: &'a Object,
+    component: &'a Component,
+}
+
+/// A component's bytes, or a slice of them, with the contract's headers.
 async fn component_bytes(
     state: &Arc<AppState>,
     head: bool,
     headers: &HeaderMap,
     cache: (HeaderName, HeaderValue),
-    model: &Arc<Model>,
-    manifest: &Manifest,
-    object: &Object,
-    component: &Component,
+    Part { model, manifest, object, component }: Part<'_>,
+    slice: Option<SliceRequest<'_>>,
 ) -> Result<Response, ApiError> {
-    let ranged = headers.contains_key(header::RANGE);
-    let request = ComponentRequest { head, ranged, accepts_zstd: accepts_zstd(headers) };
-    let bytes = state.service.component_bytes(model, manifest, object, component, request).await?;
+    let (bytes, shape, slice) = match slice {
+        Some(request) => {
+            let sliced = state.service.object_slice(model, manifest, object, request, head).await?;
+            (sliced.bytes, sliced.slice.shape(), Some(sliced.slice))
+        }
+        None => {
+            let ranged = headers.contains_key(header::RANGE);
+            let request = ComponentRequest { head, ranged, accepts_zstd: accepts_zstd(headers) };
+            (
+                state.service.component_bytes(model, manifest, object, component, request).await?,
+                object.shape.clone(),
+                None,
+            )
+        }
+    };
     let span = tracing::Span::current();
     if let Some(digest) = bytes.digest {
         span.record("digest", digest);
@@ -137,9 +207,12 @@ async fn component_bytes(
         (HeaderName::from_static(api::headers::FORMAT), header_value(&api::segment(&object.format))),
         (
             HeaderName::from_static(api::headers::SHAPE),
-            header_value(&object.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+            header_value(&shape.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
         ),
     ];
+    if let Some(slice) = &slice {
+        extra.push((HeaderName::from_static(api::headers::SLICE), header_value(&slice.to_string())));
+    }
     if let Some(logical) = &component.logical_type {
         extra.push((HeaderName::from_static(api::headers::TYPE), header_value(&api::segment(logical))));
     }

@@ -182,6 +182,7 @@ fn service_error(error: ServiceError) -> S3Error {
         | E::ViewFileNotFound { .. }
         | E::SeveralFiles { .. } => S3ErrorCode::NoSuchKey,
         E::BrokenModel { .. } | E::InvalidComponent { .. } => S3ErrorCode::InvalidObjectState,
+        E::BadSlice { .. } => S3ErrorCode::InvalidArgument,
         E::DecodersBusy => S3ErrorCode::SlowDown,
         E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } => S3ErrorCode::ServiceUnavailable,
         E::Internal(reason) => {

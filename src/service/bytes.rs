@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
 
 use super::representation::{ByteStream, RangeSource};
@@ -113,9 +113,17 @@ struct RemoteRange {
     readahead: Readahead,
 }
 
+/// A gap of a remote object shorter than this is read through rather than asked for in a new
+/// request: a request's latency to a store (tens of milliseconds) moves megabytes.
+const REMOTE_GAP_WORTH_READING: u64 = 2 << 20;
+
 impl RangeSource for RemoteRange {
     fn len(&self) -> u64 {
         self.len
+    }
+
+    fn gap_worth_reading(&self) -> futures_util::future::BoxFuture<'_, Result<u64, ServiceError>> {
+        futures_util::future::ready(Ok(REMOTE_GAP_WORTH_READING)).boxed()
     }
 
     fn open(&self, range: Range<u64>) -> ByteStream {

@@ -10,7 +10,7 @@ use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
-use super::bytes::{etag, model_bytes, model_version, storage_failed};
+use super::bytes::{ModelBytes, etag, model_bytes, model_version, storage_failed};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::seekable::SeekableSource;
 use super::{Service, ServiceError};
@@ -192,6 +192,11 @@ impl RangeSource for DecodedSource {
         self.component.decoded_length
     }
 
+    /// One frame decodes from its start, whatever is wanted of it: every gap is read through.
+    fn gap_worth_reading(&self) -> BoxFuture<'_, Result<u64, ServiceError>> {
+        futures_util::future::ready(Ok(u64::MAX)).boxed()
+    }
+
     fn open(&self, range: Range<u64>) -> ByteStream {
         let cache = &self.service.cache;
         let make = |decoders| {
@@ -286,6 +291,9 @@ pub struct ComponentBytes {
     pub digest: Option<&'static str>,
     /// Whether the decoded bytes come from the cache (`passthrough` when the frame is sent).
     pub cache: Option<&'static str>,
+    /// A raw component of a mapped local file: its mapped bytes (to send, never to load) and
+    /// the same bytes to read with `pread`, for cutting slices.
+    pub(crate) verbatim_file: Option<(Bytes, Stored)>,
 }
 
 impl Service {
@@ -320,6 +328,12 @@ impl Service {
             object: object.name.clone(),
             role: component.role.clone(),
             frame: None,
+        };
+        let verbatim_file = match &bytes {
+            ModelBytes::Mapped { bytes: mapped, .. } if component.is_verbatim() => {
+                Some((mapped.slice(range.start as usize..range.end as usize), stored.clone()))
+            }
+            _ => None,
         };
         let decoded: Option<Arc<dyn RangeSource>> = match component.encoding {
             _ if component.is_verbatim() => None,
@@ -404,6 +418,7 @@ impl Service {
             guard,
             digest,
             cache,
+            verbatim_file,
         })
     }
 }

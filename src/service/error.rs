@@ -39,6 +39,9 @@ pub enum ServiceError {
     /// or the object changed since it was listed.
     #[error("model {model:?}: {source}")]
     Storage { model: String, source: StorageError },
+    /// A slice that cannot be cut from the object (the spec, or the object's kind).
+    #[error("model {model:?}, object {object:?}: {source}")]
+    BadSlice { model: String, object: String, source: crate::format::slice::SliceError },
     #[error("internal error: {0}")]
     Internal(String),
 }

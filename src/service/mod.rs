@@ -9,6 +9,7 @@ mod components;
 mod error;
 mod representation;
 mod seekable;
+mod slices;
 mod view;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,7 @@ pub use self::view::view_file_etag;
 pub use components::{ComponentBytes, ComponentRequest};
 pub use error::ServiceError;
 pub use representation::{ByteStream, Guard, RangeSource, guarded};
+pub use slices::{SliceBytes, SliceRequest};
 
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};

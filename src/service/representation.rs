@@ -68,6 +68,13 @@ pub trait RangeSource: Send + Sync + 'static {
     /// The bytes of `range` (within `0..len`). Called only when a body is sent, never for
     /// HEAD or 304, so opening may start work such as decoding.
     fn open(&self, range: Range<u64>) -> ByteStream;
+
+    /// The longest gap between two wanted ranges that costs less to read through (and drop)
+    /// than to open anew for the second: what one open costs (a request to a store, a frame
+    /// to decode) in bytes. By default none: each range is opened on its own.
+    fn gap_worth_reading(&self) -> BoxFuture<'_, Result<u64, ServiceError>> {
+        futures_util::future::ready(Ok(0)).boxed()
+    }
 }
 
 /// Largest piece a byte slice is sent in: pieces let a guard hold back only the end of a

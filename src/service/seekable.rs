@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::{StreamExt as _, TryStreamExt as _};
+use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
@@ -95,6 +95,12 @@ impl SeekableSource {
 impl RangeSource for SeekableSource {
     fn len(&self) -> u64 {
         self.component.decoded_length
+    }
+
+    /// A gap shorter than a frame cannot hold a whole frame, so reading through it decodes
+    /// nothing a wanted range does not touch.
+    fn gap_worth_reading(&self) -> futures_util::future::BoxFuture<'_, Result<u64, ServiceError>> {
+        async move { Ok(self.table().await?.frame_size().saturating_sub(1)) }.boxed()
     }
 
     fn open(&self, range: Range<u64>) -> ByteStream {

@@ -55,6 +55,34 @@ pub fn pread_exact(
     }
 }
 
+/// `spans` of an open file, back to back in one buffer, one `pread` each (for the same reason
+/// as [`pread_stream`]: never loaded from the mapping).
+pub fn pread_gather(
+    file: &File,
+    spans: &[std::ops::Range<u64>],
+    source_name: &str,
+    key: &str,
+) -> Result<bytes::Bytes, super::StorageError> {
+    use std::os::unix::fs::FileExt as _;
+    let total: u64 = spans.iter().map(|s| s.end - s.start).sum();
+    let mut buffer = vec![0u8; total as usize];
+    let mut at = 0;
+    for span in spans {
+        let len = (span.end - span.start) as usize;
+        match file.read_exact_at(&mut buffer[at..at + len], span.start) {
+            Ok(()) => at += len,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(super::StorageError::Changed { source_name: source_name.to_owned(), key: key.to_owned() });
+            }
+            Err(e) => {
+                let message = e.to_string();
+                return Err(super::StorageError::Unavailable { source_name: source_name.to_owned(), message });
+            }
+        }
+    }
+    Ok(bytes::Bytes::from(buffer))
+}
+
 /// `span` of an open file, read with `pread` in pieces of at most [`READ_PIECE`] off the async
 /// runtime, the next piece read while the one before is used. Code that reads a model's bytes
 /// itself (digest checks, decoding, content checks) reads them this way, never through the

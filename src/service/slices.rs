@@ -1,0 +1,280 @@
+//! Server-side slices of dense objects (a tensor-parallel rank's rows or columns): the slice
+//! checked against the object (`format::slice`), and its bytes cut from the component's as
+//! they are served, in bounded memory whatever the tensor's size. A raw component of a local
+//! file sends runs long enough from the file (`sendfile`) and gathers shorter ones with `pread`
+//! into bounded buffers; any other source (a remote object, a decode through the shared cache,
+//! seekable frames) is opened once per span of runs close enough to read through, and the runs
+//! are cut from its pieces, so a seekable part decodes only frames the slice touches.
+
+use std::collections::VecDeque;
+use std::iter::Peekable;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{StreamExt as _, TryStreamExt as _, stream};
+
+use super::bytes::{etag, storage_failed};
+use super::components::{ComponentBytes, ComponentRequest};
+use super::representation::{ByteStream, RangeSource};
+use super::{Service, ServiceError};
+use crate::catalog::Model;
+use crate::decode::Stored;
+use crate::format::slice::{RunsWithin, Slice, element_bytes, parse, shard_spec};
+use crate::format::{Manifest, Object};
+
+/// Runs at least this long are sent from the file by `sendfile` (the connection's own
+/// threshold, `http::zero_copy`); shorter ones are gathered, where one copy costs less than
+/// one more system call.
+const SEND_FROM_FILE_MIN: u64 = 64 << 10;
+
+/// Gathered runs are sent in buffers of about this size: large enough for one write to move
+/// many runs, small enough that a request holds little.
+const GATHER_BYTES: u64 = 1 << 20;
+
+/// Gathers read ahead of the one being sent, so reading overlaps sending.
+const GATHERS_AHEAD: usize = 2;
+
+/// Runs one span holds at most, so a span's list stays small whatever the slice.
+const RUNS_PER_SPAN: usize = 16 << 10;
+
+/// What a request asks to cut from an object, as written in its query.
+#[derive(Debug, Clone, Copy)]
+pub enum SliceRequest<'a> {
+    /// `slice=SPEC`: `start:stop` per dimension.
+    Spec(&'a str),
+    /// `shard=RANK/WORLD&dim=D`: an even split of one dimension.
+    Shard { split: &'a str, dim: &'a str },
+}
+
+/// A slice's bytes as a request gets them.
+pub struct SliceBytes {
+    pub bytes: ComponentBytes,
+    pub slice: Slice,
+}
+
+impl Service {
+    /// The bytes of `request`'s slice of the dense object `object`, in row-major order.
+    pub async fn object_slice(
+        self: &Arc<Self>,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        object: &Object,
+        request: SliceRequest<'_>,
+        head: bool,
+    ) -> Result<SliceBytes, ServiceError> {
+        let bad = |source| ServiceError::BadSlice { model: model.id.clone(), object: object.name.clone(), source };
+        let element = element_bytes(object).map_err(bad)?;
+        let slice = match request {
+            SliceRequest::Spec(spec) => parse(spec, &object.shape),
+            SliceRequest::Shard { split, dim } => shard_spec(split, dim, &object.shape),
+        }
+        .map_err(bad)?;
+        let component = &object.components[0];
+        // Never the stored frame, and a digest check that needs the whole part is awaited
+        // rather than left to guard a body that is only part of it.
+        let whole_request = ComponentRequest { head, ranged: true, accepts_zstd: false };
+        let mut bytes = self.component_bytes(model, manifest, object, component, whole_request).await?;
+        let len = slice.len(element).expect("a slice is no larger than its object");
+        let cutter = match bytes.verbatim_file.take() {
+            Some((sent, read)) => Cutter::File { sent, read },
+            None => Cutter::Spans(Arc::clone(&bytes.source)),
+        };
+        bytes.source = Arc::new(SliceSource {
+            slice: slice.clone(),
+            shape: object.shape.clone(),
+            element,
+            len,
+            cutter: Arc::new(cutter),
+            model: Arc::clone(model),
+        });
+        bytes.etag = etag(model, &format!("{}\0{}\0slice\0{slice}", object.name, component.role));
+        bytes.sha256 = None;
+        bytes.zstd_passthrough = false;
+        bytes.varies_with_encoding = false;
+        Ok(SliceBytes { bytes, slice })
+    }
+}
+
+/// Where a slice's runs are cut from.
+enum Cutter {
+    /// A raw component of a mapped local file: `sent` is its mapping (sent by `sendfile`, never
+    /// loaded by the server: see `storage::mapped`), `read` the same bytes read with `pread`.
+    File { sent: Bytes, read: Stored },
+    /// Any other source, opened once per span.
+    Spans(Arc<dyn RangeSource>),
+}
+
+/// The bytes of a slice of a component.
+struct SliceSource {
+    slice: Slice,
+    shape: Vec<u64>,
+    element: u64,
+    len: u64,
+    cutter: Arc<Cutter>,
+    model: Arc<Model>,
+}
+
+impl RangeSource for SliceSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let runs = self.slice.runs_within(&self.shape, self.element, range);
+        match &*self.cutter {
+            Cutter::File { .. } => from_file(Arc::clone(&self.cutter), Arc::clone(&self.model), runs),
+            Cutter::Spans(source) => from_spans(Arc::clone(source), runs),
+        }
+    }
+}
+
+/// What one step of sending a slice from a file does.
+enum Step {
+    /// Send this run from the mapping.
+    Send(Range<u64>),
+    /// Read these runs with `pread` into one buffer and send it.
+    Gather(Vec<Range<u64>>),
+}
+
+/// The runs of a slice as steps: each long run sent on its own, short ones gathered.
+struct Steps {
+    runs: Peekable<RunsWithin>,
+}
+
+impl Iterator for Steps {
+    type Item = Step;
+
+    fn next(&mut self) -> Option<Step> {
+        let mut batch = Vec::new();
+        let mut gathered = 0;
+        while let Some(run) = self.runs.peek() {
+            let len = run.end - run.start;
+            if len >= SEND_FROM_FILE_MIN {
+                if batch.is_empty() {
+                    return self.runs.next().map(Step::Send);
+                }
+                break;
+            }
+            if gathered + len > GATHER_BYTES && !batch.is_empty() {
+                break;
+            }
+            gathered += len;
+            batch.extend(self.runs.next());
+        }
+        (!batch.is_empty()).then_some(Step::Gather(batch))
+    }
+}
+
+fn from_file(cutter: Arc<Cutter>, model: Arc<Model>, runs: RunsWithin) -> ByteStream {
+    let Cutter::File { sent, read } = &*cutter else { unreachable!("from_file is given a file") };
+    let (sent, read) = (sent.clone(), read.clone());
+    stream::iter(Steps { runs: runs.peekable() })
+        .map(move |step| {
+            let (sent, read, model) = (sent.clone(), read.clone(), Arc::clone(&model));
+            async move {
+                match step {
+                    Step::Send(run) => Ok(sent.open(run)),
+                    Step::Gather(runs) => {
+                        let gathered = tokio::task::spawn_blocking(move || read.gather_blocking(&runs))
+                            .await
+                            .map_err(|e| ServiceError::Internal(e.to_string()))?
+                            .map_err(|e| storage_failed(&model.source, &model.id, e))?;
+                        Ok(stream::iter([Ok(gathered)]).boxed())
+                    }
+                }
+            }
+        })
+        .buffered(GATHERS_AHEAD)
+        .try_flatten()
+        .boxed()
+}
+
+/// Runs close enough to read through as one open of the source, and the range that covers them.
+struct Span {
+    range: Range<u64>,
+    runs: VecDeque<Range<u64>>,
+}
+
+fn spans(runs: RunsWithin, gap: u64) -> impl Iterator<Item = Span> {
+    let mut runs = runs.peekable();
+    std::iter::from_fn(move || {
+        let first = runs.next()?;
+        let mut span = Span { range: first.clone(), runs: VecDeque::from([first]) };
+        while span.runs.len() < RUNS_PER_SPAN {
+            match runs.peek() {
+                Some(next) if next.start - span.range.end <= gap => {
+                    span.range.end = next.end;
+                    span.runs.extend(runs.next());
+                }
+                _ => break,
+            }
+        }
+        Some(span)
+    })
+}
+
+fn from_spans(source: Arc<dyn RangeSource>, runs: RunsWithin) -> ByteStream {
+    stream::once(async move {
+        let gap = source.gap_worth_reading().await?;
+        let pieces = stream::iter(spans(runs, gap)).flat_map(move |span| cut(source.open(span.range.clone()), span));
+        Ok::<_, ServiceError>(pieces)
+    })
+    .try_flatten()
+    .boxed()
+}
+
+/// A span's runs cut from the pieces of its bytes: long parts passed on as they are (slices of
+/// the pieces, not copies), short ones gathered into buffers of about [`GATHER_BYTES`].
+fn cut(pieces: ByteStream, span: Span) -> ByteStream {
+    struct Cutting {
+        pieces: ByteStream,
+        /// The piece in hand, and where in the source it starts.
+        piece: Bytes,
+        at: u64,
+        runs: VecDeque<Range<u64>>,
+        out: BytesMut,
+    }
+    let state = Cutting { pieces, piece: Bytes::new(), at: span.range.start, runs: span.runs, out: BytesMut::new() };
+    stream::unfold(state, |mut s| async move {
+        loop {
+            if s.out.len() as u64 >= GATHER_BYTES {
+                return Some((Ok(s.out.split().freeze()), s));
+            }
+            let Some(run) = s.runs.front_mut() else {
+                return (!s.out.is_empty()).then(|| (Ok(s.out.split().freeze()), s));
+            };
+            let piece_end = s.at + s.piece.len() as u64;
+            if run.start >= piece_end {
+                s.at = piece_end;
+                match s.pieces.next().await {
+                    Some(Ok(piece)) => s.piece = piece,
+                    Some(Err(e)) => {
+                        s.runs.clear();
+                        return Some((Err(e), s));
+                    }
+                    None => {
+                        let reason = format!("a slice's source ended at byte {piece_end}, before byte {}", run.start);
+                        s.runs.clear();
+                        return Some((Err(ServiceError::Internal(reason)), s));
+                    }
+                }
+                continue;
+            }
+            let within = (run.start - s.at) as usize..(run.end.min(piece_end) - s.at) as usize;
+            let long = within.len() as u64 >= SEND_FROM_FILE_MIN;
+            if long && !s.out.is_empty() {
+                return Some((Ok(s.out.split().freeze()), s));
+            }
+            run.start += within.len() as u64;
+            if run.is_empty() {
+                s.runs.pop_front();
+            }
+            if long {
+                return Some((Ok(s.piece.slice(within)), s));
+            }
+            s.out.extend_from_slice(&s.piece[within]);
+        }
+    })
+    .boxed()
+}
