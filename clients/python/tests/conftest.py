@@ -132,6 +132,34 @@ def write_safetensors(directory):
     return {"st/weights": [directory / "st" / "weights.safetensors"], "hf/tiny": shards}
 
 
+def write_tp_model(directory):
+    """tp/llama.safetensors: one Llama layer with sizes 3 does not divide (so the last rank
+    takes a remainder), as `safetensors.torch.save_file` writes it."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(21)
+    hidden, heads, ffn, vocab = 16, 25, 41, 50
+    layer = "model.layers.0"
+    state = {
+        "model.embed_tokens.weight": torch.randn(vocab, hidden, dtype=torch.bfloat16),
+        f"{layer}.self_attn.q_proj.weight": torch.randn(heads, hidden, dtype=torch.bfloat16),
+        f"{layer}.self_attn.k_proj.weight": torch.randn(heads, hidden).to(torch.float8_e4m3fn),
+        f"{layer}.self_attn.v_proj.weight": torch.randn(heads, hidden, dtype=torch.float16),
+        f"{layer}.self_attn.q_proj.bias": torch.randn(heads),
+        f"{layer}.self_attn.o_proj.weight": torch.randn(hidden, heads, dtype=torch.bfloat16),
+        f"{layer}.mlp.gate_proj.weight": torch.randn(ffn, hidden),
+        f"{layer}.mlp.up_proj.weight": torch.randn(ffn, hidden, dtype=torch.float64),
+        f"{layer}.mlp.down_proj.weight": torch.randn(hidden, ffn, dtype=torch.bfloat16),
+        f"{layer}.input_layernorm.weight": torch.randn(hidden),
+        "model.norm.weight": torch.randn(hidden),
+        "lm_head.weight": torch.randn(vocab, hidden, dtype=torch.bfloat16),
+        "rotary.inv_freq": torch.randn(8),
+    }
+    (directory / "tp").mkdir()
+    save_file(state, directory / "tp" / "llama.safetensors", metadata={"format": "pt"})
+
+
 def write_large(path):
     """Several megabytes across dtypes, written by the official package with both digests."""
     import ztensor
@@ -186,6 +214,7 @@ def models(tmp_path_factory):
     (bad / "v2").mkdir()
     corrupted_v2 = flip_digested_blobs(directory / "v2" / "canonical.zt", bad / "v2" / "canonical.zt")
     safetensors = write_safetensors(directory)
+    write_tp_model(directory)
     return {"dir": directory, "bad_dir": bad, "corrupted": corrupted, "v2": v2, "corrupted_v2": corrupted_v2,
             "safetensors": safetensors}
 

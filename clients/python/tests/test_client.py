@@ -2,6 +2,7 @@
 dtype, equality with what the official ztensor==1.2.3 package reads from the same local file,
 multi-range transfers, digest checks, typed errors, tokens, and `ztserve pull` interop."""
 
+import fnmatch
 import subprocess
 import time
 
@@ -293,3 +294,44 @@ def test_v2_bytes_that_miss_their_xxh3_digest_raise_digest_mismatch(trusting_ser
     for name in list(models["corrupted_v2"])[:3]:
         with pytest.raises(ztserve_client.DigestMismatch, match="xxh3"):
             client.load("v2/canonical", names=[name])
+
+
+def test_each_tensor_parallel_rank_loads_its_share_cut_by_the_server(server):
+    client = Client(server.url)
+    whole = client.load("tp/llama")
+    for size in (2, 3):
+        for rank in range(size):
+            share = client.load("tp/llama", tp_rank=rank, tp_size=size)
+            assert share.keys() == whole.keys()
+            for name, array in whole.items():
+                dim = next((d for p, d in ztserve_client.TRANSFORMER_SHARD_DIMS.items() if fnmatch.fnmatchcase(name, p)), None)
+                if dim is None:
+                    expected = array
+                else:
+                    each = array.shape[dim] // size
+                    stop = array.shape[dim] if rank == size - 1 else (rank + 1) * each
+                    expected = np.take(array, range(rank * each, stop), axis=dim)
+                assert share[name].dtype == expected.dtype and share[name].shape == expected.shape, (name, rank, size)
+                assert share[name].tobytes() == expected.tobytes(), (name, rank, size)
+    # o_proj and down_proj are row-parallel: their columns are split.
+    share = client.load("tp/llama", tp_rank=2, tp_size=3)
+    assert share["model.layers.0.self_attn.o_proj.weight"].shape == (16, 9)
+    assert share["model.layers.0.mlp.down_proj.weight"].shape == (16, 15)
+    assert share["model.norm.weight"].shape == (16,)
+
+
+def test_shard_dims_name_the_split_and_bad_ones_are_refused(server):
+    client = Client(server.url)
+    whole = client.load("tp/llama", names=["lm_head.weight"])["lm_head.weight"]
+    share = client.load("tp/llama", names=["lm_head.weight"], tp_rank=1, tp_size=4, shard_dims={"lm_head.*": -1})
+    assert share["lm_head.weight"].tobytes() == np.ascontiguousarray(whole[:, 4:8]).tobytes()
+    torch_share = client.load("tp/llama", names=["lm_head.weight"], framework="torch", tp_rank=1, tp_size=4, shard_dims={"lm_head.*": 1})
+    assert torch_share["lm_head.weight"].shape == (50, 4)
+    with pytest.raises(ValueError, match="no dimension 1"):
+        client.load("tp/llama", tp_rank=0, tp_size=2, shard_dims={"*": 1})
+    with pytest.raises(ValueError, match="both"):
+        client.load("tp/llama", tp_rank=0)
+    with pytest.raises(ValueError, match="tp_rank"):
+        client.load("tp/llama", tp_rank=2, tp_size=2)
+    with pytest.raises(ValueError, match="only dense"):
+        client.load("demo/structured", names=["adjacency"], tp_rank=0, tp_size=2, shard_dims={"*": 0})

@@ -1,6 +1,7 @@
 """The client: JSON routes, concurrent ranged GETs into final buffers, digest checks, and
 assembly into numpy arrays, scipy sparse arrays or torch tensors."""
 
+import fnmatch
 import hashlib
 import http.client
 import json
@@ -55,6 +56,27 @@ class _Connections:
 
 
 _MODEL_VERSION = "X-Zt-Model-Version"
+
+# Which dimension of each weight a tensor-parallel rank holds a share of, for the usual
+# transformer layouts (Llama, Mistral, Qwen and their kin, as vLLM divides them): column-parallel
+# layers (q, k, v, gate, up, and the fused qkv and gate_up) and the embeddings and lm_head split
+# their rows (dimension 0); row-parallel layers (o, down) split their columns (dimension 1);
+# norms are whole on every rank. The first pattern (fnmatch, on the whole name) that matches
+# wins; a name no pattern matches is loaded whole.
+TRANSFORMER_SHARD_DIMS = {
+    "*norm*": None,
+    "*.q_proj.*": 0,
+    "*.k_proj.*": 0,
+    "*.v_proj.*": 0,
+    "*.qkv_proj.*": 0,
+    "*.gate_proj.*": 0,
+    "*.up_proj.*": 0,
+    "*.gate_up_proj.*": 0,
+    "*.o_proj.weight": 1,
+    "*.down_proj.weight": 1,
+    "*embed_tokens.weight": 0,
+    "lm_head.weight": 0,
+}
 
 
 class _Component:
@@ -171,8 +193,20 @@ class Client:
 
     # ---------------------------------------------------------------- loading
 
-    def load(self, model, names=None, device="cpu", framework="numpy"):
-        """The model's objects (all, or those in `names`) as a dict name → array or tensor."""
+    def load(self, model, names=None, device="cpu", framework="numpy", *, tp_rank=None, tp_size=None, shard_dims=None):
+        """The model's objects (all, or those in `names`) as a dict name → array or tensor.
+
+        With `tp_rank` and `tp_size`, only that tensor-parallel rank's share of each weight is
+        fetched, cut by the server: `shard_dims` maps name patterns (fnmatch, first match
+        wins) to the dimension to split evenly among `tp_size` ranks (the last rank taking
+        any remainder), or to None for a weight every rank holds whole; by default
+        `TRANSFORMER_SHARD_DIMS`. A name no pattern matches is loaded whole."""
+        if (tp_rank is None) != (tp_size is None):
+            raise ValueError("give both tp_rank and tp_size, or neither")
+        if tp_size is not None and not (isinstance(tp_size, int) and isinstance(tp_rank, int) and 0 <= tp_rank < tp_size):
+            raise ValueError(f"tp_rank must be an integer in [0, tp_size), and tp_size a positive integer; got {tp_rank} of {tp_size}")
+        if shard_dims is not None and tp_size is None:
+            raise ValueError("shard_dims needs tp_rank and tp_size")
         if framework not in ("numpy", "torch"):
             raise ValueError(f"framework must be 'numpy' or 'torch', not {framework!r}")
         if framework == "numpy" and device != "cpu":
@@ -195,6 +229,9 @@ class Client:
             if missing:
                 raise NotFound(404, "object_not_found", f"model {model!r} has no object named {missing[0]!r}", self.url)
             objects = [by_name[n] for n in wanted]
+        if tp_size is not None:
+            rules = TRANSFORMER_SHARD_DIMS if shard_dims is None else shard_dims
+            objects = [_rank_share(obj, _shard_dim(obj, rules), tp_rank, tp_size) for obj in objects]
         components = self._fetch(model, objects, pinned, version)
         result = {}
         for obj in objects:
@@ -220,6 +257,8 @@ class Client:
                 component = _Component(obj, meta, _buffer(meta["decoded_length"], pinned), version)
                 out[obj["name"]].append(component)
                 path = f"/models/{_segment(model)}/objects/{_segment(obj['name'])}/components/{_segment(meta['role'])}"
+                if "query" in obj:
+                    path += "?" + obj["query"]
                 # A 1.x zstd frame travels compressed and is checked against its stored digest.
                 # Everything else (raw, and v2 seekable parts, whose frames the server decodes
                 # in parallel and whose digest covers the decoded bytes) arrives decoded, by ranges.
@@ -282,6 +321,39 @@ class Client:
         if frame is not None:
             _check(component, frame)
             _decompress(frame, component, path)
+
+
+def _shard_dim(obj, rules):
+    """The dimension of `obj` the first matching rule splits, or None to load it whole."""
+    for pattern, dim in rules.items():
+        if fnmatch.fnmatchcase(obj["name"], pattern):
+            if dim is not None and not -len(obj["shape"]) <= dim < len(obj["shape"]):
+                raise ValueError(f"{obj['name']!r} (shape {obj['shape']}) has no dimension {dim}, which {pattern!r} splits")
+            return dim
+    return None
+
+
+def _rank_share(obj, dim, rank, size):
+    """`obj` as rank `rank` of `size` loads it: whole when `dim` is None, otherwise its share of
+    dimension `dim`, fetched as the server's slice (`?shard=`), whose bytes the whole object's
+    digest does not cover."""
+    if dim is None:
+        return obj
+    if obj["format"] != "dense" or len(obj["components"]) != 1:
+        raise ValueError(f"{obj['name']!r} is a {obj['format']} object of {len(obj['components'])} components; only dense tensors are split")
+    meta = obj["components"][0]
+    if meta.get("type") == "f4_e2m1":
+        raise ValueError(f"{obj['name']!r} packs two f4_e2m1 elements per byte, so it cannot be split")
+    shape = list(obj["shape"])
+    dim %= len(shape)
+    each = shape[dim] // size
+    start = rank * each
+    stop = shape[dim] if rank == size - 1 else start + each
+    shape[dim] = stop - start
+    itemsize = _dtypes.numpy_dtype(meta["dtype"], meta.get("type")).itemsize
+    length = int(np.prod(shape, dtype=np.int64)) * itemsize
+    share = dict(meta, decoded_length=length, digest=None, encoding="raw")
+    return dict(obj, shape=shape, components=[share], query=f"shard={rank}/{size}&dim={dim}")
 
 
 class _Retry(Exception):
