@@ -149,6 +149,16 @@ rows.append(("Run:ai streamer (concurrency 1) loading a 1 GiB model of 8 tensors
              f"s3s-fs over the same safetensors shards: {runai_size / base_s / 1e9:.2f} GB/s",
              f"{runai_size / ours_s / 1e9:.2f} GB/s", ratio, verdict(ratio >= 1.0, "≥ 1.0×"), mem("runai")))
 
+for dim, what in ((1, "columns (dimension 1, strided: 16,384 runs of 8 KiB per rank)"), (0, "rows (dimension 0)")):
+    base_s, ours_s = times[f"tp{dim}"]
+    ratio = base_s / ours_s
+    wire = sizes[f"tp{dim}"]
+    rows.append((f"tensor-parallel slices: 8 ranks at once, each its `?shard=R/8&dim={dim}` of a 1 GiB bf16 "
+                 f"matrix [16384, 32768], {what}",
+                 f"the same bytes as 8 contiguous ranges of it: {GIB / base_s / 1e9:.2f} GB/s",
+                 f"{GIB / ours_s / 1e9:.2f} GB/s; {wire / GIB:.3f} GiB on the wire, {wire / (8 * GIB):.3f} of 8 whole loads",
+                 ratio, verdict(ratio >= 0.8 and wire <= GIB * 1.001, "≥ 0.8×, 1/8 of the bytes"), mem("tp1")))
+
 for connections in (4, 16):
     name = f"s3ranges{connections}"
     b, o = wrk(name, "baseline", MIB), wrk(name, "ztserve", MIB)

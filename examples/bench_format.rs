@@ -11,6 +11,8 @@
 //!                                    zstd frame at the same level to PATH.zst (for `zstd -d`)
 //!   bench_format layers PATH BYTES N a file of N raw bf16 tensors of BYTES/N bytes each, named
 //!                                    and shaped like a transformer's layers
+//!   bench_format matrix PATH ROWS COLS
+//!                                    a file of one raw bf16 matrix "weight" of ROWS × COLS
 //!   bench_format safetensors PATH BYTES
 //!                                    a safetensors file with one U8 tensor "blob", as the
 //!                                    library lays it out (header padded with spaces to 8)
@@ -85,6 +87,16 @@ fn layers(path: &str, bytes: usize, n: usize) {
     w.finish(None).unwrap();
 }
 
+fn matrix(path: &str, rows: u64, cols: u64) {
+    let bytes = weights_like((rows * cols * 2) as usize);
+    let mut w = Writer::new(std::io::BufWriter::new(fs::File::create(path).unwrap())).unwrap();
+    let data = ComponentInput { role: "data", dtype: DType::BF16, logical_type: None, bytes: &bytes };
+    let object =
+        ObjectInput { name: "weight", shape: &[rows, cols], format: "dense", attributes: None, components: vec![data] };
+    w.add(&object, &WriteOptions { zstd_level: None, digest: None }).unwrap();
+    w.finish(None).unwrap();
+}
+
 /// A file of `n` small tensors named and described like a transformer's layers, each with a
 /// crc32c digest: its manifest is what a large real model's looks like.
 fn many_objects(n: usize) -> Vec<u8> {
@@ -128,6 +140,7 @@ fn main() {
         "objects" => fs::write(&args[2], many_objects(args[3].parse().unwrap())).unwrap(),
         "raw" => one_blob(&args[2], &weights_like(args[3].parse().unwrap()), None),
         "layers" => layers(&args[2], args[3].parse().unwrap(), args[4].parse().unwrap()),
+        "matrix" => matrix(&args[2], args[3].parse().unwrap(), args[4].parse().unwrap()),
         "zstd" => {
             let bytes = weights_like(args[3].parse().unwrap());
             one_blob(&args[2], &bytes, Some(3));

@@ -213,10 +213,15 @@ async fn slices_that_cannot_be_cut_answer_400_with_their_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_source_is_cut_where_the_bytes_are() {
     let source = ModelSource::local();
-    // Rows of 512 KiB split in two: runs of 256 KiB, sent from the file. Rows of 16 KiB split
-    // in four: runs of 4 KiB, gathered with pread. A single zstd frame, split among 4 ranks.
-    let objects: [(&str, &[u64], bool); 3] =
-        [("long", &[8, 131_072], false), ("narrow", &[64, 4096], false), ("frame", &[256, 1024], true)];
+    // Rows of 512 KiB split in two: runs of 256 KiB, sent by sendfile. Rows of 16 KiB split in
+    // four: runs of 4 KiB, sent from the mapping too. Rows of 512 bytes split in four: runs of
+    // 128 bytes, gathered with pread. A single zstd frame, split among 4 ranks.
+    let objects: [(&str, &[u64], bool); 4] = [
+        ("long", &[8, 131_072], false),
+        ("columns", &[64, 4096], false),
+        ("narrow", &[256, 128], false),
+        ("frame", &[256, 1024], true),
+    ];
     source.put("m.zt", &model_of(&objects)).await;
     // A seekable part of three 1 MiB frames, by the official crate.
     let dir = tempfile::tempdir().unwrap();
@@ -239,9 +244,16 @@ async fn each_source_is_cut_where_the_bytes_are() {
     assert_eq!(long.body, expected(&[8, 131_072], &[0..8, 65_536..131_072]));
     assert!(sent() - sent_before >= long.body.len() as f64, "long runs go out by sendfile");
     assert_eq!(gathered(), gathered_before, "nothing of them is read by the server");
-    let narrow = request_async(&address, &format!("{}?shard=3/4&dim=1", api::object_url("m", "narrow")), &[]).await;
-    assert_eq!(narrow.body, expected(&[64, 4096], &[0..64, 3072..4096]));
-    assert_eq!(gathered() - gathered_before, narrow.body.len() as f64, "short runs are read once, and only they");
+    let columns = request_async(&address, &format!("{}?shard=3/4&dim=1", api::object_url("m", "columns")), &[]).await;
+    assert_eq!(columns.body, expected(&[64, 4096], &[0..64, 3072..4096]));
+    assert_eq!(gathered(), gathered_before, "runs of 1 KiB and more are sent, not read by the server");
+    let narrow = request_async(&address, &format!("{}?shard=1/4&dim=1", api::object_url("m", "narrow")), &[]).await;
+    assert_eq!(narrow.body, expected(&[256, 128], &[0..256, 32..64]));
+    let read = gathered() - gathered_before;
+    assert!(
+        read >= narrow.body.len() as f64 && read <= 256.0 * 128.0 * 4.0,
+        "short runs are gathered: {read} bytes read"
+    );
 
     let decodes = || metric("ztserve_decodes_started_total", &[]);
     let before = decodes();

@@ -97,8 +97,9 @@ impl Stored {
         }
     }
 
-    /// The bytes of `runs` (ranges within these stored bytes), back to back, read on the
-    /// calling (blocking) thread: from memory, or with one `pread` per run of a local file.
+    /// The bytes of `runs` (ranges within these stored bytes, in order), back to back, read on
+    /// the calling (blocking) thread: from memory, or with `pread` from a local file (runs close
+    /// together with one call).
     pub fn gather_blocking(&self, runs: &[Range<u64>]) -> Result<Bytes, StorageError> {
         match self {
             Stored::Whole(bytes) => {
@@ -110,9 +111,9 @@ impl Stored {
             }
             Stored::File { file, source_name, key, range } => {
                 let at: Vec<Range<u64>> = runs.iter().map(|r| range.start + r.start..range.start + r.end).collect();
-                let read = crate::storage::local::pread_gather(file, &at, source_name, key)?;
-                crate::storage::record_bytes("local", "slice", read.len() as u64);
-                Ok(read)
+                let (gathered, read) = crate::storage::local::pread_gather(file, &at, source_name, key)?;
+                crate::storage::record_bytes("local", "slice", read);
+                Ok(gathered)
             }
             Stored::Remote { .. } => self.read_blocking(),
         }
