@@ -6,7 +6,6 @@
 //! seekable frames) is opened once per span of runs close enough to read through, and the runs
 //! are cut from its pieces, so a seekable part decodes only frames the slice touches.
 
-use std::collections::VecDeque;
 use std::iter::Peekable;
 use std::ops::Range;
 use std::sync::Arc;
@@ -41,11 +40,11 @@ const PASS_ON_MIN: u64 = 64 << 10;
 /// many runs, small enough that a request holds little.
 const GATHER_BYTES: u64 = 1 << 20;
 
+/// Runs one gather holds at most (a list of 1 MiB), however short they are.
+const RUNS_PER_GATHER: usize = 64 << 10;
+
 /// Gathers read ahead of the one being sent, so reading overlaps sending.
 const GATHERS_AHEAD: usize = 2;
-
-/// Runs one span holds at most, so a span's list stays small whatever the slice.
-const RUNS_PER_SPAN: usize = 16 << 10;
 
 /// What a request asks to cut from an object, as written in its query.
 #[derive(Debug, Clone, Copy)]
@@ -86,7 +85,7 @@ impl Service {
         let mut bytes = self.component_bytes(model, manifest, object, component, whole_request).await?;
         let len = slice.len(element).expect("a slice is no larger than its object");
         let cutter = match bytes.verbatim_file.take() {
-            Some((sent, read)) => Cutter::File { sent, read },
+            Some((sent, read)) => Cutter::File(Arc::new(FileBytes { sent, read })),
             None => Cutter::Spans(Arc::clone(&bytes.source)),
         };
         bytes.source = Arc::new(SliceSource {
@@ -94,7 +93,7 @@ impl Service {
             shape: object.shape.clone(),
             element,
             len,
-            cutter: Arc::new(cutter),
+            cutter,
             model: Arc::clone(model),
         });
         bytes.etag = etag(model, &format!("{}\0{}\0slice\0{slice}", object.name, component.role));
@@ -107,11 +106,18 @@ impl Service {
 
 /// Where a slice's runs are cut from.
 enum Cutter {
-    /// A raw component of a mapped local file: `sent` is its mapping (sent by `sendfile`, never
-    /// loaded by the server: see `storage::mapped`), `read` the same bytes read with `pread`.
-    File { sent: Bytes, read: Stored },
+    /// A raw component of a mapped local file.
+    File(Arc<FileBytes>),
     /// Any other source, opened once per span.
     Spans(Arc<dyn RangeSource>),
+}
+
+/// A raw component of a mapped local file, two ways: `sent` is its mapping, sent as it is (by
+/// `sendfile` or `writev`: the kernel reads it, never the server, see `storage::mapped`), and
+/// `read` the same bytes, read with `pread`.
+struct FileBytes {
+    sent: Bytes,
+    read: Stored,
 }
 
 /// The bytes of a slice of a component.
@@ -120,7 +126,7 @@ struct SliceSource {
     shape: Vec<u64>,
     element: u64,
     len: u64,
-    cutter: Arc<Cutter>,
+    cutter: Cutter,
     model: Arc<Model>,
 }
 
@@ -131,8 +137,8 @@ impl RangeSource for SliceSource {
 
     fn open(&self, range: Range<u64>) -> ByteStream {
         let runs = self.slice.runs_within(&self.shape, self.element, range);
-        match &*self.cutter {
-            Cutter::File { .. } => from_file(Arc::clone(&self.cutter), Arc::clone(&self.model), runs),
+        match &self.cutter {
+            Cutter::File(file) => from_file(Arc::clone(file), Arc::clone(&self.model), runs),
             Cutter::Spans(source) => from_spans(Arc::clone(source), runs),
         }
     }
@@ -167,7 +173,7 @@ impl Iterator for Steps {
             return Some(Step::Send(runs));
         }
         let (mut runs, mut gathered) = (Vec::new(), 0);
-        while gathered < GATHER_BYTES {
+        while gathered < GATHER_BYTES && runs.len() < RUNS_PER_GATHER {
             match self.runs.next_if(|run| !long(run)) {
                 Some(run) => {
                     gathered += run.end - run.start;
@@ -180,17 +186,15 @@ impl Iterator for Steps {
     }
 }
 
-fn from_file(cutter: Arc<Cutter>, model: Arc<Model>, runs: RunsWithin) -> ByteStream {
-    let Cutter::File { sent, read } = &*cutter else { unreachable!("from_file is given a file") };
-    let (sent, read) = (sent.clone(), read.clone());
+fn from_file(file: Arc<FileBytes>, model: Arc<Model>, runs: RunsWithin) -> ByteStream {
     stream::iter(Steps { runs: runs.peekable() })
         .map(move |step| {
-            let (sent, read, model) = (sent.clone(), read.clone(), Arc::clone(&model));
+            let (file, model) = (Arc::clone(&file), Arc::clone(&model));
             async move {
                 match step {
-                    Step::Send(runs) => Ok(stream::iter(runs).flat_map(move |run| sent.open(run)).boxed()),
+                    Step::Send(runs) => Ok(stream::iter(runs).flat_map(move |run| file.sent.open(run)).boxed()),
                     Step::Gather(runs) => {
-                        let gathered = tokio::task::spawn_blocking(move || read.gather_blocking(&runs))
+                        let gathered = tokio::task::spawn_blocking(move || file.read.gather_blocking(&runs))
                             .await
                             .map_err(|e| ServiceError::Internal(e.to_string()))?
                             .map_err(|e| storage_failed(&model.source, &model.id, e))?;
@@ -204,27 +208,23 @@ fn from_file(cutter: Arc<Cutter>, model: Arc<Model>, runs: RunsWithin) -> ByteSt
         .boxed()
 }
 
-/// Runs close enough to read through as one open of the source, and the range that covers them.
+/// Runs close enough to read through as one open of the source: the range that covers them, and
+/// the runs themselves, generated again rather than kept (a span may hold millions).
 struct Span {
     range: Range<u64>,
-    runs: VecDeque<Range<u64>>,
+    runs: std::iter::Take<Peekable<RunsWithin>>,
 }
 
 fn spans(runs: RunsWithin, gap: u64) -> impl Iterator<Item = Span> {
     let mut runs = runs.peekable();
     std::iter::from_fn(move || {
+        let from_here = runs.clone();
         let first = runs.next()?;
-        let mut span = Span { range: first.clone(), runs: VecDeque::from([first]) };
-        while span.runs.len() < RUNS_PER_SPAN {
-            match runs.peek() {
-                Some(next) if next.start - span.range.end <= gap => {
-                    span.range.end = next.end;
-                    span.runs.extend(runs.next());
-                }
-                _ => break,
-            }
+        let (mut end, mut count) = (first.end, 1);
+        while let Some(next) = runs.next_if(|next| next.start - end <= gap) {
+            (end, count) = (next.end, count + 1);
         }
-        Some(span)
+        Some(Span { range: first.start..end, runs: from_here.take(count) })
     })
 }
 
@@ -246,44 +246,52 @@ fn cut(pieces: ByteStream, span: Span) -> ByteStream {
         /// The piece in hand, and where in the source it starts.
         piece: Bytes,
         at: u64,
-        runs: VecDeque<Range<u64>>,
+        /// What is left of the run being cut, then the runs after it.
+        run: Option<Range<u64>>,
+        runs: std::iter::Take<Peekable<RunsWithin>>,
         out: BytesMut,
     }
-    let state = Cutting { pieces, piece: Bytes::new(), at: span.range.start, runs: span.runs, out: BytesMut::new() };
+    fn flush(out: &mut BytesMut) -> Bytes {
+        let full = out.split().freeze();
+        out.reserve(GATHER_BYTES as usize);
+        full
+    }
+    let mut runs = span.runs;
+    let (run, out) = (runs.next(), BytesMut::with_capacity(GATHER_BYTES as usize));
+    let state = Cutting { pieces, piece: Bytes::new(), at: span.range.start, run, runs, out };
     stream::unfold(state, |mut s| async move {
         loop {
             if s.out.len() as u64 >= GATHER_BYTES {
-                return Some((Ok(s.out.split().freeze()), s));
+                return Some((Ok(flush(&mut s.out)), s));
             }
-            let Some(run) = s.runs.front_mut() else {
-                return (!s.out.is_empty()).then(|| (Ok(s.out.split().freeze()), s));
+            let Some(run) = s.run.clone() else {
+                return (!s.out.is_empty()).then(|| (Ok(flush(&mut s.out)), s));
             };
             let piece_end = s.at + s.piece.len() as u64;
             if run.start >= piece_end {
                 s.at = piece_end;
-                match s.pieces.next().await {
-                    Some(Ok(piece)) => s.piece = piece,
-                    Some(Err(e)) => {
-                        s.runs.clear();
-                        return Some((Err(e), s));
+                let failure = match s.pieces.next().await {
+                    Some(Ok(piece)) => {
+                        s.piece = piece;
+                        continue;
                     }
-                    None => {
-                        let reason = format!("a slice's source ended at byte {piece_end}, before byte {}", run.start);
-                        s.runs.clear();
-                        return Some((Err(ServiceError::Internal(reason)), s));
-                    }
-                }
-                continue;
+                    Some(Err(e)) => e,
+                    None => ServiceError::Internal(format!(
+                        "a slice's source ended at byte {piece_end}, before byte {}",
+                        run.start
+                    )),
+                };
+                // Nothing more after a failure: the body ends with it.
+                (s.run, s.out) = (None, BytesMut::new());
+                return Some((Err(failure), s));
             }
             let within = (run.start - s.at) as usize..(run.end.min(piece_end) - s.at) as usize;
             let long = within.len() as u64 >= PASS_ON_MIN;
             if long && !s.out.is_empty() {
-                return Some((Ok(s.out.split().freeze()), s));
+                return Some((Ok(flush(&mut s.out)), s));
             }
-            run.start += within.len() as u64;
-            if run.is_empty() {
-                s.runs.pop_front();
-            }
+            let rest = run.start + within.len() as u64..run.end;
+            s.run = if rest.is_empty() { s.runs.next() } else { Some(rest) };
             if long {
                 return Some((Ok(s.piece.slice(within)), s));
             }

@@ -59,6 +59,9 @@ pub fn pread_exact(
 /// call costs about as much as copying this many bytes.
 const READ_THROUGH: u64 = 16 << 10;
 
+/// The longest one such `pread` gets, whatever the runs: what a gather holds besides its output.
+const READ_SPAN_MAX: u64 = 4 << 20;
+
 /// `runs` of an open file (in order), back to back in one buffer, read with `pread` (for the
 /// same reason as [`pread_stream`]: never loaded from the mapping), runs closer than
 /// [`READ_THROUGH`] with one call; and how many bytes were read from the file.
@@ -74,7 +77,10 @@ pub fn pread_gather(
     let (mut span_buffer, mut read) = (Vec::new(), 0);
     let mut rest = runs;
     while let [first, ..] = rest {
-        let in_span = 1 + rest.windows(2).take_while(|w| w[1].start.saturating_sub(w[0].end) <= READ_THROUGH).count();
+        let close = |w: &&[std::ops::Range<u64>]| {
+            w[1].start.saturating_sub(w[0].end) <= READ_THROUGH && w[1].end - first.start <= READ_SPAN_MAX
+        };
+        let in_span = 1 + rest.windows(2).take_while(close).count();
         let (span_runs, after) = rest.split_at(in_span);
         let span = first.start..span_runs[in_span - 1].end;
         span_buffer.resize((span.end - span.start) as usize, 0);
@@ -212,5 +218,34 @@ impl super::Storage for LocalStorage {
             Ok(super::Read { size, range: span, payload: super::Payload::File { mapping, source_name: name, key } })
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathered_runs_are_the_runs_bytes_whatever_their_gaps() {
+        use std::io::Write as _;
+        let bytes: Vec<u8> = (0..(12u64 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&bytes).unwrap();
+        let every = |step: u64, len: u64| -> Vec<std::ops::Range<u64>> {
+            (0..bytes.len() as u64 - len).step_by(step as usize).map(|at| at..at + len).collect()
+        };
+        // Runs far apart, close together (read through), and tiny ones spread over 12 MiB.
+        for runs in [every(1 << 20, 100), every(4096, 512), every(20 << 10, 3), every(1 << 30, 1)] {
+            let (gathered, read) = pread_gather(&file, &runs, "test", "f").unwrap();
+            let expected: Vec<u8> =
+                runs.iter().flat_map(|r| bytes[r.start as usize..r.end as usize].to_vec()).collect();
+            assert_eq!(gathered, expected);
+            let wanted: u64 = runs.iter().map(|r| r.end - r.start).sum();
+            assert!(read >= wanted && read <= wanted + runs.len() as u64 * READ_THROUGH, "{read} read for {wanted}");
+        }
+        assert!(matches!(
+            pread_gather(&file, std::slice::from_ref(&((12 << 20) - 1..(12 << 20) + 1)), "test", "f"),
+            Err(crate::storage::StorageError::Changed { .. })
+        ));
     }
 }
