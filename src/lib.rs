@@ -25,8 +25,9 @@
 //!   decode; private decodes; the cache bounded in bytes).
 //! - [`service`]: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, the digest policy, content
-//!   checks, decoder admission, the typed representations requests get, and each model's
-//!   safetensors view as bytes (its header, then each tensor as its own route serves it).
+//!   checks, decoder admission, the typed representations requests get, each model's
+//!   safetensors view as bytes (its header, then each tensor as its own route serves it), and
+//!   slices of dense objects for tensor-parallel ranks, cut where the bytes are.
 //! - [`http`]: the HTTP contract (axum) over the service: routes, ranges, conditional
 //!   requests, content negotiation, streaming bodies, errors (the only place statuses are
 //!   chosen), metrics per request; bearer-token access control (`auth`); the connection loop

@@ -1,7 +1,8 @@
 //! The domain between the catalog and the wire protocols: the sources, the catalog swap and
 //! rescans, model lookup, a model's bytes and versions, the digest policy, content checks,
 //! decoder admission, and the typed representations a request gets (component bytes with
-//! their length, digests and version; a stored file; the manifest rendered once). Handlers of
+//! their length, digests and version; a slice of a dense object; a stored file; a view file;
+//! the manifest rendered once). Handlers of
 //! any protocol extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
