@@ -229,25 +229,33 @@ impl Slice {
     }
 
     /// The byte runs of the whole tensor of `shape` (elements of `element` bytes) that make the
-    /// sub-tensor, in row-major order, each as long as it can be.
+    /// sub-tensor, in row-major order, each as long as it can be. The tensor's bytes must fit in
+    /// a `u64`, as every checked object's do ([`element_bytes`]); an empty slice has no runs,
+    /// whatever the other dimensions.
     pub fn runs(&self, shape: &[u64], element: u64) -> Runs {
+        let index: Vec<u64> = self.ranges.iter().map(|r| r.start).collect();
+        let empty = Runs { ranges: self.ranges.clone(), outer: 0, index, strides: Vec::new(), run_len: 0, done: true };
+        if self.is_empty() {
+            return empty;
+        }
         // The innermost dimensions the slice takes whole are one run with the first one it cuts.
+        let bytes_of = |dims: &[u64]| dims.iter().fold(element, |n, &d| n.saturating_mul(d));
         let cut = (0..shape.len()).rev().find(|&d| self.ranges[d] != (0..shape[d]));
         let (outer, run_len, strides) = match cut {
-            None => (0, shape.iter().product::<u64>() * element, Vec::new()),
+            None => (0, bytes_of(shape), Vec::new()),
             Some(cut) => {
-                let inner: u64 = shape[cut + 1..].iter().product::<u64>() * element;
+                let inner = bytes_of(&shape[cut + 1..]);
                 let mut strides = vec![0; cut + 1];
                 let mut stride = inner;
                 for d in (0..=cut).rev() {
                     strides[d] = stride;
-                    stride *= shape[d];
+                    stride = stride.saturating_mul(shape[d]);
                 }
-                (cut, (self.ranges[cut].end - self.ranges[cut].start) * inner, strides)
+                (cut, (self.ranges[cut].end - self.ranges[cut].start).saturating_mul(inner), strides)
             }
         };
         let index: Vec<u64> = self.ranges.iter().take(outer).map(|r| r.start).collect();
-        Runs { ranges: self.ranges.clone(), outer, index, strides, run_len, done: self.is_empty() }
+        Runs { outer, index, strides, run_len, done: false, ..empty }
     }
 
     /// The byte runs of the whole tensor that make bytes `within` of the sub-tensor (within
@@ -432,6 +440,16 @@ mod tests {
                 assert_eq!(bytes.len() as u64, slice.len(element).unwrap());
             }
         }
+    }
+
+    #[test]
+    fn an_empty_slice_has_no_runs_whatever_the_other_dimensions() {
+        let huge = [0, u64::MAX, u64::MAX];
+        let slice = parse("", &huge).unwrap();
+        assert_eq!(slice.runs(&huge, 8).count(), 0);
+        assert_eq!(slice.runs_within(&huge, 8, 0..0).count(), 0);
+        let slice = parse(":,5:5", &[3, u64::MAX]).unwrap();
+        assert_eq!(slice.runs(&[3, u64::MAX], 16).count(), 0);
     }
 
     #[test]
