@@ -1,10 +1,10 @@
 //! Server-side slices of dense objects (a tensor-parallel rank's rows or columns): the slice
-//! checked against the object (`format::slice`), and its bytes cut from the component's as
-//! they are served, in bounded memory whatever the tensor's size. A raw component of a local
-//! file sends runs of 1 KiB or more from its mapping (the kernel copies them) and gathers shorter
-//! ones with `pread` into bounded buffers; any other source (a remote object, a decode through the shared cache,
-//! seekable frames) is opened once per span of runs close enough to read through, and the runs
-//! are cut from its pieces, so a seekable part decodes only frames the slice touches.
+//! checked against the object (`format::slice`), and its bytes cut from the component's as they
+//! are served, in bounded memory whatever the tensor's size. A raw component of a local file
+//! sends runs of 1 KiB or more from its mapping (the kernel copies them) and gathers shorter ones
+//! with `pread` into bounded buffers; any other source (a remote object, a decode through the
+//! shared cache, seekable frames) is opened once per span of runs close enough to read through,
+//! and the runs are cut from its pieces, so a seekable part decodes only frames the slice touches.
 
 use std::iter::Peekable;
 use std::ops::Range;
