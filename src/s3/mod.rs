@@ -150,9 +150,7 @@ impl Endpoint {
         .map_err(service_error)?;
         Ok((keys, index, bytes))
     }
-}
 
-impl Endpoint {
     /// The object `key` for a GET or HEAD: its bytes, and what its conditionals and range make
     /// of the answer.
     async fn settled(
@@ -203,6 +201,19 @@ fn matches(condition: &ETagCondition, etag: &str) -> bool {
         ETagCondition::Any => true,
         ETagCondition::ETag(tag) => tag.value() == etag.trim_matches('"'),
     }
+}
+
+/// The conditional headers of a GetObject or HeadObject input: two s3s types with the same
+/// fields.
+macro_rules! conditions_of {
+    ($input:expr) => {
+        Conditions {
+            if_match: $input.if_match.as_ref(),
+            if_none_match: $input.if_none_match.as_ref(),
+            if_modified_since: $input.if_modified_since.as_ref(),
+            if_unmodified_since: $input.if_unmodified_since.as_ref(),
+        }
+    };
 }
 
 /// A GET's or HEAD's conditional headers.
@@ -318,13 +329,8 @@ impl S3 for Endpoint {
         let access = self.access(&request)?;
         let input = request.input;
         self.check_bucket(&input.bucket)?;
-        let conditions = Conditions {
-            if_match: input.if_match.as_ref(),
-            if_none_match: input.if_none_match.as_ref(),
-            if_modified_since: input.if_modified_since.as_ref(),
-            if_unmodified_since: input.if_unmodified_since.as_ref(),
-        };
-        let (keys, index, bytes, answer) = self.settled(&input.key, &access, conditions, input.range.as_ref()).await?;
+        let (keys, index, bytes, answer) =
+            self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
         let output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
@@ -345,13 +351,8 @@ impl S3 for Endpoint {
         if input.part_number.is_some() {
             return Err(s3_error!(NotImplemented, "partNumber is not supported: objects are not multipart uploads"));
         }
-        let conditions = Conditions {
-            if_match: input.if_match.as_ref(),
-            if_none_match: input.if_none_match.as_ref(),
-            if_modified_since: input.if_modified_since.as_ref(),
-            if_unmodified_since: input.if_unmodified_since.as_ref(),
-        };
-        let (keys, index, bytes, answer) = self.settled(&input.key, &access, conditions, input.range.as_ref()).await?;
+        let (keys, index, bytes, answer) =
+            self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
         let range = answer.range.clone().unwrap_or(0..answer.len);
         let body = primed(bytes.source.open(range.clone())).await?;
