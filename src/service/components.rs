@@ -291,9 +291,9 @@ pub struct ComponentBytes {
     pub digest: Option<&'static str>,
     /// Whether the decoded bytes come from the cache (`passthrough` when the frame is sent).
     pub cache: Option<&'static str>,
-    /// A raw component of a mapped local file: its mapped bytes (to send, never to load) and
-    /// the same bytes to read with `pread`, for cutting slices.
-    pub(crate) verbatim_file: Option<(Bytes, Stored)>,
+    /// Where the component's stored bytes are read from (its file's mapping and descriptor, or
+    /// its object version), for cutting slices.
+    pub(crate) stored_in: ModelBytes,
 }
 
 impl Service {
@@ -328,12 +328,6 @@ impl Service {
             object: object.name.clone(),
             role: component.role.clone(),
             frame: None,
-        };
-        let verbatim_file = match &bytes {
-            ModelBytes::Mapped { bytes: mapped, .. } if component.is_verbatim() => {
-                Some((mapped.slice(range.start as usize..range.end as usize), stored.clone()))
-            }
-            _ => None,
         };
         let decoded: Option<Arc<dyn RangeSource>> = match component.encoding {
             _ if component.is_verbatim() => None,
@@ -418,7 +412,7 @@ impl Service {
             guard,
             digest,
             cache,
-            verbatim_file,
+            stored_in: bytes,
         })
     }
 }

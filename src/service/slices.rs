@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 
-use super::bytes::{etag, storage_failed};
+use super::bytes::{ModelBytes, etag, storage_failed};
 use super::components::{ComponentBytes, ComponentRequest};
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
@@ -84,9 +84,13 @@ impl Service {
         let whole_request = ComponentRequest { head, ranged: true, accepts_zstd: false };
         let mut bytes = self.component_bytes(model, manifest, object, component, whole_request).await?;
         let len = slice.len(element).expect("a slice is no larger than its object");
-        let cutter = match bytes.verbatim_file.take() {
-            Some((sent, read)) => Cutter::File(Arc::new(FileBytes { sent, read })),
-            None => Cutter::Spans(Arc::clone(&bytes.source)),
+        let cutter = match &bytes.stored_in {
+            ModelBytes::Mapped { bytes: mapped, .. } if component.is_verbatim() => {
+                let range = component.stored_range();
+                let sent = mapped.slice(range.start as usize..range.end as usize);
+                Cutter::File(Arc::new(FileBytes { sent, read: bytes.stored_in.stored(range) }))
+            }
+            _ => Cutter::Spans(Arc::clone(&bytes.source)),
         };
         bytes.source = Arc::new(SliceSource {
             slice: slice.clone(),
