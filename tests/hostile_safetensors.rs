@@ -46,7 +46,9 @@ fn hostile_files() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         ("header-huge", huge, "manifest_too_large"),
         ("truncated", vec![1, 2, 3], "truncated"),
         ("not-json", st("{ this is not json", 0), "safetensors_header"),
-        ("not-an-object", st("[1, 2, 3]", 0), "safetensors_header"),
+        ("not-an-object", st("[1, 2, 3]", 0), "safetensors_header_start"),
+        // The official reader lets leading whitespace through; the format says MUST begin with `{`.
+        ("leading-space", st(&format!(" {}", one("U8", "[1]", 1)), 1), "safetensors_header_start"),
         ("not-utf8", not_utf8, "safetensors_header"),
         ("out-of-bounds", st(&one("U8", "[1000]", 1000), 10), "data_region_mismatch"),
         ("overlapping", st(&two("[1,3]", 2), 3), "overlap"),

@@ -45,11 +45,16 @@ fn valid() -> Vec<u8> {
 /// A seekable stream of `frames` (bytes to compress, and the decoded size its table entry
 /// declares), with each compressed size as declared unless `stored` overrides it.
 fn seekable(frames: &[(&[u8], u32)], stored: Option<&[u32]>) -> Vec<u8> {
+    seekable_with_checksums(frames, stored, true)
+}
+
+/// [`seekable`], with the frames' content checksums on or off (the profile requires them).
+fn seekable_with_checksums(frames: &[(&[u8], u32)], stored: Option<&[u32]>, checksums: bool) -> Vec<u8> {
     let mut out = Vec::new();
     let mut entries = Vec::new();
     for (i, (bytes, declared)) in frames.iter().enumerate() {
         let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
-        encoder.include_checksum(true).unwrap();
+        encoder.include_checksum(checksums).unwrap();
         std::io::Write::write_all(&mut encoder, bytes).unwrap();
         let frame = encoder.finish().unwrap();
         let compressed = stored.map_or(frame.len() as u32, |s| s[i]);
@@ -146,6 +151,11 @@ async fn hostile_v2_files_get_their_precise_reason_and_never_stop_the_others() {
             "seek_frames_unequal",
         ),
         ("seek-short", with_stream(&seekable(&[(&short, 100), (&a, 100)], None), 200), "zstd_too_short"),
+        (
+            "seek-no-checksum",
+            with_stream(&seekable_with_checksums(&[(&a, 100), (&a, 100)], None, false), 200),
+            "seek_frame_no_checksum",
+        ),
     ];
     // A frame found short only after earlier frames were sent: a range of it alone is refused
     // cleanly; a whole body ends short of its length, which no client takes as complete.

@@ -233,6 +233,9 @@ pub fn decode_frame(object: &str, frame: &Component, stored: &[u8]) -> Result<Ve
             const { std::cell::RefCell::new(None) };
     }
     let at = || Location::component(object, &frame.role);
+    if frame.encoding == Encoding::ZstdSeekable {
+        crate::seekable::check_frame_checksum(&at(), stored)?;
+    }
     let declared = usize::try_from(frame.decoded_length)
         .map_err(|_| FormatError::ZstdTooLong { at: at(), declared: frame.decoded_length })?;
     // Room for exactly the declared size: a frame inflating past it fails unwritten.

@@ -172,6 +172,8 @@ pub enum FormatError {
     StoredLengthMismatch { at: Location, expected: u64, actual: u64 },
     #[error("safetensors header is invalid: {detail}")]
     SafetensorsHeader { detail: String },
+    #[error("safetensors header must begin with '{{' (0x7B), but its first byte is {first:#04x}")]
+    SafetensorsHeaderStart { first: u8 },
     #[error("{at}: data_offsets [{start}, {end}] end before they start")]
     OffsetsReversed { at: Location, start: u64, end: u64 },
     #[error("{at}: data starts at {start}, leaving a gap after the bytes before it, which end at {expected}")]
@@ -259,6 +261,7 @@ impl FormatError {
             DigestMismatch { .. } => "digest_mismatch",
             StoredLengthMismatch { .. } => "stored_length_mismatch",
             SafetensorsHeader { .. } => "safetensors_header",
+            SafetensorsHeaderStart { .. } => "safetensors_header_start",
             OffsetsReversed { .. } => "offsets_reversed",
             DataGap { .. } => "data_gap",
             PackedBits { .. } => "packed_bits",

@@ -371,6 +371,13 @@ pub fn header_span(head: &[u8], file_len: u64) -> Result<Range<u64>> {
 /// `file_len` bytes.
 pub fn parse(header: &[u8], span: Range<u64>, file_len: u64) -> Result<Header> {
     let invalid = |detail: String| FormatError::SafetensorsHeader { detail };
+    // The format says the header MUST begin with `{`; the library's reader lets leading
+    // whitespace through, which we refuse.
+    match header.first() {
+        Some(b'{') => {}
+        Some(&first) => return Err(FormatError::SafetensorsHeaderStart { first }),
+        None => return Err(invalid("the header is empty".into())),
+    }
     let text = std::str::from_utf8(header).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
     // The safetensors library pads headers with spaces; anything else after the object is not JSON.
     let entries = json_entries(text).map_err(|e| invalid(format!("not a JSON object of tensors: {e}")))?;
@@ -611,10 +618,11 @@ mod tests {
             "duplicate_object"
         );
         assert_eq!(code(r#"{"__metadata__":{"n":1}}"#, 0), "safetensors_header");
-        assert_eq!(code("[1,2]", 0), "safetensors_header");
+        assert_eq!(code("[1,2]", 0), "safetensors_header_start");
+        assert_eq!(code(" {}", 0), "safetensors_header_start", "the format says MUST begin with {{");
         assert_eq!(code(r#"{"a":1} x"#, 0), "safetensors_header");
         let mut not_utf8 = file("{}", 0);
-        not_utf8[8] = 0xff;
+        not_utf8[9] = 0xff;
         assert_eq!(parsed(&not_utf8).unwrap_err().code(), "safetensors_header");
     }
 

@@ -40,6 +40,8 @@ pub enum SeekFault {
     Coverage,
     /// Non-final frames of different decoded sizes.
     Unequal,
+    /// A frame without a content checksum, which the profile requires of every frame.
+    NoChecksum,
 }
 
 impl SeekFault {
@@ -50,7 +52,31 @@ impl SeekFault {
             SeekFault::FrameSize => "seek_frame_size",
             SeekFault::Coverage => "seek_table_coverage",
             SeekFault::Unequal => "seek_frames_unequal",
+            SeekFault::NoChecksum => "seek_frame_no_checksum",
         }
+    }
+}
+
+/// The zstd frame magic, little-endian, which every frame of the stream opens with.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// Checks that `frame` (one frame's stored bytes) is a zstd frame declaring a content checksum,
+/// as the profile requires of every frame: the frame header descriptor's bit 2. zstd itself
+/// checks the checksum while decoding; without the flag it would decode unchecked.
+pub fn check_frame_checksum(at: &Location, frame: &[u8]) -> Result<()> {
+    match frame {
+        [m0, m1, m2, m3, descriptor, ..] if [*m0, *m1, *m2, *m3] == ZSTD_MAGIC => {
+            if descriptor & 0b100 == 0 {
+                return Err(fault(
+                    at,
+                    SeekFault::NoChecksum,
+                    "a frame has no content checksum, which the profile requires",
+                ));
+            }
+            Ok(())
+        }
+        // Not a zstd frame: the decoder says precisely what is wrong.
+        _ => Ok(()),
     }
 }
 
@@ -183,6 +209,8 @@ impl SeekTable {
     /// Frame `index` of `part` as a component of its own: one zstd frame, at its place in the
     /// file, that must decode to exactly its declared size. The part's digest covers the whole
     /// part, so the frame has none.
+    /// Its encoding stays [`Encoding::ZstdSeekable`]: one frame of the profile, which
+    /// [`crate::decode::decode_frame`] holds to the profile's rules for frames.
     pub fn frame_component(&self, part: &Component, index: usize) -> Component {
         let stored = self.stored(index);
         let decoded = self.decoded(index);
@@ -190,7 +218,7 @@ impl SeekTable {
             role: part.role.clone(),
             offset: part.offset + stored.start,
             stored_length: stored.end - stored.start,
-            encoding: Encoding::Zstd,
+            encoding: Encoding::ZstdSeekable,
             decoded_length: decoded.end - decoded.start,
             digest: None,
             ..part.clone()
