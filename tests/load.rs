@@ -288,12 +288,11 @@ fn one_request(
     }
 }
 
-struct KillOnDrop(std::process::Child);
+struct StopOnDrop(std::process::Child);
 
-impl Drop for KillOnDrop {
+impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        common::stop_gracefully(&mut self.0);
     }
 }
 
@@ -388,7 +387,7 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     envs.push(("RUST_LOG".into(), "warn".into()));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let address = format!("127.0.0.1:{port}");
-    let mut server = KillOnDrop(
+    let mut server = StopOnDrop(
         std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
             .args(["serve", "--listen", &address])
             .envs(envs)

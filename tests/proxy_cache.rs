@@ -16,13 +16,18 @@ use common::{request, request_async, serve};
 use ztserve::config::{Config, SourceSpec};
 use ztserve::format::DType;
 
-/// nginx running `conf`, stopped when dropped.
+/// nginx running `conf` in a process group of its own, stopped when dropped.
 struct Nginx(Child);
 
 impl Drop for Nginx {
+    /// SIGTERM to the master, which stops its workers and cache manager and waits for them
+    /// before it exits; the group is then killed in case the master died first (SIGKILL from
+    /// outside would leave its workers serving the port with parent 1).
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        common::stop_gracefully(&mut self.0);
+        if let Some(group) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
     }
 }
 
@@ -54,7 +59,9 @@ fn start_nginx(work: &Path, origin: &str) -> (Nginx, String) {
                proxy_cache_lock_timeout 1h;\n      proxy_cache_lock_age 1h;\n    }}\n  }}\n}}\n"
     );
     std::fs::write(work.join("nginx.conf"), conf).unwrap();
+    use std::os::unix::process::CommandExt as _;
     let child = Command::new(nginx_binary())
+        .process_group(0)
         .arg("-c")
         .arg(work.join("nginx.conf"))
         .stdout(Stdio::null())

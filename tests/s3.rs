@@ -215,6 +215,7 @@ fn run_to_exit(envs: &[(String, String)]) -> (Option<i32>, String) {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             break None;
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -135,7 +135,7 @@ pub fn data_region(blocks: usize, fill: u8) -> Vec<u8> {
     vec![fill; 56 + 64 * blocks.saturating_sub(1)]
 }
 
-/// A running `ztserve` binary, killed when dropped, with the address it logged.
+/// A running `ztserve` binary, stopped gracefully when dropped, with the address it logged.
 pub struct RunningServer {
     pub child: std::process::Child,
     pub address: String,
@@ -145,9 +145,32 @@ pub struct RunningServer {
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_gracefully(&mut self.child);
     }
+}
+
+/// How long a stopped server may take to drain and exit before it is killed.
+const STOP_WITHIN: Duration = Duration::from_secs(20);
+
+/// Stops `child` as an operator would: SIGTERM, then waits for it to exit (draining what it
+/// serves); only one still running after [`STOP_WITHIN`] is killed. Either way it is waited
+/// for, so nothing a test starts outlives it.
+pub fn stop_gracefully(child: &mut std::process::Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let deadline = Instant::now() + STOP_WITHIN;
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Starts `ztserve ARGS` (with `envs`) in the repository root and waits up to 30 s for it to
@@ -427,7 +450,7 @@ pub fn model(objects: &[(&str, DType, &[u8], bool)]) -> Vec<u8> {
     w.finish(None).unwrap()
 }
 
-/// A moto S3 server on 127.0.0.1, killed when dropped.
+/// A moto S3 server on 127.0.0.1, stopped when dropped.
 pub struct S3Server {
     child: Option<std::process::Child>,
     pub port: u16,
@@ -477,11 +500,10 @@ impl S3Server {
         }
     }
 
-    /// Kills the server; its port refuses connections until [`S3Server::start`].
+    /// Stops the server and waits for it; its port refuses connections until [`S3Server::start`].
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            stop_gracefully(&mut child);
         }
     }
 }
