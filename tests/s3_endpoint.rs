@@ -434,3 +434,64 @@ async fn the_endpoint_serves_models_stored_on_s3() {
     let config = client.get(&"org/llama/model/config.json".into()).await.unwrap().bytes().await.unwrap();
     assert_eq!(&config[..], b"{\"layers\": 2}");
 }
+
+/// A directory holding one model gives it every file beside it; a directory holding several
+/// gives each file to the model whose file stem the file is named after (the longest), and a
+/// file named after none to none, so no model lists a sibling's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_beside_several_models_belong_to_the_model_they_are_named_after() {
+    use futures_util::TryStreamExt as _;
+    use object_store::ObjectStore as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::model(&[("w", DType::U8, b"12345678", false)]);
+    for name in ["solo/m.zt", "multi/llama.zt", "multi/llama-2.zt", "multi/mistral.safetensors"] {
+        let path = dir.path().join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        if name.ends_with(".safetensors") {
+            fs::write(path, common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![2], &[1, 2])])).unwrap();
+        } else {
+            fs::write(path, &model).unwrap();
+        }
+    }
+    for name in [
+        "solo/config.json",
+        "solo/tokenizer/vocab.txt",
+        "multi/llama.config.json",
+        "multi/llama-tokenizer.json",
+        "multi/llama/vocab.txt",
+        "multi/llama-2.expect.json",
+        "multi/mistral_generation_config.json",
+        "multi/notes.txt",
+        "multi/llamas.json",
+    ] {
+        let path = dir.path().join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, name).unwrap();
+    }
+    let config = Config {
+        sources: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
+        ..Config::default()
+    };
+    let (_address, s3_address, _state) = serve_with_s3(config).await;
+    let mut keys: Vec<String> = signed_client(&s3_address, "any", "any")
+        .list(None)
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    keys.retain(|k| !k.ends_with(".safetensors") && !k.ends_with(".zt"));
+    assert_eq!(
+        keys,
+        [
+            "multi/llama-2/llama-2.expect.json",
+            "multi/llama/llama-tokenizer.json",
+            "multi/llama/llama.config.json",
+            "multi/llama/llama/vocab.txt",
+            "multi/mistral/mistral_generation_config.json",
+            "solo/m/config.json",
+            "solo/m/tokenizer/vocab.txt",
+        ],
+        "each file under the model it is named after; notes.txt and llamas.json under none"
+    );
+}

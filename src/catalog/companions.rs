@@ -2,7 +2,12 @@
 //! tokenizer files, anything else a loader finds in a model repository): each such file of a
 //! source belongs to the models of the nearest directory above it that holds a model file
 //! (a `.zt` root, a `.safetensors` file or a checkpoint's index), named by its path below that
-//! directory. A file with no model directory above it belongs to none.
+//! directory. Where that directory holds one model (a Hugging Face repository's layout), the
+//! model has all of them. Where it holds several, a file belongs to the model whose file stem
+//! its path starts with, followed by `.`, `-`, `_` or `/` (the longest such stem:
+//! `llama.config.json`, `llama-tokenizer.json` and `llama/vocab.txt` are `llama.zt`'s), and to
+//! none when no stem fits, since nothing says which model it describes. A file with no model
+//! directory above it belongs to none.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -23,7 +28,13 @@ pub struct Companion {
 pub fn assign(source: &Arc<Source>, models: &[Arc<Model>], listed: &[Listed]) -> BTreeMap<String, Arc<[Companion]>> {
     let model_dirs: BTreeSet<&str> =
         listed.iter().filter(|l| FileKind::of(&l.key).is_some()).map(|l| directory(&l.key)).collect();
-    let mut by_dir: BTreeMap<&str, Vec<Companion>> = BTreeMap::new();
+    // The models of each directory, by the stem of their first file.
+    let mut stems_by_dir: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+    for model in models {
+        let key = model.files[0].object.key.as_str();
+        stems_by_dir.entry(directory(key)).or_default().push((stem(&key[directory(key).len()..]), &model.id));
+    }
+    let mut by_model: BTreeMap<&str, Vec<Companion>> = BTreeMap::new();
     for file in listed.iter().filter(|l| FileKind::of(&l.key).is_none()) {
         // The nearest directory above the file, its own first, that holds a model file.
         let mut dir = directory(&file.key);
@@ -36,17 +47,56 @@ pub fn assign(source: &Arc<Source>, models: &[Arc<Model>], listed: &[Listed]) ->
             }
             dir = directory(&dir[..dir.len() - 1]);
         };
-        if let Some(owner) = owner {
-            let name = file.key[owner.len()..].to_owned();
-            by_dir.entry(owner).or_default().push(Companion { name, object: version_of(source, file) });
+        let Some(owner) = owner else { continue };
+        let name = &file.key[owner.len()..];
+        let owners = match stems_by_dir.get(owner).map(Vec::as_slice) {
+            Some([(_, only)]) => vec![*only],
+            Some(several) => {
+                let named: Vec<&(&str, &str)> = several.iter().filter(|(stem, _)| names_stem(name, stem)).collect();
+                let longest = named.iter().map(|(stem, _)| stem.len()).max();
+                named.iter().filter(|(stem, _)| Some(stem.len()) == longest).map(|(_, id)| *id).collect()
+            }
+            None => Vec::new(),
+        };
+        for id in owners {
+            by_model.entry(id).or_default().push(Companion { name: name.to_owned(), object: version_of(source, file) });
         }
     }
-    let by_dir: BTreeMap<&str, Arc<[Companion]>> = by_dir.into_iter().map(|(dir, files)| (dir, files.into())).collect();
-    models
-        .iter()
-        .filter_map(|model| {
-            let dir = directory(&model.files[0].object.key);
-            by_dir.get(dir).map(|files| (model.id.clone(), Arc::clone(files)))
-        })
-        .collect()
+    by_model.into_iter().map(|(id, files)| (id.to_owned(), files.into())).collect()
+}
+
+/// A model file's name without its kind's suffix (`llama` of `llama.zt`, `model` of
+/// `model.safetensors.index.json`).
+fn stem(name: &str) -> &str {
+    let suffix = match FileKind::of(name) {
+        Some(FileKind::SafetensorsIndex) => FileKind::SAFETENSORS_INDEX_SUFFIX,
+        Some(FileKind::Safetensors) => ".safetensors",
+        Some(FileKind::Zt) => ".zt",
+        None => "",
+    };
+    &name[..name.len() - suffix.len()]
+}
+
+/// Whether the path `name` is named after the stem `stem`: the stem, then `.`, `-`, `_` or `/`.
+fn names_stem(name: &str, stem: &str) -> bool {
+    name.strip_prefix(stem).is_some_and(|rest| rest.starts_with(['.', '-', '_', '/']))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stem_is_the_name_without_its_kind_s_suffix_and_names_the_files_that_start_with_it() {
+        assert_eq!(stem("llama.zt"), "llama");
+        assert_eq!(stem("model.safetensors.index.json"), "model");
+        assert_eq!(stem("m.v1.safetensors"), "m.v1");
+        assert!(names_stem("llama.config.json", "llama"));
+        assert!(names_stem("llama-tokenizer.json", "llama"));
+        assert!(names_stem("llama_notes.txt", "llama"));
+        assert!(names_stem("llama/vocab.txt", "llama"));
+        assert!(!names_stem("llama.json", "llama2"));
+        assert!(!names_stem("llamas.json", "llama"));
+        assert!(!names_stem("llama", "llama"));
+    }
 }
