@@ -435,6 +435,158 @@ async fn the_endpoint_serves_models_stored_on_s3() {
     assert_eq!(&config[..], b"{\"layers\": 2}");
 }
 
+/// Runs `program ARGS` with `envs` (and no `AWS_CA_BUNDLE`) off the runtime; returns its
+/// standard output, failing the test with its standard error when it exits non-zero.
+async fn run_tool(program: &str, args: Vec<String>, envs: Vec<(String, String)>) -> String {
+    let program = program.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(&program)
+            .args(&args)
+            // A machine's CA bundle for AWS (this one sets it) means nothing to a plain-HTTP
+            // endpoint, and rclone's AWS SDK refuses to start with one on its HTTP transport.
+            .env_remove("AWS_CA_BUNDLE")
+            .envs(envs)
+            .output()
+            .unwrap_or_else(|e| panic!("{program} does not run ({e}): scripts/test installs it"));
+        assert!(
+            output.status.success(),
+            "{program} {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+/// Clients that list with ListObjects version 1 (Debian's rclone with provider `Other` and its
+/// default settings, `aws s3api list-objects`) see exactly the keys ListObjectsV2 lists, page
+/// after page (past 1,000 keys, and one common prefix a page with a delimiter), and rclone
+/// copies the whole bucket: `rclone check` finds every file identical, and each copied file is
+/// the bytes of its source file or of its HTTP route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() {
+    use futures_util::TryStreamExt as _;
+    use object_store::ObjectStore as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    let weights: Vec<u8> = (0..1u32 << 16).flat_map(|i| (i / 5).to_le_bytes()).collect();
+    // Each source file, the key it is listed under, and its bytes.
+    let llama = |name: &str| (format!("org/llama/{name}"), format!("org/llama/model/{name}"));
+    let files: Vec<(String, String, Vec<u8>)> = [
+        (llama("model.zt"), common::model(&[("w", DType::U32, &weights, true)])),
+        (llama("config.json"), b"{\"layers\": 2}".to_vec()),
+        (llama("tokenizer/vocab.txt"), b"a\nb\n".to_vec()),
+    ]
+    .into_iter()
+    .chain((0..520u32).map(|i| {
+        let names = (format!("many/m{i:03}.zt"), format!("many/m{i:03}/m{i:03}.zt"));
+        (names, common::model(&[("w", DType::U32, &i.to_le_bytes(), false)]))
+    }))
+    .map(|((name, key), bytes)| (name, key, bytes))
+    .collect();
+    for (name, _, bytes) in &files {
+        let path = models.join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+    let config = Config {
+        sources: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+        ..Config::default()
+    };
+    let (address, s3_address, _state) = serve_with_s3(config).await;
+    let endpoint = format!("http://{s3_address}");
+
+    let listed_v2: Vec<String> = signed_client(&s3_address, "any", "any")
+        .list(None)
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(listed_v2.len() > 1040, "{} keys: enough to page", listed_v2.len());
+
+    // The aws CLI from Debian (not a pip-installed one earlier on PATH), unsigned.
+    let aws_envs: Vec<(String, String)> = [
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("AWS_CONFIG_FILE", "/dev/null"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let aws = |extra: &[&str]| {
+        let mut args: Vec<String> =
+            ["s3api", "list-objects", "--bucket", "models", "--no-sign-request", "--output", "json", "--endpoint-url"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        args.push(endpoint.clone());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        run_tool("/usr/bin/aws", args, aws_envs.clone())
+    };
+    let listing: Value = serde_json::from_str(&aws(&[]).await).unwrap();
+    let listed_v1: Vec<String> =
+        listing["Contents"].as_array().unwrap().iter().map(|o| o["Key"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(listed_v1, listed_v2, "list-objects (v1, paged by markers) lists what ListObjectsV2 lists");
+    let listing: Value = serde_json::from_str(&aws(&["--delimiter", "/", "--page-size", "1"]).await).unwrap();
+    let prefixes: Vec<&str> =
+        listing["CommonPrefixes"].as_array().unwrap().iter().map(|p| p["Prefix"].as_str().unwrap()).collect();
+    assert_eq!(prefixes, ["many/", "org/"], "one common prefix a page, each once: {listing}");
+    assert!(listing.get("Contents").is_none_or(Value::is_null), "no key sits at the top: {listing}");
+    let listing: Value =
+        serde_json::from_str(&aws(&["--prefix", "org/llama/model/", "--delimiter", "/", "--page-size", "2"]).await)
+            .unwrap();
+    let keys: Vec<&str> = listing["Contents"].as_array().unwrap().iter().map(|o| o["Key"].as_str().unwrap()).collect();
+    let expected = ["org/llama/model/config.json", "org/llama/model/model.safetensors", "org/llama/model/model.zt"];
+    assert_eq!(keys, expected, "{listing}");
+    assert_eq!(listing["CommonPrefixes"], json!([{ "Prefix": "org/llama/model/tokenizer/" }]), "{listing}");
+
+    // rclone with provider Other and nothing else set: anonymous, path-style, ListObjects v1.
+    let config_file = dir.path().join("rclone.conf");
+    fs::write(&config_file, "").unwrap();
+    let rclone_envs: Vec<(String, String)> = [
+        ("RCLONE_CONFIG", config_file.to_str().unwrap()),
+        ("RCLONE_CONFIG_ZT_TYPE", "s3"),
+        ("RCLONE_CONFIG_ZT_PROVIDER", "Other"),
+        ("RCLONE_CONFIG_ZT_ENDPOINT", &endpoint),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let copy = dir.path().join("copy");
+    let args = |words: &[&str]| words.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    run_tool("rclone", args(&["copy", "zt:models", copy.to_str().unwrap()]), rclone_envs.clone()).await;
+    run_tool("rclone", args(&["check", "--download", "zt:models", copy.to_str().unwrap()]), rclone_envs).await;
+    let mut copied = Vec::new();
+    for entry in walk(&copy) {
+        copied.push(entry.strip_prefix(&copy).unwrap().to_str().unwrap().to_owned());
+    }
+    copied.sort();
+    assert_eq!(copied, listed_v2, "rclone copied every key");
+    for (name, key, bytes) in &files {
+        assert!(fs::read(copy.join(key)).unwrap() == *bytes, "{key}: rclone's copy differs from the source {name}");
+    }
+    for key in listed_v2.iter().filter(|k| k.ends_with(".safetensors")) {
+        let id = key.trim_end_matches("/model.safetensors");
+        let served = request_async(&address, &format!("/models/{id}/model.safetensors"), &[]).await;
+        assert_eq!(served.status, 200, "{key}");
+        assert!(fs::read(copy.join(key)).unwrap() == served.body, "{key}: rclone's copy differs from the view");
+    }
+}
+
+/// Every file below `dir`, recursively.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { found.extend(walk(&path)) } else { found.push(path) }
+    }
+    found
+}
+
 /// A directory holding one model gives it every file beside it; a directory holding several
 /// gives each file to the model whose file stem the file is named after (the longest), and a
 /// file named after none to none, so no model lists a sibling's files.

@@ -1,13 +1,14 @@
 //! The S3-compatible read endpoint, on its own listener (`s3_listen`), built on `s3s` (the
 //! protocol: routing, XML, SigV4, errors): one bucket (`s3_endpoint_bucket`), path-style, whose
 //! keys ([`keys`]) are each model's safetensors view, stored files and the files beside it
-//! (config, tokenizer), so loaders that read S3 (vLLM's Run:ai streamer, boto3, s3fs) read any
-//! model unchanged. It answers ListObjectsV2,
-//! HeadObject, GetObject (ranges, conditionals), HeadBucket and GetBucketLocation from the same
-//! service as the HTTP routes; every other operation is `s3s`'s `NotImplemented`. With no
-//! tokens every request is served and signatures are ignored; with tokens, requests must be
-//! SigV4-signed with a token's S3 key and see only the models the token may read (others are
-//! `NoSuchKey`, as absent models are on the HTTP routes).
+//! (config, tokenizer), so loaders that read S3 (vLLM's Run:ai streamer, boto3, s3fs, rclone,
+//! the aws CLI) read any model unchanged. It answers ListObjects (version 1, which rclone, the
+//! aws CLI's `list-objects` and older Java and Hadoop clients use), ListObjectsV2, HeadObject,
+//! GetObject (ranges, conditionals), HeadBucket and GetBucketLocation from the same service as
+//! the HTTP routes; every other operation is `s3s`'s `NotImplemented`. With no tokens every
+//! request is served and signatures are ignored; with tokens, requests must be SigV4-signed
+//! with a token's S3 key and see only the models the token may read (others are `NoSuchKey`,
+//! as absent models are on the HTTP routes).
 
 mod keys;
 
@@ -19,8 +20,8 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use s3s::dto::{
     CommonPrefix, ETag, ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
-    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListObjectsV2Input,
-    ListObjectsV2Output, Object, ObjectStorageClass, StreamingBlob, Timestamp,
+    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListObjectsInput, ListObjectsOutput,
+    ListObjectsV2Input, ListObjectsV2Output, Object, ObjectStorageClass, StreamingBlob, Timestamp,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
@@ -29,7 +30,7 @@ use crate::http::AppState;
 use crate::http::auth::Access;
 use crate::service::{ServiceError, StoredBytes};
 
-/// The most keys one ListObjectsV2 page holds, as on S3.
+/// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
 
 /// The router of the S3 endpoint: `s3s`'s service behind the same panic catching, concurrency
@@ -130,6 +131,28 @@ impl Endpoint {
         }
     }
 
+    /// One page of the keys `access` may read, as both listing operations answer it.
+    fn listing(&self, query: &Query, access: &Access, encoding: Option<&s3s::dto::EncodingType>) -> Listing {
+        let url_encoded = encoding.is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
+        let keys = self.keys();
+        let page = keys.list(query, |id| access.allows(id));
+        let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
+        let contents = page
+            .contents
+            .iter()
+            .map(|key| Object {
+                key: Some(encode(&key.key)),
+                size: Some(key.size as i64),
+                e_tag: Some(s3_etag(&key.etag)),
+                last_modified: Some(Timestamp::from(key.model.found_at)),
+                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+                ..Object::default()
+            })
+            .collect();
+        let common_prefixes = page.common_prefixes.iter().map(|p| CommonPrefix { prefix: Some(encode(p)) }).collect();
+        Listing { contents, common_prefixes, next: page.next, url_encoded }
+    }
+
     /// The bytes `key` serves, for a request that may read `access`, and the key's index in
     /// the keys it was found among.
     async fn object(&self, key: &str, access: &Access) -> S3Result<(Arc<Keys>, usize, StoredBytes)> {
@@ -163,6 +186,30 @@ impl Endpoint {
         let (keys, index, bytes) = self.object(key, access).await?;
         let answer = settle(keys.at(index), &bytes.etag, conditions, range, bytes.source.len())?;
         Ok((keys, index, bytes, answer))
+    }
+}
+
+/// A listing page in S3's types, and where the next page starts.
+struct Listing {
+    contents: Vec<Object>,
+    common_prefixes: Vec<CommonPrefix>,
+    next: Option<After>,
+    url_encoded: bool,
+}
+
+impl Listing {
+    /// `text` as this listing writes keys and prefixes (`encoding-type=url` or as it is).
+    fn encode(&self, text: &str) -> String {
+        if self.url_encoded { url_encode(text) } else { text.to_owned() }
+    }
+}
+
+/// The page size a listing asked for, at most [`MAX_KEYS`].
+fn max_keys(asked: Option<i32>) -> S3Result<usize> {
+    match asked {
+        None => Ok(MAX_KEYS),
+        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
+        Some(n) => Ok((n as usize).min(MAX_KEYS)),
     }
 }
 
@@ -264,6 +311,43 @@ fn settle(
 
 #[async_trait::async_trait]
 impl S3 for Endpoint {
+    async fn list_objects(&self, request: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        let access = self.access(&request)?;
+        let input = request.input;
+        self.check_bucket(&input.bucket)?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.clone().unwrap_or_default();
+        // A marker that is a common prefix of this listing (a NextMarker we gave) resumes after
+        // every key under it, as S3 does; any other resumes after that key.
+        let after = input.marker.clone().filter(|m| !m.is_empty()).map(|marker| {
+            let rolled_up = !delimiter.is_empty()
+                && marker.strip_prefix(prefix.as_str()).and_then(|rest| rest.find(delimiter.as_str()))
+                    == Some(marker.len() - prefix.len() - delimiter.len());
+            if rolled_up { After::Prefix(marker) } else { After::Key(marker) }
+        });
+        let query = Query { prefix, delimiter, after, max_keys: max_keys(input.max_keys)? };
+        let listing = self.listing(&query, &access, input.encoding_type.as_ref());
+        // Sent whenever the page is truncated (S3 sends it only with a delimiter; clients take
+        // it when present, else the last key).
+        let next_marker = listing.next.as_ref().map(|next| match next {
+            After::Key(key) | After::Prefix(key) => listing.encode(key),
+        });
+        let output = ListObjectsOutput {
+            name: Some(self.bucket.clone()),
+            prefix: Some(listing.encode(&query.prefix)),
+            delimiter: input.delimiter.as_deref().map(|d| listing.encode(d)),
+            marker: Some(input.marker.as_deref().map(|m| listing.encode(m)).unwrap_or_default()),
+            encoding_type: input.encoding_type.clone(),
+            max_keys: Some(query.max_keys as i32),
+            is_truncated: Some(listing.next.is_some()),
+            next_marker,
+            contents: Some(listing.contents),
+            common_prefixes: (!listing.common_prefixes.is_empty()).then_some(listing.common_prefixes),
+            ..ListObjectsOutput::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
     async fn list_objects_v2(
         &self,
         request: S3Request<ListObjectsV2Input>,
@@ -271,11 +355,6 @@ impl S3 for Endpoint {
         let access = self.access(&request)?;
         let input = request.input;
         self.check_bucket(&input.bucket)?;
-        let max_keys = match input.max_keys {
-            None => MAX_KEYS,
-            Some(n) if n < 0 => return Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
-            Some(n) => (n as usize).min(MAX_KEYS),
-        };
         let after = match &input.continuation_token {
             Some(token) => Some(
                 After::from_token(token)
@@ -287,39 +366,22 @@ impl S3 for Endpoint {
             prefix: input.prefix.clone().unwrap_or_default(),
             delimiter: input.delimiter.clone().unwrap_or_default(),
             after,
-            max_keys,
+            max_keys: max_keys(input.max_keys)?,
         };
-        let keys = self.keys();
-        let page = keys.list(&query, |id| access.allows(id));
-        let url_encoded = input.encoding_type.as_ref().is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
-        let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
-        let contents: Vec<Object> = page
-            .contents
-            .iter()
-            .map(|key| Object {
-                key: Some(encode(&key.key)),
-                size: Some(key.size as i64),
-                e_tag: Some(s3_etag(&key.etag)),
-                last_modified: Some(Timestamp::from(key.model.found_at)),
-                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
-                ..Object::default()
-            })
-            .collect();
-        let common_prefixes: Vec<CommonPrefix> =
-            page.common_prefixes.iter().map(|p| CommonPrefix { prefix: Some(encode(p)) }).collect();
+        let listing = self.listing(&query, &access, input.encoding_type.as_ref());
         let output = ListObjectsV2Output {
             name: Some(self.bucket.clone()),
-            prefix: Some(encode(&query.prefix)),
-            delimiter: input.delimiter.as_deref().map(encode),
-            start_after: input.start_after.as_deref().map(encode),
+            prefix: Some(listing.encode(&query.prefix)),
+            delimiter: input.delimiter.as_deref().map(|d| listing.encode(d)),
+            start_after: input.start_after.as_deref().map(|s| listing.encode(s)),
             encoding_type: input.encoding_type.clone(),
-            max_keys: Some(max_keys as i32),
-            key_count: Some((contents.len() + common_prefixes.len()) as i32),
-            is_truncated: Some(page.next.is_some()),
+            max_keys: Some(query.max_keys as i32),
+            key_count: Some((listing.contents.len() + listing.common_prefixes.len()) as i32),
+            is_truncated: Some(listing.next.is_some()),
             continuation_token: input.continuation_token.clone(),
-            next_continuation_token: page.next.as_ref().map(After::token),
-            contents: Some(contents),
-            common_prefixes: (!common_prefixes.is_empty()).then_some(common_prefixes),
+            next_continuation_token: listing.next.as_ref().map(After::token),
+            contents: Some(listing.contents),
+            common_prefixes: (!listing.common_prefixes.is_empty()).then_some(listing.common_prefixes),
             ..ListObjectsV2Output::default()
         };
         Ok(S3Response::new(output))
