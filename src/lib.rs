@@ -1,7 +1,8 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files and safetensors checkpoints.
 //!
-//! Module map. Layers run one way, {http, s3} -> service -> {catalog, decode} -> storage -> format,
-//! with `api`, `config` and `telemetry` beside them; no module imports one above it.
+//! Module map. Layers run one way, server -> {http, s3} -> {transport, access} -> service ->
+//! {catalog, decode} -> storage -> format, with `api`, `config` and `telemetry` beside them; no
+//! module imports one above it, and the wire protocols never name each other.
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
 //!   URL builders (ids written naturally where unambiguous, other names percent-encoded
 //!   segments), `X-Zt-*` header names.
@@ -28,14 +29,22 @@
 //!   checks, decoder admission, the typed representations requests get, each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it), and
 //!   slices of dense objects for tensor-parallel ranks, cut where the bytes are.
+//! - [`access`]: who may read what, for every protocol: tokens (config and a watched token
+//!   file), kept as digests and compared in constant time, each allowed every model or some id
+//!   prefixes; as S3 signing keys while the S3 endpoint is on.
+//! - [`transport`]: what every listener shares below the protocols: the connection loop and its
+//!   limits (count, head size, header and idle timeouts, drain), connections that send slices
+//!   of mapped files with `sendfile` (corked while they do) instead of copying them, and the
+//!   layers every request passes (metrics, tracing, panic catching, timeout, concurrency).
 //! - [`http`]: the HTTP contract (axum) over the service: routes, ranges, conditional
-//!   requests, content negotiation, streaming bodies, errors (the only place statuses are
-//!   chosen), metrics per request; bearer-token access control (`auth`); the connection loop
-//!   and its limits (`connections`: count, head size, header and idle timeouts); connections
-//!   that send slices of mapped files with `sendfile` instead of copying them (`zero_copy`).
+//!   requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
+//!   chosen); bearer tokens checked per request.
 //! - [`s3`]: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
-//!   whose keys are each model's safetensors view, stored files and companions, served from the same service
-//!   with http's state, tokens (as SigV4 keys) and layers.
+//!   whose keys are each model's safetensors view, stored files and companions, served from
+//!   the same service; tokens as SigV4 keys; S3 error codes chosen here only.
+//! - [`server`]: the composition root: builds the service, the tokens and every protocol's
+//!   router, binds their listeners, runs rescans, the token watch and metrics upkeep, and
+//!   drains every listener on SIGTERM or SIGINT.
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`tools`]: the file tools over local files: `inspect`, `verify`, `cat`, `convert`,
 //!   `write-demo`, one module each.
@@ -45,6 +54,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod access;
 pub mod api;
 pub mod catalog;
 pub mod config;
@@ -52,10 +62,12 @@ pub mod decode;
 pub mod http;
 pub mod pull;
 pub mod s3;
+pub mod server;
 pub mod service;
 pub mod storage;
 pub mod telemetry;
 pub mod tools;
+pub mod transport;
 
 /// The byte layout, a crate of its own (`format/`) so the compiler keeps it pure.
 pub use ztserve_format as format;

@@ -164,7 +164,7 @@ fn serve(
     let config = Config::load(config.as_deref(), std::env::vars(), flags)?;
     ztserve::telemetry::init(config.log_format);
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async { ztserve::http::serve(ztserve::http::AppState::new(config)?).await })?;
+    runtime.block_on(async { ztserve::server::serve(ztserve::server::Server::new(config)?).await })?;
     Ok(ExitCode::SUCCESS)
 }
 

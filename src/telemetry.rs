@@ -1,7 +1,7 @@
 //! What the service tells operators: one tracing subscriber (human-readable text or JSON lines,
 //! filtered by `RUST_LOG`, default `info`) and the Prometheus recorder behind `/metrics`. Each
 //! request is one span (method, route, path, model, object, cache, status, bytes, duration_ms)
-//! closed by one `response` event; see `http::request_span`. Every metric name is declared
+//! closed by one `response` event; see `transport::layers`. Every metric name is declared
 //! here, with its help text, so the set is visible in one place.
 
 use std::sync::OnceLock;

@@ -16,7 +16,7 @@ use tower::ServiceExt;
 use ztserve::config::Config;
 use ztserve::format::DType;
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use ztserve::http::{AppState, app};
+use ztserve::server::Server;
 
 struct Reply {
     status: StatusCode,
@@ -37,19 +37,19 @@ impl Reply {
     }
 }
 
-async fn send(state: &Arc<AppState>, method: Method, uri: &str, headers: &[(&str, &str)]) -> Reply {
+async fn send(state: &Arc<Server>, method: Method, uri: &str, headers: &[(&str, &str)]) -> Reply {
     let mut request = Request::builder().method(method).uri(uri);
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
-    let response = app(Arc::clone(state)).oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+    let response = state.http_app().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
     let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap().to_vec();
     Reply { status, headers, body }
 }
 
-async fn get(state: &Arc<AppState>, uri: &str, headers: &[(&str, &str)]) -> Reply {
+async fn get(state: &Arc<Server>, uri: &str, headers: &[(&str, &str)]) -> Reply {
     send(state, Method::GET, uri, headers).await
 }
 
@@ -102,14 +102,14 @@ async fn populate(source: &ModelSource) {
     source.put("broken.zt", b"ZTEN1000 this is not a finished zTensor file at all").await;
 }
 
-async fn state_for(source: &ModelSource) -> Arc<AppState> {
-    let state = AppState::new(source.config(Config { max_ranges: 8, ..Config::default() })).unwrap();
+async fn state_for(source: &ModelSource) -> Arc<Server> {
+    let state = Server::new(source.config(Config { max_ranges: 8, ..Config::default() })).unwrap();
     state.service.rescan().await;
     state
 }
 
 /// A source filled by [`populate`] and a state serving it.
-async fn populated_state(source: &ModelSource) -> Arc<AppState> {
+async fn populated_state(source: &ModelSource) -> Arc<Server> {
     populate(source).await;
     state_for(source).await
 }
@@ -118,7 +118,7 @@ const WEIGHTS: &str = "/models/org%2Fllama/objects/weights";
 
 async fn readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200(source: ModelSource) {
     populate(&source).await;
-    let state = AppState::new(source.config(Config::default())).unwrap();
+    let state = Server::new(source.config(Config::default())).unwrap();
     assert_eq!(get(&state, "/readyz", &[]).await.status, StatusCode::SERVICE_UNAVAILABLE);
     let not_ready = get(&state, "/models", &[]).await;
     assert_eq!((not_ready.status, not_ready.error_code().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
@@ -426,8 +426,8 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str, range: &str) -> (u16, V
 async fn start_server(source: &ModelSource) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = AppState::new(source.config(Config::default())).unwrap();
-    tokio::spawn(ztserve::http::serve_on(listener, state));
+    let state = Server::new(source.config(Config::default())).unwrap();
+    tokio::spawn(ztserve::server::serve_on(listener, state));
     for _ in 0..100 {
         if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -9,10 +9,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use super::auth::Access;
 use super::range::if_none_match_matches;
 use super::respond::{Representation, bytes_response};
 use super::{ApiError, AppState, answer, cache_control, header_value, param, path_params, ready_model};
+use crate::access::Access;
 use crate::api;
 use crate::catalog::Model;
 use crate::service::{self, ServiceError};

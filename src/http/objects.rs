@@ -10,10 +10,10 @@ use axum::extract::{Query, RawPathParams, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 
-use super::auth::Access;
 use super::models::model_version;
 use super::respond::{ExtraHeaders, Representation, bytes_response};
 use super::{ApiError, AppState, answer, cache_control, header_value, param, path_params, ready_model};
+use crate::access::Access;
 use crate::api;
 use crate::catalog::Model;
 use crate::format::json::object_json;

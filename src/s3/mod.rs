@@ -20,28 +20,28 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use s3s::dto::{
     CommonPrefix, ETag, ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
-    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListObjectsInput, ListObjectsOutput,
-    ListObjectsV2Input, ListObjectsV2Output, Object, ObjectStorageClass, StreamingBlob, Timestamp,
+    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListObjectsInput,
+    ListObjectsOutput, ListObjectsV2Input, ListObjectsV2Output, Object, ObjectStorageClass, StreamingBlob, Timestamp,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use self::keys::{After, Key, Keys, Query, Target};
-use crate::http::AppState;
-use crate::http::auth::Access;
-use crate::service::{ServiceError, StoredBytes};
+use crate::access::{Access, Tokens};
+use crate::service::{Service, ServiceError, StoredBytes};
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
 
-/// The router of the S3 endpoint: `s3s`'s service behind the same panic catching, concurrency
-/// limit, tracing and metrics as the HTTP routes.
-pub fn app(state: Arc<AppState>) -> Router {
-    let open = !state.tokens.required();
-    let bucket = state.config().s3_endpoint_bucket.clone();
-    let mut builder =
-        s3s::service::S3ServiceBuilder::new(Endpoint { state: Arc::clone(&state), bucket, keys: Mutex::new(None) });
+/// The router of the S3 endpoint over `service`, checking `tokens`: `s3s`'s service behind
+/// the same panic catching, concurrency limit, tracing and metrics as every listener.
+pub fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
+    let open = !tokens.required();
+    let bucket = service.config.s3_endpoint_bucket.clone();
+    let config = service.config.clone();
+    let endpoint = Endpoint { service, tokens: Arc::clone(&tokens), bucket, keys: Mutex::new(None) };
+    let mut builder = s3s::service::S3ServiceBuilder::new(endpoint);
     if !open {
-        builder.set_auth(TokenKeys(Arc::clone(&state)));
+        builder.set_auth(TokenKeys(tokens));
     }
     let service = builder.build();
     let handled = axum::error_handling::HandleError::new(service, |e: s3s::HttpError| async move {
@@ -50,7 +50,34 @@ pub fn app(state: Arc<AppState>) -> Router {
     });
     let router = Router::new().fallback_service(handled);
     let router = if open { router.layer(axum::middleware::map_request(unsigned)) } else { router };
-    crate::http::with_common_layers(router, state.config(), "s3")
+    let refusals = crate::transport::Refusals { panicked: internal_error, timed_out: request_timeout };
+    crate::transport::with_common_layers(router, &config, "s3", refusals)
+}
+
+/// A handler's panic, answered as S3 answers an internal error.
+fn internal_error() -> axum::response::Response {
+    s3_error_response(S3Error::with_message(S3ErrorCode::InternalError, "internal error"))
+}
+
+/// An answer not started within `request_timeout_secs`, as S3's `RequestTimeout`.
+fn request_timeout() -> axum::response::Response {
+    s3_error_response(s3_error!(RequestTimeout, "the answer did not start within the request timeout"))
+}
+
+/// An S3 error as the XML response `s3s` writes for it.
+fn s3_error_response(error: S3Error) -> axum::response::Response {
+    let status = error.status_code().unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let code = error.code().as_str().to_owned();
+    let message = error.message().unwrap_or_default().to_owned();
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message></Error>",
+        xml_escape(&message)
+    );
+    axum::response::IntoResponse::into_response((status, [(axum::http::header::CONTENT_TYPE, "application/xml")], body))
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// With no tokens, every request is served as it comes: its signature, which no configured
@@ -71,12 +98,12 @@ async fn unsigned(mut request: Request) -> Request {
 }
 
 /// Tokens as S3 keys: `s3s` checks each signature with the secret found here.
-struct TokenKeys(Arc<AppState>);
+struct TokenKeys(Arc<Tokens>);
 
 #[async_trait::async_trait]
 impl s3s::auth::S3Auth for TokenKeys {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
-        match self.0.tokens.s3_key(access_key) {
+        match self.0.s3_key(access_key) {
             Some((secret, _)) => Ok(s3s::auth::SecretKey::from(&*secret)),
             None => Err(s3_error!(InvalidAccessKeyId, "no token has this access key id")),
         }
@@ -85,7 +112,8 @@ impl s3s::auth::S3Auth for TokenKeys {
 
 /// The S3 operations over the service.
 struct Endpoint {
-    state: Arc<AppState>,
+    service: Arc<Service>,
+    tokens: Arc<Tokens>,
     bucket: String,
     /// The keys of the catalog last listed, rebuilt when the catalog changes.
     keys: Mutex<Option<Arc<Keys>>>,
@@ -95,13 +123,13 @@ impl Endpoint {
     /// What the request may read: everything when no tokens are configured, otherwise what
     /// its verified access key's token may (`s3s` has already refused a bad signature).
     fn access<T>(&self, request: &S3Request<T>) -> S3Result<Access> {
-        if !self.state.tokens.required() {
+        if !self.tokens.required() {
             return Ok(Access::Everything);
         }
         let Some(credentials) = &request.credentials else {
             return Err(s3_error!(AccessDenied, "requests must be signed with a token's S3 key"));
         };
-        match self.state.tokens.s3_key(&credentials.access_key) {
+        match self.tokens.s3_key(&credentials.access_key) {
             Some((_, access)) => Ok(access),
             None => Err(s3_error!(InvalidAccessKeyId, "no token has this access key id")),
         }
@@ -111,7 +139,7 @@ impl Endpoint {
         if bucket != self.bucket {
             return Err(s3_error!(NoSuchBucket, "this endpoint serves only the bucket {:?}", self.bucket));
         }
-        if !self.state.service.is_ready() {
+        if !self.service.is_ready() {
             return Err(service_error(ServiceError::NotReady));
         }
         Ok(())
@@ -119,12 +147,12 @@ impl Endpoint {
 
     /// The current catalog's keys.
     fn keys(&self) -> Arc<Keys> {
-        let catalog = self.state.service.catalog();
+        let catalog = self.service.catalog();
         let mut cached = self.keys.lock().expect("never poisoned");
         match &*cached {
             Some(keys) if keys.are_of(&catalog) => Arc::clone(keys),
             _ => {
-                let keys = Arc::new(Keys::build(&self.state.service, catalog));
+                let keys = Arc::new(Keys::build(&self.service, catalog));
                 *cached = Some(Arc::clone(&keys));
                 keys
             }
@@ -161,7 +189,7 @@ impl Endpoint {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
         let found = keys.at(index);
-        let service = &self.state.service;
+        let service = &self.service;
         let bytes = match &found.target {
             Target::View(name) => service.view_file(&found.model, &found.manifest, name).await,
             Target::Stored(name) => service.stored_file_named(&found.model, &found.manifest, name).await,

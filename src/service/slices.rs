@@ -23,7 +23,7 @@ use crate::format::slice::{RunsWithin, Slice, element_bytes, parse, shard_spec};
 use crate::format::{Manifest, Object};
 
 /// Runs of a mapped file at least this long are sent from the mapping as they are (by
-/// `sendfile` from 64 KiB, `http::zero_copy`, and below that by `writev`: either way the kernel
+/// `sendfile` from 64 KiB, `transport::zero_copy`, and below that by `writev`: either way the kernel
 /// copies them, never the server); shorter ones cost less read with `pread` and gathered.
 /// Measured on 8 ranks' columns of a 1 GiB bf16 matrix (runs of 8 KiB): gathered by one `pread`
 /// each, 0.6× the throughput of contiguous ranges of the same bytes; sent from the mapping, 1.0×.

@@ -1,6 +1,6 @@
 //! Files mapped whole, read-only: the only module with `unsafe`. Every live mapping is
 //! registered with the file behind it, so a socket can send a slice of one from the file
-//! (`sendfile`) instead of copying it (see `http::zero_copy`); nothing in the process loads
+//! (`sendfile`) instead of copying it (see `transport::zero_copy`); nothing in the process loads
 //! from a mapping itself (see the SAFETY note in [`MappedFile::open`]).
 #![allow(unsafe_code)]
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use ztserve::config::Config;
 use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 use ztserve::format::{DType, Value};
-use ztserve::http::AppState;
+use ztserve::server::Server;
 
 /// Where `scripts/python-env` puts its venvs.
 pub fn venv_root() -> PathBuf {
@@ -368,11 +368,11 @@ impl Connection {
 }
 
 /// A server on 127.0.0.1:0 in this process (its metrics are this process's).
-pub async fn serve(config: Config) -> (String, Arc<AppState>) {
+pub async fn serve(config: Config) -> (String, Arc<Server>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
-    let state = AppState::new(config).unwrap();
-    tokio::spawn(ztserve::http::serve_on(listener, Arc::clone(&state)));
+    let state = Server::new(config).unwrap();
+    tokio::spawn(ztserve::server::serve_on(listener, Arc::clone(&state)));
     let deadline = Instant::now() + Duration::from_secs(30);
     while !state.service.is_ready() {
         assert!(Instant::now() < deadline, "not ready within 30 s");
@@ -382,14 +382,14 @@ pub async fn serve(config: Config) -> (String, Arc<AppState>) {
 }
 
 /// [`serve`] with the S3 endpoint on its own 127.0.0.1:0 listener: the HTTP and S3 addresses.
-pub async fn serve_with_s3(config: Config) -> (String, String, Arc<AppState>) {
+pub async fn serve_with_s3(config: Config) -> (String, String, Arc<Server>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (address, s3_address) = (listener.local_addr().unwrap().to_string(), s3.local_addr().unwrap().to_string());
     // The endpoint is on: tokens are kept as S3 secrets.
     let config = Config { s3_listen: s3_address.clone(), ..config };
-    let state = AppState::new(config).unwrap();
-    tokio::spawn(ztserve::http::serve_with_s3(listener, Some(s3), Arc::clone(&state)));
+    let state = Server::new(config).unwrap();
+    tokio::spawn(ztserve::server::serve_with_s3(listener, Some(s3), Arc::clone(&state)));
     let deadline = Instant::now() + Duration::from_secs(30);
     while !state.service.is_ready() {
         assert!(Instant::now() < deadline, "not ready within 30 s");

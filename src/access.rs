@@ -1,0 +1,317 @@
+//! Who may read what, for every protocol: optional tokens, each allowed every model or only
+//! those under some id prefixes. Tokens come from the config (`tokens`, `ZTSERVE_TOKENS`) and
+//! a token file re-read when it changes. Only SHA-256 digests of tokens are kept (unless the S3
+//! endpoint is on: SigV4 verification needs each token as its key's secret), and a presented
+//! token is compared with every one of them in constant time, so neither the comparison's
+//! timing nor a heap dump gives a token away; no token is ever logged. How a token is presented
+//! is each protocol's business (HTTP's bearer header in `http::auth`, S3's signing keys); a
+//! model outside a token's prefixes answers exactly as a model that does not exist.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use sha2::Digest as _;
+use subtle::ConstantTimeEq as _;
+
+use crate::storage::scan::FileIdentity;
+use crate::telemetry::names;
+
+/// The shortest token accepted: 16 characters of a random token are ~96 bits.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// How often the token file is checked for changes.
+const TOKEN_FILE_POLL: Duration = Duration::from_secs(1);
+
+/// What one request may read, once its protocol has checked its token.
+#[derive(Debug, Clone)]
+pub enum Access {
+    /// Every model (no tokens configured, or a token without prefixes).
+    Everything,
+    /// Only models whose id is one of these prefixes or lies below one (`team-a` allows
+    /// `team-a/llama`, not `team-ab/x`).
+    Under(Arc<[String]>),
+}
+
+impl Access {
+    pub fn allows(&self, id: &str) -> bool {
+        match self {
+            Access::Everything => true,
+            Access::Under(prefixes) => prefixes
+                .iter()
+                .any(|p| id.strip_prefix(p.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))),
+        }
+    }
+}
+
+/// One accepted token: its digest and what it may read, and, only while the S3 endpoint is
+/// on, its S3 key (SigV4 is a shared-secret scheme: verifying a signature needs the secret).
+#[derive(Clone)]
+struct Grant {
+    sha256: [u8; 32],
+    access: Access,
+    s3: Option<S3Key>,
+}
+
+/// A token as S3 credentials: the access key id is the first 20 hex digits of the token's
+/// SHA-256 (public: it names the key), the secret is the token.
+#[derive(Clone)]
+struct S3Key {
+    access_key_id: String,
+    secret: Arc<str>,
+}
+
+/// The S3 access key id of a token whose SHA-256 is `sha256`.
+fn s3_access_key_id(sha256: &[u8; 32]) -> String {
+    hex::encode(&sha256[..10])
+}
+
+/// Why a token entry was refused. Never carries the token itself.
+#[derive(Debug, thiserror::Error)]
+#[error("{origin}: {message}")]
+pub struct TokenError {
+    pub origin: String,
+    pub message: String,
+}
+
+/// Parses one entry, `TOKEN [PREFIX ...]`, as written in `tokens`, `ZTSERVE_TOKENS` or a
+/// line of the token file. `origin` names the entry in errors (never its text).
+fn parse_entry(entry: &str, origin: &str, keep_s3_secret: bool) -> Result<Grant, TokenError> {
+    let fail = |message: String| TokenError { origin: origin.to_owned(), message };
+    let mut words = entry.split_whitespace();
+    let token = words.next().ok_or_else(|| fail("is empty".into()))?;
+    // RFC 6750's b64token: what a client can send in `Authorization: Bearer`.
+    let b64token = token.trim_end_matches('=').bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b));
+    if !b64token || token.starts_with('=') {
+        return Err(fail(
+            "the token has characters a bearer token cannot carry (allowed: A-Z a-z 0-9 - . _ ~ + / and trailing =)"
+                .into(),
+        ));
+    }
+    if token.len() < MIN_TOKEN_LEN {
+        return Err(fail(format!("the token is {} characters; at least {MIN_TOKEN_LEN} are required", token.len())));
+    }
+    let mut prefixes = Vec::new();
+    for prefix in words {
+        let prefix = prefix.trim_matches('/');
+        if prefix.is_empty() || prefix.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+            return Err(fail(format!("prefix {prefix:?} is not a model id prefix like team-a or team-a/vision")));
+        }
+        prefixes.push(prefix.to_owned());
+    }
+    let access = if prefixes.is_empty() { Access::Everything } else { Access::Under(prefixes.into()) };
+    let sha256: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+    let s3 = keep_s3_secret.then(|| S3Key { access_key_id: s3_access_key_id(&sha256), secret: token.into() });
+    Ok(Grant { sha256, access, s3 })
+}
+
+/// Parses a token file: one entry per line; blank lines and lines starting with `#` skipped.
+fn parse_file(text: &str, path: &Path, keep_s3_secrets: bool) -> Result<Vec<Grant>, TokenError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
+        .map(|(n, line)| parse_entry(line, &format!("token file {} line {}", path.display(), n + 1), keep_s3_secrets))
+        .collect()
+}
+
+/// What identifies one version of the token file (a change to any of it re-reads the file).
+type FileStamp = FileIdentity;
+
+fn stamp(path: &Path) -> std::io::Result<FileStamp> {
+    // `metadata` follows symlinks, so a Kubernetes secret's `..data` swap is seen as a change.
+    Ok(FileIdentity::of(&std::fs::metadata(path)?))
+}
+
+/// The tokens in force.
+pub struct Tokens {
+    /// No tokens configured at all: every request may read everything.
+    open: bool,
+    from_config: Vec<Grant>,
+    file: Option<PathBuf>,
+    /// The token file's grants and the version they were read from.
+    from_file: RwLock<(Vec<Grant>, Option<FileStamp>)>,
+    /// Whether tokens are kept as S3 secrets too (the S3 endpoint is on).
+    keep_s3_secrets: bool,
+}
+
+impl Tokens {
+    /// The tokens of `entries` (config and environment) and `file` (empty: none). Any invalid
+    /// entry, or an unreadable file, is an error: the server must not start with less
+    /// protection than configured. With `keep_s3_secrets`, each token is also kept as the
+    /// secret of its S3 key.
+    pub fn new(entries: &[String], file: &str, keep_s3_secrets: bool) -> Result<Tokens, TokenError> {
+        let from_config = entries
+            .iter()
+            .enumerate()
+            .map(|(n, e)| parse_entry(e, &format!("tokens entry {}", n + 1), keep_s3_secrets))
+            .collect::<Result<_, _>>()?;
+        let file = (!file.is_empty()).then(|| PathBuf::from(file));
+        let tokens = Tokens {
+            open: entries.is_empty() && file.is_none(),
+            from_config,
+            file,
+            from_file: RwLock::new((Vec::new(), None)),
+            keep_s3_secrets,
+        };
+        if let Some(path) = &tokens.file {
+            let read = std::fs::read_to_string(path)
+                .map_err(|e| TokenError { origin: format!("token file {}", path.display()), message: e.to_string() })?;
+            let stamp = stamp(path).ok();
+            *tokens.from_file.write().expect("never poisoned") = (parse_file(&read, path, keep_s3_secrets)?, stamp);
+        }
+        metrics::gauge!(names::AUTH_TOKENS).set(tokens.count() as f64);
+        Ok(tokens)
+    }
+
+    /// Whether requests need a token.
+    pub fn required(&self) -> bool {
+        !self.open
+    }
+
+    fn count(&self) -> usize {
+        self.from_config.len() + self.from_file.read().expect("never poisoned").0.len()
+    }
+
+    /// What `token` may read, or `None` if it is not a valid token. Every grant is compared,
+    /// whatever matched first.
+    pub fn check(&self, token: &str) -> Option<Access> {
+        let presented: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let from_file = self.from_file.read().expect("never poisoned");
+        let mut found = None;
+        for grant in self.from_config.iter().chain(&from_file.0) {
+            if bool::from(grant.sha256.ct_eq(&presented)) && found.is_none() {
+                found = Some(grant.access.clone());
+            }
+        }
+        found
+    }
+
+    /// The secret of S3 access key `access_key_id` and what it may read, when it is a token's.
+    pub fn s3_key(&self, access_key_id: &str) -> Option<(Arc<str>, Access)> {
+        let from_file = self.from_file.read().expect("never poisoned");
+        self.from_config.iter().chain(&from_file.0).find_map(|grant| {
+            let key = grant.s3.as_ref().filter(|k| k.access_key_id == access_key_id)?;
+            Some((Arc::clone(&key.secret), grant.access.clone()))
+        })
+    }
+
+    /// Re-reads the token file if it changed. A file that cannot be read or parsed revokes
+    /// every token it held (the config's stay): failing closed, so a broken edit never
+    /// leaves a removed token working. The error is logged and counted.
+    pub fn reload_if_changed(&self) {
+        let Some(path) = &self.file else { return };
+        // A missing file has no stamp: it is reported once, when it goes, not every poll.
+        let now = stamp(path).ok();
+        if now == self.from_file.read().expect("never poisoned").1 {
+            return;
+        }
+        let parsed = std::fs::read_to_string(path)
+            .map_err(|e| TokenError { origin: format!("token file {}", path.display()), message: e.to_string() })
+            .and_then(|text| parse_file(&text, path, self.keep_s3_secrets));
+        let outcome = match parsed {
+            Ok(grants) => {
+                tracing::info!(file = %path.display(), tokens = grants.len(), "token file re-read");
+                *self.from_file.write().expect("never poisoned") = (grants, now);
+                "ok"
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "token file unusable: its tokens are refused until it is fixed");
+                *self.from_file.write().expect("never poisoned") = (Vec::new(), now);
+                "error"
+            }
+        };
+        metrics::counter!(names::AUTH_TOKEN_FILE_RELOADS, "outcome" => outcome).increment(1);
+        metrics::gauge!(names::AUTH_TOKENS).set(self.count() as f64);
+    }
+
+    /// Re-reads the token file whenever it changes, forever.
+    pub async fn watch(self: Arc<Self>) {
+        if self.file.is_none() {
+            return;
+        }
+        let mut interval = tokio::time::interval(TOKEN_FILE_POLL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let tokens = Arc::clone(&self);
+            let _ = tokio::task::spawn_blocking(move || tokens.reload_if_changed()).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef-team";
+
+    #[test]
+    fn prefixes_allow_whole_segments_only() {
+        let grant = parse_entry(&format!("{TOKEN} team-a/ org/vision"), "t", false).unwrap();
+        for (id, allowed) in [
+            ("team-a", true),
+            ("team-a/llama", true),
+            ("team-a/x/y", true),
+            ("team-ab/x", false),
+            ("team", false),
+            ("org/vision/clip", true),
+            ("org/visionary", false),
+            ("org", false),
+            ("other", false),
+        ] {
+            assert_eq!(grant.access.allows(id), allowed, "{id}");
+        }
+        assert!(parse_entry(TOKEN, "t", false).unwrap().access.allows("anything/at/all"));
+    }
+
+    #[test]
+    fn a_token_is_an_s3_key_only_while_the_endpoint_keeps_secrets() {
+        let id = s3_access_key_id(&sha2::Sha256::digest(TOKEN.as_bytes()).into());
+        assert_eq!(id.len(), 20);
+        let entries = [format!("{TOKEN} team-a")];
+        let kept = Tokens::new(&entries, "", true).unwrap();
+        let (secret, access) = kept.s3_key(&id).expect("the token's key");
+        assert_eq!((&*secret, access.allows("team-a/x"), access.allows("b")), (TOKEN, true, false));
+        assert!(kept.s3_key("0123456789abcdef0123").is_none());
+        assert!(Tokens::new(&entries, "", false).unwrap().s3_key(&id).is_none(), "no secret kept");
+    }
+
+    #[test]
+    fn bad_entries_are_refused_without_repeating_the_token() {
+        for (entry, expected) in [
+            ("", "is empty"),
+            ("short", "at least 16"),
+            ("has\"quote0123456789", "characters"),
+            ("=0123456789abcdefgh", "characters"),
+            (&format!("{TOKEN} ../etc"), "prefix"),
+            (&format!("{TOKEN} a//b"), "prefix"),
+        ] {
+            let error = parse_entry(entry, "tokens entry 1", false).err().unwrap().to_string();
+            assert!(error.contains(expected), "{entry:?}: {error}");
+            let token = entry.split_whitespace().next().unwrap_or("");
+            assert!(token.is_empty() || !error.contains(token), "{error} repeats the token");
+        }
+    }
+
+    #[test]
+    fn only_a_listed_token_is_accepted_and_an_emptied_file_accepts_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, format!("# team A\n{TOKEN} team-a\n\n")).unwrap();
+        let tokens = Tokens::new(&["ffffffffffffffffffff".into()], path.to_str().unwrap(), false).unwrap();
+        assert!(tokens.required());
+        assert!(matches!(tokens.check("ffffffffffffffffffff"), Some(Access::Everything)));
+        assert!(matches!(tokens.check(TOKEN), Some(Access::Under(_))));
+        assert!(tokens.check("0123456789abcdef-tea").is_none(), "a prefix of a token");
+        assert!(tokens.check(&format!("{TOKEN}x")).is_none());
+        std::fs::write(&path, "").unwrap();
+        tokens.reload_if_changed();
+        assert!(tokens.check(TOKEN).is_none(), "a token removed from the file still works");
+        assert!(tokens.required(), "an empty token file must not open the server");
+        std::fs::write(&path, format!("{TOKEN} team-a\nbroken line with \"quotes\"\n")).unwrap();
+        tokens.reload_if_changed();
+        assert!(tokens.check(TOKEN).is_none(), "a file with an invalid line keeps nothing");
+        assert!(tokens.check("ffffffffffffffffffff").is_some(), "the config's tokens stay");
+        assert!(!Tokens::new(&[], "", false).unwrap().required());
+    }
+}

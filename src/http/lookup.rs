@@ -1,0 +1,73 @@
+//! What handlers share before they answer: path parameters, the model a request names
+//! (ready, known, allowed, at the version it pins), its cache policy, and answering a result.
+
+use std::sync::Arc;
+
+use axum::extract::RawPathParams;
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState, respond};
+use crate::access::Access;
+use crate::catalog::Model;
+use crate::service::ServiceError;
+
+/// Path parameters by name, percent-decoded; invalid UTF-8 is a 400 in our JSON shape.
+pub(crate) fn path_params(
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+) -> Result<Vec<(String, String)>, ApiError> {
+    let params = params.map_err(|e| ApiError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
+    Ok(params.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
+}
+
+/// The parameter `name`; an object name the route leaves empty (`/objects/`) is `""`.
+pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
+    params.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.as_str())
+}
+
+/// Looks a model up, refusing when not ready, unknown or broken. `id` may pin a version,
+/// `{id}@{version}` (the `X-Zt-Model-Version` without its quotes), unless a model has that exact
+/// id: a version that is no longer the model's answers `version_gone`.
+/// A model outside the request's [`Access`] is answered exactly as an unknown one.
+pub(crate) fn ready_model(
+    state: &AppState,
+    access: &Access,
+    id: &str,
+) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
+    tracing::Span::current().record("model", id);
+    let (base, pinned) = match crate::api::split_pinned(id) {
+        Some((base, version)) if state.service.catalog().get(id).is_none() => (base, Some(version)),
+        _ => (id, None),
+    };
+    if state.service.is_ready() && !access.allows(base) {
+        return Err(ServiceError::ModelNotFound(id.to_owned()).into());
+    }
+    let (model, manifest) = state.service.model(base)?;
+    match pinned {
+        Some(version) if version != crate::service::version_token(&model) => Err(ServiceError::VersionGone {
+            model: base.to_owned(),
+            version: version.to_owned(),
+            current: crate::service::version_token(&model),
+        }
+        .into()),
+        _ => Ok((model, manifest)),
+    }
+}
+
+/// `Cache-Control` of a response drawn from `model` for the id a request named: a version-pinned
+/// URL never changes, so a cache may keep it for a year without asking again; any other is
+/// revalidated by its ETag before each use.
+pub(crate) fn cache_control(requested: &str, model: &Model) -> (axum::http::HeaderName, HeaderValue) {
+    const IMMUTABLE: HeaderValue = HeaderValue::from_static("public, max-age=31536000, immutable");
+    let value = if requested == model.id { respond::REVALIDATE } else { IMMUTABLE };
+    (axum::http::header::CACHE_CONTROL, value)
+}
+
+pub(crate) fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Answers a response-building result: the response, or the error's response.
+pub(crate) fn answer(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(IntoResponse::into_response)
+}

@@ -1,0 +1,138 @@
+//! The composition root: builds the service and the tokens from the config, every wire
+//! protocol's router over them (HTTP, and the S3 endpoint when `s3_listen` is set), binds
+//! their listeners, runs the background tasks (rescans, the token file watch, metrics upkeep),
+//! and on SIGTERM or SIGINT drains every listener together. The protocols never name each
+//! other; only this module knows them all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::access::Tokens;
+use crate::config::{Config, OnUnreadableSource};
+use crate::service::Service;
+use crate::transport::ConnectionLimits;
+
+/// What every protocol serves from: the domain, and the tokens every protocol checks.
+pub struct Server {
+    pub service: Arc<Service>,
+    pub tokens: Arc<Tokens>,
+}
+
+impl Server {
+    /// A server over a new [`Service`] (empty catalog, not yet ready).
+    pub fn new(config: Config) -> anyhow::Result<Arc<Server>> {
+        // Installed before anything is recorded, so nothing is lost before the first scrape.
+        crate::telemetry::metrics();
+        let keep_s3_secrets = config.s3_listen_address().is_some();
+        let tokens = Arc::new(Tokens::new(&config.tokens, &config.token_file, keep_s3_secrets)?);
+        Ok(Arc::new(Server { service: Service::new(config)?, tokens }))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.service.config
+    }
+
+    /// The HTTP routes (the test seam: handler tests send requests to it with `oneshot`).
+    pub fn http_app(&self) -> Router {
+        crate::http::app(Arc::clone(&self.service), Arc::clone(&self.tokens))
+    }
+
+    /// The S3-compatible endpoint's router.
+    pub fn s3_app(&self) -> Router {
+        crate::s3::app(Arc::clone(&self.service), Arc::clone(&self.tokens))
+    }
+}
+
+/// Binds the configured listeners and serves until SIGTERM or SIGINT, then gives in-flight
+/// requests the drain time to finish.
+pub async fn serve(server: Arc<Server>) -> anyhow::Result<()> {
+    let addr = server.config().listen;
+    let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(address = %listener.local_addr()?, sources = ?server.config().sources, "listening");
+    let s3 = match server.config().s3_listen_address() {
+        Some(addr) => {
+            let s3 = TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the S3 endpoint: {e}"))?;
+            let bucket = &server.config().s3_endpoint_bucket;
+            tracing::info!(address = %s3.local_addr()?, bucket = %bucket, "S3 endpoint listening");
+            Some(s3)
+        }
+        None => None,
+    };
+    serve_with_s3(listener, s3, server).await
+}
+
+/// [`serve`] on an already bound listener (tests bind 127.0.0.1:0).
+pub async fn serve_on(listener: TcpListener, server: Arc<Server>) -> anyhow::Result<()> {
+    serve_with_s3(listener, None, server).await
+}
+
+/// [`serve`] on already bound listeners: the HTTP routes on `listener`, and the S3 endpoint on
+/// `s3` when given. Both drain on the same signal.
+pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, server: Arc<Server>) -> anyhow::Result<()> {
+    // Installed before anything else: until a handler is installed a signal keeps its default
+    // action, and SIGTERM would kill the process outright rather than drain it. (Installing it
+    // when the shutdown future was first polled left a window after the first answers.)
+    let signals = ShutdownSignals::install()?;
+    let service = &server.service;
+    service.rescan().await;
+    if server.config().on_unreadable_source == OnUnreadableSource::Fail {
+        if let Some((source, reason)) = service.catalog().unreadable_sources.first() {
+            anyhow::bail!(
+                "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
+            );
+        }
+    }
+    let rescans = tokio::spawn(Arc::clone(service).rescan_forever());
+    let token_file = tokio::spawn(Arc::clone(&server.tokens).watch());
+    let upkeep = tokio::spawn(async {
+        // Folds recorded histogram samples into their buckets, so they do not pile up between scrapes.
+        let mut interval = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            interval.tick().await;
+            crate::telemetry::metrics().run_upkeep();
+        }
+    });
+    let drain = Duration::from_secs(server.config().shutdown_drain_secs);
+    let limits = ConnectionLimits::from_config(server.config());
+    let shutdown = futures_util::FutureExt::shared(Box::pin(signals.received()));
+    let s3 = s3
+        .map(|s3| tokio::spawn(crate::transport::serve(s3, server.s3_app(), limits.clone(), shutdown.clone(), drain)));
+    crate::transport::serve(listener, server.http_app(), limits, shutdown, drain).await;
+    if let Some(s3) = s3 {
+        let _ = s3.await;
+    }
+    rescans.abort();
+    upkeep.abort();
+    token_file.abort();
+    Ok(())
+}
+
+/// SIGTERM and SIGINT, listened for from the moment they are installed.
+struct ShutdownSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> anyhow::Result<ShutdownSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen =
+            |kind: SignalKind, name: &str| signal(kind).map_err(|e| anyhow::anyhow!("cannot listen for {name}: {e}"));
+        Ok(ShutdownSignals {
+            terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+            interrupt: listen(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    async fn received(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! What every wire protocol's listener shares, below the protocols: the connection loop and
+//! its limits ([`connections`]: count, head size, header and idle timeouts, graceful drain),
+//! connections that send slices of mapped files with `sendfile` instead of copying them
+//! ([`zero_copy`]), and the layers every request passes ([`layers`]: metrics, tracing, panic
+//! catching, timeout, concurrency limit). Nothing here knows HTTP routes, S3 or any other
+//! protocol's meaning of a request.
+
+mod connections;
+mod layers;
+mod zero_copy;
+
+pub use connections::{ConnectionLimits, serve};
+pub use layers::{Refusals, with_common_layers};
