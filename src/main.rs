@@ -100,8 +100,8 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Convert a safetensors file, or a sharded checkpoint given by its .safetensors.index.json,
-    /// to a zTensor 1.2 or v2 file.
+    /// Convert a .zt file of any generation (a v2 root with its shards), a safetensors file,
+    /// or a sharded checkpoint given by its .safetensors.index.json, to a zTensor 1.2 or v2 file.
     Convert {
         input: PathBuf,
         output: PathBuf,

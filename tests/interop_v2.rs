@@ -146,3 +146,59 @@ fn convert_writes_v2_that_ztensor_2_1_2_reads_identically() {
         assert_eq!(fs::read(&again).unwrap(), fs::read(&output).unwrap(), "{compress}: same input, same bytes");
     }
 }
+
+/// `ztserve convert --format v2` upgrades the files the official 0.1.4, 1.1.1 and 1.2.3
+/// writers write (every dtype they have, zstd, bool, fp8 and complex types, sparse and
+/// quantized objects, a custom format), which `ztensor` 2.x cannot open, to v2 files that
+/// 2.1.2's `ztensor.open` reads to exactly the bytes each writer was given, raw and seekable.
+/// A name v2 cannot hold (1.2.3 writes an object named "") is refused by name, leaving no file.
+#[test]
+fn convert_upgrades_official_0_1_and_1_x_files_to_v2_that_ztensor_2_1_2_reads_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let convert = |input: &Path, output: &Path, compress: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
+            .args(["convert", "--format", "v2", "--compress", compress])
+            .arg(input)
+            .arg(output)
+            .output()
+            .unwrap()
+    };
+    let unnamed = dir.path().join("unnamed");
+    fs::create_dir(&unnamed).unwrap();
+    common::run_official("1.2.3", &[Path::new("write"), &unnamed]);
+    let refused = convert(&unnamed.join("official.zt"), &dir.path().join("unnamed.zt"), "none");
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{message}");
+    assert!(message.contains("object \"\"") && message.contains("invalid name"), "{message}");
+    assert!(!dir.path().join("unnamed.zt").exists(), "a refused conversion leaves no file");
+
+    for version in ["0.1.4", "1.1.1", "1.2.3"] {
+        let written = dir.path().join(version);
+        fs::create_dir(&written).unwrap();
+        common::run_official(version, &[Path::new("write"), &written, Path::new("v2-names")]);
+        let expect: serde_json::Value =
+            serde_json::from_slice(&fs::read(written.join("expect.json")).unwrap()).unwrap();
+        for compress in ["none", "zstd"] {
+            let output = dir.path().join(format!("{version}-{compress}.zt"));
+            let converted = convert(&written.join("official.zt"), &output, compress);
+            assert!(converted.status.success(), "{version}: {}", String::from_utf8_lossy(&converted.stderr));
+            let read = dir.path().join(format!("read-{version}-{compress}"));
+            fs::create_dir(&read).unwrap();
+            run_official_v2("2.1.2", &[Path::new("read"), &output, &read]);
+            let listing: serde_json::Value =
+                serde_json::from_slice(&fs::read(read.join("read.json")).unwrap()).unwrap();
+            let objects = expect["objects"].as_object().unwrap();
+            assert_eq!(listing["objects"].as_object().unwrap().len(), objects.len(), "{version} {compress}");
+            for (name, roles) in objects {
+                for (role, bin) in roles.as_object().unwrap() {
+                    let part = &listing["objects"][name]["parts"][role];
+                    let at = format!("{version} {compress}: {name:?} {role}");
+                    assert!(part.is_object(), "{at}: not in the v2 file: {}", listing["objects"][name]);
+                    let given = fs::read(written.join(bin.as_str().unwrap())).unwrap();
+                    let read_back = fs::read(read.join(part["bin"].as_str().unwrap())).unwrap();
+                    assert!(read_back == given, "{at}: ztensor 2.1.2 reads other bytes than the writer was given");
+                }
+            }
+        }
+    }
+}

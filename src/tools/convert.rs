@@ -1,6 +1,9 @@
-//! `ztserve convert`: a safetensors checkpoint to a `.zt` file, written atomically: a 1.2 file
-//! by this crate's writer, or a v2 file by the official `ztensor` crate's (canonical when raw,
-//! `zt.zstd-seekable/1` parts when compressed).
+//! `ztserve convert`: anything ztserve reads (a zTensor file of any generation, 0.1 to v2 with
+//! its shards; a safetensors file; a checkpoint's index) to a `.zt` file, written atomically: a
+//! 1.2 file by this crate's writer, or a v2 file by the official `ztensor` crate's (canonical
+//! when raw, `zt.zstd-seekable/1` parts when compressed). It is how 1.x files, which `ztensor`
+//! 2.x cannot open, become v2. Every component is checked against its digest and decoded to
+//! its little-endian bytes first, one object at a time.
 
 use std::io::{self};
 use std::path::Path;
@@ -8,7 +11,7 @@ use std::path::Path;
 use anyhow::{Context, anyhow, bail};
 
 use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use crate::format::{DType, FileKind, Limits, Value};
+use crate::format::{DType, Limits, Value};
 
 /// `--compress` and `--digest` of `convert`.
 pub fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {
@@ -71,59 +74,102 @@ impl Target {
     }
 }
 
-/// One tensor of the input.
-struct Tensor<'a> {
-    name: &'a str,
+/// One component of an object of the input, decoded.
+struct Part<'a> {
+    role: &'a str,
     dtype: DType,
     logical_type: Option<&'a str>,
-    shape: &'a [u64],
-    bytes: &'a [u8],
+    bytes: std::borrow::Cow<'a, [u8]>,
 }
 
-/// `convert`: a safetensors file, or a sharded checkpoint given by its index, to a `.zt` file,
-/// written atomically (a temporary file beside the output, renamed into place only when
-/// complete). Tensors are written in name order so the output depends only on the input's
-/// content; the checkpoint's metadata (`__metadata__`, an index's `metadata`) becomes the
-/// file's attributes.
+/// One object of the input, its components decoded.
+struct Item<'a> {
+    name: &'a str,
+    /// The input's format (1.x) or layout (v2).
+    format: &'a str,
+    shape: &'a [u64],
+    attributes: Option<&'a Value>,
+    parts: Vec<Part<'a>>,
+}
+
+/// `convert`: a `.zt` file of any generation (with a v2 root's shards, found beside it), a
+/// safetensors file, or a sharded checkpoint given by its index, to a `.zt` file, written
+/// atomically (a temporary file beside the output, renamed into place only when complete).
+/// Objects are written in name order so the output depends only on the input's content; the
+/// input's attributes (a checkpoint's `__metadata__`, an index's `metadata`) become the
+/// file's. Each component's digest is checked before it is written.
 pub fn convert(input: &Path, output: &Path, target: &Target) -> anyhow::Result<usize> {
-    if !matches!(super::kind_of(input), Some(FileKind::Safetensors | FileKind::SafetensorsIndex)) {
-        bail!("{} is not a .safetensors file or a .safetensors.index.json", input.display());
+    if super::kind_of(input).is_none() {
+        bail!("{} is not a .zt file, a .safetensors file or a .safetensors.index.json", input.display());
     }
     let opened = super::open(input, &Limits::default())?;
-    let mut objects: Vec<&crate::format::Object> = opened.manifest.objects.iter().collect();
+    let manifest = &opened.manifest;
+    let shards = super::shards_beside(input, manifest, true)
+        .into_iter()
+        .map(|found| found.map(|(_, file)| file))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{}: a shard is not usable", input.display()))?;
+    let files: Vec<&[u8]> = opened.files.iter().chain(&shards).map(|f| &f[..]).collect();
+    let mut objects: Vec<&crate::format::Object> = manifest.objects.iter().collect();
     objects.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut inputs = Vec::with_capacity(objects.len());
-    for object in &objects {
-        let data = &object.components[0];
-        let bytes = crate::format::decode::stored_bytes(&opened.files[data.file], &object.name, data)?;
-        inputs.push(Tensor {
-            name: &object.name,
-            dtype: data.dtype,
-            logical_type: data.logical_type.as_deref(),
-            shape: &object.shape,
-            bytes,
-        });
-    }
-    let attributes = opened.manifest.attributes.clone();
+    let items = objects.iter().map(|object| decoded(object, &files));
+    let attributes = manifest.attributes.clone();
     match target {
-        Target::V1_2(options) => write_v1_2(&inputs, attributes, output, options)?,
-        Target::V2 { seekable } => write_v2(&inputs, attributes.as_ref(), output, *seekable)?,
+        Target::V1_2(options) => write_v1_2(items, attributes, output, options)?,
+        Target::V2 { seekable } => write_v2(items, attributes.as_ref(), output, *seekable)?,
     }
     Ok(objects.len())
 }
 
+/// `object` with each component digest-checked and decoded from `files` (the model's files,
+/// by the index components name).
+fn decoded<'a>(object: &'a crate::format::Object, files: &[&'a [u8]]) -> anyhow::Result<Item<'a>> {
+    use crate::format::DigestScope;
+    use crate::format::decode::{decode_component, stored_bytes, verify_digest};
+    let mut parts = Vec::with_capacity(object.components.len());
+    for component in &object.components {
+        let file = files
+            .get(component.file)
+            .with_context(|| format!("object {:?}: no file {}", object.name, component.file))?;
+        let stored = stored_bytes(file, &object.name, component)?;
+        if component.is_verbatim() || component.digest_scope == DigestScope::Stored {
+            verify_digest(&object.name, component, stored)?;
+        }
+        let bytes = decode_component(&object.name, component, stored)?;
+        if !component.is_verbatim() && component.digest_scope == DigestScope::Decoded {
+            verify_digest(&object.name, component, &bytes)?;
+        }
+        parts.push(Part {
+            role: &component.role,
+            dtype: component.dtype,
+            logical_type: component.logical_type.as_deref(),
+            bytes,
+        });
+    }
+    Ok(Item {
+        name: &object.name,
+        format: &object.format,
+        shape: &object.shape,
+        attributes: object.attributes.as_ref(),
+        parts,
+    })
+}
+
 /// 1.2 stores bool as its own dtype and names only the f8 and complex logical types.
-fn v1_2_dtype<'a>(tensor: &Tensor<'a>) -> anyhow::Result<(DType, Option<&'a str>)> {
-    match tensor.logical_type {
-        None => Ok((tensor.dtype, None)),
+fn v1_2_dtype<'a>(object: &str, part: &Part<'a>) -> anyhow::Result<(DType, Option<&'a str>)> {
+    match part.logical_type {
+        None => Ok((part.dtype, None)),
         Some("bool") => Ok((DType::Bool, None)),
-        Some(logical) if crate::format::known_logical_type(logical).is_some() => Ok((tensor.dtype, Some(logical))),
-        Some(logical) => bail!("tensor {:?}: {logical} has no zTensor 1.2 type; --format v2 has it", tensor.name),
+        Some(logical) if crate::format::known_logical_type(logical).is_some() => Ok((part.dtype, Some(logical))),
+        Some(logical) => bail!("object {object:?}: {logical} has no zTensor 1.2 type; --format v2 has it"),
     }
 }
 
-fn write_v1_2(
-    tensors: &[Tensor<'_>],
+/// v2's CSR layout is 1.x's `sparse_csr`; other names are the same in both, or custom.
+const V2_CSR: &str = "zt.sparse_csr/1";
+
+fn write_v1_2<'a>(
+    items: impl Iterator<Item = anyhow::Result<Item<'a>>>,
     attributes: Option<Value>,
     output: &Path,
     options: &WriteOptions,
@@ -131,16 +177,35 @@ fn write_v1_2(
     let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let temp = tempfile::Builder::new().prefix(".ztserve-convert").tempfile_in(dir)?;
     let mut writer = Writer::new(io::BufWriter::with_capacity(1 << 20, temp))?;
-    for tensor in tensors {
-        let (dtype, logical_type) = v1_2_dtype(tensor)?;
+    for item in items {
+        let mut item = item?;
+        let format = if item.format == V2_CSR { "sparse_csr" } else { item.format };
+        if format == "sparse_csr" {
+            // 1.x requires u64 indices; v2 allows u32, widened here without loss.
+            for part in item.parts.iter_mut().filter(|p| matches!(p.role, "indices" | "indptr")) {
+                if part.dtype == DType::U32 {
+                    let wide: Vec<u8> = part
+                        .bytes
+                        .chunks_exact(4)
+                        .flat_map(|b| u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))).to_le_bytes())
+                        .collect();
+                    (part.dtype, part.bytes) = (DType::U64, wide.into());
+                }
+            }
+        }
+        let mut components = Vec::with_capacity(item.parts.len());
+        for part in &item.parts {
+            let (dtype, logical_type) = v1_2_dtype(item.name, part)?;
+            components.push(ComponentInput { role: part.role, dtype, logical_type, bytes: &part.bytes });
+        }
         let object = ObjectInput {
-            name: tensor.name,
-            shape: tensor.shape,
-            format: "dense",
-            attributes: None,
-            components: vec![ComponentInput { role: "data", dtype, logical_type, bytes: tensor.bytes }],
+            name: item.name,
+            shape: item.shape,
+            format,
+            attributes: item.attributes.cloned(),
+            components,
         };
-        writer.add(&object, options).with_context(|| format!("tensor {:?}", tensor.name))?;
+        writer.add(&object, options).with_context(|| format!("object {:?}", item.name))?;
     }
     let temp = writer.finish(attributes)?.into_inner().map_err(|e| e.into_error())?;
     temp.as_file().sync_all()?;
@@ -150,33 +215,56 @@ fn write_v1_2(
 
 /// A v2 file by the official writer, published atomically (it writes a partial file beside
 /// the output and renames it into place on finish; a failure abandons it).
-fn write_v2(tensors: &[Tensor<'_>], attributes: Option<&Value>, output: &Path, seekable: bool) -> anyhow::Result<()> {
+fn write_v2<'a>(
+    items: impl Iterator<Item = anyhow::Result<Item<'a>>>,
+    attributes: Option<&Value>,
+    output: &Path,
+    seekable: bool,
+) -> anyhow::Result<()> {
     let mut writer = ztensor::Writer::options()
         .canonical(!seekable)
         .publish(output)
         .map_err(|e| anyhow!("cannot write {}: {e}", output.display()))?;
     let written = (|| -> anyhow::Result<()> {
-        for tensor in tensors {
-            let (dtype, logical) = (tensor.dtype, tensor.logical_type);
-            if logical.is_some_and(|l| crate::format::v2::logical_size(l).is_none()) {
-                bail!("tensor {:?}: {} has no zTensor v2 logical type", tensor.name, logical.unwrap_or_default());
+        for item in items {
+            let item = item?;
+            let layout = if item.format == "sparse_csr" { V2_CSR } else { item.format };
+            let mut parts = Vec::with_capacity(item.parts.len());
+            for part in &item.parts {
+                // 1.x's bool dtype is v2's bool type over u8.
+                let (dtype, logical) = match (part.dtype, part.logical_type) {
+                    (DType::Bool, None) => (DType::U8, Some("bool")),
+                    other => other,
+                };
+                if logical.is_some_and(|l| crate::format::v2::logical_size(l).is_none()) {
+                    bail!("object {:?}: {} has no zTensor v2 logical type", item.name, logical.unwrap_or_default());
+                }
+                let dtype: ztensor::DType =
+                    dtype.name().parse().map_err(|_| anyhow!("dtype {dtype} has no v2 equivalent"))?;
+                parts.push((part.role, dtype, logical, &part.bytes[..]));
             }
-            let dtype: ztensor::DType =
-                dtype.name().parse().map_err(|_| anyhow!("dtype {dtype} has no v2 equivalent"))?;
+            let attributes = item.attributes.map(official_cbor).transpose()?;
             writer
-                .object(tensor.name, |o| {
-                    o.shape(tensor.shape.to_vec()).part("data", |mut p| {
-                        p = p.dtype(dtype);
-                        if let Some(logical) = logical {
-                            p = p.logical(logical);
-                        }
-                        if seekable {
-                            p = p.encoding(crate::format::v2::ZSTD_SEEKABLE);
-                        }
-                        p.bytes(tensor.bytes)
-                    })
+                .object(item.name, |mut o| {
+                    o = o.shape(item.shape.to_vec()).layout(layout);
+                    if let Some(attributes) = attributes {
+                        o = o.attributes(attributes);
+                    }
+                    for (role, dtype, logical, bytes) in parts {
+                        o = o.part(role, |mut p| {
+                            p = p.dtype(dtype);
+                            if let Some(logical) = logical {
+                                p = p.logical(logical);
+                            }
+                            if seekable {
+                                p = p.encoding(crate::format::v2::ZSTD_SEEKABLE);
+                            }
+                            p.bytes(bytes)
+                        });
+                    }
+                    o
                 })
-                .map_err(|e| anyhow!("tensor {:?}: {e}", tensor.name))?;
+                .map_err(|e| anyhow!("object {:?}: {e}", item.name))?;
         }
         if let Some(attributes) = attributes {
             writer.set_attributes(official_cbor(attributes)?);

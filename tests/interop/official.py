@@ -1,6 +1,8 @@
 """Drive the official `ztensor` package (0.1.4, 1.1.1 or 1.2.3, whichever is installed).
 
-    official.py write DIR     write official.zt with every feature this release has, plus
+    official.py write DIR [v2-names]
+                              write official.zt with every feature this release has (with
+                              v2-names, only objects zTensor v2 can name: none named ""), plus
                               DIR/expect.json naming, for each object and component, a .bin
                               file of the exact little-endian bytes the writer was given
     official.py read FILE DIR read FILE with the official reader and dump each component's
@@ -96,7 +98,7 @@ def write_111(out, expect):
     w.finalize()
 
 
-def write_123(out, expect):
+def write_123(out, expect, v2_names):
     from ztensor import Tensor
 
     w = ztensor.Writer(os.path.join(out, "official.zt"))
@@ -149,13 +151,15 @@ def write_123(out, expect):
     w.write("complex", Tensor({"data": cx}, shape=[4], type="complex64"))
     expect.add("complex", "data", cx)
     # 1.2.3 accepts an empty object name; it must be served at the URL the manifest gives.
-    unnamed = np.arange(6, dtype=np.int16)
-    w.write_numpy("", unnamed)
-    expect.add("", "data", unnamed)
+    # v2 requires names of 1 to 1,024 bytes.
+    if not v2_names:
+        unnamed = np.arange(6, dtype=np.int16)
+        w.write_numpy("", unnamed)
+        expect.add("", "data", unnamed)
     w.finish()
 
 
-def write(out):
+def write(out, v2_names=False):
     os.makedirs(out, exist_ok=True)
     expect = Expect(out)
     if VERSION.startswith("0.1"):
@@ -163,7 +167,7 @@ def write(out):
     elif VERSION.startswith("1.1"):
         write_111(out, expect)
     else:
-        write_123(out, expect)
+        write_123(out, expect, v2_names)
     expect.save()
 
 
@@ -192,7 +196,7 @@ def read(path, out):
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
-        write(sys.argv[2])
+        write(sys.argv[2], sys.argv[3:] == ["v2-names"])
     elif sys.argv[1] == "read":
         read(sys.argv[2], sys.argv[3])
     else:
