@@ -1,19 +1,51 @@
-//! What handlers share before they answer: path parameters, the model a request names
-//! (ready, known, allowed, at the version it pins), its cache policy, and answering a result.
+//! What handlers share before they answer: path parameters, and [`ReadyModel`], the extractor
+//! that gives a handler the model a request names (ready, known, allowed, at the version it
+//! pins) with its cache policy, or refuses the request.
 
 use std::sync::Arc;
 
-use axum::extract::RawPathParams;
-use axum::http::HeaderValue;
-use axum::response::{IntoResponse, Response};
+use axum::extract::{FromRequestParts, RawPathParams};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue};
 
 use super::{ApiError, AppState, respond};
 use crate::access::Access;
 use crate::catalog::Model;
+use crate::format::Manifest;
 use crate::service::ServiceError;
 
+/// The model a request names, ready to serve and allowed to the request, with the request's
+/// path parameters and the `Cache-Control` its answers carry.
+pub(crate) struct ReadyModel {
+    pub params: Vec<(String, String)>,
+    pub model: Arc<Model>,
+    pub manifest: Arc<Manifest>,
+    pub cache: (HeaderName, HeaderValue),
+}
+
+impl ReadyModel {
+    /// The path parameter `name` (`""` when absent).
+    pub fn param(&self, name: &str) -> &str {
+        param(&self.params, name)
+    }
+}
+
+impl FromRequestParts<Arc<AppState>> for ReadyModel {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<ReadyModel, ApiError> {
+        let params = path_params(RawPathParams::from_request_parts(parts, state).await)?;
+        // Recorded by `auth::require_token`, which every routed request passes first.
+        let access = parts.extensions.get::<Access>().cloned().unwrap_or(Access::Under(Arc::from([])));
+        let id = param(&params, "model");
+        let (model, manifest) = ready_model(state, &access, id)?;
+        let cache = cache_control(id, &model);
+        Ok(ReadyModel { params, model, manifest, cache })
+    }
+}
+
 /// Path parameters by name, percent-decoded; invalid UTF-8 is a 400 in our JSON shape.
-pub(crate) fn path_params(
+fn path_params(
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
 ) -> Result<Vec<(String, String)>, ApiError> {
     let params = params.map_err(|e| ApiError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
@@ -21,7 +53,7 @@ pub(crate) fn path_params(
 }
 
 /// The parameter `name`; an object name the route leaves empty (`/objects/`) is `""`.
-pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
+fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
     params.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.as_str())
 }
 
@@ -29,7 +61,7 @@ pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
 /// `{id}@{version}` (the `X-Zt-Model-Version` without its quotes), unless a model has that exact
 /// id: a version that is no longer the model's answers `version_gone`.
 /// A model outside the request's [`Access`] is answered exactly as an unknown one.
-pub(crate) fn ready_model(
+fn ready_model(
     state: &AppState,
     access: &Access,
     id: &str,
@@ -57,7 +89,7 @@ pub(crate) fn ready_model(
 /// `Cache-Control` of a response drawn from `model` for the id a request named: a version-pinned
 /// URL never changes, so a cache may keep it for a year without asking again; any other is
 /// revalidated by its ETag before each use.
-pub(crate) fn cache_control(requested: &str, model: &Model) -> (axum::http::HeaderName, HeaderValue) {
+fn cache_control(requested: &str, model: &Model) -> (axum::http::HeaderName, HeaderValue) {
     const IMMUTABLE: HeaderValue = HeaderValue::from_static("public, max-age=31536000, immutable");
     let value = if requested == model.id { respond::REVALIDATE } else { IMMUTABLE };
     (axum::http::header::CACHE_CONTROL, value)
@@ -65,9 +97,4 @@ pub(crate) fn cache_control(requested: &str, model: &Model) -> (axum::http::Head
 
 pub(crate) fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
-
-/// Answers a response-building result: the response, or the error's response.
-pub(crate) fn answer(result: Result<Response, ApiError>) -> Response {
-    result.unwrap_or_else(IntoResponse::into_response)
 }

@@ -28,7 +28,7 @@ use axum::routing::get;
 pub use error::ApiError;
 
 use self::coding::{coded_etags, compressed_json};
-pub(crate) use self::lookup::{answer, cache_control, header_value, param, path_params, ready_model};
+pub(crate) use self::lookup::{ReadyModel, header_value};
 use crate::access::Tokens;
 use crate::api::routes;
 use crate::config::Config;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{RawPathParams, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::range::if_none_match_matches;
 use super::respond::{Representation, bytes_response};
-use super::{ApiError, AppState, answer, cache_control, header_value, param, path_params, ready_model};
+use super::{ApiError, AppState, ReadyModel, header_value};
 use crate::access::Access;
 use crate::api;
 use crate::catalog::Model;
@@ -64,76 +64,69 @@ pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
 /// `GET /models/{m}`: the manifest with each component's URL, rendered once per manifest.
 pub async fn manifest(
     State(state): State<Arc<AppState>>,
-    Extension(access): Extension<Access>,
+    ready: ReadyModel,
     headers: HeaderMap,
-    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
-) -> Response {
-    answer((|| {
-        let params = path_params(params)?;
-        let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-        let rendered = service::rendered_manifest(&model, &manifest, &state.service.view(&model, &manifest));
-        let etag = (header::ETAG, header_value(&rendered.etag));
-        let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
-        let cache = cache_control(param(&params, "model"), &model);
-        if if_none_match_matches(if_none_match, &rendered.etag) {
-            return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(&model)]).into_response());
-        }
-        Ok((
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), etag, cache, model_version(&model)],
-            rendered.body.clone(),
-        )
-            .into_response())
-    })())
+) -> Result<Response, ApiError> {
+    let ReadyModel { model, manifest, cache, .. } = ready;
+    let rendered = service::rendered_manifest(&model, &manifest, &state.service.view(&model, &manifest));
+    let etag = (header::ETAG, header_value(&rendered.etag));
+    let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
+    if if_none_match_matches(if_none_match, &rendered.etag) {
+        return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(&model)]).into_response());
+    }
+    Ok((
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), etag, cache, model_version(&model)],
+        rendered.body.clone(),
+    )
+        .into_response())
 }
 
-/// `GET /models/{m}/file`: the stored `.zt` file, byte for byte, with range support.
+/// `GET /models/{m}/file` and `/files/{name}`: a stored file, byte for byte, with ranges.
 pub async fn file(
     State(state): State<Arc<AppState>>,
-    Extension(access): Extension<Access>,
+    ready: ReadyModel,
     method: axum::http::Method,
     headers: HeaderMap,
-    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
-) -> Response {
-    answer(
-        async {
-            let params = path_params(params)?;
-            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-            let stored = match params.iter().find(|(key, _)| key == "name") {
-                Some((_, name)) => state.service.stored_file_named(&model, &manifest, name).await?,
-                None => state.service.stored_file(&model, &manifest).await?,
-            };
-            let cache = cache_control(param(&params, "model"), &model);
-            file_response(&state, &headers, &method, &model, cache, stored, "application/octet-stream").await
+) -> Result<Response, ApiError> {
+    let stored = match ready.params.iter().find(|(key, _)| key == "name") {
+        Some((_, name)) => state.service.stored_file_named(&ready.model, &ready.manifest, name).await?,
+        None => state.service.stored_file(&ready.model, &ready.manifest).await?,
+    };
+    file_response(&state, &headers, &method, &ready, stored, "application/octet-stream").await
+}
+
+/// The name of a file of a model's safetensors view a request names; any other name under a
+/// model is no route. Extracted before the model, so a wrong name answers as no route would.
+pub(crate) struct ViewFileName(String);
+
+impl axum::extract::FromRequestParts<Arc<AppState>> for ViewFileName {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &Arc<AppState>,
+    ) -> Result<ViewFileName, ApiError> {
+        let params = axum::extract::RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
+        match params.iter().find(|(key, _)| *key == "view_file") {
+            Some((_, name)) if crate::format::view::is_view_file_name(name) => Ok(ViewFileName(name.to_owned())),
+            _ => Err(ApiError::RouteNotFound(parts.uri.path().to_owned())),
         }
-        .await,
-    )
+    }
 }
 
 /// `GET /models/{m}/model.safetensors` (or the view's index and shards): a file of the model's
-/// safetensors view, with ranges; any other name under a model is no route.
+/// safetensors view, with ranges.
 pub async fn view_file(
     State(state): State<Arc<AppState>>,
-    Extension(access): Extension<Access>,
+    ViewFileName(name): ViewFileName,
+    ready: ReadyModel,
     method: axum::http::Method,
-    uri: axum::http::Uri,
     headers: HeaderMap,
-    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
-) -> Response {
-    answer(
-        async {
-            let params = path_params(params)?;
-            let name = param(&params, "view_file");
-            if !crate::format::view::is_view_file_name(name) {
-                return Err(ApiError::RouteNotFound(uri.path().to_owned()));
-            }
-            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-            let file = state.service.view_file(&model, &manifest, name).await?;
-            let content_type = crate::format::view::media_type(name);
-            let cache = cache_control(param(&params, "model"), &model);
-            file_response(&state, &headers, &method, &model, cache, file, content_type).await
-        }
-        .await,
-    )
+) -> Result<Response, ApiError> {
+    let file = state.service.view_file(&ready.model, &ready.manifest, &name).await?;
+    file_response(&state, &headers, &method, &ready, file, crate::format::view::media_type(&name)).await
 }
 
 /// A whole file's answer (a stored file, a file of the view): ranges, conditionals, HEAD, and
@@ -142,8 +135,7 @@ async fn file_response(
     state: &AppState,
     request: &HeaderMap,
     method: &axum::http::Method,
-    model: &Model,
-    cache: (HeaderName, HeaderValue),
+    ready: &ReadyModel,
     file: service::StoredBytes,
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
@@ -151,7 +143,7 @@ async fn file_response(
         source: file.source,
         etag: file.etag,
         content_type,
-        headers: vec![model_version(model), cache],
+        headers: vec![model_version(&ready.model), ready.cache.clone()],
         guard: None,
     };
     bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().max_ranges).await

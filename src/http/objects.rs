@@ -6,23 +6,20 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Query, RawPathParams, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 
 use super::models::model_version;
 use super::respond::{ExtraHeaders, Representation, bytes_response};
-use super::{ApiError, AppState, answer, cache_control, header_value, param, path_params, ready_model};
-use crate::access::Access;
+use super::{ApiError, AppState, ReadyModel, header_value};
 use crate::api;
 use crate::catalog::Model;
 use crate::format::json::object_json;
 use crate::format::slice::SliceError;
 use crate::format::{Component, Manifest, Object};
-use crate::service::{self, ComponentRequest, ServiceError, SliceRequest};
-use axum::Extension;
+use crate::service::{self, ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
 
-type Params = Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>;
 type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
 
 /// The slice a query asks for: `slice=SPEC`, or `shard=RANK/WORLD` with `dim=D`; `None` when
@@ -52,79 +49,63 @@ fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
     query.map(|Query(pairs)| pairs).map_err(|e| ApiError::BadRequest(format!("the query string is malformed: {e}")))
 }
 
-/// The slice of `object` the query asks for (refused at once unless `object` is one dense
-/// tensor), its refusal naming the object.
-fn slice_of<'q>(
+/// The slice of `object` the query asks for, checked against it (refused at once unless
+/// `object` is one dense tensor and the slice lies within it), its refusal naming the object.
+fn slice_of(
+    state: &AppState,
     model: &Model,
     object: &Object,
-    pairs: &'q [(String, String)],
-) -> Result<Option<SliceRequest<'q>>, ApiError> {
-    let request = slice_request(pairs)
-        .and_then(|request| request.map(|r| crate::format::slice::element_bytes(object).map(|_| r)).transpose());
-    request.map_err(|source| {
-        ServiceError::BadSlice { model: model.id.clone(), object: object.name.clone(), source }.into()
-    })
+    pairs: &[(String, String)],
+) -> Result<Option<ResolvedSlice>, ApiError> {
+    let request = slice_request(pairs).map_err(|source| ServiceError::BadSlice {
+        model: model.id.clone(),
+        object: object.name.clone(),
+        source,
+    })?;
+    Ok(request.map(|request| state.service.resolve_slice(model, object, request)).transpose()?)
 }
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
 pub async fn object(
     State(state): State<Arc<AppState>>,
-    Extension(access): Extension<Access>,
+    ready: ReadyModel,
     method: Method,
     headers: HeaderMap,
-    params: Params,
     query: QueryPairs,
-) -> Response {
-    answer(
-        async {
-            let params = path_params(params)?;
-            let pairs = query_pairs(query)?;
-            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-            let cache = cache_control(param(&params, "model"), &model);
-            let object = find_object(&state, &model, &manifest, param(&params, "object"))?;
-            let slice = slice_of(&model, object, &pairs)?;
-            let head = method == Method::HEAD;
-            match (&object.components[..], slice) {
-                // A slice is only ever of a dense object's one component (`slice_of`).
-                ([only], _) => {
-                    let part = Part { model: &model, manifest: &manifest, object, component: only };
-                    component_bytes(&state, head, &headers, cache, part, slice).await
-                }
-                _ => {
-                    let mut doc = object_json(object);
-                    service::add_urls(&mut doc, &model, object);
-                    Ok(([model_version(&model), cache], Json(doc)).into_response())
-                }
-            }
+) -> Result<Response, ApiError> {
+    let pairs = query_pairs(query)?;
+    let ReadyModel { model, manifest, .. } = &ready;
+    let object = find_object(&state, model, manifest, ready.param("object"))?;
+    let slice = slice_of(&state, model, object, &pairs)?;
+    match &object.components[..] {
+        // A slice is only ever of a dense object's one component (`slice_of`).
+        [only] => {
+            let part = Part { model, manifest, object, component: only };
+            component_bytes(&state, &method, &headers, ready.cache.clone(), part, slice.as_ref()).await
         }
-        .await,
-    )
+        _ => {
+            let mut doc = object_json(object);
+            service::add_urls(&mut doc, model, object);
+            Ok(([model_version(model), ready.cache.clone()], Json(doc)).into_response())
+        }
+    }
 }
 
 /// `GET /models/{m}/objects/{o}/components/{role}`: that component's bytes.
 pub async fn component(
     State(state): State<Arc<AppState>>,
-    Extension(access): Extension<Access>,
+    ready: ReadyModel,
     method: Method,
     headers: HeaderMap,
-    params: Params,
     query: QueryPairs,
-) -> Response {
-    answer(
-        async {
-            let params = path_params(params)?;
-            let pairs = query_pairs(query)?;
-            let (model, manifest) = ready_model(&state, &access, param(&params, "model"))?;
-            let cache = cache_control(param(&params, "model"), &model);
-            let object = find_object(&state, &model, &manifest, param(&params, "object"))?;
-            let component = state.service.component(&model, object, param(&params, "role"))?;
-            let slice = slice_of(&model, object, &pairs)?;
-            let head = method == Method::HEAD;
-            let part = Part { model: &model, manifest: &manifest, object, component };
-            component_bytes(&state, head, &headers, cache, part, slice).await
-        }
-        .await,
-    )
+) -> Result<Response, ApiError> {
+    let pairs = query_pairs(query)?;
+    let ReadyModel { model, manifest, .. } = &ready;
+    let object = find_object(&state, model, manifest, ready.param("object"))?;
+    let component = state.service.component(model, object, ready.param("role"))?;
+    let slice = slice_of(&state, model, object, &pairs)?;
+    let part = Part { model, manifest, object, component };
+    component_bytes(&state, &method, &headers, ready.cache.clone(), part, slice.as_ref()).await
 }
 
 fn find_object<'m>(
@@ -172,33 +153,27 @@ struct Part<'a> {
 /// A component's bytes, or a slice of them, with the contract's headers.
 async fn component_bytes(
     state: &Arc<AppState>,
-    head: bool,
+    method: &Method,
     headers: &HeaderMap,
     cache: (HeaderName, HeaderValue),
     Part { model, manifest, object, component }: Part<'_>,
-    slice: Option<SliceRequest<'_>>,
+    slice: Option<&ResolvedSlice>,
 ) -> Result<Response, ApiError> {
-    let (bytes, shape, slice) = match slice {
-        Some(request) => {
-            let sliced = state.service.object_slice(model, manifest, object, request, head).await?;
-            (sliced.bytes, sliced.slice.shape(), Some(sliced.slice))
-        }
-        None => {
-            let ranged = headers.contains_key(header::RANGE);
-            let request = ComponentRequest { head, ranged, accepts_zstd: accepts_zstd(headers) };
-            (
-                state.service.component_bytes(model, manifest, object, component, request).await?,
-                object.shape.clone(),
-                None,
-            )
-        }
+    let head = method == Method::HEAD;
+    let cut = match slice {
+        Some(slice) => Cut::Slice(slice),
+        None if headers.contains_key(header::RANGE) => Cut::Ranges,
+        None => Cut::Whole,
     };
+    let request = ComponentRequest { cut, head, accepts_zstd: accepts_zstd(headers) };
+    let bytes = state.service.component_bytes(model, manifest, object, component, request).await?;
+    let shape = slice.map_or_else(|| object.shape.clone(), |s| s.slice.shape());
     let span = tracing::Span::current();
     if let Some(digest) = bytes.digest {
-        span.record("digest", digest);
+        span.record("digest", digest.as_str());
     }
     if let Some(cache) = bytes.cache {
-        span.record("cache", cache);
+        span.record("cache", cache.as_str());
     }
     let mut extra: ExtraHeaders = vec![
         model_version(model),
@@ -210,8 +185,8 @@ async fn component_bytes(
             header_value(&shape.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
         ),
     ];
-    if let Some(slice) = &slice {
-        extra.push((HeaderName::from_static(api::headers::SLICE), header_value(&slice.to_string())));
+    if let Some(slice) = slice {
+        extra.push((HeaderName::from_static(api::headers::SLICE), header_value(&slice.slice.to_string())));
     }
     if let Some(logical) = &component.logical_type {
         extra.push((HeaderName::from_static(api::headers::TYPE), header_value(&api::segment(logical))));

@@ -10,9 +10,10 @@ use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
-use super::bytes::{ModelBytes, etag, model_bytes, model_version, storage_failed};
+use super::bytes::{etag, model_bytes, model_version, storage_failed};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::seekable::SeekableSource;
+use super::slices::ResolvedSlice;
 use super::{Service, ServiceError};
 use crate::catalog::{ComponentFacts, Model};
 use crate::config::VerifyPolicy;
@@ -135,15 +136,15 @@ async fn hash_covered(
     Ok(verdict)
 }
 
-/// Starts (or finds) the digest check this request needs under the configured policy.
+/// Starts (or finds) the digest check this request needs under the configured policy; `None`
+/// for a request that sends no bytes.
 fn digest_check(
     policy: VerifyPolicy,
     facts: &Arc<ComponentFacts>,
     object: &Object,
     component: &Component,
     covered: Covered,
-    head: bool,
-    ranged: bool,
+    wait: Option<DigestWait>,
 ) -> DigestCheck {
     if !component.digest.as_ref().is_some_and(|d| d.is_verifiable()) || policy == VerifyPolicy::Never {
         return DigestCheck::Skipped;
@@ -155,8 +156,10 @@ fn digest_check(
     // never held up by (nor pays for) reading or decoding the whole part: the check is made
     // by the first full read.
     let costly = matches!(covered, Covered::Stored(Stored::Remote { .. }) | Covered::Decoded(_));
-    if head || (ranged && costly) {
-        return DigestCheck::Skipped;
+    match wait {
+        None => return DigestCheck::Skipped,
+        Some(DigestWait::BeforeAnswering) if costly => return DigestCheck::Skipped,
+        Some(_) => {}
     }
     let (facts, name, component) = (Arc::clone(facts), object.name.clone(), component.clone());
     let check = async move {
@@ -213,13 +216,14 @@ impl RangeSource for DecodedSource {
             Some(entry) => {
                 let hit = entry.covers(range.end);
                 metrics::counter!(if hit { names::CACHE_HITS } else { names::CACHE_MISSES }).increment(1);
-                span.record("cache", if hit { "hit" } else { "miss" });
+                let outcome = if hit { CacheOutcome::Hit } else { CacheOutcome::Miss };
+                span.record("cache", outcome.as_str());
                 let body = Decoded::stream(entry, range).map(move |piece| piece.map_err(&failed)).boxed();
                 if hit { body } else { self.admitted(body) }
             }
             None => {
                 metrics::counter!(names::CACHE_MISSES).increment(1);
-                span.record("cache", "bypass");
+                span.record("cache", CacheOutcome::Bypass.as_str());
                 let decoders = Arc::clone(cache.decoders());
                 let body = stream_private(
                     self.key.object.clone(),
@@ -263,18 +267,99 @@ pub(super) fn admitted(service: &Arc<Service>, body: ByteStream) -> ByteStream {
     .boxed()
 }
 
+/// How much of a component a request takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Cut<'a> {
+    /// All of its bytes: the stored zstd frame may pass through to a client that accepts zstd.
+    Whole,
+    /// Byte ranges of its decoded bytes (a `Range` header), settled over the whole by the caller.
+    Ranges,
+    /// A slice of a dense tensor ([`Service::resolve_slice`]): its own representation, with its
+    /// own ETag and no digest of its own.
+    Slice(&'a ResolvedSlice),
+}
+
+impl Cut<'_> {
+    /// How a body of this cut waits for a digest check that is still running.
+    fn digest_wait(self) -> DigestWait {
+        match self {
+            Cut::Whole => DigestWait::HoldingLastPiece,
+            Cut::Ranges | Cut::Slice(_) => DigestWait::BeforeAnswering,
+        }
+    }
+}
+
+/// How a body waits for a digest check that is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DigestWait {
+    /// A whole body streams while the check runs; its last piece waits for the verdict, so a
+    /// mismatch ends it short of its length.
+    HoldingLastPiece,
+    /// Part of the bytes, small next to the check: the verdict comes before the answer, and a
+    /// mismatch is a clean error. A check that needs the whole remote or decoded part is left
+    /// to the first full read instead.
+    BeforeAnswering,
+}
+
 /// What a request for a component's bytes asks of it.
 #[derive(Debug, Clone, Copy)]
-pub struct ComponentRequest {
+pub struct ComponentRequest<'a> {
+    pub cut: Cut<'a>,
     /// HEAD: no bytes are sent, so no digest check is started.
     pub head: bool,
-    /// A Range header: ranges count decoded bytes, and the stored frame is never passed through.
-    pub ranged: bool,
     /// The client accepts the `zstd` content coding.
     pub accepts_zstd: bool,
 }
 
-/// A component's bytes as a request gets them.
+/// How the verify policy decided for a request, for its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestOutcome {
+    /// The bytes were found to match their digest (now or before).
+    Verified,
+    Mismatch,
+    /// The body streams while the check runs, its last piece held back for the verdict.
+    Streamed,
+}
+
+impl DigestOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DigestOutcome::Verified => "verified",
+            DigestOutcome::Mismatch => "mismatch",
+            DigestOutcome::Streamed => "streamed",
+        }
+    }
+
+    fn of<T, E>(verdict: &Result<T, E>) -> DigestOutcome {
+        if verdict.is_ok() { DigestOutcome::Verified } else { DigestOutcome::Mismatch }
+    }
+}
+
+/// Where a request's decoded bytes came from, for its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The shared decode already held them.
+    Hit,
+    /// The shared decode had to produce them.
+    Miss,
+    /// Too large for the cache: decoded for this request alone.
+    Bypass,
+    /// Not decoded at all: the stored zstd frame was sent as it is.
+    Passthrough,
+}
+
+impl CacheOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheOutcome::Hit => "hit",
+            CacheOutcome::Miss => "miss",
+            CacheOutcome::Bypass => "bypass",
+            CacheOutcome::Passthrough => "passthrough",
+        }
+    }
+}
+
+/// A component's bytes (or a slice of them) as a request gets them.
 pub struct ComponentBytes {
     pub source: Arc<dyn RangeSource>,
     pub etag: String,
@@ -287,26 +372,23 @@ pub struct ComponentBytes {
     pub varies_with_encoding: bool,
     /// Holds the body's last piece back until a running digest check passes.
     pub guard: Option<Guard>,
-    /// How the verify policy decided for this request, for the request's log line.
-    pub digest: Option<&'static str>,
-    /// Whether the decoded bytes come from the cache (`passthrough` when the frame is sent).
-    pub cache: Option<&'static str>,
-    /// Where the component's stored bytes are read from (its file's mapping and descriptor, or
-    /// its object version), for cutting slices.
-    pub(crate) stored_in: ModelBytes,
+    /// How the verify policy decided for this request, when a digest was considered.
+    pub digest: Option<DigestOutcome>,
+    /// Whether the decoded bytes come from the cache, when known before the body opens.
+    pub cache: Option<CacheOutcome>,
 }
 
 impl Service {
-    /// `object`'s component `component` of `model`: its decoded little-endian bytes (or its
-    /// stored zstd frame for a client that accepts zstd), checked against its digest as the
-    /// verify policy says.
+    /// `object`'s component `component` of `model`, cut as `request` asks: its decoded
+    /// little-endian bytes (or its stored zstd frame, whole, for a client that accepts zstd), or
+    /// a slice of them, checked against its digest as the verify policy says.
     pub async fn component_bytes(
         self: &Arc<Self>,
         model: &Arc<Model>,
         manifest: &Manifest,
         object: &Object,
         component: &Component,
-        request: ComponentRequest,
+        request: ComponentRequest<'_>,
     ) -> Result<ComponentBytes, ServiceError> {
         check_content_once(model, manifest, object).await?;
         if let crate::format::Encoding::Unregistered(name) = &component.encoding {
@@ -353,46 +435,61 @@ impl Service {
             _ => Covered::Stored(stored),
         };
         let mut digest = None;
-        let guard =
-            match digest_check(self.config.verify, &facts, object, component, covered, request.head, request.ranged) {
-                DigestCheck::Skipped => None,
-                DigestCheck::Known(verdict) => {
-                    digest = Some(if verdict.is_ok() { "verified" } else { "mismatch" });
-                    verdict.map_err(|source| ServiceError::invalid(&model.id, source))?;
-                    None
-                }
-                // A range is small next to the check: wait, and answer a clean error if it fails.
-                DigestCheck::Running(check) if request.ranged => {
-                    let verdict = check.await;
-                    digest = Some(if verdict.is_ok() { "verified" } else { "mismatch" });
-                    verdict.map_err(|e| e.into_service(model))?;
-                    None
-                }
-                // A whole body streams while the check runs; its last piece waits for the verdict.
-                DigestCheck::Running(check) => {
-                    digest = Some("streamed");
-                    Some(guard(check.map(|verdict| {
-                        verdict.map_err(|e| match e {
-                            CheckError::Mismatch(e) => e.to_string(),
-                            CheckError::Storage(e) => e.to_string(),
-                            CheckError::Decode(e) => e.to_string(),
-                            CheckError::Crashed(reason) => reason,
-                        })
-                    })))
-                }
-            };
+        let wait = (!request.head).then(|| request.cut.digest_wait());
+        let guard = match digest_check(self.config.verify, &facts, object, component, covered, wait) {
+            DigestCheck::Skipped => None,
+            DigestCheck::Known(verdict) => {
+                digest = Some(DigestOutcome::of(&verdict));
+                verdict.map_err(|source| ServiceError::invalid(&model.id, source))?;
+                None
+            }
+            DigestCheck::Running(check) if wait == Some(DigestWait::BeforeAnswering) => {
+                let verdict = check.await;
+                digest = Some(DigestOutcome::of(&verdict));
+                verdict.map_err(|e| e.into_service(model))?;
+                None
+            }
+            DigestCheck::Running(check) => {
+                digest = Some(DigestOutcome::Streamed);
+                Some(guard(check.map(|verdict| {
+                    verdict.map_err(|e| match e {
+                        CheckError::Mismatch(e) => e.to_string(),
+                        CheckError::Storage(e) => e.to_string(),
+                        CheckError::Decode(e) => e.to_string(),
+                        CheckError::Crashed(reason) => reason,
+                    })
+                })))
+            }
+        };
         let part = format!("{}\0{}", object.name, component.role);
         let declared_sha256 = match &component.digest {
             Some(Digest::Sha256(sha256)) => Some(*sha256),
             _ => None,
         };
+        if let Cut::Slice(slice) = request.cut {
+            let whole = match decoded {
+                Some(decoded) => decoded,
+                None => bytes.served(&self.readahead, &model.id, range),
+            };
+            return Ok(ComponentBytes {
+                source: slice.source(model, component, &bytes, whole),
+                etag: etag(model, &format!("{part}\0slice\0{}", slice.slice)),
+                model_version: model_version(model),
+                sha256: None,
+                zstd_passthrough: false,
+                varies_with_encoding: false,
+                guard,
+                digest,
+                cache: None,
+            });
+        }
         let varies_with_encoding = component.is_zstd_of_served_bytes();
-        let zstd_passthrough = varies_with_encoding && !request.ranged && request.accepts_zstd;
+        let zstd_passthrough = varies_with_encoding && matches!(request.cut, Cut::Whole) && request.accepts_zstd;
         let (source, etag, sha256, cache): (Arc<dyn RangeSource>, String, Option<[u8; 32]>, _) = if zstd_passthrough {
             // The stored frame as it is: its digest, when SHA-256, is the representation's.
             let source = bytes.served(&self.readahead, &model.id, range);
             let of_stored = declared_sha256.filter(|_| component.digest_scope == crate::format::DigestScope::Stored);
-            (source, etag(model, &format!("{part}\0zstd")), of_stored, Some("passthrough"))
+            (source, etag(model, &format!("{part}\0zstd")), of_stored, Some(CacheOutcome::Passthrough))
         } else if component.is_verbatim() {
             (bytes.served(&self.readahead, &model.id, range), etag(model, &part), declared_sha256, None)
         } else {
@@ -412,7 +509,6 @@ impl Service {
             guard,
             digest,
             cache,
-            stored_in: bytes,
         })
     }
 }

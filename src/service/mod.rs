@@ -21,10 +21,10 @@ pub use self::bytes::{
     StoredBytes, add_urls, companion_etag, etag, model_version, rendered_manifest, stored_file_etag, version_token,
 };
 pub use self::view::view_file_etag;
-pub use components::{ComponentBytes, ComponentRequest};
+pub use components::{CacheOutcome, ComponentBytes, ComponentRequest, Cut, DigestOutcome};
 pub use error::ServiceError;
 pub use representation::{ByteStream, Guard, RangeSource, guarded};
-pub use slices::{SliceBytes, SliceRequest};
+pub use slices::{ResolvedSlice, SliceRequest};
 
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};

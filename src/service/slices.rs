@@ -13,14 +13,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 
-use super::bytes::{ModelBytes, etag, storage_failed};
-use super::components::{ComponentBytes, ComponentRequest};
+use super::bytes::{ModelBytes, storage_failed};
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
 use crate::catalog::Model;
 use crate::decode::Stored;
 use crate::format::slice::{RunsWithin, Slice, element_bytes, parse, shard_spec};
-use crate::format::{Manifest, Object};
+use crate::format::{Component, Object};
 
 /// Runs of a mapped file at least this long are sent from the mapping as they are (by
 /// `sendfile` from 64 KiB, `transport::zero_copy`, and below that by `writev`: either way the kernel
@@ -55,22 +54,56 @@ pub enum SliceRequest<'a> {
     Shard { split: &'a str, dim: &'a str },
 }
 
-/// A slice's bytes as a request gets them.
-pub struct SliceBytes {
-    pub bytes: ComponentBytes,
+/// A slice checked against the dense object it cuts.
+#[derive(Debug, Clone)]
+pub struct ResolvedSlice {
     pub slice: Slice,
+    /// The width of one element as slices cut it (a complex element whole, fp8 as bytes).
+    element: u64,
+    /// The object's shape.
+    shape: Vec<u64>,
+}
+
+impl ResolvedSlice {
+    /// The bytes of this slice of `component`, cut from `whole` (the component's bytes as a
+    /// whole request gets them), or for a raw component of a mapped local file, from the file
+    /// itself (`stored_in`).
+    pub(super) fn source(
+        &self,
+        model: &Arc<Model>,
+        component: &Component,
+        stored_in: &ModelBytes,
+        whole: Arc<dyn RangeSource>,
+    ) -> Arc<dyn RangeSource> {
+        let cutter = match stored_in {
+            ModelBytes::Mapped { bytes: mapped, .. } if component.is_verbatim() => {
+                let range = component.stored_range();
+                let sent = mapped.slice(range.start as usize..range.end as usize);
+                Cutter::File(Arc::new(FileBytes { sent, read: stored_in.stored(range) }))
+            }
+            _ => Cutter::Spans(whole),
+        };
+        let len = self.slice.len(self.element).expect("a slice is no larger than its object");
+        Arc::new(SliceSource {
+            slice: self.slice.clone(),
+            shape: self.shape.clone(),
+            element: self.element,
+            len,
+            cutter,
+            model: Arc::clone(model),
+        })
+    }
 }
 
 impl Service {
-    /// The bytes of `request`'s slice of the dense object `object`, in row-major order.
-    pub async fn object_slice(
-        self: &Arc<Self>,
-        model: &Arc<Model>,
-        manifest: &Manifest,
+    /// `request`'s slice of `object`, checked against it: only a dense object of whole-byte
+    /// elements of a known type can be cut, within its bounds.
+    pub fn resolve_slice(
+        &self,
+        model: &Model,
         object: &Object,
         request: SliceRequest<'_>,
-        head: bool,
-    ) -> Result<SliceBytes, ServiceError> {
+    ) -> Result<ResolvedSlice, ServiceError> {
         let bad = |source| ServiceError::BadSlice { model: model.id.clone(), object: object.name.clone(), source };
         let element = element_bytes(object).map_err(bad)?;
         let slice = match request {
@@ -78,33 +111,7 @@ impl Service {
             SliceRequest::Shard { split, dim } => shard_spec(split, dim, &object.shape),
         }
         .map_err(bad)?;
-        let component = &object.components[0];
-        // Never the stored frame, and a digest check that needs the whole part is awaited
-        // rather than left to guard a body that is only part of it.
-        let whole_request = ComponentRequest { head, ranged: true, accepts_zstd: false };
-        let mut bytes = self.component_bytes(model, manifest, object, component, whole_request).await?;
-        let len = slice.len(element).expect("a slice is no larger than its object");
-        let cutter = match &bytes.stored_in {
-            ModelBytes::Mapped { bytes: mapped, .. } if component.is_verbatim() => {
-                let range = component.stored_range();
-                let sent = mapped.slice(range.start as usize..range.end as usize);
-                Cutter::File(Arc::new(FileBytes { sent, read: bytes.stored_in.stored(range) }))
-            }
-            _ => Cutter::Spans(Arc::clone(&bytes.source)),
-        };
-        bytes.source = Arc::new(SliceSource {
-            slice: slice.clone(),
-            shape: object.shape.clone(),
-            element,
-            len,
-            cutter,
-            model: Arc::clone(model),
-        });
-        bytes.etag = etag(model, &format!("{}\0{}\0slice\0{slice}", object.name, component.role));
-        bytes.sha256 = None;
-        bytes.zstd_passthrough = false;
-        bytes.varies_with_encoding = false;
-        Ok(SliceBytes { bytes, slice })
+        Ok(ResolvedSlice { slice, element, shape: object.shape.clone() })
     }
 }
 

@@ -13,7 +13,7 @@ use futures_util::stream;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
 use super::bytes::{StoredBytes, etag, model_version, stored_file_etag};
-use super::components::ComponentRequest;
+use super::components::{ComponentRequest, Cut};
 use super::representation::{ByteStream, RangeSource, guarded};
 use super::{Service, ServiceError};
 use crate::catalog::Model;
@@ -129,7 +129,8 @@ fn tensor_bytes(
         let object = &manifest.objects[object];
         let component = &object.components[0];
         let whole = within.start == 0 && within.end == component.decoded_length;
-        let request = ComponentRequest { head: false, ranged: !whole, accepts_zstd: false };
+        let cut = if whole { Cut::Whole } else { Cut::Ranges };
+        let request = ComponentRequest { cut, head: false, accepts_zstd: false };
         let bytes = service.component_bytes(&model, &manifest, object, component, request).await?;
         let body = bytes.source.open(within);
         Ok(match bytes.guard {
