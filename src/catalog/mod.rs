@@ -139,38 +139,8 @@ pub struct Model {
     /// Never empty; a component's `file` indexes it.
     pub files: Vec<StoredFile>,
     pub state: Result<Arc<Manifest>, CatalogError>,
-    /// The manifest rendered as JSON once, not per request.
-    pub manifest_json: OnceLock<Rendered>,
-    /// The safetensors view, planned once per model version.
-    pub view: OnceLock<Arc<crate::format::view::View>>,
     /// When the catalog first found this version (the S3 endpoint's `Last-Modified`).
     pub found_at: std::time::SystemTime,
-    /// Results of the content checks (bool bytes, sparse structure) by object name, run once
-    /// per object while the file is unchanged.
-    pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
-    /// What has been learnt about each component (by object name and role) of this file
-    /// version: kept for as long as the file is unchanged, whatever the decode cache evicts.
-    facts: Mutex<HashMap<(String, String), Arc<ComponentFacts>>>,
-}
-
-/// A body rendered once per model version and its strong ETag (a digest of the body itself,
-/// so a change in how the server renders it changes the tag too).
-#[derive(Debug, Clone)]
-pub struct Rendered {
-    pub body: bytes::Bytes,
-    pub etag: String,
-}
-
-/// What the server has learnt about one component of one file version.
-#[derive(Debug, Default)]
-pub struct ComponentFacts {
-    /// The stored bytes' digest check, once made (under `verify = first-read`); concurrent
-    /// first reads share one check.
-    pub verdict: tokio::sync::OnceCell<Result<(), FormatError>>,
-    /// SHA-256 of the decoded bytes, once a complete decode has computed it.
-    pub decoded_sha256: Arc<OnceLock<[u8; 32]>>,
-    /// A seekable part's seek table, read and checked once.
-    pub seek_table: tokio::sync::OnceCell<Arc<crate::format::seekable::SeekTable>>,
 }
 
 impl Model {
@@ -206,22 +176,19 @@ impl Model {
             version,
             files,
             state,
-            manifest_json: OnceLock::new(),
-            view: OnceLock::new(),
             found_at: std::time::SystemTime::now(),
-            content_checks: Mutex::new(HashMap::new()),
-            facts: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The facts about component `role` of `object`, created empty on first use.
-    pub fn facts(&self, object: &str, role: &str) -> Arc<ComponentFacts> {
-        let mut facts = self.facts.lock().expect("facts lock is never poisoned");
-        Arc::clone(facts.entry((object.to_owned(), role.to_owned())).or_default())
+    /// The byte length of the model's file `index` (a component's `file`): for the file holding
+    /// the manifest, the length it was parsed at, which every offset in the manifest was checked
+    /// against; for any other, its listed size.
+    pub fn file_len(&self, manifest: &Manifest, index: usize) -> u64 {
+        if index == 0 { manifest.file_len } else { self.files[index].object.size }
     }
 
     /// Whether this model can stand for the same files, in the same versions, in a new
-    /// catalog: it keeps what it has learnt (mappings, digest verdicts, content checks).
+    /// catalog: it keeps its mappings and parsed manifest.
     fn still_valid_for(&self, source: &Source, files: &[StoredFile]) -> bool {
         self.source.name == source.name
             && self.files.len() == files.len()

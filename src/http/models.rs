@@ -68,7 +68,7 @@ pub async fn manifest(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let ReadyModel { model, manifest, cache, .. } = ready;
-    let rendered = service::rendered_manifest(&model, &manifest, &state.service.view(&model, &manifest));
+    let rendered = state.service.rendered_manifest(&model, &manifest);
     let etag = (header::ETAG, header_value(&rendered.etag));
     let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
     if if_none_match_matches(if_none_match, &rendered.etag) {

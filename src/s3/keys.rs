@@ -77,7 +77,7 @@ impl Keys {
                     model: Arc::clone(model),
                     manifest: Arc::clone(manifest),
                     target: Target::Stored(stored.name.clone()),
-                    size: if index == 0 { manifest.file_len } else { stored.object.size },
+                    size: model.file_len(manifest, index),
                     etag: stored_file_etag(model, index),
                 });
             }

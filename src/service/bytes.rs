@@ -10,10 +10,11 @@ use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _};
 use serde_json::json;
 
+use super::learnt::{Learnt, Rendered};
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
 use crate::api;
-use crate::catalog::{Companion, Model, Rendered, Source, StoredFile};
+use crate::catalog::{Companion, Model, Source, StoredFile};
 use crate::decode::Stored;
 use crate::format::json::manifest_json;
 use crate::format::view::View;
@@ -150,7 +151,7 @@ pub(crate) async fn model_bytes(
         .get(file)
         .ok_or_else(|| ServiceError::Internal(format!("model {:?} has no stored file {file}", model.id)))?;
     // The file holding the manifest is as long as the manifest says; the others as listed.
-    let expected_len = if file == 0 { manifest.file_len } else { object.size };
+    let expected_len = model.file_len(manifest, file);
     let changed = || ServiceError::ChangedOnDisk { model: model.id.clone() };
     let mapping = match mapping.get() {
         Some(mapping) => Arc::clone(mapping),
@@ -223,8 +224,8 @@ pub fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object
 /// safetensors view (the files, and the objects left out with why), rendered once per model
 /// version, with a strong ETag that is a digest of the body itself (so a change in how the
 /// server renders it changes the tag too).
-pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest, view: &View) -> &'m Rendered {
-    model.manifest_json.get_or_init(|| {
+fn rendered_manifest(learnt: &Learnt, model: &Model, manifest: &Manifest, view: &View) -> Rendered {
+    let rendered = learnt.manifest_json.get_or_init(|| {
         let mut doc = manifest_json(manifest);
         doc["id"] = json!(model.id);
         doc["model_version"] = json!(version_token(model));
@@ -232,7 +233,10 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest, view: &View)
         doc["files"] = model
             .files
             .iter()
-            .map(|f| json!({ "name": f.name, "size": f.object.size, "url": api::stored_file_url(&model.id, &f.name) }))
+            .enumerate()
+            .map(|(i, f)| {
+                json!({ "name": f.name, "size": model.file_len(manifest, i), "url": api::stored_file_url(&model.id, &f.name) })
+            })
             .collect();
         if let Some(objects) = doc["objects"].as_array_mut() {
             for (object, rendered) in manifest.objects.iter().zip(objects) {
@@ -250,7 +254,15 @@ pub fn rendered_manifest<'m>(model: &'m Model, manifest: &Manifest, view: &View)
         let body = serde_json::to_vec(&doc).expect("JSON values serialize");
         let digest = <sha2::Sha256 as sha2::Digest>::digest(&body);
         Rendered { etag: format!("\"{}\"", hex::encode(&digest[..16])), body: sendable(body) }
-    })
+    });
+    rendered.clone()
+}
+
+impl Service {
+    /// The manifest as JSON ([`rendered_manifest`]), rendered once per model version.
+    pub fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
+        rendered_manifest(&self.learnt.of(model), model, manifest, &self.view(model, manifest))
+    }
 }
 
 impl Service {
@@ -271,7 +283,7 @@ impl Service {
     ) -> Result<StoredBytes, ServiceError> {
         let bytes = model_bytes(model, manifest, index).await?;
         // The file holding the manifest is as long as the manifest says; the others as listed.
-        let len = if index == 0 { manifest.file_len } else { model.files[index].object.size };
+        let len = model.file_len(manifest, index);
         Ok(StoredBytes {
             source: bytes.served(&self.readahead, &model.id, 0..len),
             etag: stored_file_etag(model, index),

@@ -11,11 +11,12 @@ use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::bytes::{etag, model_bytes, model_version, storage_failed};
+use super::learnt::{ComponentFacts, Learnt};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::seekable::SeekableSource;
 use super::slices::ResolvedSlice;
 use super::{Service, ServiceError};
-use crate::catalog::{ComponentFacts, Model};
+use crate::catalog::Model;
 use crate::config::VerifyPolicy;
 use crate::decode::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
@@ -24,11 +25,16 @@ use crate::telemetry::names;
 /// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
 /// range) before any component of the object is served as valid; once per object and file
 /// version, off the async runtime.
-async fn check_content_once(model: &Arc<Model>, manifest: &Manifest, object: &Object) -> Result<(), ServiceError> {
+async fn check_content_once(
+    model: &Arc<Model>,
+    learnt: &Learnt,
+    manifest: &Manifest,
+    object: &Object,
+) -> Result<(), ServiceError> {
     if !crate::format::validate::has_content_rules(object) {
         return Ok(());
     }
-    let cached = model.content_checks.lock().expect("never poisoned").get(&object.name).cloned();
+    let cached = learnt.content_checks.lock().expect("never poisoned").get(&object.name).cloned();
     let result = match cached {
         Some(result) => result,
         None => {
@@ -51,7 +57,7 @@ async fn check_content_once(model: &Arc<Model>, manifest: &Manifest, object: &Ob
             })
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))?;
-            model.content_checks.lock().expect("never poisoned").insert(object.name.clone(), result.clone());
+            learnt.content_checks.lock().expect("never poisoned").insert(object.name.clone(), result.clone());
             result
         }
     };
@@ -390,7 +396,8 @@ impl Service {
         component: &Component,
         request: ComponentRequest<'_>,
     ) -> Result<ComponentBytes, ServiceError> {
-        check_content_once(model, manifest, object).await?;
+        let learnt = self.learnt.of(model);
+        check_content_once(model, &learnt, manifest, object).await?;
         if let crate::format::Encoding::Unregistered(name) = &component.encoding {
             // Never decoded by guess: its stored bytes are in the model's file, at the
             // offsets the manifest gives.
@@ -403,7 +410,7 @@ impl Service {
         let bytes = model_bytes(model, manifest, component.file).await?;
         let range = component.stored_range();
         let stored = bytes.stored(range.clone());
-        let facts = model.facts(&object.name, &component.role);
+        let facts = learnt.facts(&object.name, &component.role);
         let key = ComponentKey {
             model: model.id.clone(),
             version: model.version.clone(),

@@ -1,13 +1,15 @@
 //! The domain between the catalog and the wire protocols: the sources, the catalog swap and
-//! rescans, model lookup, a model's bytes and versions, the digest policy, content checks,
-//! decoder admission, and the typed representations a request gets (component bytes with
-//! their length, digests and version; a slice of a dense object; a stored file; a view file;
-//! the manifest rendered once). Handlers of
-//! any protocol extract, ask, and set their own headers; nothing here knows HTTP.
+//! rescans, model lookup, a model's bytes and versions, what is learnt per model version
+//! (digest verdicts, seek tables, view plans, the rendered manifest: [`learnt`]), the digest
+//! policy, content checks, decoder admission, and the typed representations a request gets
+//! (component bytes cut whole, by ranges or as a slice, with their length, digests and
+//! version; a stored file; a view file; the manifest rendered once). Handlers of any protocol
+//! extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod components;
 mod error;
+mod learnt;
 mod representation;
 mod seekable;
 mod slices;
@@ -17,9 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub use self::bytes::{
-    StoredBytes, add_urls, companion_etag, etag, model_version, rendered_manifest, stored_file_etag, version_token,
-};
+pub use self::bytes::{StoredBytes, add_urls, companion_etag, etag, model_version, stored_file_etag, version_token};
 pub use self::view::view_file_etag;
 pub use components::{CacheOutcome, ComponentBytes, ComponentRequest, Cut, DigestOutcome};
 pub use error::ServiceError;
@@ -45,6 +45,8 @@ pub struct Service {
     /// How long raw reads from remote sources are split, and the memory they may hold.
     pub readahead: Readahead,
     catalog: RwLock<Arc<Catalog>>,
+    /// What has been learnt about each model version the catalog lists.
+    learnt: learnt::LearntByVersion,
     /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
     /// older listing last.
     rescanning: tokio::sync::Mutex<()>,
@@ -89,6 +91,7 @@ impl Service {
             sources,
             readahead,
             catalog: RwLock::new(Arc::new(Catalog::default())),
+            learnt: learnt::LearntByVersion::default(),
             rescanning: tokio::sync::Mutex::new(()),
             ready: AtomicBool::new(false),
         }))
@@ -129,6 +132,7 @@ impl Service {
                 metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
                 // Decoded bytes of files that changed or went away are never served again.
                 self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
+                self.learnt.retain_listed(&catalog);
                 *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
                 self.ready.store(true, Ordering::Release);
             }

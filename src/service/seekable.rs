@@ -12,9 +12,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 
+use super::learnt::ComponentFacts;
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
-use crate::catalog::ComponentFacts;
 use crate::decode::{ComponentKey, DecodeError, Decoded, Hold, Stored};
 use crate::format::seekable::{SeekTable, TABLE_FOOTER_LEN, table_len};
 use crate::format::{Component, Location};

@@ -23,13 +23,9 @@ use crate::format::view::{View, ViewBytes, ViewFile, ViewTensor, plan};
 impl Service {
     /// The model's safetensors view, planned on first use and kept for its version.
     pub fn view(&self, model: &Model, manifest: &Manifest) -> Arc<View> {
-        Arc::clone(model.view.get_or_init(|| {
-            let stored: Vec<(&str, u64)> = model
-                .files
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (f.name.as_str(), if i == 0 { manifest.file_len } else { f.object.size }))
-                .collect();
+        Arc::clone(self.learnt.of(model).view.get_or_init(|| {
+            let stored: Vec<(&str, u64)> =
+                model.files.iter().enumerate().map(|(i, f)| (f.name.as_str(), model.file_len(manifest, i))).collect();
             Arc::new(plan(manifest, &stored, self.config.view_shard_bytes))
         }))
     }

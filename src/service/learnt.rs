@@ -1,0 +1,71 @@
+//! What the service learns about each model version while it serves it, kept by the service
+//! rather than the catalog (which holds only what the files say): the manifest rendered as
+//! JSON, the safetensors view's plan, the content checks by object, and per component the
+//! digest verdict, the decoded bytes' SHA-256 and a seekable part's seek table. Kept for as
+//! long as the catalog lists that version; a version gone from it is forgotten at the rescan.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::catalog::{Catalog, Model};
+use crate::format::FormatError;
+use crate::format::view::View;
+
+/// A body rendered once per model version and its strong ETag (a digest of the body itself,
+/// so a change in how the server renders it changes the tag too).
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub body: bytes::Bytes,
+    pub etag: String,
+}
+
+/// What the server has learnt about one component of one model version.
+#[derive(Debug, Default)]
+pub struct ComponentFacts {
+    /// The stored bytes' digest check, once made (under `verify = first-read`); concurrent
+    /// first reads share one check.
+    pub verdict: tokio::sync::OnceCell<Result<(), FormatError>>,
+    /// SHA-256 of the decoded bytes, once a complete decode has computed it.
+    pub decoded_sha256: Arc<OnceLock<[u8; 32]>>,
+    /// A seekable part's seek table, read and checked once.
+    pub seek_table: tokio::sync::OnceCell<Arc<crate::format::seekable::SeekTable>>,
+}
+
+/// What the server has learnt about one model version.
+#[derive(Debug, Default)]
+pub struct Learnt {
+    /// The manifest rendered as JSON once, not per request.
+    pub manifest_json: OnceLock<Rendered>,
+    /// The safetensors view, planned once.
+    pub view: OnceLock<Arc<View>>,
+    /// Results of the content checks (bool bytes, sparse structure) by object name.
+    pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
+    /// By object name and component role.
+    facts: Mutex<HashMap<(String, String), Arc<ComponentFacts>>>,
+}
+
+impl Learnt {
+    /// The facts about component `role` of `object`, created empty on first use.
+    pub fn facts(&self, object: &str, role: &str) -> Arc<ComponentFacts> {
+        let mut facts = self.facts.lock().expect("facts lock is never poisoned");
+        Arc::clone(facts.entry((object.to_owned(), role.to_owned())).or_default())
+    }
+}
+
+/// What has been learnt, by model id and version.
+#[derive(Debug, Default)]
+pub struct LearntByVersion(Mutex<HashMap<(String, String), Arc<Learnt>>>);
+
+impl LearntByVersion {
+    /// What has been learnt about `model`'s version, empty at first.
+    pub fn of(&self, model: &Model) -> Arc<Learnt> {
+        let mut learnt = self.0.lock().expect("never poisoned");
+        Arc::clone(learnt.entry((model.id.clone(), model.version.clone())).or_default())
+    }
+
+    /// Forgets every version `catalog` no longer lists.
+    pub fn retain_listed(&self, catalog: &Catalog) {
+        let mut learnt = self.0.lock().expect("never poisoned");
+        learnt.retain(|(id, version), _| catalog.get(id).is_some_and(|m| &m.version == version));
+    }
+}
