@@ -18,14 +18,14 @@ use crate::storage::scan::FileIdentity;
 use crate::telemetry::names;
 
 /// The shortest token accepted: 16 characters of a random token are ~96 bits.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_TOKEN_LEN: usize = 16;
 
 /// How often the token file is checked for changes.
 const TOKEN_FILE_POLL: Duration = Duration::from_secs(1);
 
 /// What one request may read, once its protocol has checked its token.
 #[derive(Debug, Clone)]
-pub enum Access {
+pub(crate) enum Access {
     /// Every model (no tokens configured, or a token without prefixes).
     Everything,
     /// Only models whose id is one of these prefixes or lies below one (`team-a` allows
@@ -34,7 +34,7 @@ pub enum Access {
 }
 
 impl Access {
-    pub fn allows(&self, id: &str) -> bool {
+    pub(crate) fn allows(&self, id: &str) -> bool {
         match self {
             Access::Everything => true,
             Access::Under(prefixes) => prefixes
@@ -69,7 +69,7 @@ fn s3_access_key_id(sha256: &[u8; 32]) -> String {
 /// Why a token entry was refused. Never carries the token itself.
 #[derive(Debug, thiserror::Error)]
 #[error("{origin}: {message}")]
-pub struct TokenError {
+pub(crate) struct TokenError {
     pub origin: String,
     pub message: String,
 }
@@ -123,7 +123,7 @@ fn stamp(path: &Path) -> std::io::Result<FileStamp> {
 }
 
 /// The tokens in force.
-pub struct Tokens {
+pub(crate) struct Tokens {
     /// No tokens configured at all: every request may read everything.
     open: bool,
     from_config: Vec<Grant>,
@@ -139,7 +139,7 @@ impl Tokens {
     /// entry, or an unreadable file, is an error: the server must not start with less
     /// protection than configured. With `keep_s3_secrets`, each token is also kept as the
     /// secret of its S3 key.
-    pub fn new(entries: &[String], file: &str, keep_s3_secrets: bool) -> Result<Tokens, TokenError> {
+    pub(crate) fn new(entries: &[String], file: &str, keep_s3_secrets: bool) -> Result<Tokens, TokenError> {
         let from_config = entries
             .iter()
             .enumerate()
@@ -164,7 +164,7 @@ impl Tokens {
     }
 
     /// Whether requests need a token.
-    pub fn required(&self) -> bool {
+    pub(crate) fn required(&self) -> bool {
         !self.open
     }
 
@@ -174,7 +174,7 @@ impl Tokens {
 
     /// What `token` may read, or `None` if it is not a valid token. Every grant is compared,
     /// whatever matched first.
-    pub fn check(&self, token: &str) -> Option<Access> {
+    pub(crate) fn check(&self, token: &str) -> Option<Access> {
         let presented: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         let from_file = self.from_file.read().expect("never poisoned");
         let mut found = None;
@@ -187,7 +187,7 @@ impl Tokens {
     }
 
     /// The secret of S3 access key `access_key_id` and what it may read, when it is a token's.
-    pub fn s3_key(&self, access_key_id: &str) -> Option<(Arc<str>, Access)> {
+    pub(crate) fn s3_key(&self, access_key_id: &str) -> Option<(Arc<str>, Access)> {
         let from_file = self.from_file.read().expect("never poisoned");
         self.from_config.iter().chain(&from_file.0).find_map(|grant| {
             let key = grant.s3.as_ref().filter(|k| k.access_key_id == access_key_id)?;
@@ -198,7 +198,7 @@ impl Tokens {
     /// Re-reads the token file if it changed. A file that cannot be read or parsed revokes
     /// every token it held (the config's stay): failing closed, so a broken edit never
     /// leaves a removed token working. The error is logged and counted.
-    pub fn reload_if_changed(&self) {
+    pub(crate) fn reload_if_changed(&self) {
         let Some(path) = &self.file else { return };
         // A missing file has no stamp: it is reported once, when it goes, not every poll.
         let now = stamp(path).ok();
@@ -225,7 +225,7 @@ impl Tokens {
     }
 
     /// Re-reads the token file whenever it changes, forever.
-    pub async fn watch(self: Arc<Self>) {
+    pub(crate) async fn watch(self: Arc<Self>) {
         if self.file.is_none() {
             return;
         }

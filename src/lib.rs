@@ -15,31 +15,31 @@
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
 //!   `unsafe`, in `storage::mapped` (the crate denies it everywhere else).
-//! - [`catalog`]: the sources and their health, which models exist under them (a `.zt` file
+//! - `catalog`: the sources and their health, which models exist under them (a `.zt` file
 //!   with any v2 shards, a safetensors file, or a checkpoint's index and shards) and the files
 //!   beside each (config, tokenizer), their parsed
 //!   manifests (cached by file identity or ETag), broken files, and what is learnt per
 //!   component (digest verdicts).
-//! - [`decode`]: shared, cached decoding of components not stored verbatim, one concern per
+//! - `decode`: shared, cached decoding of components not stored verbatim, one concern per
 //!   file (stored-byte sources read with `pread` or streamed from S3, never loaded from a
 //!   mapping, so a file truncated in place cannot raise SIGBUS; the decode cursor; the shared
 //!   decode; private decodes; the cache bounded in bytes).
-//! - [`service`]: the domain between the catalog and the wire protocols: sources, the catalog
+//! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, the digest policy, content
 //!   checks, decoder admission, the typed representations requests get, each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it), and
 //!   slices of dense objects for tensor-parallel ranks, cut where the bytes are.
-//! - [`access`]: who may read what, for every protocol: tokens (config and a watched token
+//! - `access`: who may read what, for every protocol: tokens (config and a watched token
 //!   file), kept as digests and compared in constant time, each allowed every model or some id
 //!   prefixes; as S3 signing keys while the S3 endpoint is on.
-//! - [`transport`]: what every listener shares below the protocols: the connection loop and its
+//! - `transport`: what every listener shares below the protocols: the connection loop and its
 //!   limits (count, head size, header and idle timeouts, drain), connections that send slices
 //!   of mapped files with `sendfile` (corked while they do) instead of copying them, and the
 //!   layers every request passes (metrics, tracing, panic catching, timeout, concurrency).
-//! - [`http`]: the HTTP contract (axum) over the service: routes, ranges, conditional
+//! - `http`: the HTTP contract (axum) over the service: routes, ranges, conditional
 //!   requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
 //!   chosen); bearer tokens checked per request.
-//! - [`s3`]: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
+//! - `s3`: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
 //!   whose keys are each model's safetensors view, stored files and companions, served from
 //!   the same service; tokens as SigV4 keys; S3 error codes chosen here only.
 //! - [`server`]: the composition root: builds the service, the tokens and every protocol's
@@ -54,20 +54,21 @@
 
 #![deny(unsafe_code)]
 
-pub mod access;
+// `pub` only what main, the tests, the examples and the benchmarks use.
+mod access;
 pub mod api;
-pub mod catalog;
+mod catalog;
 pub mod config;
-pub mod decode;
-pub mod http;
+mod decode;
+mod http;
 pub mod pull;
-pub mod s3;
+mod s3;
 pub mod server;
-pub mod service;
+mod service;
 pub mod storage;
 pub mod telemetry;
 pub mod tools;
-pub mod transport;
+mod transport;
 
 /// The byte layout, a crate of its own (`format/`) so the compiler keeps it pure.
 pub use ztserve_format as format;

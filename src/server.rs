@@ -17,12 +17,12 @@ use crate::transport::ConnectionLimits;
 
 /// What every protocol serves from: the domain, and the tokens every protocol checks.
 pub struct Server {
-    pub service: Arc<Service>,
-    pub tokens: Arc<Tokens>,
+    service: Arc<Service>,
+    tokens: Arc<Tokens>,
 }
 
 impl Server {
-    /// A server over a new [`Service`] (empty catalog, not yet ready).
+    /// A server over a new service (empty catalog, not yet ready).
     pub fn new(config: Config) -> anyhow::Result<Arc<Server>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
@@ -33,6 +33,21 @@ impl Server {
 
     pub fn config(&self) -> &Config {
         &self.service.config
+    }
+
+    /// Whether the first scan has completed (`/readyz` answers 200 from then on).
+    pub fn is_ready(&self) -> bool {
+        self.service.is_ready()
+    }
+
+    /// Rescans every source now, as the periodic rescan does.
+    pub async fn rescan(&self) {
+        self.service.rescan().await;
+    }
+
+    /// The decoders' permits: a test holds them all to make decoders busy.
+    pub fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
+        self.service.cache.decoders()
     }
 
     /// The HTTP routes (the test seam: handler tests send requests to it with `oneshot`).

@@ -104,7 +104,7 @@ async fn populate(source: &ModelSource) {
 
 async fn state_for(source: &ModelSource) -> Arc<Server> {
     let state = Server::new(source.config(Config { max_ranges: 8, ..Config::default() })).unwrap();
-    state.service.rescan().await;
+    state.rescan().await;
     state
 }
 
@@ -123,7 +123,7 @@ async fn readyz_is_503_until_the_first_index_then_200_and_healthz_is_always_200(
     let not_ready = get(&state, "/models", &[]).await;
     assert_eq!((not_ready.status, not_ready.error_code().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
     assert_eq!(get(&state, "/healthz", &[]).await.status, StatusCode::OK);
-    state.service.rescan().await;
+    state.rescan().await;
     let ready = get(&state, "/readyz", &[]).await;
     assert_eq!(ready.status, StatusCode::OK);
     assert_eq!(ready.json()["broken"], 1);
@@ -400,7 +400,7 @@ async fn a_rescan_picks_up_added_replaced_and_removed_files(source: ModelSource)
     source.put("org/llama.zt", &bytes).await;
     source.put("new.zt", &bytes).await;
     source.remove("broken.zt").await;
-    state.service.rescan().await;
+    state.rescan().await;
     let after = get(&state, WEIGHTS, &[]).await;
     assert_eq!(after.body, small);
     assert_ne!(after.header("etag"), before.header("etag"));
@@ -691,7 +691,7 @@ async fn version_pinned_urls_are_immutable_until_the_version_is_gone(source: Mod
     }
 
     source.put("org/llama.zt", &small_weights()).await;
-    state.service.rescan().await;
+    state.rescan().await;
     let gone = get(&state, &format!("/models/org/llama@{version}/objects/weights"), &[]).await;
     assert_eq!((gone.status, gone.error_code()), (StatusCode::NOT_FOUND, "version_gone".to_owned()));
     let current = get(&state, WEIGHTS, &[]).await;

@@ -197,7 +197,7 @@ async fn a_decode_that_finds_every_decoder_busy_for_decode_wait_ms_is_answered_5
     let limits = Config { max_concurrent_decodes: 1, decode_wait_ms: 300, ..config(dir.path()) };
     let (address, state) = serve(limits).await;
     // The only decoder, taken as a long decode would hold it.
-    let busy = Arc::clone(state.service.cache.decoders()).acquire_owned().await.unwrap();
+    let busy = Arc::clone(state.decoders()).acquire_owned().await.unwrap();
     let address2 = address.clone();
     let refused =
         tokio::task::spawn_blocking(move || request(&address2, "/models/packed/objects/z", &[("Range", "bytes=0-99")]))
@@ -223,7 +223,7 @@ async fn a_request_that_cannot_start_its_answer_within_request_timeout_secs_is_a
     let limits =
         Config { max_concurrent_decodes: 1, decode_wait_ms: 60_000, request_timeout_secs: 1, ..config(dir.path()) };
     let (address, state) = serve(limits).await;
-    let busy = Arc::clone(state.service.cache.decoders()).acquire_owned().await.unwrap();
+    let busy = Arc::clone(state.decoders()).acquire_owned().await.unwrap();
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         let reply = request(&address, "/models/packed/objects/z", &[]);

@@ -69,11 +69,11 @@ async fn manifests_take_one_suffix_read_when_they_fit_and_are_read_again_only_wh
     assert_eq!(list["models"][2]["objects"], 1500);
 
     // Unchanged objects are not read again; a replaced one is, once.
-    state.service.rescan().await;
-    state.service.rescan().await;
+    state.rescan().await;
+    state.rescan().await;
     assert_eq!(s3_reads("manifest"), 6.0, "nothing re-read while ETags are unchanged");
     source.put("small.zt", &model(&[("w", DType::U8, &payload[..2000], false)])).await;
-    state.service.rescan().await;
+    state.rescan().await;
     assert_eq!(s3_reads("manifest"), 7.0);
     let body = ask(&address, "/models/small/objects/w", &[]).await.body;
     assert_eq!(body, payload[..2000]);
@@ -102,7 +102,7 @@ async fn safetensors_headers_take_one_read_when_they_fit_and_two_when_they_do_no
     let statuses = statuses(&list);
     assert_eq!(statuses, [("ckpt", "ok"), ("small", "ok"), ("wide", "ok")]);
     assert_eq!(list["models"][2]["objects"], 1500);
-    state.service.rescan().await;
+    state.rescan().await;
     assert_eq!(s3_reads("manifest"), 5.0, "nothing re-read while ETags are unchanged");
     let body = ask(&address, &ztserve::api::object_url("wide", "tensor.01499.with.a.long.descriptive.name"), &[]).await;
     assert_eq!(body.body, [7, 8]);
@@ -186,7 +186,7 @@ async fn a_stopped_s3_answers_503_with_retry_after_readyz_degrades_and_service_r
     assert_eq!(ready["sources"][1]["status"], "ok");
     assert!(get("/models/here/objects/raw").await.body == raw, "the local source keeps serving");
     // A rescan while S3 is down keeps the S3 models listed.
-    state.service.rescan().await;
+    state.rescan().await;
     assert_eq!(get("/models").await.json()["models"].as_array().unwrap().len(), 2);
 
     // S3 comes back (moto keeps nothing, so the same bytes are uploaded again: same ETag).
@@ -300,7 +300,7 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     eprintln!("received {} of {} bytes", body.len(), old.len());
 
     // After a rescan the new version is served.
-    state.service.rescan().await;
+    state.rescan().await;
     let reply = ask(&address, "/models/m/objects/raw", &[("range", "bytes=0-99")]).await;
     assert_eq!(reply.status, 206, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.body, new[..100]);

@@ -386,7 +386,7 @@ pub(super) struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     /// Views `value` as a map with text keys. Non-text keys are unknown fields: ignored.
-    pub fn of(value: &'a Value, context: impl Into<String>) -> Result<Fields<'a>> {
+    pub(crate) fn of(value: &'a Value, context: impl Into<String>) -> Result<Fields<'a>> {
         let context = context.into();
         let Value::Map(map) = value else {
             return Err(FormatError::WrongShape { context, expected: "a map" });
@@ -395,19 +395,19 @@ impl<'a> Fields<'a> {
         Ok(Fields { context, entries })
     }
 
-    pub fn get(&self, field: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, field: &str) -> Option<&'a Value> {
         self.entries.iter().find(|(k, _)| *k == field).map(|(_, v)| *v)
     }
 
-    pub fn entries(&self) -> impl Iterator<Item = (&'a str, &'a Value)> + '_ {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&'a str, &'a Value)> + '_ {
         self.entries.iter().copied()
     }
 
-    pub fn require(&self, field: &'static str) -> Result<&'a Value> {
+    pub(crate) fn require(&self, field: &'static str) -> Result<&'a Value> {
         self.get(field).ok_or_else(|| FormatError::MissingField { context: self.context.clone(), field })
     }
 
-    pub fn text(&self, field: &'static str) -> Result<Option<&'a str>> {
+    pub(crate) fn text(&self, field: &'static str) -> Result<Option<&'a str>> {
         match self.get(field) {
             None => Ok(None),
             Some(Value::Text(t)) => Ok(Some(t)),
@@ -415,26 +415,26 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub fn required_text(&self, field: &'static str) -> Result<&'a str> {
+    pub(crate) fn required_text(&self, field: &'static str) -> Result<&'a str> {
         self.text(field)?.ok_or_else(|| FormatError::MissingField { context: self.context.clone(), field })
     }
 
-    pub fn uint(&self, field: &'static str) -> Result<Option<u64>> {
+    pub(crate) fn uint(&self, field: &'static str) -> Result<Option<u64>> {
         self.get(field).map(|v| unsigned(v, &self.context, field)).transpose()
     }
 
-    pub fn required_uint(&self, field: &'static str) -> Result<u64> {
+    pub(crate) fn required_uint(&self, field: &'static str) -> Result<u64> {
         unsigned(self.require(field)?, &self.context, field)
     }
 
-    pub fn uint_array(&self, field: &'static str) -> Result<Vec<u64>> {
+    pub(crate) fn uint_array(&self, field: &'static str) -> Result<Vec<u64>> {
         let Value::Array(items) = self.require(field)? else {
             return Err(self.wrong(field, "an array of unsigned integers"));
         };
         items.iter().map(|v| unsigned(v, &self.context, field)).collect()
     }
 
-    pub fn wrong(&self, field: &str, expected: &'static str) -> FormatError {
+    pub(crate) fn wrong(&self, field: &str, expected: &'static str) -> FormatError {
         FormatError::WrongShape { context: format!("{}.{field}", self.context), expected }
     }
 }

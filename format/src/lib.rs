@@ -9,6 +9,8 @@
 //! manifest may still need, and parses what they brought. [`parse_file`] does it all over a
 //! whole file in memory.
 
+#![forbid(unsafe_code)]
+
 mod cbor;
 pub mod decode;
 mod error;

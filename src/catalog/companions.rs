@@ -18,14 +18,18 @@ use crate::storage::{Listed, ObjectVersion};
 
 /// A file beside a model.
 #[derive(Debug, Clone)]
-pub struct Companion {
+pub(crate) struct Companion {
     /// Its path below the model's directory (`config.json`, `tokenizer/vocab.txt`).
     pub name: String,
     pub object: ObjectVersion,
 }
 
 /// The companions of each of `models` (by id) among `listed`, the whole listing of `source`.
-pub fn assign(source: &Arc<Source>, models: &[Arc<Model>], listed: &[Listed]) -> BTreeMap<String, Arc<[Companion]>> {
+pub(super) fn assign(
+    source: &Arc<Source>,
+    models: &[Arc<Model>],
+    listed: &[Listed],
+) -> BTreeMap<String, Arc<[Companion]>> {
     let model_dirs: BTreeSet<&str> =
         listed.iter().filter(|l| FileKind::of(&l.key).is_some()).map(|l| directory(&l.key)).collect();
     // The models of each directory, by the stem of their first file.

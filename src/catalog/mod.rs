@@ -8,27 +8,33 @@
 //! (a v2 file with no manifest) is part of some root's model, never a model of its own. A
 //! safetensors file is a model unless a `*.safetensors.index.json` beside it makes it a shard of
 //! a checkpoint ([`checkpoints`]). The other files listed belong to the models of the nearest
-//! directory above them that holds a model file ([`companions`]).
+//! directory above them that holds a model file ([`companions`]). One concern a file: the
+//! sources and their health ([`source`]), a model as its files say ([`model`]), listing a
+//! source into models ([`scan`]), and reading what a listed file holds ([`read`]).
 
 mod checkpoints;
 mod companions;
+mod model;
+mod read;
+mod scan;
 mod shards;
+mod source;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use futures_util::StreamExt as _;
+pub(crate) use companions::Companion;
+pub(crate) use model::{Model, StoredFile};
+pub(crate) use scan::ScanOptions;
+use scan::{Parsed, ParsedFile, directory, list, version_of};
+pub(crate) use source::Source;
 
-use crate::format::safetensors::{self, Index};
-use crate::format::{FileKind, FormatError, Limits, Manifest, ManifestReads};
-use crate::storage::mapped::MappedFile;
-use crate::storage::{Listed, ObjectVersion, Storage, StorageError};
-pub use companions::Companion;
+use crate::format::FormatError;
+use crate::storage::StorageError;
 
 /// Why a model cannot be served.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CatalogError {
+pub(crate) enum CatalogError {
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error(transparent)]
@@ -40,7 +46,7 @@ pub enum CatalogError {
 }
 
 impl CatalogError {
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             CatalogError::Format(e) => e.code(),
             CatalogError::Storage(_) => "storage_error",
@@ -51,7 +57,7 @@ impl CatalogError {
 
     /// Whether the failure belongs to the object's bytes (kept until the object changes),
     /// rather than to reading them (retried at the next rescan).
-    fn is_lasting(&self) -> bool {
+    pub(super) fn is_lasting(&self) -> bool {
         match self {
             CatalogError::InShard { error, .. } => error.is_lasting(),
             other => matches!(other, CatalogError::Format(_)),
@@ -59,193 +65,9 @@ impl CatalogError {
     }
 }
 
-/// One configured source and how it has been answering.
-#[derive(Debug)]
-pub struct Source {
-    /// As configured: `models`, `s3://bucket/prefix`.
-    pub name: String,
-    pub storage: Arc<dyn Storage>,
-    degraded: AtomicBool,
-    /// The last failure to list or read, while it lasts.
-    failure: Mutex<Option<StorageError>>,
-}
-
-impl Source {
-    pub fn new(storage: Arc<dyn Storage>) -> Arc<Source> {
-        let name = storage.name().to_owned();
-        Arc::new(Source { name, storage, degraded: AtomicBool::new(false), failure: Mutex::new(None) })
-    }
-
-    /// The backend's name (`local`, `s3`).
-    pub fn kind(&self) -> &'static str {
-        self.storage.backend()
-    }
-
-    /// Records a failure of the source itself (unreachable, refusing); a changed or missing
-    /// object says nothing about the source and is not recorded.
-    pub fn report_failure(&self, error: &StorageError) {
-        if matches!(error, StorageError::Unavailable { .. } | StorageError::Refused { .. }) {
-            if !self.degraded.swap(true, Ordering::SeqCst) {
-                tracing::warn!(source = %self.name, error = %error, "source degraded");
-            }
-            *self.failure.lock().expect("never poisoned") = Some(error.clone());
-        }
-    }
-
-    /// Records that the source answered.
-    pub fn report_success(&self) {
-        if self.degraded.load(Ordering::Relaxed) && self.degraded.swap(false, Ordering::SeqCst) {
-            tracing::info!(source = %self.name, "source answers again");
-            *self.failure.lock().expect("never poisoned") = None;
-        }
-    }
-
-    /// The failure the source is degraded by, if it is.
-    pub fn failure(&self) -> Option<StorageError> {
-        self.failure.lock().expect("never poisoned").clone()
-    }
-}
-
-/// One stored file of a model: its name (beside the model's other files), the object version
-/// listed, every read bound to it, and, from a backend that maps files, its mapping, made on
-/// first use and kept while the file is unchanged, shared by every response.
-#[derive(Debug)]
-pub struct StoredFile {
-    pub name: String,
-    pub object: ObjectVersion,
-    pub mapping: OnceLock<Arc<MappedFile>>,
-}
-
-impl StoredFile {
-    pub fn new(object: ObjectVersion) -> StoredFile {
-        let name = object.key.rsplit('/').next().unwrap_or(&object.key).to_owned();
-        StoredFile { name, object, mapping: OnceLock::new() }
-    }
-}
-
-/// One model: a manifest and the stored files its components live in (the first holds the
-/// manifest), and, when it is valid, the parsed manifest.
-#[derive(Debug)]
-pub struct Model {
-    pub id: String,
-    pub source: Arc<Source>,
-    /// The stored files' total size in bytes.
-    pub size: u64,
-    /// The container of the file holding the manifest, once it has been identified.
-    pub container: Option<crate::format::Container>,
-    /// What identifies this version of the model: of its one file (a file's identity, an
-    /// ETag), or a digest of every file's when it has several.
-    pub version: String,
-    /// Never empty; a component's `file` indexes it.
-    pub files: Vec<StoredFile>,
-    pub state: Result<Arc<Manifest>, CatalogError>,
-    /// When the catalog first found this version (the S3 endpoint's `Last-Modified`).
-    pub found_at: std::time::SystemTime,
-}
-
-impl Model {
-    fn new(
-        id: &str,
-        source: &Arc<Source>,
-        files: Vec<StoredFile>,
-        state: Result<Arc<Manifest>, CatalogError>,
-    ) -> Model {
-        if let Err(e) = &state {
-            tracing::warn!(model = id, source = %source.name, code = e.code(), error = %e, "model is broken");
-        }
-        let size = files.iter().map(|f| f.object.size).sum();
-        let version = match &files[..] {
-            [one] => one.object.version.clone(),
-            several => {
-                use sha2::Digest as _;
-                let mut hasher = sha2::Sha256::new();
-                for file in several {
-                    hasher.update(file.object.key.as_bytes());
-                    hasher.update([0]);
-                    hasher.update(file.object.version.as_bytes());
-                    hasher.update([0]);
-                }
-                hex::encode(&hasher.finalize()[..16])
-            }
-        };
-        Model {
-            id: id.to_owned(),
-            source: Arc::clone(source),
-            size,
-            container: None,
-            version,
-            files,
-            state,
-            found_at: std::time::SystemTime::now(),
-        }
-    }
-
-    /// The byte length of the model's file `index` (a component's `file`): for the file holding
-    /// the manifest, the length it was parsed at, which every offset in the manifest was checked
-    /// against; for any other, its listed size.
-    pub fn file_len(&self, manifest: &Manifest, index: usize) -> u64 {
-        if index == 0 { manifest.file_len } else { self.files[index].object.size }
-    }
-
-    /// Whether this model can stand for the same files, in the same versions, in a new
-    /// catalog: it keeps its mappings and parsed manifest.
-    fn still_valid_for(&self, source: &Source, files: &[StoredFile]) -> bool {
-        self.source.name == source.name
-            && self.files.len() == files.len()
-            && self
-                .files
-                .iter()
-                .zip(files)
-                .all(|(a, b)| a.object.key == b.object.key && a.object.version == b.object.version)
-            && self.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true)
-    }
-}
-
-/// How the catalog reads manifests.
-#[derive(Debug, Clone)]
-pub struct ScanOptions {
-    pub limits: Limits,
-    /// Bytes read from the end of a remote object in the first request for its manifest.
-    pub manifest_suffix_bytes: u64,
-    /// Remote manifests read at once.
-    pub concurrent_reads: usize,
-    /// Whether a shard found by name must also match its whole-file digest (a shard found by
-    /// scanning the directory is always matched by digest).
-    pub check_shard_digests: bool,
-}
-
-/// One listed file's manifest (or a checkpoint's index), as read for one version of it.
-#[derive(Debug, Clone)]
-struct ParsedFile {
-    version: String,
-    state: Result<Parsed, CatalogError>,
-}
-
-/// What a listed file holds.
-#[derive(Debug, Clone)]
-enum Parsed {
-    /// A `.zt` manifest, or a safetensors file's header as one.
-    Manifest(Arc<Manifest>),
-    /// A sharded safetensors checkpoint's index.
-    Index(Arc<Index>),
-}
-
-impl ParsedFile {
-    /// The manifest it holds, or why it holds none (an index holds none: it names files that do).
-    fn manifest(&self) -> Result<&Arc<Manifest>, CatalogError> {
-        match &self.state {
-            Ok(Parsed::Manifest(manifest)) => Ok(manifest),
-            Ok(Parsed::Index(_)) => {
-                Err(FormatError::SafetensorsIndex { detail: "an index, where a tensor file belongs".into() }.into())
-            }
-            Err(e) => Err(e.clone()),
-        }
-    }
-}
-
 /// An immutable snapshot of every source; the server swaps in a new one after each rescan.
 #[derive(Debug, Default)]
-pub struct Catalog {
+pub(crate) struct Catalog {
     models: BTreeMap<String, Arc<Model>>,
     /// Sources that could not be listed in this scan, with the reason.
     pub unreadable_sources: Vec<(String, String)>,
@@ -262,7 +84,7 @@ impl Catalog {
     /// Lists `sources` in order, reusing `previous`'s parse of every object whose version is
     /// unchanged. Blocking work (walking directories, reading local manifests) runs off the
     /// async runtime.
-    pub async fn build(sources: &[Arc<Source>], previous: &Arc<Catalog>, options: &ScanOptions) -> Catalog {
+    pub(crate) async fn build(sources: &[Arc<Source>], previous: &Arc<Catalog>, options: &ScanOptions) -> Catalog {
         let mut catalog = Catalog {
             digests: std::sync::Mutex::new(previous.digests.lock().expect("never poisoned").clone()),
             ..Catalog::default()
@@ -310,188 +132,29 @@ impl Catalog {
         catalog
     }
 
-    pub fn get(&self, id: &str) -> Option<&Arc<Model>> {
+    pub(crate) fn get(&self, id: &str) -> Option<&Arc<Model>> {
         self.models.get(id)
     }
 
     /// Every model, ordered by id.
-    pub fn models(&self) -> impl Iterator<Item = &Arc<Model>> {
+    pub(crate) fn models(&self) -> impl Iterator<Item = &Arc<Model>> {
         self.models.values()
     }
 
     /// The files beside model `id` that are not model files (none when it has none).
-    pub fn companions(&self, id: &str) -> &[Companion] {
+    pub(crate) fn companions(&self, id: &str) -> &[Companion] {
         self.companions.get(id).map_or(&[], |files| files)
     }
 }
 
 /// A source's models, the manifest of every model file it lists, and each model's companions.
-type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>, BTreeMap<String, Arc<[Companion]>>);
-
-/// Lists a source; new and changed objects have their manifests read, several at once. Every
-/// file with a manifest is a model, and every index a checkpoint's; a root's shards are
-/// resolved among the files listed.
-async fn list(
-    source: &Arc<Source>,
-    previous: &Catalog,
-    options: &ScanOptions,
-    digests: &shards::DigestMemo,
-) -> Result<Listing, StorageError> {
-    let storage = &source.storage;
-    let listed = storage.list().await?;
-    let model_files: Vec<Listed> = listed.iter().filter(|l| FileKind::of(&l.key).is_some()).cloned().collect();
-    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(model_files)
-        .map(|object: Listed| async move {
-            let known = previous.files.get(&(source.name.clone(), object.key.clone()));
-            if let Some(parsed) = known.filter(|p| p.version == object.version) {
-                if parsed.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true) {
-                    return (object, parsed.clone());
-                }
-            }
-            let version = version_of(source, &object);
-            let state = read_listed(&version, options).await;
-            if let Err(CatalogError::Storage(e)) = &state {
-                source.report_failure(e);
-            }
-            (object, ParsedFile { version: version.version, state })
-        })
-        .buffer_unordered(options.concurrent_reads.max(1))
-        .collect()
-        .await;
-    parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-    let claimed = checkpoints::claimed_shards(&parsed);
-    let mut models = Vec::with_capacity(parsed.len());
-    for (object, file) in &parsed {
-        let Some(kind) = FileKind::of(&object.key) else { continue };
-        let id = kind.model_id(&object.key);
-        let (files, state, container) = match kind {
-            FileKind::SafetensorsIndex => {
-                let (files, checkpoint) = checkpoints::resolve(source, object, file, &parsed);
-                // Every file unchanged: the model is too, and is not assembled again.
-                if let Some(model) = previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
-                    models.push(Arc::clone(model));
-                    continue;
-                }
-                (files, checkpoint.and_then(|c| c.assemble()), Some(crate::format::Container::Safetensors))
-            }
-            FileKind::Safetensors if claimed.contains(object.key.as_str()) => continue,
-            _ if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) => continue,
-            _ => {
-                let root = || StoredFile::new(version_of(source, object));
-                let (files, state) = match file.manifest() {
-                    Ok(manifest) if !manifest.shards.is_empty() => {
-                        match shards::resolve(source, object, manifest, &listed, digests, options.check_shard_digests)
-                            .await
-                        {
-                            Ok(files) => (files, Ok(Arc::clone(manifest))),
-                            Err(e) => (vec![root()], Err(e)),
-                        }
-                    }
-                    state => (vec![root()], state.cloned()),
-                };
-                // Known once the manifest parsed, even when the model's shards are not found.
-                (files, state, file.manifest().ok().map(|m| m.container))
-            }
-        };
-        if let Err(CatalogError::Storage(e)) = &state {
-            source.report_failure(e);
-        }
-        match previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
-            Some(model) if model.state.is_ok() == state.is_ok() => models.push(Arc::clone(model)),
-            _ => {
-                let mut model = Model::new(&id, source, files, state);
-                model.container = container;
-                models.push(Arc::new(model))
-            }
-        }
-    }
-    let companions = companions::assign(source, &models, &listed);
-    let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
-    Ok((models, files, companions))
-}
-
-/// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).
-fn directory(key: &str) -> &str {
-    key.rfind('/').map_or("", |slash| &key[..=slash])
-}
-
-fn version_of(source: &Arc<Source>, listed: &Listed) -> ObjectVersion {
-    ObjectVersion {
-        storage: Arc::clone(&source.storage),
-        key: listed.key.clone(),
-        version: listed.version.clone(),
-        size: listed.size,
-    }
-}
-
-/// Reads what a listed file holds, by its kind.
-async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -> Result<Parsed, CatalogError> {
-    match FileKind::of(&object.key) {
-        Some(FileKind::SafetensorsIndex) => {
-            if object.size > safetensors::MAX_INDEX_LEN {
-                let limit = safetensors::MAX_INDEX_LEN;
-                return Err(FormatError::ManifestTooLarge { size: object.size, limit }.into());
-            }
-            let bytes = object.fetch(0..object.size, "manifest").await?;
-            let index = blocking(object, move || safetensors::parse_index(&bytes)).await?;
-            Ok(Parsed::Index(Arc::new(index)))
-        }
-        Some(FileKind::Safetensors) => {
-            let reads = safetensors::HeaderReads::new(object.size, options.manifest_suffix_bytes);
-            let first = object.fetch(reads.first(), "manifest").await?;
-            let (_, missing) = reads.locate(&first)?;
-            let missing = object.fetch(missing, "manifest").await?;
-            let size = object.size;
-            let manifest = blocking(object, move || reads.parse(&first, &missing)?.into_manifest(size)).await?;
-            Ok(Parsed::Manifest(Arc::new(manifest)))
-        }
-        _ => Ok(Parsed::Manifest(Arc::new(read_remote_manifest(object, options).await?))),
-    }
-}
-
-/// Runs a parse off the async runtime.
-async fn blocking<T: Send + 'static>(
-    object: &ObjectVersion,
-    parse: impl FnOnce() -> Result<T, FormatError> + Send + 'static,
-) -> Result<T, CatalogError> {
-    tokio::task::spawn_blocking(parse)
-        .await
-        .map_err(|e| {
-            CatalogError::Storage(StorageError::Unavailable {
-                source_name: object.storage.name().to_owned(),
-                message: e.to_string(),
-            })
-        })?
-        .map_err(CatalogError::from)
-}
-
-/// Reads a remote object's manifest: one suffix read of `manifest_suffix_bytes` holds the
-/// trailer and, when it fits, the manifest; a second read fetches the rest of a larger one.
-/// The 8-byte header is read alongside the suffix (or taken from it, for a small object).
-async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> Result<Manifest, CatalogError> {
-    let reads = ManifestReads::new(object.size, options.manifest_suffix_bytes);
-    let (head, tail) = if reads.tail().start == 0 {
-        let whole = object.fetch(reads.tail(), "manifest").await?;
-        (whole.slice(..reads.head().end as usize), whole)
-    } else {
-        let (head, tail) =
-            futures_util::future::join(object.fetch(reads.head(), "manifest"), object.fetch(reads.tail(), "manifest"))
-                .await;
-        (head?, tail?)
-    };
-    let located = reads.locate(&head, &tail, &options.limits)?;
-    let missing = object.fetch(located.missing.clone(), "manifest").await?;
-    let limits = options.limits;
-    blocking(object, move || located.parse(&tail, &missing, &limits)).await
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::format::DType;
     use crate::format::write::{ComponentInput, ObjectInput, WriteOptions, Writer};
+    use crate::format::{DType, Limits};
 
     fn zt(values: &[u8]) -> Vec<u8> {
         let mut w = Writer::new(Vec::new()).unwrap();

@@ -25,19 +25,19 @@ pub(super) struct Lru {
 }
 
 /// Shared decodes, bounded in bytes: each entry reserves its full decoded length.
-pub struct DecodeCache {
+pub(crate) struct DecodeCache {
     pub(super) capacity: u64,
     pub(super) decoders: Arc<Semaphore>,
     pub(super) lru: Mutex<Lru>,
 }
 
 impl DecodeCache {
-    pub fn new(capacity: u64, decoders: usize) -> DecodeCache {
+    pub(crate) fn new(capacity: u64, decoders: usize) -> DecodeCache {
         DecodeCache { capacity, decoders: Arc::new(Semaphore::new(decoders)), lru: Mutex::default() }
     }
 
     /// The bound on decoders running at once, shared by shared and private decodes.
-    pub fn decoders(&self) -> &Arc<Semaphore> {
+    pub(crate) fn decoders(&self) -> &Arc<Semaphore> {
         &self.decoders
     }
 
@@ -45,15 +45,21 @@ impl DecodeCache {
         self.lru.lock().expect("cache lock is never poisoned")
     }
 
-    /// Bytes reserved by the entries held.
-    pub fn held(&self) -> u64 {
+    /// Bytes reserved by the entries held (the tests' view of the bound).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> u64 {
         self.lock().held
     }
 
     /// The shared decode of `key`, created with `make` when absent (or when the held one
     /// failed). `None` when the component cannot be held: larger than the cache, or no room
     /// left once every entry nobody is reading has been evicted.
-    pub fn entry(&self, key: &ComponentKey, len: u64, make: impl FnOnce(Arc<Semaphore>) -> Decoded) -> Option<Hold> {
+    pub(crate) fn entry(
+        &self,
+        key: &ComponentKey,
+        len: u64,
+        make: impl FnOnce(Arc<Semaphore>) -> Decoded,
+    ) -> Option<Hold> {
         let mut lru = self.lock();
         lru.clock += 1;
         let now = lru.clock;
@@ -109,7 +115,7 @@ impl DecodeCache {
     }
 
     /// Drops every entry whose key `keep` refuses (files that changed or disappeared).
-    pub fn retain(&self, keep: impl Fn(&ComponentKey) -> bool) {
+    pub(crate) fn retain(&self, keep: impl Fn(&ComponentKey) -> bool) {
         let mut lru = self.lock();
         let before = lru.entries.len();
         lru.entries.retain(|k, _| keep(k));

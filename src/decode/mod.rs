@@ -19,10 +19,10 @@ mod private;
 mod shared;
 mod source;
 
-pub use cache::DecodeCache;
-pub use private::stream_private;
-pub use shared::{Decoded, Hold};
-pub use source::Stored;
+pub(crate) use cache::DecodeCache;
+pub(crate) use private::stream_private;
+pub(crate) use shared::{Decoded, Hold};
+pub(crate) use source::Stored;
 
 use crate::format::FormatError;
 use crate::storage::StorageError;
@@ -30,11 +30,11 @@ use crate::storage::StorageError;
 /// Largest piece decoded and published at once: small enough that the first bytes of a
 /// component reach the client after a fraction of a millisecond of decoding, large enough that
 /// per-chunk bookkeeping is noise next to the decoding itself.
-pub const CHUNK: usize = 256 << 10;
+pub(crate) const CHUNK: usize = 256 << 10;
 
 /// One component of one version of a file.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ComponentKey {
+pub(crate) struct ComponentKey {
     pub model: String,
     /// The stored object's version (a file's identity, an ETag).
     pub version: String,
@@ -46,7 +46,7 @@ pub struct ComponentKey {
 
 /// Why decoded bytes cannot be delivered.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     #[error(transparent)]
     Invalid(#[from] FormatError),
     /// The stored bytes could not be read (a remote store failed or the object changed).

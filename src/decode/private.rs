@@ -35,7 +35,7 @@ pub(super) enum Private {
 /// for components the cache cannot hold. Bytes before the range are decoded and dropped; no
 /// decoder or thread is held while the reader is slow to take the next piece, or while
 /// remote stored bytes are on their way.
-pub fn stream_private(
+pub(crate) fn stream_private(
     object: String,
     component: Component,
     stored: Stored,

@@ -37,7 +37,7 @@ pub(super) struct State {
 
 /// The shared decode of one component: decoded chunks so far, and the decoder that continues
 /// when a reader needs more.
-pub struct Decoded {
+pub(crate) struct Decoded {
     pub(super) object: String,
     pub(super) component: Component,
     pub(super) stored: Stored,
@@ -64,7 +64,7 @@ pub struct Decoded {
 /// so the bytes someone is reading stay counted in the cache's bound. A hold is let go as soon
 /// as its work is done (a reader's before its last piece is sent, a decoder's before it
 /// announces the end), so a client that has all its bytes never finds the entry still held.
-pub struct Hold(Arc<Decoded>);
+pub(crate) struct Hold(Arc<Decoded>);
 
 impl Hold {
     pub(super) fn new(entry: &Arc<Decoded>) -> Hold {
@@ -73,7 +73,7 @@ impl Hold {
     }
 
     /// A hold on an entry no cache keeps: a decode private to its one reader, freed with it.
-    pub fn alone(entry: Decoded) -> Hold {
+    pub(crate) fn alone(entry: Decoded) -> Hold {
         Hold::new(&Arc::new(entry))
     }
 }
@@ -95,7 +95,7 @@ impl std::ops::Deref for Hold {
 
 impl Decoded {
     /// A decode of `component` (of `object`) from its `stored` bytes, not yet started.
-    pub fn new(
+    pub(crate) fn new(
         object: &str,
         component: &Component,
         stored: Stored,
@@ -129,7 +129,7 @@ impl Decoded {
 
     /// The decode of one frame of a seekable part (`frame`, as the seek table describes it),
     /// done whole when first wanted.
-    pub fn frame(object: &str, frame: &Component, stored: Stored, decoders: Arc<Semaphore>) -> Decoded {
+    pub(crate) fn frame(object: &str, frame: &Component, stored: Stored, decoders: Arc<Semaphore>) -> Decoded {
         Decoded { sha256: None, whole: true, ..Decoded::new(object, frame, stored, decoders, Arc::default()) }
     }
 
@@ -137,12 +137,8 @@ impl Decoded {
         self.state.lock().expect("decode state lock is never poisoned")
     }
 
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     pub(super) fn failed(&self) -> bool {
@@ -150,7 +146,7 @@ impl Decoded {
     }
 
     /// Whether the bytes up to `end` are decoded and can be served without decoding.
-    pub fn covers(&self, end: u64) -> bool {
+    pub(crate) fn covers(&self, end: u64) -> bool {
         let state = self.lock();
         if end < self.len { state.produced >= end } else { matches!(state.outcome, Some(Ok(()))) }
     }
@@ -362,7 +358,10 @@ impl Decoded {
     /// The decoded bytes of `range`, as they are decoded, for the holder of `hold`. The piece
     /// holding the component's last byte is released only once the whole encoding is proved
     /// valid.
-    pub fn stream(hold: Hold, range: Range<u64>) -> impl Stream<Item = Result<Bytes, DecodeError>> + Send + 'static {
+    pub(crate) fn stream(
+        hold: Hold,
+        range: Range<u64>,
+    ) -> impl Stream<Item = Result<Bytes, DecodeError>> + Send + 'static {
         hold.want(range.end);
         let progress = hold.progress.subscribe();
         let len = hold.len;

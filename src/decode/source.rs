@@ -14,8 +14,10 @@ use crate::storage::{ObjectVersion, StorageError};
 
 /// Where a component's stored bytes come from.
 #[derive(Debug, Clone)]
-pub enum Stored {
-    /// All of them in memory. Never a slice of a file's mapping: see [`Stored::File`].
+pub(crate) enum Stored {
+    /// All of them in memory. Never a slice of a file's mapping: see [`Stored::File`]. Only
+    /// the unit tests hold stored bytes in memory; every server path reads a file or an object.
+    #[cfg_attr(not(test), expect(dead_code))]
     Whole(Bytes),
     /// `range` of an open local file (`key` of `source_name`), copied out with `pread` as it
     /// is consumed, never loaded from the file's mapping, so a file truncated in place fails
@@ -26,19 +28,15 @@ pub enum Stored {
 }
 
 impl Stored {
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         match self {
             Stored::Whole(bytes) => bytes.len() as u64,
             Stored::File { range, .. } | Stored::Remote { range, .. } => range.end - range.start,
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// `range` of these stored bytes (within `0..len`), from the same place.
-    pub fn slice(&self, range: Range<u64>) -> Stored {
+    pub(crate) fn slice(&self, range: Range<u64>) -> Stored {
         match self {
             Stored::Whole(bytes) => Stored::Whole(bytes.slice(range.start as usize..range.end as usize)),
             Stored::File { file, source_name, key, range: whole } => Stored::File {
@@ -54,7 +52,7 @@ impl Stored {
     }
 
     /// The stored bytes from offset `from` to the end, collected.
-    pub async fn fetch_from(&self, from: u64, purpose: &'static str) -> Result<Bytes, StorageError> {
+    pub(crate) async fn fetch_from(&self, from: u64, purpose: &'static str) -> Result<Bytes, StorageError> {
         let mut pieces = self.stream(from, purpose);
         let mut out = bytes::BytesMut::with_capacity((self.len() - from.min(self.len())) as usize);
         while let Some(piece) = pieces.next().await {
@@ -65,7 +63,7 @@ impl Stored {
 
     /// The stored bytes from offset `from` on, as they are read (for `purpose` in metrics).
     /// A read that ends early is an error, never a short success.
-    pub fn stream(&self, from: u64, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
+    pub(crate) fn stream(&self, from: u64, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
         match self {
             Stored::Whole(bytes) => {
                 let rest = bytes.slice((from as usize).min(bytes.len())..);
@@ -100,7 +98,7 @@ impl Stored {
     /// The bytes of `runs` (ranges within these stored bytes, in order), back to back, read on
     /// the calling (blocking) thread: from memory, or with `pread` from a local file (runs close
     /// together with one call).
-    pub fn gather_blocking(&self, runs: &[Range<u64>]) -> Result<Bytes, StorageError> {
+    pub(crate) fn gather_blocking(&self, runs: &[Range<u64>]) -> Result<Bytes, StorageError> {
         match self {
             Stored::Whole(bytes) => {
                 let mut out = bytes::BytesMut::with_capacity(runs.iter().map(|r| (r.end - r.start) as usize).sum());

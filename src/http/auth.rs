@@ -28,7 +28,7 @@ fn bearer(request: &Request) -> Option<&str> {
 
 /// Middleware: admits a request with a valid token (or to an open path) and records what it
 /// may read as its [`Access`]; answers 401 otherwise.
-pub async fn require_token(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+pub(super) async fn require_token(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let tokens = &state.tokens;
     let access = if !tokens.required() || is_open_path(request.uri().path(), !state.config().metrics_require_token) {
         Some(Access::Everything)

@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::service::ServiceError;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     #[error("{0}")]
     BadRequest(String),
     /// No bearer token, or one that is not accepted (`invalid`).

@@ -25,7 +25,7 @@ pub(crate) struct ReadyModel {
 
 impl ReadyModel {
     /// The path parameter `name` (`""` when absent).
-    pub fn param(&self, name: &str) -> &str {
+    pub(crate) fn param(&self, name: &str) -> &str {
         param(&self.params, name)
     }
 }

@@ -15,7 +15,7 @@ mod models;
 mod natural;
 mod objects;
 mod ops;
-pub mod range;
+pub(crate) mod range;
 mod respond;
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use axum::extract::Request;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-pub use error::ApiError;
+pub(crate) use error::ApiError;
 
 use self::coding::{coded_etags, compressed_json};
 pub(crate) use self::lookup::{ReadyModel, header_value};
@@ -43,13 +43,13 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.service.config
     }
 }
 
 /// The router with every route and layer, over `service` and checking `tokens`.
-pub fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let state = Arc::new(AppState { service, tokens });
     let state_for_ids = Arc::clone(&state);
     let router = Router::new()

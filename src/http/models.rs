@@ -18,7 +18,7 @@ use crate::catalog::Model;
 use crate::service::{self, ServiceError};
 
 /// `GET /models`: every model the request may read, with its status.
-pub async fn list(
+pub(super) async fn list(
     State(state): State<Arc<AppState>>,
     Extension(access): Extension<Access>,
 ) -> Result<Json<Value>, ApiError> {
@@ -62,7 +62,7 @@ pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
 }
 
 /// `GET /models/{m}`: the manifest with each component's URL, rendered once per manifest.
-pub async fn manifest(
+pub(super) async fn manifest(
     State(state): State<Arc<AppState>>,
     ready: ReadyModel,
     headers: HeaderMap,
@@ -82,7 +82,7 @@ pub async fn manifest(
 }
 
 /// `GET /models/{m}/file` and `/files/{name}`: a stored file, byte for byte, with ranges.
-pub async fn file(
+pub(super) async fn file(
     State(state): State<Arc<AppState>>,
     ready: ReadyModel,
     method: axum::http::Method,
@@ -118,7 +118,7 @@ impl axum::extract::FromRequestParts<Arc<AppState>> for ViewFileName {
 
 /// `GET /models/{m}/model.safetensors` (or the view's index and shards): a file of the model's
 /// safetensors view, with ranges.
-pub async fn view_file(
+pub(super) async fn view_file(
     State(state): State<Arc<AppState>>,
     ViewFileName(name): ViewFileName,
     ready: ReadyModel,

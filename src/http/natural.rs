@@ -17,7 +17,7 @@ use crate::api::is_model_route;
 /// the shortest id whose rest is a model route, which the routes answer is not a model), or
 /// `None` when it needs no rewrite. Every request for model bytes passes here: the usual path
 /// (an id in one segment) is settled without allocating anything but the segment list.
-pub fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<String> {
+pub(super) fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<String> {
     let rest = path.strip_prefix("/models/")?;
     let segments: Vec<&str> = rest.split('/').collect();
     if segments.len() < 2 {
@@ -42,7 +42,7 @@ pub fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<String> {
 }
 
 /// Rewrites `request`'s URI as [`rewrite`] says, keeping its query.
-pub fn rewrite_request(mut request: Request, is_model: impl Fn(&str) -> bool) -> Request {
+pub(super) fn rewrite_request(mut request: Request, is_model: impl Fn(&str) -> bool) -> Request {
     if let Some(path) = rewrite(request.uri().path(), is_model) {
         let path_and_query = match request.uri().query() {
             Some(query) => format!("{path}?{query}"),

@@ -66,7 +66,7 @@ fn slice_of(
 }
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
-pub async fn object(
+pub(super) async fn object(
     State(state): State<Arc<AppState>>,
     ready: ReadyModel,
     method: Method,
@@ -92,7 +92,7 @@ pub async fn object(
 }
 
 /// `GET /models/{m}/objects/{o}/components/{role}`: that component's bytes.
-pub async fn component(
+pub(super) async fn component(
     State(state): State<Arc<AppState>>,
     ready: ReadyModel,
     method: Method,

@@ -12,14 +12,14 @@ use super::error::{Readiness, readiness_status};
 use crate::storage::StorageError;
 
 /// 200 while the process lives.
-pub async fn healthz() -> Json<Value> {
+pub(super) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// 503 until the first index completes. Then each source with its health: 200 `ready` when
 /// every source answers, 200 `degraded` when some do not (their models answer 503 while the
 /// others serve), 503 `unavailable` when none does.
-pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
+pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
     if !state.service.is_ready() {
         return (readiness_status(Readiness::Starting), Json(json!({ "status": "starting" })));
     }
@@ -50,7 +50,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
 }
 
 /// Prometheus text exposition of every metric the process records.
-pub async fn metrics() -> impl axum::response::IntoResponse {
+pub(super) async fn metrics() -> impl axum::response::IntoResponse {
     let handle = crate::telemetry::metrics();
     handle.run_upkeep();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())

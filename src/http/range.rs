@@ -6,7 +6,7 @@ use std::ops::Range;
 
 /// What to answer to a GET given its `Range` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RangeDecision {
+pub(crate) enum RangeDecision {
     /// 200 with the whole representation: no `Range`, an unknown unit, an invalid header
     /// (RFC 9110 §14.2: a server may ignore it), or an `If-Range` that does not match.
     Full,
@@ -21,7 +21,7 @@ pub enum RangeDecision {
 
 /// Evaluates `Range` (already gated by `If-Range`, see [`if_range_allows`]) for a
 /// representation of `len` bytes.
-pub fn evaluate(range: Option<&str>, len: u64, max_ranges: usize) -> RangeDecision {
+pub(crate) fn evaluate(range: Option<&str>, len: u64, max_ranges: usize) -> RangeDecision {
     let Some(header) = range else { return RangeDecision::Full };
     let Some(specs) = parse(header) else { return RangeDecision::Full };
     if specs.len() > max_ranges {
@@ -118,7 +118,7 @@ fn number(text: &str) -> Option<u64> {
 /// A weak tag never matches (RFC 9110 §13.1.5 requires strong comparison), and neither does a
 /// date: ztserve validates with ETags only, and a date cannot prove the bytes are unchanged
 /// within its one-second resolution.
-pub fn if_range_allows(if_range: Option<&str>, etag: &str) -> bool {
+pub(crate) fn if_range_allows(if_range: Option<&str>, etag: &str) -> bool {
     match if_range.map(str::trim) {
         None => true,
         Some(tag) => !tag.starts_with("W/") && tag == etag,
@@ -126,7 +126,7 @@ pub fn if_range_allows(if_range: Option<&str>, etag: &str) -> bool {
 }
 
 /// Whether `If-None-Match` matches our ETag (weak comparison, or `*`): answer 304.
-pub fn if_none_match_matches(if_none_match: Option<&str>, etag: &str) -> bool {
+pub(crate) fn if_none_match_matches(if_none_match: Option<&str>, etag: &str) -> bool {
     let Some(header) = if_none_match else { return false };
     let ours = etag.trim_start_matches("W/");
     header.split(',').map(str::trim).any(|tag| tag == "*" || tag.trim_start_matches("W/") == ours)

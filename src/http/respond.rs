@@ -20,10 +20,10 @@ use super::range::{RangeDecision, evaluate, if_none_match_matches, if_range_allo
 use crate::service::{ByteStream, Guard, RangeSource, guarded};
 
 /// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
-pub type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
+pub(super) type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
 
 /// One representation of a resource and how to answer for it.
-pub struct Representation {
+pub(super) struct Representation {
     pub source: Arc<dyn RangeSource>,
     pub etag: String,
     pub content_type: &'static str,
@@ -69,7 +69,7 @@ fn body_of(stream: ByteStream) -> Body {
 pub(crate) const REVALIDATE: HeaderValue = HeaderValue::from_static("public, no-cache");
 
 /// Answers a GET (or, when `head`, a HEAD) for `representation`.
-pub async fn bytes_response(
+pub(super) async fn bytes_response(
     request: &HeaderMap,
     head: bool,
     representation: Representation,

@@ -15,7 +15,7 @@ use crate::service::{Service, companion_etag, stored_file_etag, view_file_etag};
 
 /// What a key serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub(super) enum Target {
     /// A file of the model's safetensors view, by name.
     View(String),
     /// One of the model's stored files, by name.
@@ -25,7 +25,7 @@ pub enum Target {
 }
 
 /// One key of the bucket.
-pub struct Key {
+pub(super) struct Key {
     pub key: String,
     pub model: Arc<Model>,
     pub manifest: Arc<Manifest>,
@@ -35,14 +35,14 @@ pub struct Key {
 }
 
 /// Every key of one catalog, sorted.
-pub struct Keys {
+pub(super) struct Keys {
     catalog: Arc<Catalog>,
     sorted: Vec<Key>,
 }
 
 impl Keys {
     /// The keys of every model of `catalog` that serves.
-    pub fn build(service: &Service, catalog: Arc<Catalog>) -> Keys {
+    pub(super) fn build(service: &Service, catalog: Arc<Catalog>) -> Keys {
         let mut sorted = Vec::new();
         for model in catalog.models() {
             let Ok(manifest) = &model.state else { continue };
@@ -96,25 +96,25 @@ impl Keys {
     }
 
     /// Whether these are the keys of `catalog`.
-    pub fn are_of(&self, catalog: &Arc<Catalog>) -> bool {
+    pub(super) fn are_of(&self, catalog: &Arc<Catalog>) -> bool {
         Arc::ptr_eq(&self.catalog, catalog)
     }
 
     /// The catalog these keys are of.
-    pub fn catalog(&self) -> &Catalog {
+    pub(super) fn catalog(&self) -> &Catalog {
         &self.catalog
     }
 
-    pub fn index_of(&self, key: &str) -> Option<usize> {
+    pub(super) fn index_of(&self, key: &str) -> Option<usize> {
         self.sorted.binary_search_by(|k| k.key.as_str().cmp(key)).ok()
     }
 
-    pub fn at(&self, index: usize) -> &Key {
+    pub(super) fn at(&self, index: usize) -> &Key {
         &self.sorted[index]
     }
 
     /// One page of a listing of the keys of models `allows` accepts.
-    pub fn list(&self, query: &Query, allows: impl Fn(&str) -> bool) -> Page<'_, Key> {
+    pub(super) fn list(&self, query: &Query, allows: impl Fn(&str) -> bool) -> Page<'_, Key> {
         page(&self.sorted, |k| &k.key, |k| allows(&k.model.id), query)
     }
 }
@@ -173,14 +173,14 @@ fn page<'k, T>(
 
 /// Where a listing resumes: after a key, or after every key under a common prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum After {
+pub(super) enum After {
     Key(String),
     Prefix(String),
 }
 
 impl After {
     /// The opaque continuation token of this point.
-    pub fn token(&self) -> String {
+    pub(super) fn token(&self) -> String {
         use base64::Engine as _;
         let text = match self {
             After::Key(key) => format!("k{key}"),
@@ -190,7 +190,7 @@ impl After {
     }
 
     /// The point a continuation token names, or `None` for a token this server did not make.
-    pub fn from_token(token: &str) -> Option<After> {
+    pub(super) fn from_token(token: &str) -> Option<After> {
         use base64::Engine as _;
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).ok()?;
         let text = String::from_utf8(bytes).ok()?;
@@ -204,7 +204,7 @@ impl After {
 
 /// A listing request.
 #[derive(Debug, Clone)]
-pub struct Query {
+pub(super) struct Query {
     pub prefix: String,
     pub delimiter: String,
     pub after: Option<After>,
@@ -212,7 +212,7 @@ pub struct Query {
 }
 
 /// One page of a listing.
-pub struct Page<'k, T> {
+pub(super) struct Page<'k, T> {
     pub contents: Vec<&'k T>,
     pub common_prefixes: Vec<String>,
     /// Where the next page starts, when the listing is truncated.

@@ -34,7 +34,7 @@ const MAX_KEYS: usize = 1000;
 
 /// The router of the S3 endpoint over `service`, checking `tokens`: `s3s`'s service behind
 /// the same panic catching, concurrency limit, tracing and metrics as every listener.
-pub fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let open = !tokens.required();
     let bucket = service.config.s3_endpoint_bucket.clone();
     let config = service.config.clone();

@@ -185,7 +185,7 @@ impl AsRef<[u8]> for ArcBytes {
 
 /// A strong ETag for the stored object's version, plus a discriminator for what part of it
 /// is served.
-pub fn etag(model: &Model, part: &str) -> String {
+pub(crate) fn etag(model: &Model, part: &str) -> String {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
     hasher.update(model.version.as_bytes());
@@ -198,19 +198,19 @@ pub fn etag(model: &Model, part: &str) -> String {
 /// manifest, objects, components and file). Each part has an ETag of its own, so a client
 /// that reads a model in many requests compares this instead, to know that every piece came
 /// from one version of the file and none from a replacement.
-pub fn model_version(model: &Model) -> String {
+pub(crate) fn model_version(model: &Model) -> String {
     etag(model, "file")
 }
 
 /// The model version as it goes into a version-pinned URL (`{id}@{token}`): the
 /// `X-Zt-Model-Version` value without its quotes.
-pub fn version_token(model: &Model) -> String {
+pub(crate) fn version_token(model: &Model) -> String {
     model_version(model).trim_matches('"').to_owned()
 }
 
 /// Adds to an object's rendered JSON its URL, and each component's URL and the name of the
 /// stored file its bytes live in.
-pub fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object) {
+pub(crate) fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object) {
     if let Some(components) = rendered["components"].as_array_mut() {
         for (component, rendered) in object.components.iter().zip(components) {
             rendered["url"] = json!(api::component_url(&model.id, &object.name, &component.role));
@@ -260,14 +260,18 @@ fn rendered_manifest(learnt: &Learnt, model: &Model, manifest: &Manifest, view: 
 
 impl Service {
     /// The manifest as JSON ([`rendered_manifest`]), rendered once per model version.
-    pub fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
+    pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
         rendered_manifest(&self.learnt.of(model), model, manifest, &self.view(model, manifest))
     }
 }
 
 impl Service {
     /// The stored file of a model stored in one, byte for byte.
-    pub async fn stored_file(&self, model: &Arc<Model>, manifest: &Manifest) -> Result<StoredBytes, ServiceError> {
+    pub(crate) async fn stored_file(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+    ) -> Result<StoredBytes, ServiceError> {
         if model.files.len() != 1 {
             return Err(ServiceError::SeveralFiles { model: model.id.clone(), count: model.files.len() });
         }
@@ -287,12 +291,11 @@ impl Service {
         Ok(StoredBytes {
             source: bytes.served(&self.readahead, &model.id, 0..len),
             etag: stored_file_etag(model, index),
-            model_version: model_version(model),
         })
     }
 
     /// A file beside the model (`config.json`, …), byte for byte, bound to its listed version.
-    pub fn companion_file(&self, model: &Arc<Model>, companion: &Companion) -> StoredBytes {
+    pub(crate) fn companion_file(&self, model: &Arc<Model>, companion: &Companion) -> StoredBytes {
         StoredBytes {
             source: Arc::new(RemoteRange {
                 object: companion.object.clone(),
@@ -303,12 +306,11 @@ impl Service {
                 readahead: self.readahead.clone(),
             }),
             etag: companion_etag(model, companion),
-            model_version: model_version(model),
         }
     }
 
     /// The model's stored file `name` (the root or a shard), byte for byte.
-    pub async fn stored_file_named(
+    pub(crate) async fn stored_file_named(
         &self,
         model: &Arc<Model>,
         manifest: &Manifest,
@@ -327,12 +329,12 @@ impl Service {
 }
 
 /// The ETag of a file beside the model: its own version's, within the model's.
-pub fn companion_etag(model: &Model, companion: &Companion) -> String {
+pub(crate) fn companion_etag(model: &Model, companion: &Companion) -> String {
     etag(model, &format!("companion\0{}\0{}", companion.name, companion.object.version))
 }
 
 /// The ETag of the model's stored file `index`: the `/file` tag for a model of one file.
-pub fn stored_file_etag(model: &Model, index: usize) -> String {
+pub(crate) fn stored_file_etag(model: &Model, index: usize) -> String {
     match model.files.get(index) {
         Some(file) if model.files.len() > 1 => etag(model, &format!("file\0{}", file.name)),
         _ => etag(model, "file"),
@@ -340,8 +342,7 @@ pub fn stored_file_etag(model: &Model, index: usize) -> String {
 }
 
 /// A stored file's bytes, as served.
-pub struct StoredBytes {
+pub(crate) struct StoredBytes {
     pub source: Arc<dyn RangeSource>,
     pub etag: String,
-    pub model_version: String,
 }

@@ -10,7 +10,7 @@ use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
-use super::bytes::{etag, model_bytes, model_version, storage_failed};
+use super::bytes::{etag, model_bytes, storage_failed};
 use super::learnt::{ComponentFacts, Learnt};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::seekable::SeekableSource;
@@ -275,7 +275,7 @@ pub(super) fn admitted(service: &Arc<Service>, body: ByteStream) -> ByteStream {
 
 /// How much of a component a request takes.
 #[derive(Debug, Clone, Copy)]
-pub enum Cut<'a> {
+pub(crate) enum Cut<'a> {
     /// All of its bytes: the stored zstd frame may pass through to a client that accepts zstd.
     Whole,
     /// Byte ranges of its decoded bytes (a `Range` header), settled over the whole by the caller.
@@ -309,7 +309,7 @@ enum DigestWait {
 
 /// What a request for a component's bytes asks of it.
 #[derive(Debug, Clone, Copy)]
-pub struct ComponentRequest<'a> {
+pub(crate) struct ComponentRequest<'a> {
     pub cut: Cut<'a>,
     /// HEAD: no bytes are sent, so no digest check is started.
     pub head: bool,
@@ -319,7 +319,7 @@ pub struct ComponentRequest<'a> {
 
 /// How the verify policy decided for a request, for its log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DigestOutcome {
+pub(crate) enum DigestOutcome {
     /// The bytes were found to match their digest (now or before).
     Verified,
     Mismatch,
@@ -328,7 +328,7 @@ pub enum DigestOutcome {
 }
 
 impl DigestOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DigestOutcome::Verified => "verified",
             DigestOutcome::Mismatch => "mismatch",
@@ -343,7 +343,7 @@ impl DigestOutcome {
 
 /// Where a request's decoded bytes came from, for its log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheOutcome {
+pub(crate) enum CacheOutcome {
     /// The shared decode already held them.
     Hit,
     /// The shared decode had to produce them.
@@ -355,7 +355,7 @@ pub enum CacheOutcome {
 }
 
 impl CacheOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CacheOutcome::Hit => "hit",
             CacheOutcome::Miss => "miss",
@@ -366,10 +366,9 @@ impl CacheOutcome {
 }
 
 /// A component's bytes (or a slice of them) as a request gets them.
-pub struct ComponentBytes {
+pub(crate) struct ComponentBytes {
     pub source: Arc<dyn RangeSource>,
     pub etag: String,
-    pub model_version: String,
     /// SHA-256 of exactly the bytes served, when known (`Repr-Digest`).
     pub sha256: Option<[u8; 32]>,
     /// The stored zstd frame is sent as it is (`Content-Encoding: zstd`).
@@ -388,7 +387,7 @@ impl Service {
     /// `object`'s component `component` of `model`, cut as `request` asks: its decoded
     /// little-endian bytes (or its stored zstd frame, whole, for a client that accepts zstd), or
     /// a slice of them, checked against its digest as the verify policy says.
-    pub async fn component_bytes(
+    pub(crate) async fn component_bytes(
         self: &Arc<Self>,
         model: &Arc<Model>,
         manifest: &Manifest,
@@ -481,7 +480,6 @@ impl Service {
             return Ok(ComponentBytes {
                 source: slice.source(model, component, &bytes, whole),
                 etag: etag(model, &format!("{part}\0slice\0{}", slice.slice)),
-                model_version: model_version(model),
                 sha256: None,
                 zstd_passthrough: false,
                 varies_with_encoding: false,
@@ -506,16 +504,6 @@ impl Service {
             let sha256 = facts.decoded_sha256.get().copied().or(of_decoded);
             (decoded, etag(model, &part), sha256, None)
         };
-        Ok(ComponentBytes {
-            source,
-            etag,
-            model_version: model_version(model),
-            sha256,
-            zstd_passthrough,
-            varies_with_encoding,
-            guard,
-            digest,
-            cache,
-        })
+        Ok(ComponentBytes { source, etag, sha256, zstd_passthrough, varies_with_encoding, guard, digest, cache })
     }
 }

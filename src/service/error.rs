@@ -7,7 +7,7 @@ use crate::format::FormatError;
 use crate::storage::StorageError;
 
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum ServiceError {
+pub(crate) enum ServiceError {
     #[error("the catalog is not ready yet")]
     NotReady,
     #[error("no model {0:?}")]

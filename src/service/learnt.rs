@@ -14,14 +14,14 @@ use crate::format::view::View;
 /// A body rendered once per model version and its strong ETag (a digest of the body itself,
 /// so a change in how the server renders it changes the tag too).
 #[derive(Debug, Clone)]
-pub struct Rendered {
+pub(crate) struct Rendered {
     pub body: bytes::Bytes,
     pub etag: String,
 }
 
 /// What the server has learnt about one component of one model version.
 #[derive(Debug, Default)]
-pub struct ComponentFacts {
+pub(super) struct ComponentFacts {
     /// The stored bytes' digest check, once made (under `verify = first-read`); concurrent
     /// first reads share one check.
     pub verdict: tokio::sync::OnceCell<Result<(), FormatError>>,
@@ -33,7 +33,7 @@ pub struct ComponentFacts {
 
 /// What the server has learnt about one model version.
 #[derive(Debug, Default)]
-pub struct Learnt {
+pub(super) struct Learnt {
     /// The manifest rendered as JSON once, not per request.
     pub manifest_json: OnceLock<Rendered>,
     /// The safetensors view, planned once.
@@ -46,7 +46,7 @@ pub struct Learnt {
 
 impl Learnt {
     /// The facts about component `role` of `object`, created empty on first use.
-    pub fn facts(&self, object: &str, role: &str) -> Arc<ComponentFacts> {
+    pub(super) fn facts(&self, object: &str, role: &str) -> Arc<ComponentFacts> {
         let mut facts = self.facts.lock().expect("facts lock is never poisoned");
         Arc::clone(facts.entry((object.to_owned(), role.to_owned())).or_default())
     }
@@ -54,17 +54,17 @@ impl Learnt {
 
 /// What has been learnt, by model id and version.
 #[derive(Debug, Default)]
-pub struct LearntByVersion(Mutex<HashMap<(String, String), Arc<Learnt>>>);
+pub(super) struct LearntByVersion(Mutex<HashMap<(String, String), Arc<Learnt>>>);
 
 impl LearntByVersion {
     /// What has been learnt about `model`'s version, empty at first.
-    pub fn of(&self, model: &Model) -> Arc<Learnt> {
+    pub(super) fn of(&self, model: &Model) -> Arc<Learnt> {
         let mut learnt = self.0.lock().expect("never poisoned");
         Arc::clone(learnt.entry((model.id.clone(), model.version.clone())).or_default())
     }
 
     /// Forgets every version `catalog` no longer lists.
-    pub fn retain_listed(&self, catalog: &Catalog) {
+    pub(super) fn retain_listed(&self, catalog: &Catalog) {
         let mut learnt = self.0.lock().expect("never poisoned");
         learnt.retain(|(id, version), _| catalog.get(id).is_some_and(|m| &m.version == version));
     }

@@ -19,12 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub use self::bytes::{StoredBytes, add_urls, companion_etag, etag, model_version, stored_file_etag, version_token};
-pub use self::view::view_file_etag;
-pub use components::{CacheOutcome, ComponentBytes, ComponentRequest, Cut, DigestOutcome};
-pub use error::ServiceError;
-pub use representation::{ByteStream, Guard, RangeSource, guarded};
-pub use slices::{ResolvedSlice, SliceRequest};
+pub(crate) use self::bytes::{StoredBytes, add_urls, companion_etag, model_version, stored_file_etag, version_token};
+pub(crate) use self::view::view_file_etag;
+pub(crate) use components::{ComponentRequest, Cut};
+pub(crate) use error::ServiceError;
+pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
+pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};
@@ -36,7 +36,7 @@ use crate::storage::{Readahead, Storage, StorageError};
 use crate::telemetry::names;
 
 /// The domain every wire protocol serves from.
-pub struct Service {
+pub(crate) struct Service {
     pub config: Config,
     /// Shared decodes of components that are not stored verbatim.
     pub cache: DecodeCache,
@@ -56,7 +56,7 @@ pub struct Service {
 impl Service {
     /// A service with an empty catalog, not yet ready. S3 sources are set up (from the config
     /// and the `AWS_*` environment) but not contacted.
-    pub fn new(config: Config) -> Result<Arc<Service>, StorageError> {
+    pub(crate) fn new(config: Config) -> Result<Arc<Service>, StorageError> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
         let env: std::collections::BTreeMap<String, String> =
@@ -98,13 +98,13 @@ impl Service {
     }
 
     /// The current catalog snapshot.
-    pub fn catalog(&self) -> Arc<Catalog> {
+    pub(crate) fn catalog(&self) -> Arc<Catalog> {
         Arc::clone(&self.catalog.read().expect("catalog lock is never poisoned"))
     }
 
     /// Rescans every source and swaps in the new catalog; the first completed rescan makes
     /// the service ready.
-    pub async fn rescan(self: &Arc<Self>) {
+    pub(crate) async fn rescan(self: &Arc<Self>) {
         let _one_at_a_time = self.rescanning.lock().await;
         let state = Arc::clone(self);
         let previous = self.catalog();
@@ -141,7 +141,7 @@ impl Service {
     }
 
     /// Rescans on the configured interval, forever.
-    pub async fn rescan_forever(self: Arc<Self>) {
+    pub(crate) async fn rescan_forever(self: Arc<Self>) {
         let mut interval = tokio::time::interval(Duration::from_secs(self.config.rescan_interval_secs));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -150,13 +150,13 @@ impl Service {
         }
     }
 
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 
     /// The model `id` and its manifest: refused when the catalog is not ready, the model is
     /// unknown or it is broken. Whoever asks has already checked that the caller may read it.
-    pub fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
+    pub(crate) fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
         if !self.is_ready() {
             return Err(ServiceError::NotReady);
         }
@@ -169,14 +169,24 @@ impl Service {
     }
 
     /// `name` of `model`'s manifest.
-    pub fn object<'m>(&self, model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ServiceError> {
+    pub(crate) fn object<'m>(
+        &self,
+        model: &Model,
+        manifest: &'m Manifest,
+        name: &str,
+    ) -> Result<&'m Object, ServiceError> {
         manifest
             .object(name)
             .ok_or_else(|| ServiceError::ObjectNotFound { model: model.id.clone(), object: name.to_owned() })
     }
 
     /// Component `role` of `object`.
-    pub fn component<'o>(&self, model: &Model, object: &'o Object, role: &str) -> Result<&'o Component, ServiceError> {
+    pub(crate) fn component<'o>(
+        &self,
+        model: &Model,
+        object: &'o Object,
+        role: &str,
+    ) -> Result<&'o Component, ServiceError> {
         object.component(role).ok_or_else(|| ServiceError::ComponentNotFound {
             model: model.id.clone(),
             object: object.name.clone(),

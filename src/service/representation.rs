@@ -12,20 +12,20 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use super::ServiceError;
 
 /// Bytes of a representation as a stream of pieces.
-pub type ByteStream = BoxStream<'static, Result<Bytes, ServiceError>>;
+pub(crate) type ByteStream = BoxStream<'static, Result<Bytes, ServiceError>>;
 
 /// A check running while a body streams (a digest over the stored bytes): the body's last
 /// piece is held back until it passes.
-pub type Guard = Shared<BoxFuture<'static, Result<(), String>>>;
+pub(crate) type Guard = Shared<BoxFuture<'static, Result<(), String>>>;
 
 /// A guard from a check's future.
-pub fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send + 'static) -> Guard {
+pub(super) fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send + 'static) -> Guard {
     check.boxed().shared()
 }
 
 /// Holds each piece back until the next arrives, and the last until `guard` passes; a failed
 /// guard ends the body with an error instead, which aborts the response.
-pub fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
+pub(crate) fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
     struct Held {
         body: ByteStream,
         held: Option<Bytes>,
@@ -60,11 +60,8 @@ pub fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
 }
 
 /// Where a representation's bytes come from.
-pub trait RangeSource: Send + Sync + 'static {
+pub(crate) trait RangeSource: Send + Sync + 'static {
     fn len(&self) -> u64;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
     /// The bytes of `range` (within `0..len`). Called only when a body is sent, never for
     /// HEAD or 304, so opening may start work such as decoding.
     fn open(&self, range: Range<u64>) -> ByteStream;

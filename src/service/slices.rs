@@ -47,7 +47,7 @@ const GATHERS_AHEAD: usize = 2;
 
 /// What a request asks to cut from an object, as written in its query.
 #[derive(Debug, Clone, Copy)]
-pub enum SliceRequest<'a> {
+pub(crate) enum SliceRequest<'a> {
     /// `slice=SPEC`: `start:stop` per dimension.
     Spec(&'a str),
     /// `shard=RANK/WORLD&dim=D`: an even split of one dimension.
@@ -56,7 +56,7 @@ pub enum SliceRequest<'a> {
 
 /// A slice checked against the dense object it cuts.
 #[derive(Debug, Clone)]
-pub struct ResolvedSlice {
+pub(crate) struct ResolvedSlice {
     pub slice: Slice,
     /// The width of one element as slices cut it (a complex element whole, fp8 as bytes).
     element: u64,
@@ -98,7 +98,7 @@ impl ResolvedSlice {
 impl Service {
     /// `request`'s slice of `object`, checked against it: only a dense object of whole-byte
     /// elements of a known type can be cut, within its bounds.
-    pub fn resolve_slice(
+    pub(crate) fn resolve_slice(
         &self,
         model: &Model,
         object: &Object,

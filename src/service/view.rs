@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures_util::stream;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
-use super::bytes::{StoredBytes, etag, model_version, stored_file_etag};
+use super::bytes::{StoredBytes, etag, stored_file_etag};
 use super::components::{ComponentRequest, Cut};
 use super::representation::{ByteStream, RangeSource, guarded};
 use super::{Service, ServiceError};
@@ -22,7 +22,7 @@ use crate::format::view::{View, ViewBytes, ViewFile, ViewTensor, plan};
 
 impl Service {
     /// The model's safetensors view, planned on first use and kept for its version.
-    pub fn view(&self, model: &Model, manifest: &Manifest) -> Arc<View> {
+    pub(crate) fn view(&self, model: &Model, manifest: &Manifest) -> Arc<View> {
         Arc::clone(self.learnt.of(model).view.get_or_init(|| {
             let stored: Vec<(&str, u64)> =
                 model.files.iter().enumerate().map(|(i, f)| (f.name.as_str(), model.file_len(manifest, i))).collect();
@@ -31,7 +31,7 @@ impl Service {
     }
 
     /// The view file `name` of the model (`model.safetensors`, or the index and shards).
-    pub async fn view_file(
+    pub(crate) async fn view_file(
         self: &Arc<Self>,
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
@@ -58,7 +58,6 @@ impl Service {
                     len: file.len,
                 }),
                 etag: view_file_etag(model, file),
-                model_version: model_version(model),
             }),
         }
     }
@@ -67,7 +66,7 @@ impl Service {
 /// The ETag of a view file: its stored file's, or for a built one, the model version's with the
 /// file's name and a digest of its header (so a server that lays a view out anew never shares a
 /// tag with one that laid it out before).
-pub fn view_file_etag(model: &Model, file: &ViewFile) -> String {
+pub(crate) fn view_file_etag(model: &Model, file: &ViewFile) -> String {
     match &file.bytes {
         ViewBytes::Stored { file: index } => stored_file_etag(model, *index),
         ViewBytes::Built { layout, .. } => etag(model, &format!("view\0{}\0{layout}", file.name)),

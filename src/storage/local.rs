@@ -64,7 +64,7 @@ const READ_SPAN_MAX: u64 = 4 << 20;
 
 /// `runs` of an open file (in order), back to back in one buffer, read with `pread` (for the
 /// same reason as [`pread_stream`]: never loaded from the mapping), runs closer than
-/// [`READ_THROUGH`] with one call; and how many bytes were read from the file.
+/// `READ_THROUGH` with one call; and how many bytes were read from the file.
 pub fn pread_gather(
     file: &File,
     runs: &[std::ops::Range<u64>],
@@ -103,7 +103,7 @@ pub fn pread_gather(
     Ok((bytes::Bytes::from(out), read))
 }
 
-/// `span` of an open file, read with `pread` in pieces of at most [`READ_PIECE`] off the async
+/// `span` of an open file, read with `pread` in pieces of at most `READ_PIECE` off the async
 /// runtime, the next piece read while the one before is used. Code that reads a model's bytes
 /// itself (digest checks, decoding, content checks) reads them this way, never through the
 /// mapping: a file truncated in place then ends the read with [`super::StorageError::Changed`]

@@ -14,7 +14,7 @@ use crate::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOp
 use crate::format::{DType, Limits, Value};
 
 /// `--compress` and `--digest` of `convert`.
-pub fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {
+pub(super) fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {
     match text.split_once(':') {
         None if text == "none" || text == "raw" => Ok(None),
         None if text == "zstd" => Ok(Some(3)),
@@ -30,7 +30,7 @@ pub fn parse_compress(text: &str) -> anyhow::Result<Option<i32>> {
     }
 }
 
-pub fn parse_digest(text: &str) -> anyhow::Result<Option<DigestAlgorithm>> {
+pub(super) fn parse_digest(text: &str) -> anyhow::Result<Option<DigestAlgorithm>> {
     match text {
         "none" => Ok(None),
         "sha256" => Ok(Some(DigestAlgorithm::Sha256)),

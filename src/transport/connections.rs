@@ -26,7 +26,7 @@ use crate::telemetry::names;
 
 /// The limits on connections, from the config.
 #[derive(Debug, Clone)]
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     pub max_connections: usize,
     /// Largest request line plus headers; more is answered 431 and the connection closed.
     pub max_header_bytes: usize,
@@ -38,7 +38,7 @@ pub struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    pub fn from_config(config: &crate::config::Config) -> ConnectionLimits {
+    pub(crate) fn from_config(config: &crate::config::Config) -> ConnectionLimits {
         ConnectionLimits {
             max_connections: config.max_connections,
             max_header_bytes: config.max_header_bytes,
@@ -50,7 +50,7 @@ impl ConnectionLimits {
 
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting and gives
 /// open connections `drain` to finish their responses before they are dropped.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
@@ -121,7 +121,7 @@ async fn accept_failed(error: &io::Error) {
 /// `timeout` while the server waits on it: a client that stops reading a response, or
 /// stalls mid-request, loses its connection instead of holding it (and its buffers and
 /// connection slot) forever.
-pub struct IdleTimeout<S> {
+pub(super) struct IdleTimeout<S> {
     inner: S,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
@@ -132,7 +132,7 @@ pub struct IdleTimeout<S> {
 }
 
 impl<S> IdleTimeout<S> {
-    pub fn new(inner: S, timeout: Duration) -> IdleTimeout<S> {
+    pub(super) fn new(inner: S, timeout: Duration) -> IdleTimeout<S> {
         IdleTimeout { inner, timeout, deadline: Box::pin(tokio::time::sleep(timeout)), expired: false }
     }
 

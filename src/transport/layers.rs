@@ -23,14 +23,14 @@ struct RouteLabel(&'static str);
 /// How a protocol answers what the layers refuse, in its own error format: a handler that
 /// panicked, and an answer not started within `request_timeout_secs`.
 #[derive(Clone, Copy)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     pub panicked: fn() -> Response,
     pub timed_out: fn() -> Response,
 }
 
 /// The layers every listener's requests pass: metrics (labelled by the matched route, else
 /// `unmatched_route`), tracing, panic catching, the request timeout and the concurrency limit.
-pub fn with_common_layers(
+pub(crate) fn with_common_layers(
     router: Router,
     config: &Config,
     unmatched_route: &'static str,

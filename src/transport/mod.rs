@@ -9,5 +9,5 @@ mod connections;
 mod layers;
 mod zero_copy;
 
-pub use connections::{ConnectionLimits, serve};
-pub use layers::{Refusals, with_common_layers};
+pub(crate) use connections::{ConnectionLimits, serve};
+pub(crate) use layers::{Refusals, with_common_layers};

@@ -31,7 +31,7 @@ static SENDFILE_BYTES: std::sync::LazyLock<metrics::Counter> = std::sync::LazyLo
 });
 
 /// A TCP connection that sends slices of mapped files with `sendfile`.
-pub struct ZeroCopyStream {
+pub(super) struct ZeroCopyStream {
     stream: TcpStream,
     /// Whether `TCP_CORK` is on: from a `sendfile` until the next flush.
     corked: bool,
@@ -41,7 +41,7 @@ impl ZeroCopyStream {
     /// Also sets `TCP_NODELAY`: bodies are written in large pieces, and Nagle's algorithm
     /// would only hold back the last, short segment of each response until the client's
     /// delayed ACK.
-    pub fn new(stream: TcpStream) -> ZeroCopyStream {
+    pub(super) fn new(stream: TcpStream) -> ZeroCopyStream {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests: the official `ztensor` venvs, builders for
 //! hand-made (often hostile) `.zt` files and for test models, a plain HTTP/1.1 client, servers
 //! (the binary, or `serve_on` in the test's process), the Prometheus metrics, and moto.
-#![allow(dead_code)]
+// Each test file uses some of these helpers, and reaches them through its private `mod common`.
+#![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -374,7 +375,7 @@ pub async fn serve(config: Config) -> (String, Arc<Server>) {
     let state = Server::new(config).unwrap();
     tokio::spawn(ztserve::server::serve_on(listener, Arc::clone(&state)));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.service.is_ready() {
+    while !state.is_ready() {
         assert!(Instant::now() < deadline, "not ready within 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -391,7 +392,7 @@ pub async fn serve_with_s3(config: Config) -> (String, String, Arc<Server>) {
     let state = Server::new(config).unwrap();
     tokio::spawn(ztserve::server::serve_with_s3(listener, Some(s3), Arc::clone(&state)));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.service.is_ready() {
+    while !state.is_ready() {
         assert!(Instant::now() < deadline, "not ready within 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

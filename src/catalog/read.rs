@@ -1,0 +1,72 @@
+//! Reading what a listed file holds, by its kind: a `.zt` manifest (its header and tail
+//! first, then the one read a large manifest may need), a safetensors header, or a
+//! checkpoint's index; parsing runs off the async runtime.
+
+use std::sync::Arc;
+
+use super::CatalogError;
+use super::scan::{Parsed, ScanOptions};
+use crate::format::safetensors;
+use crate::format::{FileKind, FormatError, Manifest, ManifestReads};
+use crate::storage::{ObjectVersion, StorageError};
+
+/// Reads what a listed file holds, by its kind.
+pub(super) async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -> Result<Parsed, CatalogError> {
+    match FileKind::of(&object.key) {
+        Some(FileKind::SafetensorsIndex) => {
+            if object.size > safetensors::MAX_INDEX_LEN {
+                let limit = safetensors::MAX_INDEX_LEN;
+                return Err(FormatError::ManifestTooLarge { size: object.size, limit }.into());
+            }
+            let bytes = object.fetch(0..object.size, "manifest").await?;
+            let index = blocking(object, move || safetensors::parse_index(&bytes)).await?;
+            Ok(Parsed::Index(Arc::new(index)))
+        }
+        Some(FileKind::Safetensors) => {
+            let reads = safetensors::HeaderReads::new(object.size, options.manifest_suffix_bytes);
+            let first = object.fetch(reads.first(), "manifest").await?;
+            let (_, missing) = reads.locate(&first)?;
+            let missing = object.fetch(missing, "manifest").await?;
+            let size = object.size;
+            let manifest = blocking(object, move || reads.parse(&first, &missing)?.into_manifest(size)).await?;
+            Ok(Parsed::Manifest(Arc::new(manifest)))
+        }
+        _ => Ok(Parsed::Manifest(Arc::new(read_remote_manifest(object, options).await?))),
+    }
+}
+
+/// Runs a parse off the async runtime.
+async fn blocking<T: Send + 'static>(
+    object: &ObjectVersion,
+    parse: impl FnOnce() -> Result<T, FormatError> + Send + 'static,
+) -> Result<T, CatalogError> {
+    tokio::task::spawn_blocking(parse)
+        .await
+        .map_err(|e| {
+            CatalogError::Storage(StorageError::Unavailable {
+                source_name: object.storage.name().to_owned(),
+                message: e.to_string(),
+            })
+        })?
+        .map_err(CatalogError::from)
+}
+
+/// Reads a remote object's manifest: one suffix read of `manifest_suffix_bytes` holds the
+/// trailer and, when it fits, the manifest; a second read fetches the rest of a larger one.
+/// The 8-byte header is read alongside the suffix (or taken from it, for a small object).
+async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> Result<Manifest, CatalogError> {
+    let reads = ManifestReads::new(object.size, options.manifest_suffix_bytes);
+    let (head, tail) = if reads.tail().start == 0 {
+        let whole = object.fetch(reads.tail(), "manifest").await?;
+        (whole.slice(..reads.head().end as usize), whole)
+    } else {
+        let (head, tail) =
+            futures_util::future::join(object.fetch(reads.head(), "manifest"), object.fetch(reads.tail(), "manifest"))
+                .await;
+        (head?, tail?)
+    };
+    let located = reads.locate(&head, &tail, &options.limits)?;
+    let missing = object.fetch(located.missing.clone(), "manifest").await?;
+    let limits = options.limits;
+    blocking(object, move || located.parse(&tail, &missing, &limits)).await
+}

@@ -1,0 +1,155 @@
+//! Listing a source into models: new and changed objects have their manifests read (several
+//! at once), unchanged ones keep their parse; every file with a manifest is a model, every
+//! index a checkpoint's, a root's shards are resolved among the files listed, and the other
+//! files are given to the models beside them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+
+use super::read::read_listed;
+use super::{Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, shards};
+use crate::format::safetensors::Index;
+use crate::format::{FileKind, FormatError, Limits, Manifest};
+use crate::storage::{Listed, ObjectVersion, StorageError};
+
+/// How the catalog reads manifests.
+#[derive(Debug, Clone)]
+pub(crate) struct ScanOptions {
+    pub limits: Limits,
+    /// Bytes read from the end of a remote object in the first request for its manifest.
+    pub manifest_suffix_bytes: u64,
+    /// Remote manifests read at once.
+    pub concurrent_reads: usize,
+    /// Whether a shard found by name must also match its whole-file digest (a shard found by
+    /// scanning the directory is always matched by digest).
+    pub check_shard_digests: bool,
+}
+
+/// One listed file's manifest (or a checkpoint's index), as read for one version of it.
+#[derive(Debug, Clone)]
+pub(super) struct ParsedFile {
+    pub(super) version: String,
+    pub(super) state: Result<Parsed, CatalogError>,
+}
+
+/// What a listed file holds.
+#[derive(Debug, Clone)]
+pub(super) enum Parsed {
+    /// A `.zt` manifest, or a safetensors file's header as one.
+    Manifest(Arc<Manifest>),
+    /// A sharded safetensors checkpoint's index.
+    Index(Arc<Index>),
+}
+
+impl ParsedFile {
+    /// The manifest it holds, or why it holds none (an index holds none: it names files that do).
+    pub(super) fn manifest(&self) -> Result<&Arc<Manifest>, CatalogError> {
+        match &self.state {
+            Ok(Parsed::Manifest(manifest)) => Ok(manifest),
+            Ok(Parsed::Index(_)) => {
+                Err(FormatError::SafetensorsIndex { detail: "an index, where a tensor file belongs".into() }.into())
+            }
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+pub(super) type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>, BTreeMap<String, Arc<[Companion]>>);
+
+/// Lists a source; new and changed objects have their manifests read, several at once. Every
+/// file with a manifest is a model, and every index a checkpoint's; a root's shards are
+/// resolved among the files listed.
+pub(super) async fn list(
+    source: &Arc<Source>,
+    previous: &Catalog,
+    options: &ScanOptions,
+    digests: &shards::DigestMemo,
+) -> Result<Listing, StorageError> {
+    let storage = &source.storage;
+    let listed = storage.list().await?;
+    let model_files: Vec<Listed> = listed.iter().filter(|l| FileKind::of(&l.key).is_some()).cloned().collect();
+    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(model_files)
+        .map(|object: Listed| async move {
+            let known = previous.files.get(&(source.name.clone(), object.key.clone()));
+            if let Some(parsed) = known.filter(|p| p.version == object.version) {
+                if parsed.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true) {
+                    return (object, parsed.clone());
+                }
+            }
+            let version = version_of(source, &object);
+            let state = read_listed(&version, options).await;
+            if let Err(CatalogError::Storage(e)) = &state {
+                source.report_failure(e);
+            }
+            (object, ParsedFile { version: version.version, state })
+        })
+        .buffer_unordered(options.concurrent_reads.max(1))
+        .collect()
+        .await;
+    parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    let claimed = checkpoints::claimed_shards(&parsed);
+    let mut models = Vec::with_capacity(parsed.len());
+    for (object, file) in &parsed {
+        let Some(kind) = FileKind::of(&object.key) else { continue };
+        let id = kind.model_id(&object.key);
+        let (files, state, container) = match kind {
+            FileKind::SafetensorsIndex => {
+                let (files, checkpoint) = checkpoints::resolve(source, object, file, &parsed);
+                // Every file unchanged: the model is too, and is not assembled again.
+                if let Some(model) = previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
+                    models.push(Arc::clone(model));
+                    continue;
+                }
+                (files, checkpoint.and_then(|c| c.assemble()), Some(crate::format::Container::Safetensors))
+            }
+            FileKind::Safetensors if claimed.contains(object.key.as_str()) => continue,
+            _ if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) => continue,
+            _ => {
+                let root = || StoredFile::new(version_of(source, object));
+                let (files, state) = match file.manifest() {
+                    Ok(manifest) if !manifest.shards.is_empty() => {
+                        match shards::resolve(source, object, manifest, &listed, digests, options.check_shard_digests)
+                            .await
+                        {
+                            Ok(files) => (files, Ok(Arc::clone(manifest))),
+                            Err(e) => (vec![root()], Err(e)),
+                        }
+                    }
+                    state => (vec![root()], state.cloned()),
+                };
+                // Known once the manifest parsed, even when the model's shards are not found.
+                (files, state, file.manifest().ok().map(|m| m.container))
+            }
+        };
+        if let Err(CatalogError::Storage(e)) = &state {
+            source.report_failure(e);
+        }
+        match previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
+            Some(model) if model.state.is_ok() == state.is_ok() => models.push(Arc::clone(model)),
+            _ => {
+                let mut model = Model::new(&id, source, files, state);
+                model.container = container;
+                models.push(Arc::new(model))
+            }
+        }
+    }
+    let companions = companions::assign(source, &models, &listed);
+    let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
+    Ok((models, files, companions))
+}
+
+/// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).
+pub(super) fn directory(key: &str) -> &str {
+    key.rfind('/').map_or("", |slash| &key[..=slash])
+}
+
+pub(super) fn version_of(source: &Arc<Source>, listed: &Listed) -> ObjectVersion {
+    ObjectVersion {
+        storage: Arc::clone(&source.storage),
+        key: listed.key.clone(),
+        version: listed.version.clone(),
+        size: listed.size,
+    }
+}

@@ -1,0 +1,54 @@
+//! One configured source: its storage, and how it has been answering (a source that cannot
+//! be listed is reported degraded, with the failure, until it answers again).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::storage::{Storage, StorageError};
+
+/// One configured source and how it has been answering.
+#[derive(Debug)]
+pub(crate) struct Source {
+    /// As configured: `models`, `s3://bucket/prefix`.
+    pub name: String,
+    pub storage: Arc<dyn Storage>,
+    degraded: AtomicBool,
+    /// The last failure to list or read, while it lasts.
+    failure: Mutex<Option<StorageError>>,
+}
+
+impl Source {
+    pub(crate) fn new(storage: Arc<dyn Storage>) -> Arc<Source> {
+        let name = storage.name().to_owned();
+        Arc::new(Source { name, storage, degraded: AtomicBool::new(false), failure: Mutex::new(None) })
+    }
+
+    /// The backend's name (`local`, `s3`).
+    pub(crate) fn kind(&self) -> &'static str {
+        self.storage.backend()
+    }
+
+    /// Records a failure of the source itself (unreachable, refusing); a changed or missing
+    /// object says nothing about the source and is not recorded.
+    pub(crate) fn report_failure(&self, error: &StorageError) {
+        if matches!(error, StorageError::Unavailable { .. } | StorageError::Refused { .. }) {
+            if !self.degraded.swap(true, Ordering::SeqCst) {
+                tracing::warn!(source = %self.name, error = %error, "source degraded");
+            }
+            *self.failure.lock().expect("never poisoned") = Some(error.clone());
+        }
+    }
+
+    /// Records that the source answered.
+    pub(crate) fn report_success(&self) {
+        if self.degraded.load(Ordering::Relaxed) && self.degraded.swap(false, Ordering::SeqCst) {
+            tracing::info!(source = %self.name, "source answers again");
+            *self.failure.lock().expect("never poisoned") = None;
+        }
+    }
+
+    /// The failure the source is degraded by, if it is.
+    pub(crate) fn failure(&self) -> Option<StorageError> {
+        self.failure.lock().expect("never poisoned").clone()
+    }
+}
