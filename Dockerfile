@@ -18,9 +18,9 @@ COPY config/ztserve.toml /etc/ztserve/ztserve.toml
 # The demo models, so the image answers at once; mount your own over /models.
 COPY models /models
 USER ztserve
-ENV ZTSERVE_LISTEN=0.0.0.0:8080 \
-    ZTSERVE_SOURCES=/models
-# 9000: the S3-compatible endpoint, when ZTSERVE_S3_LISTEN=0.0.0.0:9000 turns it on.
+ENV ZTSERVE_SERVER__LISTEN=0.0.0.0:8080 \
+    ZTSERVE_SOURCES__PATHS=/models
+# 9000: the S3-compatible endpoint, when ZTSERVE_S3_ENDPOINT__LISTEN=0.0.0.0:9000 turns it on.
 EXPOSE 8080 9000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1

@@ -14,11 +14,9 @@ use std::time::Duration;
 use sha2::Digest as _;
 use subtle::ConstantTimeEq as _;
 
+use crate::config::TokenEntry;
 use crate::storage::scan::FileIdentity;
 use crate::telemetry::names;
-
-/// The shortest token accepted: 16 characters of a random token are ~96 bits.
-pub(crate) const MIN_TOKEN_LEN: usize = 16;
 
 /// How often the token file is checked for changes.
 const TOKEN_FILE_POLL: Duration = Duration::from_secs(1);
@@ -74,35 +72,21 @@ pub(crate) struct TokenError {
     pub message: String,
 }
 
-/// Parses one entry, `TOKEN [PREFIX ...]`, as written in `tokens`, `ZTSERVE_TOKENS` or a
-/// line of the token file. `origin` names the entry in errors (never its text).
+/// The grant of one parsed entry.
+fn grant(entry: &TokenEntry, keep_s3_secret: bool) -> Grant {
+    let access =
+        if entry.prefixes.is_empty() { Access::Everything } else { Access::Under(entry.prefixes.clone().into()) };
+    let sha256: [u8; 32] = sha2::Sha256::digest(entry.token.as_bytes()).into();
+    let s3 =
+        keep_s3_secret.then(|| S3Key { access_key_id: s3_access_key_id(&sha256), secret: entry.token.as_str().into() });
+    Grant { sha256, access, s3 }
+}
+
+/// Parses one line of the token file, `TOKEN [PREFIX ...]` as the config's entries are;
+/// `origin` names the line in errors (never its text).
 fn parse_entry(entry: &str, origin: &str, keep_s3_secret: bool) -> Result<Grant, TokenError> {
-    let fail = |message: String| TokenError { origin: origin.to_owned(), message };
-    let mut words = entry.split_whitespace();
-    let token = words.next().ok_or_else(|| fail("is empty".into()))?;
-    // RFC 6750's b64token: what a client can send in `Authorization: Bearer`.
-    let b64token = token.trim_end_matches('=').bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b));
-    if !b64token || token.starts_with('=') {
-        return Err(fail(
-            "the token has characters a bearer token cannot carry (allowed: A-Z a-z 0-9 - . _ ~ + / and trailing =)"
-                .into(),
-        ));
-    }
-    if token.len() < MIN_TOKEN_LEN {
-        return Err(fail(format!("the token is {} characters; at least {MIN_TOKEN_LEN} are required", token.len())));
-    }
-    let mut prefixes = Vec::new();
-    for prefix in words {
-        let prefix = prefix.trim_matches('/');
-        if prefix.is_empty() || prefix.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-            return Err(fail(format!("prefix {prefix:?} is not a model id prefix like team-a or team-a/vision")));
-        }
-        prefixes.push(prefix.to_owned());
-    }
-    let access = if prefixes.is_empty() { Access::Everything } else { Access::Under(prefixes.into()) };
-    let sha256: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
-    let s3 = keep_s3_secret.then(|| S3Key { access_key_id: s3_access_key_id(&sha256), secret: token.into() });
-    Ok(Grant { sha256, access, s3 })
+    let parsed = TokenEntry::parse(entry).map_err(|message| TokenError { origin: origin.to_owned(), message })?;
+    Ok(grant(&parsed, keep_s3_secret))
 }
 
 /// Parses a token file: one entry per line; blank lines and lines starting with `#` skipped.
@@ -135,17 +119,17 @@ pub(crate) struct Tokens {
 }
 
 impl Tokens {
-    /// The tokens of `entries` (config and environment) and `file` (empty: none). Any invalid
-    /// entry, or an unreadable file, is an error: the server must not start with less
-    /// protection than configured. With `keep_s3_secrets`, each token is also kept as the
+    /// The tokens of `entries` (config and environment, checked as they loaded) and `file`.
+    /// An invalid line, or an unreadable file, is an error: the server must not start with
+    /// less protection than configured. With `keep_s3_secrets`, each token is also kept as the
     /// secret of its S3 key.
-    pub(crate) fn new(entries: &[String], file: &str, keep_s3_secrets: bool) -> Result<Tokens, TokenError> {
-        let from_config = entries
-            .iter()
-            .enumerate()
-            .map(|(n, e)| parse_entry(e, &format!("tokens entry {}", n + 1), keep_s3_secrets))
-            .collect::<Result<_, _>>()?;
-        let file = (!file.is_empty()).then(|| PathBuf::from(file));
+    pub(crate) fn new(
+        entries: &[TokenEntry],
+        file: Option<&Path>,
+        keep_s3_secrets: bool,
+    ) -> Result<Tokens, TokenError> {
+        let from_config = entries.iter().map(|e| grant(e, keep_s3_secrets)).collect();
+        let file = file.map(Path::to_path_buf);
         let tokens = Tokens {
             open: entries.is_empty() && file.is_none(),
             from_config,
@@ -268,26 +252,24 @@ mod tests {
     fn a_token_is_an_s3_key_only_while_the_endpoint_keeps_secrets() {
         let id = s3_access_key_id(&sha2::Sha256::digest(TOKEN.as_bytes()).into());
         assert_eq!(id.len(), 20);
-        let entries = [format!("{TOKEN} team-a")];
-        let kept = Tokens::new(&entries, "", true).unwrap();
+        let entries = [TokenEntry::parse(&format!("{TOKEN} team-a")).unwrap()];
+        let kept = Tokens::new(&entries, None, true).unwrap();
         let (secret, access) = kept.s3_key(&id).expect("the token's key");
         assert_eq!((&*secret, access.allows("team-a/x"), access.allows("b")), (TOKEN, true, false));
         assert!(kept.s3_key("0123456789abcdef0123").is_none());
-        assert!(Tokens::new(&entries, "", false).unwrap().s3_key(&id).is_none(), "no secret kept");
+        assert!(Tokens::new(&entries, None, false).unwrap().s3_key(&id).is_none(), "no secret kept");
     }
 
     #[test]
-    fn bad_entries_are_refused_without_repeating_the_token() {
+    fn bad_lines_of_the_token_file_are_refused_by_line_without_repeating_the_token() {
         for (entry, expected) in [
             ("", "is empty"),
             ("short", "at least 16"),
             ("has\"quote0123456789", "characters"),
-            ("=0123456789abcdefgh", "characters"),
             (&format!("{TOKEN} ../etc"), "prefix"),
-            (&format!("{TOKEN} a//b"), "prefix"),
         ] {
-            let error = parse_entry(entry, "tokens entry 1", false).err().unwrap().to_string();
-            assert!(error.contains(expected), "{entry:?}: {error}");
+            let error = parse_entry(entry, "token file t line 3", false).err().unwrap().to_string();
+            assert!(error.starts_with("token file t line 3: ") && error.contains(expected), "{entry:?}: {error}");
             let token = entry.split_whitespace().next().unwrap_or("");
             assert!(token.is_empty() || !error.contains(token), "{error} repeats the token");
         }
@@ -298,7 +280,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
         std::fs::write(&path, format!("# team A\n{TOKEN} team-a\n\n")).unwrap();
-        let tokens = Tokens::new(&["ffffffffffffffffffff".into()], path.to_str().unwrap(), false).unwrap();
+        let entries = [TokenEntry::parse("ffffffffffffffffffff").unwrap()];
+        let tokens = Tokens::new(&entries, Some(&path), false).unwrap();
         assert!(tokens.required());
         assert!(matches!(tokens.check("ffffffffffffffffffff"), Some(Access::Everything)));
         assert!(matches!(tokens.check(TOKEN), Some(Access::Under(_))));
@@ -312,6 +295,6 @@ mod tests {
         tokens.reload_if_changed();
         assert!(tokens.check(TOKEN).is_none(), "a file with an invalid line keeps nothing");
         assert!(tokens.check("ffffffffffffffffffff").is_some(), "the config's tokens stay");
-        assert!(!Tokens::new(&[], "", false).unwrap().required());
+        assert!(!Tokens::new(&[], None, false).unwrap().required());
     }
 }

@@ -25,16 +25,17 @@ enum Command {
     /// Serve every .zt, .safetensors and sharded safetensors checkpoint under the sources over
     /// HTTP (by default: models/ on 127.0.0.1:8080).
     Serve {
-        /// A directory of model files, or s3://bucket/prefix; repeat for several. Overrides `sources`.
+        /// A directory of model files, or s3://bucket/prefix; repeat for several. Overrides
+        /// `[sources] paths`.
         #[arg(long = "source", value_name = "DIR|S3_URL")]
         sources: Vec<String>,
-        /// Address to listen on. Overrides `listen`.
+        /// Address to listen on. Overrides `[server] listen`.
         #[arg(long)]
         listen: Option<String>,
         /// A TOML configuration file (see config/ztserve.toml).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// text or json. Overrides `log_format`.
+        /// text or json. Overrides `[server] log_format`.
         #[arg(long)]
         log_format: Option<String>,
     },
@@ -153,18 +154,22 @@ fn serve(
 ) -> anyhow::Result<ExitCode> {
     let mut flags = BTreeMap::new();
     if !sources.is_empty() {
-        flags.insert("sources".to_owned(), toml::Value::Array(sources.into_iter().map(toml::Value::String).collect()));
+        let paths = toml::Value::Array(sources.into_iter().map(toml::Value::String).collect());
+        flags.insert("sources.paths".to_owned(), paths);
     }
     if let Some(listen) = listen {
-        flags.insert("listen".to_owned(), toml::Value::String(listen));
+        flags.insert("server.listen".to_owned(), toml::Value::String(listen));
     }
     if let Some(format) = log_format {
-        flags.insert("log_format".to_owned(), toml::Value::String(format));
+        flags.insert("server.log_format".to_owned(), toml::Value::String(format));
     }
-    let config = Config::load(config.as_deref(), std::env::vars(), flags)?;
-    ztserve::telemetry::init(config.log_format);
+    let loaded = Config::load(config.as_deref(), std::env::vars(), flags)?;
+    ztserve::telemetry::init(loaded.config.server.log_format);
+    for notice in &loaded.notices {
+        tracing::warn!("{notice}");
+    }
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async { ztserve::server::serve(ztserve::server::Server::new(config)?).await })?;
+    runtime.block_on(async { ztserve::server::serve(ztserve::server::Server::new(loaded.config)?).await })?;
     Ok(ExitCode::SUCCESS)
 }
 

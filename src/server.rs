@@ -26,8 +26,8 @@ impl Server {
     pub fn new(config: Config) -> anyhow::Result<Arc<Server>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
-        let keep_s3_secrets = config.s3_listen_address().is_some();
-        let tokens = Arc::new(Tokens::new(&config.tokens, &config.token_file, keep_s3_secrets)?);
+        let keep_s3_secrets = config.s3_endpoint.listen.is_some();
+        let tokens = Arc::new(Tokens::new(&config.auth.tokens, config.auth.token_file.as_deref(), keep_s3_secrets)?);
         Ok(Arc::new(Server { service: Service::new(config)?, tokens }))
     }
 
@@ -64,15 +64,15 @@ impl Server {
 /// Binds the configured listeners and serves until SIGTERM or SIGINT, then gives in-flight
 /// requests the drain time to finish.
 pub async fn serve(server: Arc<Server>) -> anyhow::Result<()> {
-    let addr = server.config().listen;
+    let addr = server.config().server.listen;
     let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    tracing::info!(address = %listener.local_addr()?, sources = ?server.config().sources, "listening");
-    let s3 = match server.config().s3_listen_address() {
+    tracing::info!(address = %listener.local_addr()?, sources = ?server.config().sources.paths, "listening");
+    let s3 = match server.config().s3_endpoint.listen {
         Some(addr) => {
             let s3 = TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the S3 endpoint: {e}"))?;
-            let bucket = &server.config().s3_endpoint_bucket;
+            let bucket = &server.config().s3_endpoint.bucket;
             tracing::info!(address = %s3.local_addr()?, bucket = %bucket, "S3 endpoint listening");
             Some(s3)
         }
@@ -95,7 +95,7 @@ pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, serve
     let signals = ShutdownSignals::install()?;
     let service = &server.service;
     service.rescan().await;
-    if server.config().on_unreadable_source == OnUnreadableSource::Fail {
+    if server.config().sources.on_unreadable == OnUnreadableSource::Fail {
         if let Some((source, reason)) = service.catalog().unreadable_sources.first() {
             anyhow::bail!(
                 "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
@@ -112,7 +112,7 @@ pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, serve
             crate::telemetry::metrics().run_upkeep();
         }
     });
-    let drain = Duration::from_secs(server.config().shutdown_drain_secs);
+    let drain = Duration::from_secs(server.config().server.shutdown_drain_secs);
     let limits = ConnectionLimits::from_config(server.config());
     let shutdown = futures_util::FutureExt::shared(Box::pin(signals.received()));
     let s3 = s3

@@ -39,8 +39,11 @@ fn ids(reply: &Reply) -> Vec<String> {
 async fn models_need_a_valid_token_and_probes_and_metrics_stay_open() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
-    let config =
-        Config { sources: vec![SourceSpec::local(dir.path())], tokens: vec![ADMIN.into()], ..Config::default() };
+    let config = Config {
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
+        auth: ztserve::config::Auth { tokens: common::tokens(vec![ADMIN.into()]), ..Default::default() },
+        ..Config::default()
+    };
     let (address, _state) = serve(config).await;
     tokio::task::spawn_blocking(move || {
         for path in [
@@ -84,9 +87,12 @@ async fn metrics_can_require_a_token() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
     let config = Config {
-        sources: vec![SourceSpec::local(dir.path())],
-        tokens: vec![ADMIN.into()],
-        metrics_require_token: true,
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
+        auth: ztserve::config::Auth {
+            tokens: common::tokens(vec![ADMIN.into()]),
+            metrics_require_token: true,
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (address, _state) = serve(config).await;
@@ -107,8 +113,11 @@ async fn a_token_limited_to_a_prefix_sees_nothing_outside_it() {
     let dir = tempfile::tempdir().unwrap();
     models(dir.path());
     let config = Config {
-        sources: vec![SourceSpec::local(dir.path())],
-        tokens: vec![ADMIN.into(), format!("{TEAM_A} team-a/")],
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
+        auth: ztserve::config::Auth {
+            tokens: common::tokens(vec![ADMIN.into(), format!("{TEAM_A} team-a/")]),
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (address, _state) = serve(config).await;
@@ -146,8 +155,8 @@ async fn the_token_file_is_re_read_when_it_changes() {
     let file = tokens.path().join("tokens");
     fs::write(&file, format!("# operators\n{ADMIN}\n")).unwrap();
     let config = Config {
-        sources: vec![SourceSpec::local(dir.path())],
-        token_file: file.display().to_string(),
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
+        auth: ztserve::config::Auth { token_file: Some(file.display().to_string().into()), ..Default::default() },
         ..Config::default()
     };
     let (address, _state) = serve(config).await;
@@ -186,7 +195,7 @@ async fn the_token_file_is_re_read_when_it_changes() {
 fn tokens_from_the_environment_work_and_never_reach_the_log() {
     let server = start_binary(
         &["serve", "--listen", "127.0.0.1:0", "--source", "models", "--log-format", "json"],
-        &[("ZTSERVE_TOKENS", &format!("{ADMIN}, {TEAM_A} demo")), ("RUST_LOG", "debug")],
+        &[("ZTSERVE_AUTH__TOKENS", &format!("{ADMIN}, {TEAM_A} demo")), ("RUST_LOG", "debug")],
     );
     assert_eq!(get(&server.address, "/models", None).status, 401);
     assert_eq!(get(&server.address, "/models/demo%2Fdense", Some(ADMIN)).status, 200);
@@ -202,14 +211,15 @@ fn tokens_from_the_environment_work_and_never_reach_the_log() {
         assert!(!log.contains(secret), "the log shows a token");
     }
 
-    // A token too short stops the start, naming the entry but not repeating it.
+    // A token too short stops the start, naming the key and where it came from but not repeating it.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
         .args(["serve", "--listen", "127.0.0.1:0", "--source", "models"])
-        .env("ZTSERVE_TOKENS", format!("{ADMIN},tooshort"))
+        .env("ZTSERVE_AUTH__TOKENS", format!("{ADMIN},tooshort"))
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("tokens entry 2") && stderr.contains("at least 16"), "{stderr}");
+    let named = "auth.tokens (from environment variable ZTSERVE_AUTH__TOKENS)";
+    assert!(stderr.contains(named) && stderr.contains("at least 16"), "{stderr}");
     assert!(!stderr.contains("tooshort") && !stderr.contains(ADMIN), "{stderr}");
 }

@@ -231,7 +231,7 @@ fn a_cache_smaller_than_one_component_still_serves_correct_bytes() {
     let body = payload(4 << 20, 11);
     write_model(dir.path(), "m", &[("w", &body, zstd(Some(DigestAlgorithm::Sha256)))]);
     let server =
-        serve(dir.path(), &[("ZTSERVE_DECODE_CACHE_BYTES", "1048576"), ("ZTSERVE_MAX_CONCURRENT_DECODES", "1")]);
+        serve(dir.path(), &[("ZTSERVE_DECODE__CACHE_BYTES", "1048576"), ("ZTSERVE_DECODE__MAX_CONCURRENT", "1")]);
     let path = "/models/m/objects/w";
     let whole = request(&server.address, path, &[]);
     assert!(whole.complete && whole.body == body);
@@ -257,7 +257,7 @@ fn the_least_recently_used_component_is_evicted_to_make_room() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, c) = (payload(3 << 20, 1), payload(3 << 20, 2), payload(3 << 20, 3));
     write_model(dir.path(), "m", &[("a", &a, zstd(None)), ("b", &b, zstd(None)), ("c", &c, zstd(None))]);
-    let server = serve(dir.path(), &[("ZTSERVE_DECODE_CACHE_BYTES", &(7u64 << 20).to_string())]);
+    let server = serve(dir.path(), &[("ZTSERVE_DECODE__CACHE_BYTES", &(7u64 << 20).to_string())]);
     for (name, body) in [("a", &a), ("b", &b), ("a", &a), ("c", &c), ("a", &a)] {
         assert_eq!(request(&server.address, &format!("/models/m/objects/{name}"), &[]).body, *body);
     }
@@ -377,7 +377,7 @@ fn a_corrupted_component_is_never_served_complete_and_the_failure_shows_in_metri
     for verify in ["first-read", "always"] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("m.zt"), &bad).unwrap();
-        let server = serve(dir.path(), &[("ZTSERVE_VERIFY", verify)]);
+        let server = serve(dir.path(), &[("ZTSERVE_SERVING__VERIFY", verify)]);
         for object in ["raw", "zstd"] {
             let path = format!("/models/m/objects/{object}");
             // A whole body streams while its digest is checked: it never ends cleanly.
@@ -403,7 +403,7 @@ fn a_corrupted_component_is_never_served_complete_and_the_failure_shows_in_metri
     // Without checks, a flipped byte in a frame with a checksum still stops the decode.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("m.zt"), &bad).unwrap();
-    let server = serve(dir.path(), &[("ZTSERVE_VERIFY", "never")]);
+    let server = serve(dir.path(), &[("ZTSERVE_SERVING__VERIFY", "never")]);
     let whole = request(&server.address, "/models/m/objects/zstd", &[]);
     assert!(whole.status != 200 || !whole.complete);
     assert!(metric(&server, "ztserve_decode_failures_total") >= 1.0);

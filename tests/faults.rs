@@ -22,7 +22,14 @@ fn truncate(path: &Path, len: u64) {
 }
 
 fn config(dir: &Path) -> Config {
-    Config { sources: vec![SourceSpec::local(dir)], rescan_interval_secs: 3600, ..Config::default() }
+    Config {
+        sources: ztserve::config::Sources {
+            paths: vec![SourceSpec::local(dir)],
+            rescan_interval_secs: 3600,
+            ..Default::default()
+        },
+        ..Config::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +97,11 @@ async fn a_file_truncated_while_its_zstd_component_is_decoded_ends_that_response
     let (dir, victim) = victim_and_other("packed", &raw, true);
     // A cache too small for the component: it is decoded for this response only, reading its
     // stored bytes as the client takes the decoded ones.
-    let (address, _state) = serve(Config { decode_cache_bytes: MIB as u64, ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config {
+        decode: ztserve::config::Decode { cache_bytes: MIB as u64, ..Default::default() },
+        ..config(dir.path())
+    })
+    .await;
     tokio::task::spawn_blocking(move || {
         let body = truncate_mid_response(&address, "/models/victim/objects/packed", MIB, &victim, 2 * MIB as u64);
         assert!(body.len() < raw.len(), "the whole body arrived from a truncated file");
@@ -106,7 +117,11 @@ async fn a_file_truncated_while_its_zstd_component_is_decoded_ends_that_response
 async fn a_file_truncated_while_its_digest_is_checked_on_every_read_ends_that_response_short() {
     let raw = noise(48 * MIB, 3);
     let (dir, victim) = victim_and_other("raw", &raw, false);
-    let (address, _state) = serve(Config { verify: VerifyPolicy::Always, ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config {
+        serving: ztserve::config::Serving { verify: VerifyPolicy::Always, ..Default::default() },
+        ..config(dir.path())
+    })
+    .await;
     tokio::task::spawn_blocking(move || {
         let body = truncate_mid_response(&address, "/models/victim/objects/raw", 64 << 10, &victim, MIB as u64);
         assert!(body.len() < raw.len(), "the whole body arrived from a truncated file");

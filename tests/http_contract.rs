@@ -103,7 +103,11 @@ async fn populate(source: &ModelSource) {
 }
 
 async fn state_for(source: &ModelSource) -> Arc<Server> {
-    let state = Server::new(source.config(Config { max_ranges: 8, ..Config::default() })).unwrap();
+    let state = Server::new(source.config(Config {
+        limits: ztserve::config::Limits { max_ranges: 8, ..Default::default() },
+        ..Config::default()
+    }))
+    .unwrap();
     state.rescan().await;
     state
 }

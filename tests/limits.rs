@@ -19,7 +19,10 @@ use ztserve::format::DType;
 const MIB: usize = 1 << 20;
 
 fn config(dir: &Path) -> Config {
-    Config { sources: vec![SourceSpec::local(dir)], ..Config::default() }
+    Config {
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir)], ..Default::default() },
+        ..Config::default()
+    }
 }
 
 /// A directory with `small` (a 4 KiB raw object `w`) and `packed` (a 32 MiB zstd object `z`).
@@ -56,7 +59,11 @@ fn still_served(address: &str, bytes: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_head_over_max_header_bytes_is_answered_431() {
     let (dir, bytes) = source();
-    let (address, _state) = serve(Config { max_header_bytes: 2048, ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config {
+        limits: ztserve::config::Limits { max_header_bytes: 2048, ..Default::default() },
+        ..config(dir.path())
+    })
+    .await;
     tokio::task::spawn_blocking(move || {
         let fits = "x".repeat(1500);
         assert_eq!(request(&address, "/models/small/objects/w", &[("X-Pad", &fits)]).status, 200);
@@ -76,7 +83,11 @@ async fn a_request_head_over_max_header_bytes_is_answered_431() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_trickling_its_headers_is_cut_off_after_header_timeout_secs() {
     let (dir, bytes) = source();
-    let (address, _state) = serve(Config { header_timeout_secs: 1, ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config {
+        limits: ztserve::config::Limits { header_timeout_secs: 1, ..Default::default() },
+        ..config(dir.path())
+    })
+    .await;
     tokio::task::spawn_blocking(move || {
         let mut slow = TcpStream::connect(&address).unwrap();
         let started = Instant::now();
@@ -128,7 +139,11 @@ fn connection_closed(stream: &mut TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_loses_its_connection_after_idle_timeout_secs() {
     let (dir, bytes) = source();
-    let (address, _state) = serve(Config { idle_timeout_secs: 1, ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config {
+        limits: ztserve::config::Limits { idle_timeout_secs: 1, ..Default::default() },
+        ..config(dir.path())
+    })
+    .await;
     let before = metric("ztserve_http_idle_timeouts_total", &[]);
     tokio::task::spawn_blocking(move || {
         let stuck = TcpStream::connect(&address).unwrap();
@@ -162,7 +177,11 @@ async fn a_client_that_stops_reading_loses_its_connection_after_idle_timeout_sec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_max_connections_wait_until_one_closes() {
     let (dir, bytes) = source();
-    let (address, _state) = serve(Config { max_connections: 2, ..config(dir.path()) }).await;
+    let (address, _state) = serve(Config {
+        limits: ztserve::config::Limits { max_connections: 2, ..Default::default() },
+        ..config(dir.path())
+    })
+    .await;
     tokio::task::spawn_blocking(move || {
         let get =
             |stream: &mut TcpStream| write!(stream, "GET /models/small/objects/w HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -194,7 +213,10 @@ async fn connections_over_max_connections_wait_until_one_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_that_finds_every_decoder_busy_for_decode_wait_ms_is_answered_503() {
     let (dir, bytes) = source();
-    let limits = Config { max_concurrent_decodes: 1, decode_wait_ms: 300, ..config(dir.path()) };
+    let limits = Config {
+        decode: ztserve::config::Decode { max_concurrent: Some(1), wait_ms: 300, ..Default::default() },
+        ..config(dir.path())
+    };
     let (address, state) = serve(limits).await;
     // The only decoder, taken as a long decode would hold it.
     let busy = Arc::clone(state.decoders()).acquire_owned().await.unwrap();
@@ -220,8 +242,11 @@ async fn a_decode_that_finds_every_decoder_busy_for_decode_wait_ms_is_answered_5
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_cannot_start_its_answer_within_request_timeout_secs_is_answered_503() {
     let (dir, bytes) = source();
-    let limits =
-        Config { max_concurrent_decodes: 1, decode_wait_ms: 60_000, request_timeout_secs: 1, ..config(dir.path()) };
+    let limits = Config {
+        limits: ztserve::config::Limits { request_timeout_secs: Some(1), ..Default::default() },
+        decode: ztserve::config::Decode { max_concurrent: Some(1), wait_ms: 60_000, ..Default::default() },
+        ..config(dir.path())
+    };
     let (address, state) = serve(limits).await;
     let busy = Arc::clone(state.decoders()).acquire_owned().await.unwrap();
     tokio::task::spawn_blocking(move || {
@@ -241,7 +266,9 @@ async fn a_request_that_cannot_start_its_answer_within_request_timeout_secs_is_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranges_over_max_ranges_are_refused_and_overlapping_ones_merged() {
     let (dir, bytes) = source();
-    let (address, _state) = serve(Config { max_ranges: 4, ..config(dir.path()) }).await;
+    let (address, _state) =
+        serve(Config { limits: ztserve::config::Limits { max_ranges: 4, ..Default::default() }, ..config(dir.path()) })
+            .await;
     tokio::task::spawn_blocking(move || {
         let five = request(&address, "/models/small/objects/w", &[("Range", "bytes=0-0,2-2,4-4,6-6,8-8")]);
         assert_eq!((five.status, five.json()["error"]["code"].as_str()), (416, Some("too_many_ranges")));
@@ -268,7 +295,14 @@ async fn components_and_manifests_over_their_size_limits_are_refused_and_the_res
     let objects: Vec<(&str, DType, &[u8], bool)> =
         many.iter().map(|(n, b)| (n.as_str(), DType::U8, &b[..], false)).collect();
     fs::write(dir.path().join("wide.zt"), model(&objects)).unwrap();
-    let limits = Config { max_decoded_bytes: 16 * MIB as u64, max_manifest_bytes: 16 << 10, ..config(dir.path()) };
+    let limits = Config {
+        limits: ztserve::config::Limits {
+            max_decoded_bytes: 16 * MIB as u64,
+            max_manifest_bytes: 16 << 10,
+            ..Default::default()
+        },
+        ..config(dir.path())
+    };
     let (address, _state) = serve(limits).await;
     tokio::task::spawn_blocking(move || {
         let listed = request(&address, "/models", &[]).json();

@@ -378,11 +378,12 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     let mut s3 = ModelSource::s3();
     s3.put("remote/model.zt", &remote_model).await;
 
-    let mut envs: Vec<(String, String)> = s3.envs().into_iter().filter(|(k, _)| k != "ZTSERVE_SOURCES").collect();
-    envs.push(("ZTSERVE_SOURCES".into(), format!("{},{}", dir.display(), common::S3_SOURCE)));
-    envs.push(("ZTSERVE_RESCAN_INTERVAL_SECS".into(), "1".into()));
-    envs.push(("ZTSERVE_S3_CONNECT_TIMEOUT_SECS".into(), "1".into()));
-    envs.push(("ZTSERVE_S3_READ_TIMEOUT_SECS".into(), "5".into()));
+    let mut envs: Vec<(String, String)> =
+        s3.envs().into_iter().filter(|(k, _)| k != "ZTSERVE_SOURCES__PATHS").collect();
+    envs.push(("ZTSERVE_SOURCES__PATHS".into(), format!("{},{}", dir.display(), common::S3_SOURCE)));
+    envs.push(("ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS".into(), "1".into()));
+    envs.push(("ZTSERVE_S3_SOURCE__CONNECT_TIMEOUT_SECS".into(), "1".into()));
+    envs.push(("ZTSERVE_S3_SOURCE__READ_TIMEOUT_SECS".into(), "5".into()));
     // Warnings and errors only: a log line per request would cost more than the request.
     envs.push(("RUST_LOG".into(), "warn".into()));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -14,8 +14,10 @@ fn the_running_server_conforms_to_openapi_yaml() {
     let schemathesis = common::venv_root().join("tools/bin/schemathesis");
     assert!(schemathesis.exists(), "{} is missing: run scripts/test", schemathesis.display());
     const TOKEN: &str = "conformance-0123456789abcdef";
-    let server =
-        common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[("ZTSERVE_TOKENS", TOKEN)]);
+    let server = common::start_binary(
+        &["serve", "--listen", "127.0.0.1:0", "--source", "models"],
+        &[("ZTSERVE_AUTH__TOKENS", TOKEN)],
+    );
     let address = server.address.clone();
     let output = Command::new(&schemathesis)
         .args([

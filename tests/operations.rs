@@ -24,7 +24,8 @@ fn the_dockerfile_command_serves_the_demo_models_and_answers_healthz() {
     // same files come from the repository. The listen address is the only change (port 0).
     let args: Vec<String> = cmd.iter().map(|a| a.replace("/etc/ztserve/ztserve.toml", "config/ztserve.toml")).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let server = common::start_binary(&args, &[("ZTSERVE_LISTEN", "127.0.0.1:0"), ("ZTSERVE_SOURCES", "models")]);
+    let server =
+        common::start_binary(&args, &[("ZTSERVE_SERVER__LISTEN", "127.0.0.1:0"), ("ZTSERVE_SOURCES__PATHS", "models")]);
     assert_eq!(common::http_get(&server.address, "/healthz").0, 200);
     let (status, body) = common::http_get(&server.address, "/models");
     assert_eq!(status, 200);
@@ -64,9 +65,9 @@ fn sigint_stops_the_server_cleanly() {
 #[test]
 fn invalid_configuration_fails_at_start_naming_the_key() {
     for (envs, expected) in [
-        (vec![("ZTSERVE_MAX_RANGES", "zero")], "ZTSERVE_MAX_RANGES"),
-        (vec![("ZTSERVE_LISTEN", "not-an-address")], "listen"),
-        (vec![("ZTSERVE_LOG_FORMAT", "xml")], "log_format"),
+        (vec![("ZTSERVE_LIMITS__MAX_RANGES", "zero")], "ZTSERVE_LIMITS__MAX_RANGES"),
+        (vec![("ZTSERVE_SERVER__LISTEN", "not-an-address")], "server.listen"),
+        (vec![("ZTSERVE_SERVER__LOG_FORMAT", "xml")], "server.log_format"),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_ztserve")).arg("serve").envs(envs).output().unwrap();
         assert_eq!(output.status.code(), Some(1));
@@ -77,6 +78,33 @@ fn invalid_configuration_fails_at_start_naming_the_key() {
         Command::new(env!("CARGO_BIN_EXE_ztserve")).args(["serve", "--config", "/nonexistent.toml"]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent.toml"));
+}
+
+/// A deployment written for an earlier release (flat keys in its file, `ZTSERVE_LISTEN`,
+/// `ZTSERVE_SOURCES`, "off" written as `""` or `0`) starts as before, each old name logged
+/// once as deprecated with its new one.
+#[test]
+fn a_deployment_with_the_flat_names_of_earlier_releases_starts_and_is_told_the_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("old.toml");
+    std::fs::write(&file, "max_ranges = 5\ns3_listen = \"\"\nrequest_timeout_secs = 0\ntoken_file = \"\"\n").unwrap();
+    let server = common::start_binary(
+        &["serve", "--config", file.to_str().unwrap()],
+        &[("ZTSERVE_LISTEN", "127.0.0.1:0"), ("ZTSERVE_SOURCES", "models"), ("ZTSERVE_LOG_FORMAT", "text")],
+    );
+    assert_eq!(common::http_get(&server.address, "/models").0, 200);
+    let log = server.log.lock().unwrap().join("\n");
+    for (old, new) in [
+        ("ZTSERVE_LISTEN", "ZTSERVE_SERVER__LISTEN"),
+        ("ZTSERVE_SOURCES", "ZTSERVE_SOURCES__PATHS"),
+        ("ZTSERVE_LOG_FORMAT", "ZTSERVE_SERVER__LOG_FORMAT"),
+        ("config key \"max_ranges\"", "max_ranges in [limits]"),
+        ("config key \"request_timeout_secs\"", "request_timeout_secs in [limits]"),
+    ] {
+        let told = format!("is deprecated: use {new}");
+        let lines = log.lines().filter(|l| l.contains(old) && l.contains(&told)).count();
+        assert_eq!(lines, 1, "{old} {told}, once, in:\n{log}");
+    }
 }
 
 #[test]
@@ -124,7 +152,7 @@ fn the_rescan_timer_picks_up_new_and_removed_files_without_a_restart() {
     let source = dir.path().display().to_string();
     let server = common::start_binary(
         &["serve", "--listen", "127.0.0.1:0", "--source", &source],
-        &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")],
+        &[("ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS", "1")],
     );
     assert_eq!(model_ids(&server.address), ["first"]);
     std::fs::copy(demo, dir.path().join("second.zt.tmp")).unwrap();
@@ -145,7 +173,7 @@ fn the_rescan_timer_picks_up_new_and_removed_files_without_a_restart() {
 fn requests_beyond_the_concurrency_limit_wait_for_a_slot_instead_of_failing() {
     let server = common::start_binary(
         &["serve", "--listen", "127.0.0.1:0", "--source", "models"],
-        &[("ZTSERVE_MAX_CONCURRENT_REQUESTS", "1")],
+        &[("ZTSERVE_LIMITS__MAX_CONCURRENT_REQUESTS", "1")],
     );
     let address = server.address.clone();
     let threads: Vec<_> = (0..16)
@@ -197,20 +225,20 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
     // ztserve with the compose environment; only the endpoint, credentials and port differ.
     assert_eq!(services["ztserve"]["depends_on"]["upload"]["condition"], "service_completed_successfully");
     let environment = services["ztserve"]["environment"].as_object().unwrap();
-    assert_eq!(environment["ZTSERVE_SOURCES"], "s3://models");
+    assert_eq!(environment["ZTSERVE_SOURCES__PATHS"], "s3://models");
     let mut envs: Vec<(String, String)> = environment
         .iter()
         .map(|(k, v)| {
             let value = match k.as_str() {
-                "ZTSERVE_S3_ENDPOINT" => s3.endpoint.clone(),
-                "ZTSERVE_LISTEN" => "127.0.0.1:0".to_owned(),
+                "ZTSERVE_S3_SOURCE__ENDPOINT" => s3.endpoint.clone(),
+                "ZTSERVE_SERVER__LISTEN" => "127.0.0.1:0".to_owned(),
                 "AWS_ACCESS_KEY_ID" | "AWS_SECRET_ACCESS_KEY" => "testing".to_owned(),
                 _ => v.as_str().unwrap().to_owned(),
             };
             (k.clone(), value)
         })
         .collect();
-    envs.push(("ZTSERVE_LOG_FORMAT".into(), "text".into()));
+    envs.push(("ZTSERVE_SERVER__LOG_FORMAT".into(), "text".into()));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let cmd = dockerfile_array("CMD");
     let args: Vec<String> = cmd.iter().map(|a| a.replace("/etc/ztserve/ztserve.toml", "config/ztserve.toml")).collect();

@@ -205,7 +205,7 @@ fn a_model_replaced_between_runs_is_pulled_afresh() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.zt");
     std::fs::write(&path, big_model(3)).unwrap();
-    let server = serve(dir.path(), &[("ZTSERVE_RESCAN_INTERVAL_SECS", "1")]);
+    let server = serve(dir.path(), &[("ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS", "1")]);
     let out = dir.path().join("big.zt.out");
     kill_mid_pull(&server.address, "big", &out, 10, "INT");
     let etag = || {
@@ -237,7 +237,7 @@ fn bytes_that_miss_their_digest_fail_the_pull_and_leave_no_output() {
     file[blob + 1000] ^= 0x40;
     std::fs::write(dir.path().join("bad.zt"), &file).unwrap();
     // The server is told not to check, so only the pull can notice.
-    let server = serve(dir.path(), &[("ZTSERVE_VERIFY", "never")]);
+    let server = serve(dir.path(), &[("ZTSERVE_SERVING__VERIFY", "never")]);
     for extra in [&[][..], &["--raw"][..]] {
         let out = dir.path().join("bad.out");
         let failed = pull(&server.address, "bad", &out, extra);
@@ -253,7 +253,7 @@ fn the_bearer_token_comes_from_ztserve_token() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy("models/demo/dense.zt", dir.path().join("dense.zt")).unwrap();
     let token = "pull-test-token-0123456789";
-    let server = serve(dir.path(), &[("ZTSERVE_TOKENS", token)]);
+    let server = serve(dir.path(), &[("ZTSERVE_AUTH__TOKENS", token)]);
     let out = dir.path().join("out.zt");
     let refused = pull(&server.address, "dense", &out, &[]);
     assert!(
@@ -350,7 +350,7 @@ fn v2_models_are_rebuilt_as_one_file_and_raw_copied_file_by_file() {
     let part = seekable_part(&altered, "positions");
     altered[(part.start + part.end) as usize / 2] ^= 0x40;
     std::fs::write(models.join("seekable.zt"), altered).unwrap();
-    let server = serve(&models, &[("ZTSERVE_VERIFY", "never")]);
+    let server = serve(&models, &[("ZTSERVE_SERVING__VERIFY", "never")]);
     let out = dir.path().join("altered.zt");
     let failed = pull(&server.address, "seekable", &out, &[]);
     assert!(!failed.status.success() && stderr(&failed).contains("positions"), "{}", stderr(&failed));

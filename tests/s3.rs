@@ -114,7 +114,10 @@ async fn raw_ranges_read_only_their_bytes_and_long_reads_split_into_parallel_get
     let raw = noise(24 << 20, 2);
     let file = model(&[("raw", DType::U8, &raw, false)]);
     source.put("m.zt", &file).await;
-    let config = Config { s3_range_chunk_bytes: 1 << 20, s3_range_concurrency: 4, ..source.config(Config::default()) };
+    let config = source.config(Config {
+        s3_source: ztserve::config::S3Source { range_chunk_bytes: 1 << 20, range_concurrency: 4, ..Default::default() },
+        ..Config::default()
+    });
     let (address, _state) = serve(config).await;
 
     // A 1000-byte range is one GET of 1000 bytes.
@@ -145,7 +148,10 @@ async fn zstd_components_decode_from_streamed_s3_bytes_cached_or_not() {
     let counters: Vec<u8> = (0..(8u32 << 20)).flat_map(u32::to_le_bytes).collect();
     source.put("z.zt", &model(&[("counters", DType::U32, &counters, true)])).await;
     for cache in [1 << 20, 64 << 20] {
-        let config = Config { decode_cache_bytes: cache, ..source.config(Config::default()) };
+        let config = Config {
+            decode: ztserve::config::Decode { cache_bytes: cache, ..Default::default() },
+            ..source.config(Config::default())
+        };
         let (address, _state) = serve(config).await;
         let whole = ask(&address, "/models/z/objects/counters", &[]).await;
         assert_eq!(whole.status, 200, "cache {cache}");
@@ -164,7 +170,7 @@ async fn a_stopped_s3_answers_503_with_retry_after_readyz_degrades_and_service_r
     let local = tempfile::tempdir().unwrap();
     std::fs::write(local.path().join("here.zt"), &file).unwrap();
     let mut config = source.config(Config::default());
-    config.sources.push(ztserve::config::SourceSpec::local(local.path()));
+    config.sources.paths.push(ztserve::config::SourceSpec::local(local.path()));
     let (address, state) = serve(config).await;
     let get = |path: &'static str| ask(&address, path, &[]);
     assert!(get("/models/remote/objects/raw").await.body == raw);
@@ -251,7 +257,7 @@ async fn a_missing_bucket_or_wrong_credentials_stop_the_start_with_a_clear_error
     assert!(log.contains("s3://models/prod") && log.contains("refuses access"), "{log}");
 
     // Told to degrade, it starts, and says why the source is not served.
-    envs.push(("ZTSERVE_ON_UNREADABLE_SOURCE".into(), "degrade".into()));
+    envs.push(("ZTSERVE_SOURCES__ON_UNREADABLE".into(), "degrade".into()));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let server = common::start_binary(&["serve", "--listen", "127.0.0.1:0"], &envs);
     let address = server.address.clone();
@@ -278,7 +284,10 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     let old = noise(32 << 20, 4);
     let new = noise(32 << 20, 5);
     source.put("m.zt", &model(&[("raw", DType::U8, &old, false)])).await;
-    let config = Config { s3_range_chunk_bytes: 1 << 20, s3_range_concurrency: 2, ..source.config(Config::default()) };
+    let config = source.config(Config {
+        s3_source: ztserve::config::S3Source { range_chunk_bytes: 1 << 20, range_concurrency: 2, ..Default::default() },
+        ..Config::default()
+    });
     let (address, state) = serve(config).await;
 
     let mut stream = std::net::TcpStream::connect(&address).unwrap();

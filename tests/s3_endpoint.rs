@@ -139,7 +139,10 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
     let (work, models) = (dir.path().join("work"), dir.path().join("models"));
     let expected = write_models(&work, &models);
     let config = Config {
-        sources: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+        sources: ztserve::config::Sources {
+            paths: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (address, s3_address, _state) = serve_with_s3(config).await;
@@ -300,8 +303,14 @@ async fn signed_requests_read_what_their_token_may() {
         fs::write(dir.path().join(format!("{team}/m.zt")), model).unwrap();
     }
     let config = Config {
-        sources: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
-        tokens: vec![format!("{TOKEN_A} team-a"), TOKEN_ALL.to_owned()],
+        sources: ztserve::config::Sources {
+            paths: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
+            ..Default::default()
+        },
+        auth: ztserve::config::Auth {
+            tokens: common::tokens(vec![format!("{TOKEN_A} team-a"), TOKEN_ALL.to_owned()]),
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (address, s3_address, _state) = serve_with_s3(config).await;
@@ -355,7 +364,10 @@ async fn hostile_requests_get_precise_s3_errors() {
     fs::write(dir.path().join("secret.txt"), "outside the source").unwrap();
     fs::write(models.join("org/notes.txt"), "not a model file").unwrap();
     let config = Config {
-        sources: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+        sources: ztserve::config::Sources {
+            paths: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (_address, s3, _state) = serve_with_s3(config).await;
@@ -493,7 +505,10 @@ async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() 
         fs::write(path, bytes).unwrap();
     }
     let config = Config {
-        sources: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+        sources: ztserve::config::Sources {
+            paths: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (address, s3_address, _state) = serve_with_s3(config).await;
@@ -622,7 +637,10 @@ async fn files_beside_several_models_belong_to_the_model_they_are_named_after() 
         fs::write(path, name).unwrap();
     }
     let config = Config {
-        sources: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
+        sources: ztserve::config::Sources {
+            paths: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
+            ..Default::default()
+        },
         ..Config::default()
     };
     let (_address, s3_address, _state) = serve_with_s3(config).await;

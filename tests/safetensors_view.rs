@@ -180,7 +180,10 @@ async fn a_large_view_is_an_index_and_shards() {
     put_models(&source).await;
     let (whole_address, _whole) = serve(source.config(Config::default())).await;
     let (whole, whole_header) = single_file_view(&whole_address, "local", "zt12/mixed").await;
-    let config = Config { view_shard_bytes: 2 << 20, ..source.config(Config::default()) };
+    let config = Config {
+        serving: ztserve::config::Serving { view_shard_bytes: 2 << 20, ..Default::default() },
+        ..source.config(Config::default())
+    };
     let (address, _state) = serve(config).await;
 
     let manifest = get(&address, &api::model_url("zt12/mixed"), &[]).await.json();

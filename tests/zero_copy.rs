@@ -54,7 +54,10 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
     let tiny: Vec<(&str, DType, &[u8], bool)> =
         names.iter().map(|n| (n.as_str(), DType::U8, &small[..16], false)).collect();
     fs::write(dir.path().join("many.zt"), model(&tiny)).unwrap();
-    let config = Config { sources: vec![SourceSpec::local(dir.path())], ..Config::default() };
+    let config = Config {
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
+        ..Config::default()
+    };
     let (address, _state) = serve(config).await;
 
     let before = sent_by_sendfile();
@@ -109,8 +112,11 @@ async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_se
     let raw = noise(32 * MIB, 4);
     let (dir, path) = common::victim_and_other("raw", &raw, false);
     // `never`: the digest check would read the file too (by pread, safely: tests/faults.rs).
-    let config =
-        Config { sources: vec![SourceSpec::local(dir.path())], verify: VerifyPolicy::Never, ..Config::default() };
+    let config = Config {
+        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
+        serving: ztserve::config::Serving { verify: VerifyPolicy::Never, ..Default::default() },
+        ..Config::default()
+    };
     let (address, _state) = serve(config).await;
 
     let (received, other) = tokio::task::spawn_blocking(move || {

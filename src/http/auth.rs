@@ -30,7 +30,8 @@ fn bearer(request: &Request) -> Option<&str> {
 /// may read as its [`Access`]; answers 401 otherwise.
 pub(super) async fn require_token(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let tokens = &state.tokens;
-    let access = if !tokens.required() || is_open_path(request.uri().path(), !state.config().metrics_require_token) {
+    let access = if !tokens.required() || is_open_path(request.uri().path(), !state.config().auth.metrics_require_token)
+    {
         Some(Access::Everything)
     } else {
         match bearer(&request) {

@@ -146,5 +146,5 @@ async fn file_response(
         headers: vec![model_version(&ready.model), ready.cache.clone()],
         guard: None,
     };
-    bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().max_ranges).await
+    bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().limits.max_ranges).await
 }

@@ -207,7 +207,7 @@ async fn component_bytes(
         headers: extra,
         guard: bytes.guard,
     };
-    bytes_response(headers, head, representation, state.config().max_ranges).await
+    bytes_response(headers, head, representation, state.config().limits.max_ranges).await
 }
 
 #[cfg(test)]

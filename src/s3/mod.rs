@@ -36,7 +36,7 @@ const MAX_KEYS: usize = 1000;
 /// the same panic catching, concurrency limit, tracing and metrics as every listener.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let open = !tokens.required();
-    let bucket = service.config.s3_endpoint_bucket.clone();
+    let bucket = service.config.s3_endpoint.bucket.clone();
     let config = service.config.clone();
     let endpoint = Endpoint { service, tokens: Arc::clone(&tokens), bucket, keys: Mutex::new(None) };
     let mut builder = s3s::service::S3ServiceBuilder::new(endpoint);

@@ -259,7 +259,7 @@ impl DecodedSource {
 /// every decode slow down.
 pub(super) fn admitted(service: &Arc<Service>, body: ByteStream) -> ByteStream {
     let decoders = Arc::clone(service.cache.decoders());
-    let wait = std::time::Duration::from_millis(service.config.decode_wait_ms);
+    let wait = std::time::Duration::from_millis(service.config.decode.wait_ms);
     futures_util::stream::once(async move {
         match tokio::time::timeout(wait, decoders.acquire()).await {
             Ok(_free) => Ok(body),
@@ -442,7 +442,7 @@ impl Service {
         };
         let mut digest = None;
         let wait = (!request.head).then(|| request.cut.digest_wait());
-        let guard = match digest_check(self.config.verify, &facts, object, component, covered, wait) {
+        let guard = match digest_check(self.config.serving.verify, &facts, object, component, covered, wait) {
             DigestCheck::Skipped => None,
             DigestCheck::Known(verdict) => {
                 digest = Some(DigestOutcome::of(&verdict));

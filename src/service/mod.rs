@@ -61,9 +61,9 @@ impl Service {
         crate::telemetry::metrics();
         let env: std::collections::BTreeMap<String, String> =
             std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
-        let s3 = S3Options::from_config(&config, &env);
+        let s3 = S3Options::from_config(&config.s3_source, &env);
         let mut sources = Vec::new();
-        for spec in &config.sources {
+        for spec in &config.sources.paths {
             let name = spec.to_string();
             let storage: Arc<dyn Storage> = match spec {
                 SourceSpec::S3 { bucket, prefix } => Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?),
@@ -71,16 +71,16 @@ impl Service {
             };
             sources.push(Source::new(storage));
         }
-        let decoders = match config.max_concurrent_decodes {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
-            n => n,
+        let decoders = match config.decode.max_concurrent {
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+            Some(n) => n,
         };
-        let cache = DecodeCache::new(config.decode_cache_bytes, decoders);
+        let cache = DecodeCache::new(config.decode.cache_bytes, decoders);
         let readahead = Readahead {
-            chunk: config.s3_range_chunk_bytes,
-            concurrency: config.s3_range_concurrency,
+            chunk: config.s3_source.range_chunk_bytes,
+            concurrency: config.s3_source.range_concurrency,
             budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(config.s3_readahead_bytes / 1024)
+                usize::try_from(config.s3_source.readahead_bytes / 1024)
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
@@ -110,13 +110,13 @@ impl Service {
         let previous = self.catalog();
         let options = ScanOptions {
             limits: Limits {
-                max_manifest_bytes: self.config.max_manifest_bytes,
-                max_decoded_bytes: self.config.max_decoded_bytes,
+                max_manifest_bytes: self.config.limits.max_manifest_bytes,
+                max_decoded_bytes: self.config.limits.max_decoded_bytes,
                 ..Limits::default()
             },
-            manifest_suffix_bytes: self.config.manifest_suffix_bytes,
-            concurrent_reads: self.config.scan_concurrency,
-            check_shard_digests: self.config.verify != crate::config::VerifyPolicy::Never,
+            manifest_suffix_bytes: self.config.sources.manifest_suffix_bytes,
+            concurrent_reads: self.config.sources.scan_concurrency,
+            check_shard_digests: self.config.serving.verify != crate::config::VerifyPolicy::Never,
         };
         // In its own task, so a panic in a scan is contained like one in a handler.
         let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;
@@ -142,7 +142,7 @@ impl Service {
 
     /// Rescans on the configured interval, forever.
     pub(crate) async fn rescan_forever(self: Arc<Self>) {
-        let mut interval = tokio::time::interval(Duration::from_secs(self.config.rescan_interval_secs));
+        let mut interval = tokio::time::interval(Duration::from_secs(self.config.sources.rescan_interval_secs));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;

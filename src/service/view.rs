@@ -26,7 +26,7 @@ impl Service {
         Arc::clone(self.learnt.of(model).view.get_or_init(|| {
             let stored: Vec<(&str, u64)> =
                 model.files.iter().enumerate().map(|(i, f)| (f.name.as_str(), model.file_len(manifest, i))).collect();
-            Arc::new(plan(manifest, &stored, self.config.view_shard_bytes))
+            Arc::new(plan(manifest, &stored, self.config.serving.view_shard_bytes))
         }))
     }
 

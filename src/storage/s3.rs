@@ -17,7 +17,7 @@ use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 
 use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
-use crate::config::Config;
+use crate::config::S3Source;
 
 /// S3 error codes that no retry will cure: credentials, permissions or a missing bucket.
 /// `object_store` reports them (on listings, for instance) as generic errors carrying the
@@ -74,18 +74,17 @@ pub struct S3Storage {
 
 impl S3Options {
     /// The configured settings, else the `AWS_*` variables in `env` for the switches.
-    pub fn from_config(config: &Config, env: &BTreeMap<String, String>) -> S3Options {
-        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    pub fn from_config(config: &S3Source, env: &BTreeMap<String, String>) -> S3Options {
         let env_true = |var: &str| env.get(var).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         S3Options {
-            endpoint: non_empty(&config.s3_endpoint),
-            region: non_empty(&config.s3_region),
-            allow_http: config.s3_allow_http || env_true("AWS_ALLOW_HTTP"),
-            virtual_hosted_style: config.s3_virtual_hosted_style || env_true("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"),
-            connect_timeout: Duration::from_secs(config.s3_connect_timeout_secs),
-            read_timeout: Duration::from_secs(config.s3_read_timeout_secs),
-            retries: config.s3_retries,
-            credentials: non_empty(&config.s3_access_key_id).zip(non_empty(&config.s3_secret_access_key)),
+            endpoint: config.endpoint.clone(),
+            region: config.region.clone(),
+            allow_http: config.allow_http || env_true("AWS_ALLOW_HTTP"),
+            virtual_hosted_style: config.virtual_hosted_style || env_true("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"),
+            connect_timeout: Duration::from_secs(config.connect_timeout_secs),
+            read_timeout: Duration::from_secs(config.read_timeout_secs),
+            retries: config.retries,
+            credentials: config.access_key_id.clone().zip(config.secret_access_key.clone()),
         }
     }
 }

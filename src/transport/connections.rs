@@ -40,10 +40,10 @@ pub(crate) struct ConnectionLimits {
 impl ConnectionLimits {
     pub(crate) fn from_config(config: &crate::config::Config) -> ConnectionLimits {
         ConnectionLimits {
-            max_connections: config.max_connections,
-            max_header_bytes: config.max_header_bytes,
-            header_timeout: Duration::from_secs(config.header_timeout_secs),
-            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            max_connections: config.limits.max_connections,
+            max_header_bytes: config.limits.max_header_bytes,
+            header_timeout: Duration::from_secs(config.limits.header_timeout_secs),
+            idle_timeout: Duration::from_secs(config.limits.idle_timeout_secs),
         }
     }
 }

@@ -36,16 +36,16 @@ pub(crate) fn with_common_layers(
     unmatched_route: &'static str,
     refusals: Refusals,
 ) -> Router {
-    let timeout = config.request_timeout_secs;
+    let timeout = config.limits.request_timeout_secs;
     let layers = ServiceBuilder::new()
         .layer(axum::Extension(RouteLabel(unmatched_route)))
         .layer(axum::middleware::from_fn(metered))
         .layer(TraceLayer::new_for_http().make_span_with(request_span).on_request(()).on_response(record_response))
         .layer(CatchPanicLayer::custom(move |_: Box<dyn std::any::Any + Send>| (refusals.panicked)()))
-        .option_layer((timeout > 0).then(|| {
+        .option_layer(timeout.map(|timeout| {
             axum::middleware::from_fn_with_state((Duration::from_secs(timeout), refusals.timed_out), answer_within)
         }))
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.max_concurrent_requests));
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.limits.max_concurrent_requests));
     router.layer(layers)
 }
 

@@ -388,7 +388,8 @@ pub async fn serve_with_s3(config: Config) -> (String, String, Arc<Server>) {
     let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (address, s3_address) = (listener.local_addr().unwrap().to_string(), s3.local_addr().unwrap().to_string());
     // The endpoint is on: tokens are kept as S3 secrets.
-    let config = Config { s3_listen: s3_address.clone(), ..config };
+    let mut config = config;
+    config.s3_endpoint.listen = Some(s3_address.parse().unwrap());
     let state = Server::new(config).unwrap();
     tokio::spawn(ztserve::server::serve_with_s3(listener, Some(s3), Arc::clone(&state)));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -588,29 +589,33 @@ impl ModelSource {
     /// `base` serving this source (with the S3 server's endpoint and credentials).
     pub fn config(&self, base: ztserve::config::Config) -> ztserve::config::Config {
         let source = ztserve::config::SourceSpec::try_from(self.name()).expect("a valid source");
-        let mut config = ztserve::config::Config { sources: vec![source], ..base };
+        let mut config = base;
+        config.sources.paths = vec![source];
         if let ModelSource::S3 { server, .. } = self {
-            config.s3_endpoint = server.endpoint.clone();
-            config.s3_region = "us-east-1".into();
-            config.s3_allow_http = true;
-            config.s3_access_key_id = "testing".into();
-            config.s3_secret_access_key = "testing".into();
-            config.s3_retries = 1;
+            config.s3_source = ztserve::config::S3Source {
+                endpoint: Some(server.endpoint.clone()),
+                region: Some("us-east-1".into()),
+                allow_http: true,
+                access_key_id: Some("testing".into()),
+                secret_access_key: Some("testing".into()),
+                retries: 1,
+                ..config.s3_source
+            };
         }
         config
     }
 
     /// The same settings as `ZTSERVE_*` variables, for a server started as a process.
     pub fn envs(&self) -> Vec<(String, String)> {
-        let mut envs = vec![("ZTSERVE_SOURCES".to_owned(), self.name())];
+        let mut envs = vec![("ZTSERVE_SOURCES__PATHS".to_owned(), self.name())];
         if let ModelSource::S3 { server, .. } = self {
             for (key, value) in [
-                ("ZTSERVE_S3_ENDPOINT", server.endpoint.as_str()),
-                ("ZTSERVE_S3_REGION", "us-east-1"),
-                ("ZTSERVE_S3_ALLOW_HTTP", "true"),
-                ("ZTSERVE_S3_ACCESS_KEY_ID", "testing"),
-                ("ZTSERVE_S3_SECRET_ACCESS_KEY", "testing"),
-                ("ZTSERVE_S3_RETRIES", "1"),
+                ("ZTSERVE_S3_SOURCE__ENDPOINT", server.endpoint.as_str()),
+                ("ZTSERVE_S3_SOURCE__REGION", "us-east-1"),
+                ("ZTSERVE_S3_SOURCE__ALLOW_HTTP", "true"),
+                ("ZTSERVE_S3_SOURCE__ACCESS_KEY_ID", "testing"),
+                ("ZTSERVE_S3_SOURCE__SECRET_ACCESS_KEY", "testing"),
+                ("ZTSERVE_S3_SOURCE__RETRIES", "1"),
             ] {
                 envs.push((key.to_owned(), value.to_owned()));
             }
@@ -659,4 +664,9 @@ pub fn safetensors_file(tensors: &[StTensor<'_>]) -> Vec<u8> {
 /// `model-0000i-of-0000n.safetensors` for each of `shards`, by file name.
 pub fn safetensors_checkpoint(shards: &[&[StTensor<'_>]]) -> Vec<(String, Vec<u8>)> {
     ztserve::tools::safetensors_checkpoint(shards).unwrap()
+}
+
+/// Token entries (`TOKEN [PREFIX ...]`) as the configuration holds them once loaded.
+pub fn tokens(entries: Vec<String>) -> Vec<ztserve::config::TokenEntry> {
+    entries.iter().map(|e| ztserve::config::TokenEntry::parse(e).expect("a valid token entry")).collect()
 }

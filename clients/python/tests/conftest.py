@@ -228,7 +228,7 @@ def server(models):
 
 @pytest.fixture(scope="session")
 def token_server(models):
-    s = Server(models["dir"], env={"ZTSERVE_TOKENS": TOKEN})
+    s = Server(models["dir"], env={"ZTSERVE_AUTH__TOKENS": TOKEN})
     yield s
     s.stop()
 
@@ -236,13 +236,13 @@ def token_server(models):
 @pytest.fixture(scope="session")
 def trusting_server(models):
     """Serves the corrupted copy without checking digests itself, so only the client can."""
-    s = Server(models["bad_dir"], env={"ZTSERVE_VERIFY": "never"})
+    s = Server(models["bad_dir"], env={"ZTSERVE_SERVING__VERIFY": "never"})
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="session")
 def checking_server(models):
-    s = Server(models["bad_dir"], env={"ZTSERVE_VERIFY": "always"})
+    s = Server(models["bad_dir"], env={"ZTSERVE_SERVING__VERIFY": "always"})
     yield s
     s.stop()

@@ -190,7 +190,7 @@ def test_a_model_replaced_during_a_load_raises_model_changed(tmp_path):
 
     (tmp_path / "models").mkdir()
     write(1.0)
-    server = Server(tmp_path / "models", env={"ZTSERVE_RESCAN_INTERVAL_SECS": "1"})
+    server = Server(tmp_path / "models", env={"ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS": "1"})
     try:
         class ReplacedAfterTheManifest(Client):
             def _versioned_manifest(self, model):
