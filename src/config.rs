@@ -34,6 +34,13 @@ pub struct Config {
     pub auth: Auth,
 }
 
+impl Config {
+    /// The default configuration serving `paths`.
+    pub fn serving(paths: Vec<SourceSpec>) -> Config {
+        Config { sources: Sources::at(paths), ..Config::default() }
+    }
+}
+
 /// The listener and the process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

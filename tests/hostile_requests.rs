@@ -42,10 +42,7 @@ async fn traversal_in_any_spelling_never_leaves_the_source() {
     let source = outside.path().join("source");
     fs::create_dir_all(source.join("org")).unwrap();
     fs::write(source.join("org/llama.zt"), model(&[("w", DType::U8, &[1; 16], false)])).unwrap();
-    let config = Config {
-        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(source)], ..Default::default() },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![SourceSpec::local(source)]);
     let (address, _state) = serve(config).await;
 
     tokio::task::spawn_blocking(move || {
@@ -119,10 +116,7 @@ async fn traversal_in_any_spelling_never_leaves_the_source() {
 async fn malformed_requests_answer_4xx_or_close_and_others_are_still_served() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("m.zt"), model(&[("w", DType::U8, &[9; 16], false)])).unwrap();
-    let config = Config {
-        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![SourceSpec::local(dir.path())]);
     let (address, _state) = serve(config).await;
     tokio::task::spawn_blocking(move || {
         let cases: &[&[u8]] = &[

@@ -167,13 +167,7 @@ async fn hostile_v2_files_get_their_precise_reason_and_never_stop_the_others() {
         std::fs::write(dir.path().join(format!("{name}.zt")), bytes).unwrap();
     }
     std::fs::write(dir.path().join("seek-short-later.zt"), short_later).unwrap();
-    let config = Config {
-        sources: ztserve::config::Sources {
-            paths: vec![dir.path().display().to_string().try_into().unwrap()],
-            ..Default::default()
-        },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![dir.path().display().to_string().try_into().unwrap()]);
     let (address, _state) = serve(config).await;
 
     let listing = request_async(&address, "/models", &[]).await.json();

@@ -19,10 +19,7 @@ use ztserve::format::DType;
 const MIB: usize = 1 << 20;
 
 fn config(dir: &Path) -> Config {
-    Config {
-        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir)], ..Default::default() },
-        ..Config::default()
-    }
+    Config::serving(vec![SourceSpec::local(dir)])
 }
 
 /// A directory with `small` (a 4 KiB raw object `w`) and `packed` (a 32 MiB zstd object `z`).

@@ -92,13 +92,7 @@ async fn sixteen_clients_through_nginx_make_the_origin_send_each_byte_once() {
         ("small", DType::U32, &small, true),
     ]);
     std::fs::write(models.join("org/llama.zt"), model).unwrap();
-    let config = Config {
-        sources: ztserve::config::Sources {
-            paths: vec![SourceSpec::try_from(models.display().to_string()).unwrap()],
-            ..Default::default()
-        },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![SourceSpec::try_from(models.display().to_string()).unwrap()]);
     let (origin, _state) = serve(config).await;
 
     // The model's version, learnt once from the origin; the clients load its pinned URLs.

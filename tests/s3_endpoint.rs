@@ -138,13 +138,7 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (work, models) = (dir.path().join("work"), dir.path().join("models"));
     let expected = write_models(&work, &models);
-    let config = Config {
-        sources: ztserve::config::Sources {
-            paths: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
-            ..Default::default()
-        },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()]);
     let (address, s3_address, _state) = serve_with_s3(config).await;
 
     // Every key the bucket must list: each model's view files, and its stored files besides.
@@ -363,13 +357,7 @@ async fn hostile_requests_get_precise_s3_errors() {
     fs::write(models.join("org/m.zt"), common::model(&[("w", DType::U8, b"12345678", false)])).unwrap();
     fs::write(dir.path().join("secret.txt"), "outside the source").unwrap();
     fs::write(models.join("org/notes.txt"), "not a model file").unwrap();
-    let config = Config {
-        sources: ztserve::config::Sources {
-            paths: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
-            ..Default::default()
-        },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()]);
     let (_address, s3, _state) = serve_with_s3(config).await;
     let good = "/models/org/m/model.safetensors";
     let long_prefix = format!("/models?list-type=2&prefix={}", "a".repeat(8000));
@@ -504,13 +492,7 @@ async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() 
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, bytes).unwrap();
     }
-    let config = Config {
-        sources: ztserve::config::Sources {
-            paths: vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()],
-            ..Default::default()
-        },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![ztserve::config::SourceSpec::try_from(models.display().to_string()).unwrap()]);
     let (address, s3_address, _state) = serve_with_s3(config).await;
     let endpoint = format!("http://{s3_address}");
 
@@ -636,13 +618,8 @@ async fn files_beside_several_models_belong_to_the_model_they_are_named_after() 
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, name).unwrap();
     }
-    let config = Config {
-        sources: ztserve::config::Sources {
-            paths: vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()],
-            ..Default::default()
-        },
-        ..Config::default()
-    };
+    let config =
+        Config::serving(vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()]);
     let (_address, s3_address, _state) = serve_with_s3(config).await;
     let mut keys: Vec<String> = signed_client(&s3_address, "any", "any")
         .list(None)

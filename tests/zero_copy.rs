@@ -54,10 +54,7 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
     let tiny: Vec<(&str, DType, &[u8], bool)> =
         names.iter().map(|n| (n.as_str(), DType::U8, &small[..16], false)).collect();
     fs::write(dir.path().join("many.zt"), model(&tiny)).unwrap();
-    let config = Config {
-        sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
-        ..Config::default()
-    };
+    let config = Config::serving(vec![SourceSpec::local(dir.path())]);
     let (address, _state) = serve(config).await;
 
     let before = sent_by_sendfile();
