@@ -348,8 +348,10 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("config file {path}: {message}")]
     File { path: PathBuf, message: String },
-    #[error("environment variable {var}={value:?}: {message}")]
-    Env { var: String, value: String, message: String },
+    /// `shown` is the value as written, where it may be shown: never a secret's, nor that of
+    /// a variable that names no key (it could be a secret under a mistyped name).
+    #[error("environment variable {var}{}: {message}", shown.as_ref().map(|v| format!("={v:?}")).unwrap_or_default())]
+    Env { var: String, shown: Option<String>, message: String },
     #[error("{origin}: {message}")]
     Invalid { origin: String, message: String },
 }
@@ -361,6 +363,9 @@ pub struct Loaded {
     pub config: Config,
     pub notices: Vec<String>,
 }
+
+/// Keys whose values are secrets: never shown in an error.
+const SECRET_KEYS: &[(&str, &str)] = &[("auth", "tokens"), ("s3_source", "secret_access_key")];
 
 /// The flat key of earlier releases, and the section and key it now is. Each still works in
 /// the file and as `ZTSERVE_<FLAT KEY>`, with a deprecation notice.
@@ -546,12 +551,19 @@ impl Config {
         let env: BTreeMap<String, String> = env.into_iter().filter(|(k, _)| k.starts_with("ZTSERVE_")).collect();
         // Which variable set each key: an old name and its new one together are ambiguous.
         let mut set_by: BTreeMap<String, String> = BTreeMap::new();
+        let keys = shape();
+        let is_key = |section: &str, key: &str| {
+            keys.get(section).and_then(toml::Value::as_table).is_some_and(|t| t.contains_key(key))
+        };
         for (var, text) in &env {
             let name = var["ZTSERVE_".len()..].to_ascii_lowercase();
-            let env_error = |message: String| ConfigError::Env { var: var.clone(), value: text.clone(), message };
+            let env_error = |section: &str, key: &str, message: String| {
+                let shown = is_key(section, key) && !SECRET_KEYS.contains(&(section, key));
+                ConfigError::Env { var: var.clone(), shown: shown.then(|| text.clone()), message }
+            };
             let (section, key, flat) = match name.split_once("__") {
                 Some((section, key)) if merging.knows(section, key) => (section.to_owned(), key.to_owned(), None),
-                Some(_) => return Err(env_error("no such configuration key".into())),
+                Some((section, key)) => return Err(env_error(section, key, "no such configuration key".into())),
                 // Other ZTSERVE_ variables (the client's ZTSERVE_TOKEN, the tests' own) are not
                 // configuration, unless they are an earlier release's flat names.
                 None => match merging.alias(&name, var.clone(), env_name) {
@@ -560,10 +572,11 @@ impl Config {
                 },
             };
             if let Some(other) = set_by.insert(format!("{section}.{key}"), var.clone()) {
-                return Err(env_error(format!("{section}.{key} is set by {other} too: set it once, by its new name")));
+                let message = format!("{section}.{key} is set by {other} too: set it once, by its new name");
+                return Err(env_error(&section, &key, message));
             }
             let typed = &merging.shape[section.as_str()][key.as_str()];
-            let value = parse_env(typed, text).map_err(env_error)?;
+            let value = parse_env(typed, text).map_err(|message| env_error(&section, &key, message))?;
             let value = match &flat {
                 Some(flat) => from_flat(flat, value),
                 None => Some(value),
@@ -935,6 +948,14 @@ mod tests {
     fn an_old_name_and_its_new_one_together_are_refused_as_ambiguous() {
         let e = load(None, &[("ZTSERVE_SOURCES", "a"), ("ZTSERVE_SOURCES__PATHS", "b")]).unwrap_err().to_string();
         assert!(e.contains("sources.paths is set by ZTSERVE_SOURCES too"), "{e}");
+        // Never with a secret's value, nor one under a name that is no key.
+        for vars in [
+            [("ZTSERVE_TOKENS", TOKEN), ("ZTSERVE_AUTH__TOKENS", "other-token-0123456789")],
+            [("ZTSERVE_AUTH__TOKEN", TOKEN), ("ZTSERVE_X", "")],
+        ] {
+            let e = load(None, &vars).unwrap_err().to_string();
+            assert!(!e.contains(TOKEN) && !e.contains("other-token"), "{e}");
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "max_ranges = 5\n[limits]\nmax_ranges = 6\n").unwrap();
