@@ -6,10 +6,11 @@
 //! them (on loopback that copy was a third of the time of a full GET). Everything else (headers,
 //! decoded bytes, JSON) is written as before. What precedes a mapped slice is sent with
 //! `MSG_MORE`, and the socket is corked (`TCP_CORK`) from the first `sendfile` until hyper
-//! flushes, so headers and body leave in full segments despite `TCP_NODELAY`: `sendfile` moves
-//! a file through the kernel in 64 KiB steps and pushes a segment at the end of each, which
-//! held a full GET at 0.78x nginx (which corks the same way, `tcp_nopush`). Uncorking on flush
-//! sends the end of each response at once.
+//! flushes, as nginx's `tcp_nopush` does, so headers and body leave in full segments despite
+//! `TCP_NODELAY` (`sendfile` moves a file through the kernel in 64 KiB steps and would push a
+//! segment at the end of each). Uncorking on flush sends the end of each response at once.
+//! Measured on loopback (1 GiB, hyperfine, 40 runs each): no change in throughput beyond the
+//! noise (394 ± 48 ms corked, 406 ± 69 ms not), 13% less system time in the client.
 
 use std::fs::File;
 use std::io::{self, IoSlice};
