@@ -34,7 +34,7 @@
 //!   prefixes; as S3 signing keys while the S3 endpoint is on.
 //! - `transport`: what every listener shares below the protocols: the connection loop and its
 //!   limits (count, head size, header and idle timeouts, drain), connections that send slices
-//!   of mapped files with `sendfile` (corked while they do) instead of copying them, and the
+//!   of mapped files with `sendfile` instead of copying them, and the
 //!   layers every request passes (metrics, tracing, panic catching, timeout, concurrency).
 //! - `http`: the HTTP contract (axum) over the service: routes, ranges, conditional
 //!   requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are

@@ -5,12 +5,11 @@
 //! kernel moves page-cache pages to the socket, as nginx does, where `write` would first copy
 //! them (on loopback that copy was a third of the time of a full GET). Everything else (headers,
 //! decoded bytes, JSON) is written as before. What precedes a mapped slice is sent with
-//! `MSG_MORE`, and the socket is corked (`TCP_CORK`) from the first `sendfile` until hyper
-//! flushes, as nginx's `tcp_nopush` does, so headers and body leave in full segments despite
-//! `TCP_NODELAY` (`sendfile` moves a file through the kernel in 64 KiB steps and would push a
-//! segment at the end of each). Uncorking on flush sends the end of each response at once.
-//! Measured on loopback (1 GiB, hyperfine, 40 runs each): no change in throughput beyond the
-//! noise (394 ± 48 ms corked, 406 ± 69 ms not), 13% less system time in the client.
+//! `MSG_MORE`, so headers and body still leave in full segments despite `TCP_NODELAY`. The
+//! socket is not corked (`TCP_CORK`, nginx's `tcp_nopush`): corked from a response's first
+//! `sendfile` until hyper's flush, full GETs of 1 GiB were no faster (394 ± 48 ms against
+//! 406 ± 69 ms) and random 1 MiB ranges at 4 connections 25% slower (about 9,500 against
+//! 12,500 requests in 5 s), A/B on the same machine.
 
 use std::fs::File;
 use std::io::{self, IoSlice};
@@ -34,8 +33,6 @@ static SENDFILE_BYTES: std::sync::LazyLock<metrics::Counter> = std::sync::LazyLo
 /// A TCP connection that sends slices of mapped files with `sendfile`.
 pub(super) struct ZeroCopyStream {
     stream: TcpStream,
-    /// Whether `TCP_CORK` is on: from a `sendfile` until the next flush.
-    corked: bool,
 }
 
 impl ZeroCopyStream {
@@ -46,17 +43,7 @@ impl ZeroCopyStream {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        ZeroCopyStream { stream, corked: false }
-    }
-
-    /// Turns `TCP_CORK` on or off; turning it off sends what it held back at once.
-    fn cork(&mut self, on: bool) {
-        if self.corked != on {
-            if let Err(e) = rustix::net::sockopt::set_tcp_cork(&self.stream, on) {
-                tracing::debug!(error = %e, "cannot set TCP_CORK");
-            }
-            self.corked = on;
-        }
+        ZeroCopyStream { stream }
     }
 }
 
@@ -120,7 +107,6 @@ impl AsyncWrite for ZeroCopyStream {
                 Ok(rustix::net::sendmsg(&this.stream, &bufs[..count], &mut Default::default(), flags)?)
             }),
             Next::Send { file, offset, len } => {
-                this.cork(true);
                 let stream = &this.stream;
                 let sent = ready!(poll_writing(stream, cx, || {
                     let mut at = offset;
@@ -144,17 +130,12 @@ impl AsyncWrite for ZeroCopyStream {
         true
     }
 
-    /// hyper flushes once everything it queued is written: the end of what was sent goes out.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.cork(false);
-        Pin::new(&mut this.stream).poll_flush(cx)
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.cork(false);
-        Pin::new(&mut this.stream).poll_shutdown(cx)
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
