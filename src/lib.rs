@@ -6,7 +6,9 @@
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
 //!   URL builders (ids written naturally where unambiguous, other names percent-encoded
 //!   segments), `X-Zt-*` header names.
-//! - [`config`]: one typed configuration: defaults < file < `ZTSERVE_*` env < flags, validated.
+//! - [`config`]: one typed configuration in sections: defaults < file <
+//!   `ZTSERVE_<SECTION>__<KEY>` env < flags, validated, the flat names of earlier releases as
+//!   deprecated aliases.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, read safetensors headers and checkpoint
 //!   indexes into the same manifest, plan a manifest's safetensors view (`format::view`) and
@@ -15,18 +17,19 @@
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
 //!   `unsafe`, in `storage::mapped` (the crate denies it everywhere else).
-//! - `catalog`: the sources and their health, which models exist under them (a `.zt` file
-//!   with any v2 shards, a safetensors file, or a checkpoint's index and shards) and the files
-//!   beside each (config, tokenizer), their parsed
-//!   manifests (cached by file identity or ETag), broken files, and what is learnt per
-//!   component (digest verdicts).
+//! - `catalog`: what the files say: the sources and their health, which models exist under
+//!   them (a `.zt` file with any v2 shards, a safetensors file, or a checkpoint's index and
+//!   shards) and the files beside each (config, tokenizer), their parsed manifests (cached by
+//!   file identity or ETag), and broken files.
 //! - `decode`: shared, cached decoding of components not stored verbatim, one concern per
 //!   file (stored-byte sources read with `pread` or streamed from S3, never loaded from a
 //!   mapping, so a file truncated in place cannot raise SIGBUS; the decode cursor; the shared
 //!   decode; private decodes; the cache bounded in bytes).
 //! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
-//!   swap and rescans, model lookup, a model's bytes and versions, the digest policy, content
-//!   checks, decoder admission, the typed representations requests get, each model's
+//!   swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
+//!   version (digest verdicts, seek tables, view plans, the rendered manifest), the digest
+//!   policy, content checks, decoder admission, the typed representations requests get
+//!   (a component cut whole, by ranges or as a slice), each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it), and
 //!   slices of dense objects for tensor-parallel ranks, cut where the bytes are.
 //! - `access`: who may read what, for every protocol: tokens (config and a watched token
@@ -34,11 +37,12 @@
 //!   prefixes; as S3 signing keys while the S3 endpoint is on.
 //! - `transport`: what every listener shares below the protocols: the connection loop and its
 //!   limits (count, head size, header and idle timeouts, drain), connections that send slices
-//!   of mapped files with `sendfile` instead of copying them, and the
-//!   layers every request passes (metrics, tracing, panic catching, timeout, concurrency).
+//!   of mapped files with `sendfile` instead of copying them, and the layers every request
+//!   passes (metrics, tracing, panic catching, timeout, concurrency).
 //! - `http`: the HTTP contract (axum) over the service: routes, ranges, conditional
 //!   requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
-//!   chosen); bearer tokens checked per request.
+//!   chosen); bearer tokens checked per request; one extractor gives handlers a ready,
+//!   authorised model.
 //! - `s3`: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
 //!   whose keys are each model's safetensors view, stored files and companions, served from
 //!   the same service; tokens as SigV4 keys; S3 error codes chosen here only.
