@@ -158,16 +158,22 @@ pub(super) fn shard_layout(shard: &format::Shard, len: u64, file: usize) -> Layo
     Layout { output_len: len, units: vec![unit], local: Vec::new(), objects: 0, fingerprint }
 }
 
-/// A single-file v2 file of the selected objects of a v2 model, shards merged: each part's
-/// stored bytes copied as they are (seekable streams stay seekable, digests stay true since
-/// they cover decoded bytes) at 64 KiB placement, the official writer's default.
-pub(super) fn rebuilt_v2_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<Layout> {
+/// The objects `--objects` selects (every object without it); none is an error.
+fn chosen_objects<'m>(manifest: &'m Manifest, options: &PullOptions) -> anyhow::Result<Vec<&'m format::Object>> {
     let select = selector(&options.objects)?;
     let chosen: Vec<&format::Object> =
         manifest.objects.iter().filter(|o| select.as_ref().is_none_or(|s| s.is_match(&o.name))).collect();
     if chosen.is_empty() {
         bail!("no object matches --objects {}", options.objects.join(" "));
     }
+    Ok(chosen)
+}
+
+/// A single-file v2 file of the selected objects of a v2 model, shards merged: each part's
+/// stored bytes copied as they are (seekable streams stay seekable, digests stay true since
+/// they cover decoded bytes) at 64 KiB placement, the official writer's default.
+pub(super) fn rebuilt_v2_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<Layout> {
+    let chosen = chosen_objects(manifest, options)?;
     let planned = format::v2::plan(&chosen, manifest.attributes.as_ref(), 64 << 10);
     let mut units: Vec<Unit> = Vec::new();
     for (object, offsets) in chosen.iter().zip(&planned.offsets) {
@@ -202,12 +208,7 @@ pub(super) fn rebuilt_v2_layout(manifest: &Manifest, options: &PullOptions) -> a
 /// A 1.2 file of the selected objects, each blob copied as stored (legacy big-endian blobs are
 /// decoded to little-endian, since 1.2 has no byte order).
 pub(super) fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyhow::Result<Layout> {
-    let select = selector(&options.objects)?;
-    let chosen: Vec<&format::Object> =
-        manifest.objects.iter().filter(|o| select.as_ref().is_none_or(|s| s.is_match(&o.name))).collect();
-    if chosen.is_empty() {
-        bail!("no object matches --objects {}", options.objects.join(" "));
-    }
+    let chosen = chosen_objects(manifest, options)?;
     let stored_objects: Vec<StoredObject<'_>> = chosen
         .iter()
         .map(|object| StoredObject {
