@@ -224,8 +224,14 @@ pub(crate) fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: 
 /// safetensors view (the files, and the objects left out with why), rendered once per model
 /// version, with a strong ETag that is a digest of the body itself (so a change in how the
 /// server renders it changes the tag too).
-fn rendered_manifest(learnt: &Learnt, model: &Model, manifest: &Manifest, view: &View) -> Rendered {
+fn rendered_manifest(
+    learnt: &Learnt,
+    model: &Model,
+    manifest: &Manifest,
+    view: impl FnOnce() -> Arc<View>,
+) -> Rendered {
     let rendered = learnt.manifest_json.get_or_init(|| {
+        let view = view();
         let mut doc = manifest_json(manifest);
         doc["id"] = json!(model.id);
         doc["model_version"] = json!(version_token(model));
@@ -261,7 +267,7 @@ fn rendered_manifest(learnt: &Learnt, model: &Model, manifest: &Manifest, view: 
 impl Service {
     /// The manifest as JSON ([`rendered_manifest`]), rendered once per model version.
     pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
-        rendered_manifest(&self.learnt.of(model), model, manifest, &self.view(model, manifest))
+        rendered_manifest(&self.learnt.of(model), model, manifest, || self.view(model, manifest))
     }
 }
 

@@ -5,7 +5,7 @@
 //! long as the catalog lists that version; a version gone from it is forgotten at the rescan.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::catalog::{Catalog, Model};
 use crate::format::FormatError;
@@ -52,20 +52,39 @@ impl Learnt {
     }
 }
 
-/// What has been learnt, by model id and version.
+/// What has been learnt, by model id, then version (the current one, and any a request still
+/// in flight from before a rescan holds). Looked up on every request, so a hit takes a read
+/// lock and allocates nothing.
 #[derive(Debug, Default)]
-pub(super) struct LearntByVersion(Mutex<HashMap<(String, String), Arc<Learnt>>>);
+pub(super) struct LearntByVersion(RwLock<HashMap<String, Versions>>);
+
+/// One model's learnt state by version.
+type Versions = Vec<(String, Arc<Learnt>)>;
 
 impl LearntByVersion {
     /// What has been learnt about `model`'s version, empty at first.
     pub(super) fn of(&self, model: &Model) -> Arc<Learnt> {
-        let mut learnt = self.0.lock().expect("never poisoned");
-        Arc::clone(learnt.entry((model.id.clone(), model.version.clone())).or_default())
+        let found = |versions: &[(String, Arc<Learnt>)]| {
+            versions.iter().find(|(version, _)| *version == model.version).map(|(_, learnt)| Arc::clone(learnt))
+        };
+        if let Some(learnt) = self.0.read().expect("never poisoned").get(&model.id).and_then(|v| found(v)) {
+            return learnt;
+        }
+        let mut by_id = self.0.write().expect("never poisoned");
+        let versions = by_id.entry(model.id.clone()).or_default();
+        found(versions).unwrap_or_else(|| {
+            let learnt = Arc::new(Learnt::default());
+            versions.push((model.version.clone(), Arc::clone(&learnt)));
+            learnt
+        })
     }
 
     /// Forgets every version `catalog` no longer lists.
     pub(super) fn retain_listed(&self, catalog: &Catalog) {
-        let mut learnt = self.0.lock().expect("never poisoned");
-        learnt.retain(|(id, version), _| catalog.get(id).is_some_and(|m| &m.version == version));
+        let mut by_id = self.0.write().expect("never poisoned");
+        by_id.retain(|id, versions| {
+            versions.retain(|(version, _)| catalog.get(id).is_some_and(|m| &m.version == version));
+            !versions.is_empty()
+        });
     }
 }
