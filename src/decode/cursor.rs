@@ -91,7 +91,7 @@ impl Cursor {
             let progress = self.decoder.decode(input.front(), &mut buffer[filled..])?;
             input.consume(progress.consumed);
             filled += progress.written;
-            if progress.consumed == 0 && progress.written == 0 && input.pieces.is_empty() {
+            if progress.consumed == 0 && progress.written == 0 && !input.holds_bytes() {
                 if input.starved() {
                     stop = Stop::Starved;
                 } else {

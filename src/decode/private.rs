@@ -51,7 +51,8 @@ pub(crate) fn stream_private(
                 if walk.finished {
                     return None;
                 }
-                if walk.input.starved() {
+                // A local file is read on the decoder's thread (`next_private_piece`).
+                if walk.input.starved() && !matches!(shared.2, Stored::File { .. }) {
                     if let Err(e) = walk.input.fill(&shared.2).await {
                         let error = DecodeError::Storage(e);
                         record_failure(&error);
@@ -63,8 +64,8 @@ pub(crate) fn stream_private(
                     Arc::clone(&shared.3).acquire_owned().await.expect("the decoder semaphore is never closed");
                 let shared = Arc::clone(&shared);
                 let stepped = tokio::task::spawn_blocking(move || {
-                    let (object, component, _, _, range) = &*shared;
-                    let result = next_private_piece(&mut walk, object, component, range);
+                    let (object, component, stored, _, range) = &*shared;
+                    let result = next_private_piece(&mut walk, object, component, stored, range);
                     drop(permit);
                     (walk, result)
                 })
@@ -96,11 +97,13 @@ impl Walk {
 }
 
 /// Decodes until a piece overlaps `range` and returns that overlap; the piece that ends the
-/// component comes only after the encoding is proved complete.
+/// component comes only after the encoding is proved complete. A local file's stored bytes
+/// are read here; remote ones are asked for with [`Private::NeedInput`].
 pub(super) fn next_private_piece(
     walk: &mut Walk,
     object: &str,
     component: &Component,
+    stored: &Stored,
     range: &Range<u64>,
 ) -> Result<Private, DecodeError> {
     let len = component.decoded_length;
@@ -118,7 +121,13 @@ pub(super) fn next_private_piece(
                     walk.finished = true;
                     return Ok(Private::Piece(walk.last.take().expect("checked")));
                 }
-                Stop::Starved => return Ok(Private::NeedInput),
+                Stop::Starved => match walk.input.read_here(stored) {
+                    Some(read) => {
+                        read?;
+                        continue;
+                    }
+                    None => return Ok(Private::NeedInput),
+                },
                 Stop::Full => continue,
             }
         }
@@ -142,7 +151,10 @@ pub(super) fn next_private_piece(
             return Ok(Private::End);
         }
         if stop == Stop::Starved {
-            return Ok(Private::NeedInput);
+            match walk.input.read_here(stored) {
+                Some(read) => read?,
+                None => return Ok(Private::NeedInput),
+            }
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::sync::{Semaphore, watch};
 use super::DecodeError;
 use super::cursor::{BLOCK, Cursor, Stop, record_failure};
 use super::source::{Input, Stored};
-use crate::format::{Component, FormatError};
+use crate::format::Component;
 
 /// Where a shared decode stands, as readers see it.
 #[derive(Debug, Clone, Default)]
@@ -187,7 +187,8 @@ impl Decoded {
             },
         };
         loop {
-            if input.starved() {
+            // A local file is read on the decoder's thread (`decode_until_stop`).
+            if input.starved() && !matches!(self.stored, Stored::File { .. }) {
                 if let Err(e) = input.fill(&self.stored).await {
                     return self.finish(Err(e.into()));
                 }
@@ -231,7 +232,7 @@ impl Decoded {
                     }
                     return;
                 }
-                Err(e) => return self.finish(Err(e.into())),
+                Err(e) => return self.finish(Err(e)),
             }
         }
     }
@@ -281,12 +282,13 @@ impl Decoded {
     }
 
     /// Decodes and publishes chunk after chunk until nobody wants more (`None`), the input
-    /// runs dry, or the encoding ends.
+    /// runs dry (remote bytes, awaited by the caller; a local file is read here), or the
+    /// encoding ends.
     pub(super) fn decode_until_stop(
         &self,
         cursor: &mut Cursor,
         input: &mut Input,
-    ) -> Result<Option<Stop>, FormatError> {
+    ) -> Result<Option<Stop>, DecodeError> {
         let span =
             tracing::debug_span!("decode", object = %self.object, component = %self.component.role, bytes = self.len);
         let _entered = span.enter();
@@ -306,6 +308,12 @@ impl Decoded {
                 state.chunks.push(piece);
                 drop(state);
                 self.progress.send_modify(|p| p.produced = end);
+            }
+            if stop == Stop::Starved {
+                if let Some(read) = input.read_here(&self.stored) {
+                    read?;
+                    continue;
+                }
             }
             if stop != Stop::Full {
                 return Ok(Some(stop));

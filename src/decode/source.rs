@@ -132,6 +132,12 @@ impl Stored {
 /// remote component holds one network piece, not the component.
 pub(super) struct Input {
     pub(super) pieces: VecDeque<Bytes>,
+    /// A local file's stored bytes are read on the decoder's own thread into this one buffer,
+    /// reused piece after piece: no hop to another thread and back per piece, and no fresh
+    /// memory to fault in.
+    pub(super) buffer: Vec<u8>,
+    /// The part of `buffer` not yet consumed.
+    pub(super) held: Range<usize>,
     /// Stored bytes received so far, from the component's start.
     pub(super) received: u64,
     pub(super) total: u64,
@@ -143,6 +149,8 @@ impl Input {
         match stored {
             Stored::Whole(bytes) => Input {
                 pieces: VecDeque::from([bytes.clone()]),
+                buffer: Vec::new(),
+                held: 0..0,
                 received: bytes.len() as u64,
                 total: bytes.len() as u64,
                 reading: None,
@@ -153,12 +161,35 @@ impl Input {
 
     /// No input at all (a decode that has ended).
     pub(super) fn empty() -> Input {
-        Input { pieces: VecDeque::new(), received: 0, total: 0, reading: None }
+        Input { pieces: VecDeque::new(), buffer: Vec::new(), held: 0..0, received: 0, total: 0, reading: None }
     }
 
     /// Whether more stored bytes must arrive before the decoder can go on.
     pub(super) fn starved(&self) -> bool {
-        self.pieces.is_empty() && self.received < self.total
+        self.pieces.is_empty() && self.held.is_empty() && self.received < self.total
+    }
+
+    /// Whether stored bytes are in hand, waiting to be decoded.
+    pub(super) fn holds_bytes(&self) -> bool {
+        !self.pieces.is_empty() || !self.held.is_empty()
+    }
+
+    /// Reads the next piece of a local file's stored bytes on the calling (blocking) thread;
+    /// `None` where the bytes must be awaited with [`Input::fill`] instead (a remote object).
+    pub(super) fn read_here(&mut self, stored: &Stored) -> Option<Result<(), StorageError>> {
+        use crate::storage::local::{READ_PIECE, pread_exact_into};
+        let Stored::File { file, source_name, key, range } = stored else { return None };
+        let len = (self.total - self.received).min(READ_PIECE) as usize;
+        if self.buffer.len() < len {
+            self.buffer.resize(len, 0);
+        }
+        let read = pread_exact_into(file, range.start + self.received, &mut self.buffer[..len], source_name, key);
+        if read.is_ok() {
+            crate::storage::record_bytes("local", "decode", len as u64);
+            self.received += len as u64;
+            self.held = 0..len;
+        }
+        Some(read)
     }
 
     /// Waits for the next piece, opening a read from where the input stands when none is open.
@@ -193,11 +224,18 @@ impl Input {
     }
 
     pub(super) fn front(&self) -> &[u8] {
+        if !self.held.is_empty() {
+            return &self.buffer[self.held.clone()];
+        }
         self.pieces.front().map_or(&[], |piece| &piece[..])
     }
 
     pub(super) fn consume(&mut self, n: usize) {
         if n == 0 {
+            return;
+        }
+        if !self.held.is_empty() {
+            self.held.start += n;
             return;
         }
         let front = self.pieces.front_mut().expect("consumed bytes came from the front piece");

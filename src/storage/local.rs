@@ -34,7 +34,7 @@ pub fn version_of(identity: &super::scan::FileIdentity) -> String {
 }
 
 /// Largest piece a local read yields at once.
-const READ_PIECE: u64 = 1 << 20;
+pub const READ_PIECE: u64 = 1 << 20;
 
 /// Bytes `span` of `file`, read with one `pread` (blocking). A file that ends before them was
 /// shrunk in place since it was listed.
@@ -44,10 +44,23 @@ pub fn pread_exact(
     source_name: &str,
     key: &str,
 ) -> Result<bytes::Bytes, super::StorageError> {
-    use std::os::unix::fs::FileExt as _;
     let mut buffer = vec![0u8; (span.end - span.start) as usize];
-    match file.read_exact_at(&mut buffer, span.start) {
-        Ok(()) => Ok(bytes::Bytes::from(buffer)),
+    pread_exact_into(file, span.start, &mut buffer, source_name, key)?;
+    Ok(bytes::Bytes::from(buffer))
+}
+
+/// Fills `buffer` from offset `at` of `file` with `pread` (blocking), as [`pread_exact`] does,
+/// into memory the caller reuses.
+pub fn pread_exact_into(
+    file: &File,
+    at: u64,
+    buffer: &mut [u8],
+    source_name: &str,
+    key: &str,
+) -> Result<(), super::StorageError> {
+    use std::os::unix::fs::FileExt as _;
+    match file.read_exact_at(buffer, at) {
+        Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             Err(super::StorageError::Changed { source_name: source_name.to_owned(), key: key.to_owned() })
         }
