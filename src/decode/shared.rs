@@ -166,7 +166,8 @@ impl Decoded {
     }
 
     /// Runs the decoder until the furthest wanted byte, then parks it. Decoding happens on
-    /// blocking threads under a decoder permit; waiting for remote stored bytes happens here,
+    /// blocking threads under a decoder permit, and so does reading a local file (a `pread`
+    /// of the next piece on the same thread); waiting for remote stored bytes happens here,
     /// holding no permit, so a slow store never keeps a decoder from other components. Once
     /// the last byte is decoded it goes on to the proved end of the encoding, so the entry
     /// never rests with every byte decoded and no outcome.
