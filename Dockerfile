@@ -1,12 +1,27 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build: compile in the Rust image, run from a slim Debian with a non-root user.
+# scripts/image-smoke builds this file unchanged and checks the running image.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# The image's binary carries no debug info: a smaller image and a faster build.
+ENV CARGO_PROFILE_RELEASE_DEBUG=false \
+    CARGO_PROFILE_RELEASE_STRIP=symbols \
+    CARGO_INCREMENTAL=0
+# Dependencies first, in a layer of their own, built against empty crates: a change to the
+# sources rebuilds only ztserve and ztserve-format, not every crate.
 COPY Cargo.toml Cargo.lock ./
+COPY format/Cargo.toml format/Cargo.toml
+RUN mkdir -p src format/src \
+    && echo 'fn main() {}' > src/main.rs \
+    && touch src/lib.rs format/src/lib.rs \
+    && cargo build --release --locked --bin ztserve \
+    && rm -rf src format/src
 COPY src ./src
 COPY format ./format
-COPY examples ./examples
-RUN cargo build --release --locked --bin ztserve
+# cargo rebuilds by modification time, and the copied sources may be older than the empty
+# crates built above.
+RUN touch src/main.rs src/lib.rs format/src/lib.rs \
+    && cargo build --release --locked --bin ztserve
 
 FROM debian:bookworm-slim
 # curl serves the HEALTHCHECK only.
