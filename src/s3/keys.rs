@@ -1,7 +1,7 @@
 //! The bucket's key space: every key, sorted as S3 sorts them (by UTF-8 bytes), built once per
-//! catalog. A model's keys are `{id}/{name}` for each file of its safetensors view, each stored
-//! file not already in the view, and each file beside it that is not a model file (its path
-//! below the model's directory); only models that serve are listed. Listing pages
+//! catalog. A model's keys are `{id}/{path}` for each file the service publishes for it (its
+//! companions, the files of its safetensors view, and its stored files not already in the
+//! view: `service::Published`); only models that serve are listed. Listing pages
 //! (prefix, delimiter, start-after, continuation tokens, max-keys) run over the sorted keys,
 //! filtered by what the request may read; a key is found by binary search, so no key can name
 //! anything but a listed file of a listed model.
@@ -10,26 +10,14 @@ use std::sync::Arc;
 
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
-use crate::format::view::ViewBytes;
-use crate::service::{Service, companion_etag, stored_file_etag, view_file_etag};
+use crate::service::{Published, Service};
 
-/// What a key serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Target {
-    /// A file of the model's safetensors view, by name.
-    View(String),
-    /// One of the model's stored files, by name.
-    Stored(String),
-    /// The model's companion of this index in the catalog's list.
-    Companion(usize),
-}
-
-/// One key of the bucket.
+/// One key of the bucket: a published file of a model, below the model's id.
 pub(super) struct Key {
     pub key: String,
     pub model: Arc<Model>,
     pub manifest: Arc<Manifest>,
-    pub target: Target,
+    pub target: Published,
     pub size: u64,
     pub etag: String,
 }
@@ -46,39 +34,14 @@ impl Keys {
         let mut sorted = Vec::new();
         for model in catalog.models() {
             let Ok(manifest) = &model.state else { continue };
-            for (index, companion) in catalog.companions(&model.id).iter().enumerate() {
+            for file in service.published_files(&catalog, model, manifest) {
                 sorted.push(Key {
-                    key: format!("{}/{}", model.id, companion.name),
+                    key: format!("{}/{}", model.id, file.path),
                     model: Arc::clone(model),
                     manifest: Arc::clone(manifest),
-                    target: Target::Companion(index),
-                    size: companion.object.size,
-                    etag: companion_etag(model, companion),
-                });
-            }
-            let view = service.view(model, manifest);
-            let mut in_view = vec![false; model.files.len()];
-            for file in &view.files {
-                if let ViewBytes::Stored { file: index } = file.bytes {
-                    in_view[index] = true;
-                }
-                sorted.push(Key {
-                    key: format!("{}/{}", model.id, file.name),
-                    model: Arc::clone(model),
-                    manifest: Arc::clone(manifest),
-                    target: Target::View(file.name.clone()),
-                    size: file.len,
-                    etag: view_file_etag(model, file),
-                });
-            }
-            for (index, stored) in model.files.iter().enumerate().filter(|(i, _)| !in_view[*i]) {
-                sorted.push(Key {
-                    key: format!("{}/{}", model.id, stored.name),
-                    model: Arc::clone(model),
-                    manifest: Arc::clone(manifest),
-                    target: Target::Stored(stored.name.clone()),
-                    size: model.file_len(manifest, index),
-                    etag: stored_file_etag(model, index),
+                    target: file.what,
+                    size: file.size,
+                    etag: file.etag,
                 });
             }
         }

@@ -25,9 +25,9 @@ use s3s::dto::{
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
-use self::keys::{After, Key, Keys, Query, Target};
+use self::keys::{After, Key, Keys, Query};
 use crate::access::{Access, Tokens};
-use crate::service::{Service, ServiceError, StoredBytes};
+use crate::service::{Published, Service, ServiceError, StoredBytes};
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
@@ -191,9 +191,9 @@ impl Endpoint {
         let found = keys.at(index);
         let service = &self.service;
         let bytes = match &found.target {
-            Target::View(name) => service.view_file(&found.model, &found.manifest, name).await,
-            Target::Stored(name) => service.stored_file_named(&found.model, &found.manifest, name).await,
-            Target::Companion(index) => match keys.catalog().companions(&found.model.id).get(*index) {
+            Published::View(name) => service.view_file(&found.model, &found.manifest, name).await,
+            Published::Stored(name) => service.stored_file_named(&found.model, &found.manifest, name).await,
+            Published::Companion(index) => match keys.catalog().companions(&found.model.id).get(*index) {
                 Some(companion) => Ok(service.companion_file(&found.model, companion)),
                 None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", found.model.id))),
             },

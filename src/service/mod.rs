@@ -3,13 +3,15 @@
 //! (digest verdicts, seek tables, view plans, the rendered manifest: [`learnt`]), the digest
 //! policy, content checks, decoder admission, and the typed representations a request gets
 //! (component bytes cut whole, by ranges or as a slice, with their length, digests and
-//! version; a stored file; a view file; the manifest rendered once). Handlers of any protocol
+//! version; a stored file; a view file; the manifest rendered once), and the files each model
+//! version publishes to the protocols that list files ([`published`]). Handlers of any protocol
 //! extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod components;
 mod error;
 mod learnt;
+mod published;
 mod representation;
 mod seekable;
 mod slices;
@@ -23,6 +25,7 @@ pub(crate) use self::bytes::{StoredBytes, add_urls, companion_etag, model_versio
 pub(crate) use self::view::view_file_etag;
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::ServiceError;
+pub(crate) use published::Published;
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
