@@ -51,8 +51,7 @@ pub(crate) fn stream_private(
                 if walk.finished {
                     return None;
                 }
-                // A local file is read on the decoder's thread (`next_private_piece`).
-                if walk.input.starved() && !matches!(shared.2, Stored::File { .. }) {
+                if walk.input.starved() {
                     if let Err(e) = walk.input.fill(&shared.2).await {
                         let error = DecodeError::Storage(e);
                         record_failure(&error);

@@ -188,8 +188,7 @@ impl Decoded {
             },
         };
         loop {
-            // A local file is read on the decoder's thread (`decode_until_stop`).
-            if input.starved() && !matches!(self.stored, Stored::File { .. }) {
+            if input.starved() {
                 if let Err(e) = input.fill(&self.stored).await {
                     return self.finish(Err(e.into()));
                 }

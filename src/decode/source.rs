@@ -192,9 +192,11 @@ impl Input {
         Some(read)
     }
 
-    /// Waits for the next piece, opening a read from where the input stands when none is open.
+    /// Waits for the next piece of a remote object, opening a read from where the input
+    /// stands when none is open. Bytes in memory need no reading, and a local file is read on
+    /// the decoder's thread ([`Input::read_here`]).
     pub(super) async fn fill(&mut self, stored: &Stored) -> Result<(), StorageError> {
-        if matches!(stored, Stored::Whole(_)) {
+        if matches!(stored, Stored::Whole(_) | Stored::File { .. }) {
             return Ok(());
         }
         let reading = self.reading.get_or_insert_with(|| stored.stream(self.received, "decode"));
