@@ -704,8 +704,47 @@ async fn version_pinned_urls_are_immutable_until_the_version_is_gone(source: Mod
     assert_eq!(other.error_code(), "version_gone");
 }
 
+/// A file beside a model (config, tokenizer) is served at `/files/{name}` by its path below the
+/// model's directory (`/` written `%2F`), with ranges, as the S3 endpoint serves it. It is not
+/// covered by the model version, so even under a pinned URL it is revalidated by its own ETag,
+/// which changes when it does.
+async fn files_beside_a_model_are_served_with_their_own_etag(source: ModelSource) {
+    populate(&source).await;
+    let config_json: &[u8] = br#"{"model_type": "llama", "hidden_size": 100}"#;
+    source.put("org/config.json", config_json).await;
+    source.put("org/tokenizer/vocab.txt", b"a\nb\nc\n").await;
+    let state = state_for(&source).await;
+    let config = get(&state, "/models/org/llama/files/config.json", &[]).await;
+    assert_eq!((config.status, config.body.as_slice()), (StatusCode::OK, config_json));
+    assert_eq!(config.header("cache-control"), "public, no-cache");
+    assert_eq!(config.header("accept-ranges"), "bytes");
+    let vocab = get(&state, "/models/org%2Fllama/files/tokenizer%2Fvocab.txt", &[("Range", "bytes=2-3")]).await;
+    assert_eq!((vocab.status, vocab.body.as_slice()), (StatusCode::PARTIAL_CONTENT, &b"b\n"[..]));
+
+    let version = get(&state, "/models/org/llama", &[]).await.json()["model_version"].as_str().unwrap().to_owned();
+    let pinned = get(&state, &format!("/models/org/llama@{version}/files/config.json"), &[]).await;
+    assert_eq!((pinned.status, pinned.header("cache-control")), (StatusCode::OK, "public, no-cache"));
+    let stored = get(&state, &format!("/models/org/llama@{version}/files/llama.zt"), &[]).await;
+    assert_eq!(
+        (stored.status, stored.header("cache-control")),
+        (StatusCode::OK, "public, max-age=31536000, immutable")
+    );
+
+    let missing = get(&state, "/models/org/llama/files/nothing.json", &[]).await;
+    assert_eq!((missing.status, missing.error_code()), (StatusCode::NOT_FOUND, "file_not_found".to_owned()));
+    let message = missing.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("config.json") && message.contains("llama.zt"), "{message}");
+
+    source.put("org/config.json", br#"{"model_type": "llama", "hidden_size": 200}"#).await;
+    state.rescan().await;
+    let changed = get(&state, "/models/org/llama/files/config.json", &[]).await;
+    assert_ne!(changed.header("etag"), config.header("etag"), "a changed file beside the model has a new ETag");
+    assert_eq!(changed.header("x-zt-model-version"), config.header("x-zt-model-version"), "the model is the same");
+}
+
 both_sources!(
     version_pinned_urls_are_immutable_until_the_version_is_gone,
+    files_beside_a_model_are_served_with_their_own_etag,
     json_is_compressed_when_the_client_accepts_it_and_tensor_bytes_never_are,
     model_responses_let_a_shared_cache_store_them_and_revalidate_by_etag,
     natural_ids_with_slashes_name_the_same_model_as_the_encoded_form,

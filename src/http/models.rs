@@ -81,18 +81,25 @@ pub(super) async fn manifest(
         .into_response())
 }
 
-/// `GET /models/{m}/file` and `/files/{name}`: a stored file, byte for byte, with ranges.
+/// `GET /models/{m}/file` and `/files/{name}`: a stored file, or a file beside the model
+/// (config, tokenizer: its path below the model's directory, `/` written `%2F`), byte for byte,
+/// with ranges. A file beside the model is not covered by the model version, so it is
+/// revalidated by its own ETag even under a version-pinned URL.
 pub(super) async fn file(
     State(state): State<Arc<AppState>>,
     ready: ReadyModel,
     method: axum::http::Method,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let stored = match ready.params.iter().find(|(key, _)| key == "name") {
-        Some((_, name)) => state.service.stored_file_named(&ready.model, &ready.manifest, name).await?,
-        None => state.service.stored_file(&ready.model, &ready.manifest).await?,
+    let (file, kind) = match ready.params.iter().find(|(key, _)| key == "name") {
+        Some((_, name)) => state.service.file_named(&ready.model, &ready.manifest, name).await?,
+        None => (state.service.stored_file(&ready.model, &ready.manifest).await?, service::FileKind::Stored),
     };
-    file_response(&state, &headers, &method, &ready, stored, "application/octet-stream").await
+    let cache = match kind {
+        service::FileKind::Stored => ready.cache.clone(),
+        service::FileKind::Companion => (header::CACHE_CONTROL, super::respond::REVALIDATE),
+    };
+    file_response(&state, &headers, &method, &ready, file, cache, "application/octet-stream").await
 }
 
 /// The name of a file of a model's safetensors view a request names; any other name under a
@@ -126,7 +133,8 @@ pub(super) async fn view_file(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let file = state.service.view_file(&ready.model, &ready.manifest, &name).await?;
-    file_response(&state, &headers, &method, &ready, file, crate::format::view::media_type(&name)).await
+    let cache = ready.cache.clone();
+    file_response(&state, &headers, &method, &ready, file, cache, crate::format::view::media_type(&name)).await
 }
 
 /// A whole file's answer (a stored file, a file of the view): ranges, conditionals, HEAD, and
@@ -137,13 +145,14 @@ async fn file_response(
     method: &axum::http::Method,
     ready: &ReadyModel,
     file: service::StoredBytes,
+    cache: (HeaderName, HeaderValue),
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
     let representation = Representation {
         source: file.source,
         etag: file.etag,
         content_type,
-        headers: vec![model_version(&ready.model), ready.cache.clone()],
+        headers: vec![model_version(&ready.model), cache],
         guard: None,
     };
     bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().limits.max_ranges).await

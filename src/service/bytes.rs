@@ -332,6 +332,47 @@ impl Service {
         };
         self.stored_file_at(model, manifest, index).await
     }
+
+    /// The model's file `name`: one of its stored files, or else a file beside it by its path
+    /// below the model's directory (`config.json`, `tokenizer/vocab.txt`). Which of the two
+    /// it is comes with it: a companion is not covered by the model version.
+    pub(crate) async fn file_named(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        name: &str,
+    ) -> Result<(StoredBytes, FileKind), ServiceError> {
+        if model.files.iter().any(|f| f.name == name) {
+            return Ok((self.stored_file_named(model, manifest, name).await?, FileKind::Stored));
+        }
+        let catalog = self.catalog();
+        let companions = catalog.companions(&model.id);
+        match companions.iter().find(|c| c.name == name) {
+            Some(companion) => Ok((self.companion_file(model, companion), FileKind::Companion)),
+            None => {
+                let names: Vec<&str> = model
+                    .files
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .chain(companions.iter().map(|c| c.name.as_str()))
+                    .collect();
+                Err(ServiceError::FileNotFound {
+                    model: model.id.clone(),
+                    name: name.to_owned(),
+                    available: names.join(", "),
+                })
+            }
+        }
+    }
+}
+
+/// Which of a model's files a name found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    /// One of the model's stored files: bound to the model version.
+    Stored,
+    /// A file beside the model (config, tokenizer): its own version, not the model's.
+    Companion,
 }
 
 /// The ETag of a file beside the model: its own version's, within the model's.

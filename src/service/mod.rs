@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub(crate) use self::bytes::{StoredBytes, add_urls, companion_etag, model_version, stored_file_etag, version_token};
+pub(crate) use self::bytes::{
+    FileKind, StoredBytes, add_urls, companion_etag, model_version, stored_file_etag, version_token,
+};
 pub(crate) use self::view::view_file_etag;
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::ServiceError;
