@@ -342,8 +342,8 @@ impl Service {
         manifest: &Manifest,
         name: &str,
     ) -> Result<(StoredBytes, FileKind), ServiceError> {
-        if model.files.iter().any(|f| f.name == name) {
-            return Ok((self.stored_file_named(model, manifest, name).await?, FileKind::Stored));
+        if let Some(index) = model.files.iter().position(|f| f.name == name) {
+            return Ok((self.stored_file_at(model, manifest, index).await?, FileKind::Stored));
         }
         let catalog = self.catalog();
         let companions = catalog.companions(&model.id);

@@ -83,7 +83,8 @@ impl LearntByVersion {
     pub(super) fn retain_listed(&self, catalog: &Catalog) {
         let mut by_id = self.0.write().expect("never poisoned");
         by_id.retain(|id, versions| {
-            versions.retain(|(version, _)| catalog.get(id).is_some_and(|m| &m.version == version));
+            let listed = catalog.get(id).map(|m| &m.version);
+            versions.retain(|(version, _)| listed == Some(version));
             !versions.is_empty()
         });
     }
