@@ -1,6 +1,6 @@
 //! `ApiError` and the only place HTTP statuses are chosen for errors, the request timeout and
 //! `/readyz` (byte responses' 200, 206 and 304 follow from ranges and conditionals in
-//! `respond.rs`). Every error answers `{"error": {"code", "message"}}`; 5xx bodies stay
+//! `transport::respond`, whose refusals become errors here). Every error answers `{"error": {"code", "message"}}`; 5xx bodies stay
 //! generic and their details go to the log.
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::service::ServiceError;
+use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApiError {
@@ -32,6 +33,19 @@ pub(crate) enum ApiError {
     /// What the service refused or failed at, with its cause.
     #[error(transparent)]
     Service(#[from] ServiceError),
+}
+
+impl From<ByteRefusal> for ApiError {
+    fn from(refusal: ByteRefusal) -> ApiError {
+        match refusal {
+            ByteRefusal::RangeNotSatisfiable { length } => ApiError::RangeNotSatisfiable { length },
+            ByteRefusal::TooManyRanges { requested, limit, length } => {
+                ApiError::TooManyRanges { requested, limit, length }
+            }
+            ByteRefusal::Source(e) => ApiError::Service(e),
+            ByteRefusal::Internal(message) => ApiError::Internal(message),
+        }
+    }
 }
 
 impl ApiError {

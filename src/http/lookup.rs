@@ -8,11 +8,12 @@ use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue};
 
-use super::{ApiError, AppState, respond};
+use super::{ApiError, AppState};
 use crate::access::Access;
 use crate::catalog::Model;
 use crate::format::Manifest;
 use crate::service::ServiceError;
+use crate::transport::respond;
 
 /// The model a request names, ready to serve and allowed to the request, with the request's
 /// path parameters and the `Cache-Control` its answers carry.

@@ -1,7 +1,6 @@
 //! The HTTP contract of ARCHITECTURE.md over the service: the router, its bearer-token check
 //! ([`auth`]) and the layers of its JSON routes ([`coding`]: compression, coded ETags), the
-//! handlers (models, objects, operations), the lookups they share ([`lookup`]), ranges (pure),
-//! responses, and errors (the only place HTTP statuses are chosen). Handlers extract typed
+//! handlers (models, objects, operations), the lookups they share ([`lookup`]), and errors (the only place HTTP statuses are chosen). Handlers extract typed
 //! paths, ask the service, evaluate ranges and conditionals, and set headers. Natural model ids
 //! (`/models/org/llama/...`) are rewritten to the one-segment form before routing
 //! ([`natural`]). The connection loop and the layers every protocol shares are
@@ -15,8 +14,6 @@ mod models;
 mod natural;
 mod objects;
 mod ops;
-pub(crate) mod range;
-mod respond;
 
 use std::sync::Arc;
 

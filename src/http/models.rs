@@ -9,13 +9,13 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use super::range::if_none_match_matches;
-use super::respond::{Representation, bytes_response};
 use super::{ApiError, AppState, ReadyModel, header_value};
 use crate::access::Access;
 use crate::api;
 use crate::catalog::Model;
 use crate::service::{self, ServiceError};
+use crate::transport::range::if_none_match_matches;
+use crate::transport::respond::{Representation, bytes_response};
 
 /// `GET /models`: every model the request may read, with its status.
 pub(super) async fn list(
@@ -97,7 +97,7 @@ pub(super) async fn file(
     };
     let cache = match kind {
         service::FileKind::Stored => ready.cache.clone(),
-        service::FileKind::Companion => (header::CACHE_CONTROL, super::respond::REVALIDATE),
+        service::FileKind::Companion => (header::CACHE_CONTROL, crate::transport::respond::REVALIDATE),
     };
     file_response(&state, &headers, &method, &ready, file, cache, "application/octet-stream").await
 }
@@ -155,5 +155,7 @@ async fn file_response(
         headers: vec![model_version(&ready.model), cache],
         guard: None,
     };
-    bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().limits.max_ranges).await
+    bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().limits.max_ranges)
+        .await
+        .map_err(ApiError::from)
 }

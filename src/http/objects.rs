@@ -11,7 +11,6 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 
 use super::models::model_version;
-use super::respond::{ExtraHeaders, Representation, bytes_response};
 use super::{ApiError, AppState, ReadyModel, header_value};
 use crate::api;
 use crate::catalog::Model;
@@ -19,6 +18,7 @@ use crate::format::json::object_json;
 use crate::format::slice::SliceError;
 use crate::format::{Component, Manifest, Object};
 use crate::service::{self, ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
+use crate::transport::respond::{ExtraHeaders, Representation, bytes_response};
 
 type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
 
@@ -207,7 +207,7 @@ async fn component_bytes(
         headers: extra,
         guard: bytes.guard,
     };
-    bytes_response(headers, head, representation, state.config().limits.max_ranges).await
+    bytes_response(headers, head, representation, state.config().limits.max_ranges).await.map_err(ApiError::from)
 }
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
 //! What every wire protocol's listener shares, below the protocols: the connection loop and
 //! its limits ([`connections`]: count, head size, header and idle timeouts, graceful drain),
 //! connections that send slices of mapped files with `sendfile` instead of copying them
-//! ([`zero_copy`]), and the layers every request passes ([`layers`]: metrics, tracing, panic
-//! catching, timeout, concurrency limit). Nothing here knows HTTP routes, S3 or any other
-//! protocol's meaning of a request.
+//! ([`zero_copy`]), the layers every request passes ([`layers`]: metrics, tracing, panic
+//! catching, timeout, concurrency limit), and byte responses with ranges and conditionals
+//! ([`respond`] over the pure [`range`]) for the protocols that answer plain GETs for bytes.
+//! Nothing here knows HTTP routes, S3 or any other protocol's meaning of a request.
 
 mod connections;
 mod layers;
+pub(crate) mod range;
+pub(crate) mod respond;
 mod zero_copy;
 
 pub(crate) use connections::{ConnectionLimits, serve};

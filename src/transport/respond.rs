@@ -1,6 +1,8 @@
-//! Byte responses: applies the pure range and conditional decisions of `range.rs` to one
-//! representation whose bytes come from a [`RangeSource`] (a slice of a file's mapping, or a
-//! decode), and builds 200, 206 (single or `multipart/byteranges`), 304 and the 416 errors.
+//! Byte responses, shared by every protocol that answers plain HTTP GETs for bytes (the HTTP
+//! routes, the Hub API's `resolve`): applies the pure range and conditional decisions of
+//! [`super::range`] to one representation whose bytes come from a [`RangeSource`] (a slice of a
+//! file's mapping, or a decode), and builds 200, 206 (single or `multipart/byteranges`) and
+//! 304; what it refuses is a [`ByteRefusal`], which each protocol words in its own errors.
 //! Bodies stream: the first piece is taken before the headers are sent, so a source that
 //! fails at once answers a clean error; a later failure, or a failed [`Guard`], aborts the
 //! body before its last byte so it never ends cleanly.
@@ -15,15 +17,28 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream::{self};
 
-use super::error::ApiError;
 use super::range::{RangeDecision, evaluate, if_none_match_matches, if_range_allows};
-use crate::service::{ByteStream, Guard, RangeSource, guarded};
+use crate::service::{ByteStream, Guard, RangeSource, ServiceError, guarded};
+
+/// Why a byte response could not be given.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ByteRefusal {
+    #[error("range not satisfiable: the representation is {length} bytes")]
+    RangeNotSatisfiable { length: u64 },
+    #[error("{requested} ranges requested; at most {limit} are served per request")]
+    TooManyRanges { requested: usize, limit: usize, length: u64 },
+    /// The source failed before the first byte.
+    #[error(transparent)]
+    Source(#[from] ServiceError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
 
 /// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
-pub(super) type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
+pub(crate) type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
 
 /// One representation of a resource and how to answer for it.
-pub(super) struct Representation {
+pub(crate) struct Representation {
     pub source: Arc<dyn RangeSource>,
     pub etag: String,
     pub content_type: &'static str,
@@ -45,7 +60,7 @@ fn boundary() -> String {
 
 /// Takes the first piece before any header is sent, so a source that fails at once is
 /// answered with its error rather than a broken body.
-async fn primed(mut body: ByteStream) -> Result<ByteStream, ApiError> {
+async fn primed(mut body: ByteStream) -> Result<ByteStream, ByteRefusal> {
     match body.next().await {
         None => Ok(stream::empty().boxed()),
         Some(Err(e)) => Err(e.into()),
@@ -69,15 +84,16 @@ fn body_of(stream: ByteStream) -> Body {
 pub(crate) const REVALIDATE: HeaderValue = HeaderValue::from_static("public, no-cache");
 
 /// Answers a GET (or, when `head`, a HEAD) for `representation`.
-pub(super) async fn bytes_response(
+pub(crate) async fn bytes_response(
     request: &HeaderMap,
     head: bool,
     representation: Representation,
     max_ranges: usize,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ByteRefusal> {
     let Representation { source, etag, content_type, headers: extra, guard } = representation;
     let len = source.len();
-    let etag_value = HeaderValue::from_str(&etag).map_err(|e| ApiError::Internal(format!("bad etag {etag:?}: {e}")))?;
+    let etag_value =
+        HeaderValue::from_str(&etag).map_err(|e| ByteRefusal::Internal(format!("bad etag {etag:?}: {e}")))?;
     let mut builder = Response::builder().header(header::ETAG, etag_value).header(header::ACCEPT_RANGES, "bytes");
     if !extra.iter().any(|(name, _)| name == header::CACHE_CONTROL) {
         builder = builder.header(header::CACHE_CONTROL, REVALIDATE);
@@ -133,9 +149,9 @@ pub(super) async fn bytes_response(
             });
             (builder, total, body)
         }
-        RangeDecision::Unsatisfiable => return Err(ApiError::RangeNotSatisfiable { length: len }),
+        RangeDecision::Unsatisfiable => return Err(ByteRefusal::RangeNotSatisfiable { length: len }),
         RangeDecision::TooManyRanges { requested, limit } => {
-            return Err(ApiError::TooManyRanges { requested, limit, length: len });
+            return Err(ByteRefusal::TooManyRanges { requested, limit, length: len });
         }
     };
     let body = match (body, guard) {
@@ -143,5 +159,5 @@ pub(super) async fn bytes_response(
         (Some(body), Some(guard)) => body_of(guarded(body, guard)),
         (Some(body), None) => body_of(body),
     };
-    builder.header(header::CONTENT_LENGTH, content_length).body(body).map_err(|e| ApiError::Internal(e.to_string()))
+    builder.header(header::CONTENT_LENGTH, content_length).body(body).map_err(|e| ByteRefusal::Internal(e.to_string()))
 }
