@@ -4,8 +4,9 @@
 //! endpoint is on: SigV4 verification needs each token as its key's secret), and a presented
 //! token is compared with every one of them in constant time, so neither the comparison's
 //! timing nor a heap dump gives a token away; no token is ever logged. How a token is presented
-//! is each protocol's business (HTTP's bearer header in `http::auth`, S3's signing keys); a
-//! model outside a token's prefixes answers exactly as a model that does not exist.
+//! is each protocol's business (the bearer header HTTP and the Hub API read with [`bearer`],
+//! S3's signing keys); a model outside a token's prefixes answers exactly as a model that does
+//! not exist.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -40,6 +41,14 @@ impl Access {
                 .any(|p| id.strip_prefix(p.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))),
         }
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive), as the
+/// protocols that take bearer tokens (HTTP, the Hub API) present them.
+pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
 }
 
 /// One accepted token: its digest and what it may read, and, only while the S3 endpoint is

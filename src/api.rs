@@ -25,6 +25,10 @@ pub mod routes {
     pub const UNNAMED_OBJECT: &str = "/models/{model}/objects/";
     pub const UNNAMED_COMPONENT: &str = "/models/{model}/objects//components/{role}";
 
+    /// The Hugging Face Hub API's prefix (`HF_ENDPOINT=http://HOST:PORT/hf`); every request
+    /// below it is labelled with it.
+    pub const HUB: &str = "/hf";
+
     /// Every route, for the per-route series registered at start.
     pub const ALL: &[&str] = &[
         HEALTHZ,
@@ -39,6 +43,7 @@ pub mod routes {
         COMPONENT,
         UNNAMED_OBJECT,
         UNNAMED_COMPONENT,
+        HUB,
     ];
 }
 

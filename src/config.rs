@@ -31,6 +31,7 @@ pub struct Config {
     pub limits: Limits,
     pub decode: Decode,
     pub serving: Serving,
+    pub digests: Digests,
     pub auth: Auth,
 }
 
@@ -267,6 +268,16 @@ impl Default for Serving {
     }
 }
 
+/// The files' content digests (SHA-256 of each file a model version publishes: the Hub API's
+/// ETags and LFS oids, the S3 endpoint's checksums).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Digests {
+    /// A file the computed digests are appended to and read back from at start, so a restart
+    /// does not read every file again (absent: kept in memory only).
+    pub store: Option<PathBuf>,
+}
+
 /// Who may read what.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -443,6 +454,7 @@ fn shape() -> toml::Table {
         s3_endpoint: S3Endpoint { listen: Some(SocketAddr::from(([0, 0, 0, 0], 9000))), ..S3Endpoint::default() },
         decode: Decode { max_concurrent: Some(1), ..Decode::default() },
         auth: Auth { token_file: Some(PathBuf::new()), ..Auth::default() },
+        digests: Digests { store: Some(PathBuf::new()) },
         ..Config::default()
     };
     toml::Table::try_from(example).expect("the configuration serializes")
@@ -634,6 +646,15 @@ impl Config {
         if self.auth.token_file.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("auth.token_file", "must not be empty: leave it out for no token file".into()));
         }
+        if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
+        }
+        if self.serving.view_shard_bytes > MAX_HUB_FILE_BYTES {
+            let message = format!(
+                "must be at most {MAX_HUB_FILE_BYTES} (50 GB): huggingface_hub cannot download a larger file over HTTP"
+            );
+            return Err(fail("serving.view_shard_bytes", message));
+        }
         for (key, value) in [
             ("s3_source.connect_timeout_secs", Some(s3.connect_timeout_secs)),
             ("s3_source.read_timeout_secs", Some(s3.read_timeout_secs)),
@@ -661,6 +682,9 @@ impl Config {
         Ok(())
     }
 }
+
+/// The largest file `huggingface_hub` downloads over plain HTTP (50 GB, decimal).
+pub const MAX_HUB_FILE_BYTES: u64 = 50_000_000_000;
 
 /// Whether `name` is a valid S3 bucket name (the rules for new buckets).
 fn is_bucket_name(name: &str) -> bool {

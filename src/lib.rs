@@ -1,6 +1,6 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files and safetensors checkpoints.
 //!
-//! Module map. Layers run one way, server -> {http, s3} -> {transport, access} -> service ->
+//! Module map. Layers run one way, server -> {http, s3, hf} -> {transport, access} -> service ->
 //! {catalog, decode} -> storage -> format, with `api`, `config` and `telemetry` beside them; no
 //! module imports one above it, and the wire protocols never name each other.
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
@@ -27,7 +27,8 @@
 //!   decode; private decodes; the cache bounded in bytes).
 //! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
-//!   version (digest verdicts, seek tables, view plans, the rendered manifest), the digest
+//!   version (digest verdicts, seek tables, view plans, the rendered manifest), the files each
+//!   version publishes and their SHA-256 (computed once, kept across restarts), the digest
 //!   policy, content checks, decoder admission, the typed representations requests get
 //!   (a component cut whole, by ranges or as a slice), each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it), and
@@ -38,14 +39,18 @@
 //! - `transport`: what every listener shares below the protocols: the connection loop and its
 //!   limits (count, head size, header and idle timeouts, drain), connections that send slices
 //!   of mapped files with `sendfile` instead of copying them, and the layers every request
-//!   passes (metrics, tracing, panic catching, timeout, concurrency).
-//! - `http`: the HTTP contract (axum) over the service: routes, ranges, conditional
-//!   requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
+//!   passes (metrics, tracing, panic catching, timeout, concurrency), byte responses with
+//!   ranges and conditionals for the protocols that answer plain GETs.
+//! - `http`: the HTTP contract (axum) over the service: routes, conditional requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
 //!   chosen); bearer tokens checked per request; one extractor gives handlers a ready,
 //!   authorised model.
 //! - `s3`: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
 //!   whose keys are each model's safetensors view, stored files and companions, served from
 //!   the same service; tokens as SigV4 keys; S3 error codes chosen here only.
+//! - `hf`: the Hugging Face Hub's read API at `/hf` (`HF_ENDPOINT`): each model a repository
+//!   of its companions and safetensors files, revisions as model versions, every file an LFS
+//!   file whose oid is its SHA-256; the tokens as bearer tokens; Hub error codes chosen here
+//!   only.
 //! - [`server`]: the composition root: builds the service, the tokens and every protocol's
 //!   router, binds their listeners, runs rescans, the token watch and metrics upkeep, and
 //!   drains every listener on SIGTERM or SIGINT.
@@ -64,6 +69,7 @@ pub mod api;
 mod catalog;
 pub mod config;
 mod decode;
+mod hf;
 mod http;
 pub mod pull;
 mod s3;

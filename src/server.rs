@@ -1,5 +1,6 @@
 //! The composition root: builds the service and the tokens from the config, every wire
-//! protocol's router over them (HTTP, and the S3 endpoint when `s3_listen` is set), binds
+//! protocol's router over them (HTTP with the Hub API nested at `/hf` on the main listener, and
+//! the S3 endpoint when `s3_listen` is set), binds
 //! their listeners, runs the background tasks (rescans, the token file watch, metrics upkeep),
 //! and on SIGTERM or SIGINT drains every listener together. The protocols never name each
 //! other; only this module knows them all.
@@ -50,9 +51,13 @@ impl Server {
         self.service.cache.decoders()
     }
 
-    /// The HTTP routes (the test seam: handler tests send requests to it with `oneshot`).
+    /// The main listener's routes (the test seam: handler tests send requests to it with
+    /// `oneshot`): the Hub API below `/hf`, every other path the HTTP contract's.
     pub fn http_app(&self) -> Router {
-        crate::http::app(Arc::clone(&self.service), Arc::clone(&self.tokens))
+        let hub = crate::hf::app(Arc::clone(&self.service), Arc::clone(&self.tokens));
+        Router::new()
+            .nest_service(crate::api::routes::HUB, hub)
+            .fallback_service(crate::http::app(Arc::clone(&self.service), Arc::clone(&self.tokens)))
     }
 
     /// The S3-compatible endpoint's router.

@@ -37,6 +37,7 @@ pub mod names {
     pub const CACHE_EVICTIONS: &str = "ztserve_decode_cache_evictions_total";
     pub const DIGEST_CHECKS: &str = "ztserve_digest_checks_total";
     pub const DIGEST_FAILURES: &str = "ztserve_digest_failures_total";
+    pub const FILE_DIGEST_BYTES: &str = "ztserve_file_digest_bytes_total";
     pub const MODELS: &str = "ztserve_models";
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
@@ -87,6 +88,11 @@ fn describe() {
     describe_counter!(CACHE_EVICTIONS, "Decoded components evicted to make room.");
     describe_counter!(DIGEST_CHECKS, "Stored-bytes digest checks completed, by outcome (ok or mismatch).");
     describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
+    describe_counter!(
+        FILE_DIGEST_BYTES,
+        Unit::Bytes,
+        "Bytes hashed to compute the SHA-256 of published files (each file version once)."
+    );
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
     describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
@@ -128,6 +134,7 @@ fn register_at_zero() {
         CACHE_MISSES,
         CACHE_EVICTIONS,
         DIGEST_FAILURES,
+        FILE_DIGEST_BYTES,
         SENDFILE_BYTES,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,

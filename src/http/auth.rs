@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -19,13 +18,6 @@ fn is_open_path(path: &str, metrics_open: bool) -> bool {
     matches!(path, "/healthz" | "/readyz") || (metrics_open && path == "/metrics")
 }
 
-/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive).
-fn bearer(request: &Request) -> Option<&str> {
-    let value = request.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
-}
-
 /// Middleware: admits a request with a valid token (or to an open path) and records what it
 /// may read as its [`Access`]; answers 401 otherwise.
 pub(super) async fn require_token(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
@@ -34,7 +26,7 @@ pub(super) async fn require_token(State(state): State<Arc<AppState>>, mut reques
     {
         Some(Access::Everything)
     } else {
-        match bearer(&request) {
+        match crate::access::bearer(request.headers()) {
             None => {
                 metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
                 return ApiError::Unauthorized { invalid: false }.into_response();

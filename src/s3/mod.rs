@@ -19,15 +19,16 @@ use axum::extract::Request;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use s3s::dto::{
-    CommonPrefix, ETag, ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
-    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput, ListObjectsInput,
-    ListObjectsOutput, ListObjectsV2Input, ListObjectsV2Output, Object, ObjectStorageClass, StreamingBlob, Timestamp,
+    ChecksumMode, ChecksumType, CommonPrefix, ETag, ETagCondition, GetBucketLocationInput, GetBucketLocationOutput,
+    GetObjectInput, GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput,
+    ListObjectsInput, ListObjectsOutput, ListObjectsV2Input, ListObjectsV2Output, Object, ObjectStorageClass,
+    StreamingBlob, Timestamp,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use self::keys::{After, Key, Keys, Query};
 use crate::access::{Access, Tokens};
-use crate::service::{Published, Service, ServiceError, StoredBytes};
+use crate::service::{Service, ServiceError, StoredBytes};
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
@@ -189,17 +190,25 @@ impl Endpoint {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
         let found = keys.at(index);
-        let service = &self.service;
-        let bytes = match &found.target {
-            Published::View(name) => service.view_file(&found.model, &found.manifest, name).await,
-            Published::Stored(name) => service.stored_file_named(&found.model, &found.manifest, name).await,
-            Published::Companion(index) => match keys.catalog().companions(&found.model.id).get(*index) {
-                Some(companion) => Ok(service.companion_file(&found.model, companion)),
-                None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", found.model.id))),
-            },
-        }
-        .map_err(service_error)?;
+        let bytes = self
+            .service
+            .published_bytes(keys.catalog(), &found.model, &found.manifest, &found.target)
+            .await
+            .map_err(service_error)?;
         Ok((keys, index, bytes))
+    }
+
+    /// `x-amz-checksum-sha256` of a whole object whose request enabled checksums, when its
+    /// digest is already known (the Hub API or an earlier request computed it): never waited
+    /// for, as S3 clients do not need it to read.
+    fn checksum(&self, mode: Option<&ChecksumMode>, key: &Key, etag: &str, answer: &Answer) -> Option<String> {
+        let enabled = mode.is_some_and(|m| m.as_str() == ChecksumMode::ENABLED);
+        if !enabled || answer.range.is_some() {
+            return None;
+        }
+        let path = key.key.strip_prefix(key.model.id.as_str())?.strip_prefix('/')?;
+        let digest = self.service.known_sha256(&key.model, path, etag)?;
+        Some(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, digest))
     }
 
     /// The object `key` for a GET or HEAD: its bytes, and what its conditionals and range make
@@ -422,7 +431,10 @@ impl S3 for Endpoint {
         let (keys, index, bytes, answer) =
             self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
+        let checksum = self.checksum(input.checksum_mode.as_ref(), key, &bytes.etag, &answer);
         let output = HeadObjectOutput {
+            checksum_type: checksum.as_ref().map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),
+            checksum_sha256: checksum,
             accept_ranges: Some("bytes".into()),
             content_length: Some(answer.range.as_ref().map_or(answer.len, |r| r.end - r.start) as i64),
             content_range: answer.range.as_ref().map(|r| content_range(r, answer.len)),
@@ -445,8 +457,11 @@ impl S3 for Endpoint {
             self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
         let range = answer.range.clone().unwrap_or(0..answer.len);
+        let checksum = self.checksum(input.checksum_mode.as_ref(), key, &bytes.etag, &answer);
         let body = primed(bytes.source.open(range.clone())).await?;
         let output = GetObjectOutput {
+            checksum_type: checksum.as_ref().map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),
+            checksum_sha256: checksum,
             body: Some(StreamingBlob::wrap(sync_wrapper::SyncStream::new(body))),
             accept_ranges: Some("bytes".into()),
             content_length: Some((range.end - range.start) as i64),

@@ -6,6 +6,15 @@ use crate::catalog::CatalogError;
 use crate::format::FormatError;
 use crate::storage::StorageError;
 
+/// Why the service could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetupError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    DigestStore(#[from] super::digests::DigestStoreError),
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum ServiceError {
     #[error("the catalog is not ready yet")]

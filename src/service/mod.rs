@@ -4,11 +4,13 @@
 //! policy, content checks, decoder admission, and the typed representations a request gets
 //! (component bytes cut whole, by ranges or as a slice, with their length, digests and
 //! version; a stored file; a view file; the manifest rendered once), and the files each model
-//! version publishes to the protocols that list files ([`published`]). Handlers of any protocol
+//! version publishes to the protocols that list files ([`published`]) with their content
+//! digests ([`digests`]). Handlers of any protocol
 //! extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod components;
+mod digests;
 mod error;
 mod learnt;
 mod published;
@@ -26,8 +28,8 @@ pub(crate) use self::bytes::{
 };
 pub(crate) use self::view::view_file_etag;
 pub(crate) use components::{ComponentRequest, Cut};
-pub(crate) use error::ServiceError;
-pub(crate) use published::Published;
+pub(crate) use error::{ServiceError, SetupError};
+pub(crate) use published::{Published, PublishedFile};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
@@ -37,7 +39,7 @@ use crate::decode::DecodeCache;
 use crate::format::{Component, Limits, Manifest, Object};
 use crate::storage::local::LocalStorage;
 use crate::storage::s3::{S3Options, S3Storage};
-use crate::storage::{Readahead, Storage, StorageError};
+use crate::storage::{Readahead, Storage};
 use crate::telemetry::names;
 
 /// The domain every wire protocol serves from.
@@ -52,6 +54,8 @@ pub(crate) struct Service {
     catalog: RwLock<Arc<Catalog>>,
     /// What has been learnt about each model version the catalog lists.
     learnt: learnt::LearntByVersion,
+    /// The SHA-256 of each published file version, once computed.
+    digests: digests::FileDigests,
     /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
     /// older listing last.
     rescanning: tokio::sync::Mutex<()>,
@@ -61,7 +65,7 @@ pub(crate) struct Service {
 impl Service {
     /// A service with an empty catalog, not yet ready. S3 sources are set up (from the config
     /// and the `AWS_*` environment) but not contacted.
-    pub(crate) fn new(config: Config) -> Result<Arc<Service>, StorageError> {
+    pub(crate) fn new(config: Config) -> Result<Arc<Service>, SetupError> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
         let env: std::collections::BTreeMap<String, String> =
@@ -90,7 +94,9 @@ impl Service {
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
         };
+        let digests = digests::FileDigests::open(config.digests.store.as_deref())?;
         Ok(Arc::new(Service {
+            digests,
             config,
             cache,
             sources,

@@ -1,7 +1,8 @@
 //! The files a model version publishes, the same to every protocol that lists files (the S3
 //! endpoint's keys; the Hub API's repositories): each companion beside it (config, tokenizer),
 //! each file of its safetensors view (the stored files themselves when it is stored as
-//! safetensors), and each stored file not already in the view, with its size and strong ETag.
+//! safetensors), and each stored file not already in the view, with its size and strong ETag;
+//! the bytes each serves, and its content digest (SHA-256, computed once per file version).
 
 use std::sync::Arc;
 
@@ -9,7 +10,8 @@ use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
 
-use super::{Service, companion_etag, stored_file_etag, view_file_etag};
+use super::digests::{file_identity, sha256_of};
+use super::{Service, ServiceError, StoredBytes, companion_etag, stored_file_etag, view_file_etag};
 
 /// What a published file is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,5 +75,49 @@ impl Service {
             });
         }
         files
+    }
+}
+
+impl Service {
+    /// The bytes `file` of `model` serves (`catalog` is the one `file` was listed from).
+    pub(crate) async fn published_bytes(
+        self: &Arc<Self>,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &Published,
+    ) -> Result<StoredBytes, ServiceError> {
+        match file {
+            Published::View(name) => self.view_file(model, manifest, name).await,
+            Published::Stored(name) => self.stored_file_named(model, manifest, name).await,
+            Published::Companion(index) => match catalog.companions(&model.id).get(*index) {
+                Some(companion) => Ok(self.companion_file(model, companion)),
+                None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", model.id))),
+            },
+        }
+    }
+
+    /// The SHA-256 of `file`'s bytes if it is already known.
+    pub(crate) fn known_sha256(&self, model: &Model, path: &str, etag: &str) -> Option<[u8; 32]> {
+        self.digests.known(file_identity(&model.source.name, &model.id, path, etag))
+    }
+
+    /// The SHA-256 of `file`'s bytes: known, or computed now by reading them all (once per
+    /// file version, however many ask at once).
+    pub(crate) async fn published_sha256(
+        self: &Arc<Self>,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> Result<[u8; 32], ServiceError> {
+        let identity = file_identity(&model.source.name, &model.id, &file.path, &file.etag);
+        self.digests
+            .get_or_compute(identity, async {
+                let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
+                tracing::debug!(model = %model.id, file = %file.path, size = file.size, "computing a file digest");
+                sha256_of(bytes.source.open(0..bytes.source.len())).await
+            })
+            .await
     }
 }

@@ -1,0 +1,515 @@
+//! The Hugging Face Hub's read API over the service, so `huggingface_hub` (and through it
+//! transformers, vLLM, SGLang, `hf download`) loads models from ztserve with
+//! `HF_ENDPOINT=http://HOST:PORT/hf`: model info, trees, paths-info and `resolve`. Each model
+//! is a repository ([`repos`]: ids map to repo ids without collisions) holding the files it
+//! publishes to every protocol: its companions and its weights as safetensors (stored
+//! `.zt` files are not listed, so a snapshot does not fetch the weights twice). A revision is a
+//! model version: `main` is the current one, its commit id is derived from every file's version,
+//! and a `resolve` of `main` redirects to the commit, so a download never mixes versions. Every
+//! file is an LFS file whose oid and ETag are the SHA-256 of its bytes. Access uses the
+//! existing tokens as bearer tokens, with the Hub's 401/404 meanings; errors are [`error`]'s.
+
+mod error;
+mod repos;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use serde_json::{Value, json};
+
+pub(crate) use self::error::HubError;
+use self::repos::{HubRoute, TreeEntry};
+use crate::access::{Access, Tokens};
+use crate::api::routes;
+use crate::catalog::{Catalog, Model};
+use crate::format::Manifest;
+use crate::service::{Published, PublishedFile, Service};
+use crate::telemetry::names;
+use crate::transport::Refusals;
+use crate::transport::respond::{Representation, bytes_response};
+
+/// Entries per page of a tree listing, as the Hub pages them.
+const TREE_PAGE: usize = 1000;
+
+/// What every handler shares.
+struct HubState {
+    service: Arc<Service>,
+    tokens: Arc<Tokens>,
+}
+
+/// The Hub API's router (mounted at [`routes::HUB`] by the server), over `service`, checking
+/// `tokens`.
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
+    let config = service.config.clone();
+    let state = Arc::new(HubState { service, tokens });
+    let router = Router::new().fallback(dispatch).with_state(state);
+    let refusals = Refusals {
+        panicked: || HubError::Internal("a handler panicked".into()).into_response(),
+        timed_out: || HubError::RequestTimeout.into_response(),
+    };
+    crate::transport::with_common_layers(router, &config, routes::HUB, refusals)
+}
+
+/// Who is asking.
+enum Caller {
+    /// No token, where tokens are needed: every repository answers as a missing one (401).
+    Anonymous,
+    Allowed(Access),
+}
+
+impl Caller {
+    fn of(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, HubError> {
+        if !tokens.required() {
+            return Ok(Caller::Allowed(Access::Everything));
+        }
+        match crate::access::bearer(headers) {
+            None => Ok(Caller::Anonymous),
+            Some(token) => tokens.check(token).map(Caller::Allowed).ok_or_else(|| {
+                metrics::counter!(names::AUTH_FAILURES, "reason" => "invalid").increment(1);
+                HubError::InvalidCredentials
+            }),
+        }
+    }
+}
+
+async fn dispatch(
+    State(state): State<Arc<HubState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    match answer(&state, &method, &uri, &headers, &body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn answer(
+    state: &Arc<HubState>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, HubError> {
+    let segments = uri
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .map(|s| percent_encoding::percent_decode_str(s).decode_utf8().map(|s| s.into_owned()))
+        .collect::<Result<Vec<String>, _>>()
+        .map_err(|e| HubError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
+    let catalog = state.service.catalog();
+    let route = repos::route(&segments, |repo| repos::model_id_of(repo).is_some_and(|id| catalog.get(&id).is_some()));
+    let query = Query::of(uri);
+    let caller = Caller::of(&state.tokens, headers)?;
+    let only = |allowed: &[Method]| {
+        if allowed.contains(method) { Ok(()) } else { Err(HubError::MethodNotAllowed(method.to_string())) }
+    };
+    match route {
+        HubRoute::Info { repo, revision } => {
+            only(&[Method::GET])?;
+            let at = state.repo_at(&caller, &repo, revision.as_deref())?;
+            model_info(state, &at, query.flag("blobs")).await
+        }
+        HubRoute::Tree { repo, revision, path } => {
+            only(&[Method::GET])?;
+            let at = state.repo_at(&caller, &repo, Some(&revision))?;
+            tree(state, &at, &path, &query, uri, headers).await
+        }
+        HubRoute::PathsInfo { repo, revision } => {
+            only(&[Method::POST])?;
+            let at = state.repo_at(&caller, &repo, Some(&revision))?;
+            paths_info(state, &at, headers, body).await
+        }
+        HubRoute::Resolve { repo, revision, path } => {
+            only(&[Method::GET, Method::HEAD])?;
+            let at = state.repo_at(&caller, &repo, Some(&revision))?;
+            resolve(state, &at, &path, method == Method::HEAD, headers).await
+        }
+        HubRoute::OtherRepoType { repo } => Err(HubError::RepoNotFound { repo, anonymous: caller.is_anonymous() }),
+        HubRoute::NotServed(what) => Err(HubError::NotServed(what)),
+        HubRoute::Unknown => Err(HubError::RouteNotFound(uri.path().to_owned())),
+    }
+}
+
+impl Caller {
+    fn is_anonymous(&self) -> bool {
+        matches!(self, Caller::Anonymous)
+    }
+}
+
+/// A repository at the revision a request names.
+struct RepoAt {
+    repo: String,
+    catalog: Arc<Catalog>,
+    model: Arc<Model>,
+    manifest: Arc<Manifest>,
+    /// Its files, sorted by path.
+    files: Vec<PublishedFile>,
+    commit: String,
+    /// Whether the request named the commit (rather than `main`).
+    pinned: bool,
+}
+
+impl RepoAt {
+    fn file(&self, path: &str) -> Result<&PublishedFile, HubError> {
+        match self.files.binary_search_by(|f| f.path.as_str().cmp(path)) {
+            Ok(index) => Ok(&self.files[index]),
+            Err(_) => Err(HubError::EntryNotFound {
+                repo: self.repo.clone(),
+                path: path.to_owned(),
+                commit: self.commit.clone(),
+            }),
+        }
+    }
+}
+
+impl HubState {
+    /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
+    fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
+        let missing = || HubError::RepoNotFound { repo: repo.to_owned(), anonymous: caller.is_anonymous() };
+        let Caller::Allowed(access) = caller else { return Err(missing()) };
+        let id = repos::model_id_of(repo).filter(|id| access.allows(id)).ok_or_else(missing)?;
+        let catalog = self.service.catalog();
+        if self.service.is_ready() && catalog.get(&id).is_none() {
+            return Err(missing());
+        }
+        tracing::Span::current().record("model", id.as_str());
+        let (model, manifest) = self.service.model(&id)?;
+        let mut files: Vec<PublishedFile> = self
+            .service
+            .published_files(&catalog, &model, &manifest)
+            .into_iter()
+            .filter(|f| !matches!(f.what, Published::Stored(_)))
+            .collect();
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        // A file beside the model named like one of its view's files: the weights win.
+        files.dedup_by(|later, first| {
+            let same = later.path == first.path;
+            if same && matches!(first.what, Published::Companion(_)) {
+                std::mem::swap(later, first);
+            }
+            same
+        });
+        let commit = repos::commit_of(files.iter().map(|f| (f.path.as_str(), f.etag.as_str())));
+        let pinned = match revision {
+            None | Some("main") => false,
+            Some(named) if named == commit => true,
+            Some(other) => {
+                return Err(HubError::RevisionNotFound { repo: repo.to_owned(), revision: other.to_owned() });
+            }
+        };
+        Ok(RepoAt { repo: repo.to_owned(), catalog, model, manifest, files, commit, pinned })
+    }
+
+    /// The SHA-256 of `file` of `at`.
+    async fn sha256(&self, at: &RepoAt, file: &PublishedFile) -> Result<[u8; 32], HubError> {
+        Ok(self.service.published_sha256(&at.catalog, &at.model, &at.manifest, file).await?)
+    }
+
+    /// The SHA-256 of each of `files` of `at`, computed a few at a time.
+    async fn sha256s(&self, at: &RepoAt, files: &[&PublishedFile]) -> Result<Vec<[u8; 32]>, HubError> {
+        let at_once = std::thread::available_parallelism().map_or(2, usize::from);
+        // Made before they are streamed: a closure inside the stream would have to be general
+        // over lifetimes that an async fn's future is not.
+        let digests: Vec<_> = files.iter().map(|file| Box::pin(self.sha256(at, file))).collect();
+        futures_util::stream::iter(digests).buffered(at_once).try_collect().await
+    }
+}
+
+/// The query's parameters.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn of(uri: &Uri) -> Query {
+        Query(form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect())
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// A boolean parameter, as Python writes one (`True`) or as JavaScript does (`true`).
+    fn flag(&self, name: &str) -> bool {
+        self.get(name).is_some_and(is_true)
+    }
+}
+
+fn is_true(value: &str) -> bool {
+    matches!(value, "1" | "true" | "True")
+}
+
+/// A time as the Hub writes one (`2024-05-01T12:00:00.000Z`).
+fn hub_date(at: std::time::SystemTime) -> String {
+    let t = time::OffsetDateTime::from(at);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+fn json_response(value: &Value, commit: &str) -> Response {
+    let mut response = axum::Json(value).into_response();
+    response.headers_mut().insert(HeaderName::from_static("x-repo-commit"), header_value(commit));
+    response
+}
+
+fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `GET /api/models/{repo}[/revision/{revision}]`: the repository's info; with `blobs`, each
+/// file's size and LFS digest.
+async fn model_info(state: &HubState, at: &RepoAt, blobs: bool) -> Result<Response, HubError> {
+    let date = hub_date(at.model.found_at);
+    let siblings: Vec<Value> = if blobs {
+        let files: Vec<&PublishedFile> = at.files.iter().collect();
+        let digests = state.sha256s(at, &files).await?;
+        at.files
+            .iter()
+            .zip(digests)
+            .map(|(file, digest)| {
+                let (oid, pointer_size) = repos::lfs_pointer_oid(&digest, file.size);
+                json!({
+                    "rfilename": file.path,
+                    "size": file.size,
+                    "blobId": oid,
+                    "lfs": { "sha256": hex::encode(digest), "size": file.size, "pointerSize": pointer_size },
+                })
+            })
+            .collect()
+    } else {
+        at.files.iter().map(|f| json!({ "rfilename": f.path })).collect()
+    };
+    let info = json!({
+        "_id": at.commit,
+        "id": at.repo,
+        "modelId": at.repo,
+        "author": at.repo.split_once('/').map(|(namespace, _)| namespace),
+        "sha": at.commit,
+        "lastModified": date,
+        "createdAt": date,
+        "private": state.tokens.required(),
+        "gated": false,
+        "disabled": false,
+        "downloads": 0,
+        "likes": 0,
+        "tags": ["safetensors"],
+        "library_name": Value::Null,
+        "siblings": siblings,
+        "usedStorage": at.files.iter().map(|f| f.size).sum::<u64>(),
+    });
+    Ok(json_response(&info, &at.commit))
+}
+
+/// One file's entry in a tree or paths-info listing.
+fn file_entry(at: &RepoAt, file: &PublishedFile, digest: &[u8; 32], expand: bool) -> Value {
+    let (oid, pointer_size) = repos::lfs_pointer_oid(digest, file.size);
+    let mut entry = json!({
+        "type": "file",
+        "oid": oid,
+        "size": file.size,
+        "path": file.path,
+        "lfs": { "oid": hex::encode(digest), "size": file.size, "pointerSize": pointer_size },
+    });
+    if expand {
+        entry["lastCommit"] = last_commit(at);
+    }
+    entry
+}
+
+fn directory_entry(at: &RepoAt, path: &str, expand: bool) -> Value {
+    let mut entry =
+        json!({ "type": "directory", "oid": repos::directory_oid(&at.commit, path), "size": 0, "path": path });
+    if expand {
+        entry["lastCommit"] = last_commit(at);
+    }
+    entry
+}
+
+fn last_commit(at: &RepoAt) -> Value {
+    json!({
+        "id": at.commit,
+        "title": format!("model version {}", crate::service::version_token(&at.model)),
+        "date": hub_date(at.model.found_at),
+    })
+}
+
+/// The entries of `entries` (of `at`) as JSON, computing the digests of their files.
+async fn entries_json(
+    state: &HubState,
+    at: &RepoAt,
+    entries: &[TreeEntry],
+    expand: bool,
+) -> Result<Vec<Value>, HubError> {
+    let files: Vec<&PublishedFile> = entries
+        .iter()
+        .filter_map(|e| match e {
+            TreeEntry::File(index) => Some(&at.files[*index]),
+            TreeEntry::Directory(_) => None,
+        })
+        .collect();
+    let mut digests = state.sha256s(at, &files).await?.into_iter();
+    Ok(entries
+        .iter()
+        .map(|entry| match entry {
+            TreeEntry::File(index) => {
+                let digest = digests.next().expect("one digest per file");
+                file_entry(at, &at.files[*index], &digest, expand)
+            }
+            TreeEntry::Directory(path) => directory_entry(at, path, expand),
+        })
+        .collect())
+}
+
+/// `GET /api/models/{repo}/tree/{revision}[/{path}]`: the files and directories below `path`
+/// (every one below it when `recursive`), a page of [`TREE_PAGE`] at a time with a `Link` to the
+/// next page.
+async fn tree(
+    state: &HubState,
+    at: &RepoAt,
+    path: &str,
+    query: &Query,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Response, HubError> {
+    let entries =
+        repos::tree(at.files.iter().map(|f| f.path.as_str()), path, query.flag("recursive")).ok_or_else(|| {
+            HubError::EntryNotFound { repo: at.repo.clone(), path: path.to_owned(), commit: at.commit.clone() }
+        })?;
+    let start = match query.get("cursor") {
+        None => 0,
+        Some(cursor) => cursor_start(cursor, &at.commit).ok_or_else(|| {
+            HubError::BadRequest(format!("cursor {cursor:?} is not one this listing gave, or its revision has changed"))
+        })?,
+    };
+    let end = (start + TREE_PAGE).min(entries.len());
+    let page = entries.get(start..end).unwrap_or_default();
+    let listed = entries_json(state, at, page, query.flag("expand")).await?;
+    let mut response = json_response(&Value::Array(listed), &at.commit);
+    if end < entries.len() {
+        let mut next = form_urlencoded::Serializer::new(String::new());
+        for (key, value) in query.0.iter().filter(|(k, _)| k != "cursor") {
+            next.append_pair(key, value);
+        }
+        next.append_pair("cursor", &format!("{}.{end}", at.commit));
+        let link = format!("<{}{}?{}>; rel=\"next\"", origin(headers), original_path(uri), next.finish());
+        response.headers_mut().insert(header::LINK, header_value(&link));
+    }
+    Ok(response)
+}
+
+/// Where the next page starts, from a cursor this listing gave (`{commit}.{offset}`) for the
+/// same commit.
+fn cursor_start(cursor: &str, commit: &str) -> Option<usize> {
+    let (of, offset) = cursor.split_once('.')?;
+    (of == commit).then(|| offset.parse().ok()).flatten()
+}
+
+/// The scheme and host a client reached the server at (a proxy's `X-Forwarded-Proto` honoured),
+/// for links it must follow as they are.
+fn origin(headers: &HeaderMap) -> String {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let scheme = text("x-forwarded-proto").filter(|p| matches!(*p, "http" | "https")).unwrap_or("http");
+    format!("{scheme}://{}", text("host").unwrap_or("localhost"))
+}
+
+/// The path as the client sent it, the API's prefix included.
+fn original_path(uri: &Uri) -> String {
+    format!("{}{}", routes::HUB, uri.path())
+}
+
+/// `POST /api/models/{repo}/paths-info/{revision}`: the entries of the paths asked for that
+/// exist (form or JSON: `paths`, `expand`).
+async fn paths_info(state: &HubState, at: &RepoAt, headers: &HeaderMap, body: &[u8]) -> Result<Response, HubError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json"));
+    let (paths, expand) = if is_json {
+        #[derive(serde::Deserialize)]
+        struct Asked {
+            paths: Vec<String>,
+            #[serde(default)]
+            expand: bool,
+        }
+        let asked: Asked = serde_json::from_slice(body).map_err(|e| {
+            HubError::BadRequest(format!("paths-info takes {{\"paths\": [...], \"expand\": bool}}: {e}"))
+        })?;
+        (asked.paths, asked.expand)
+    } else {
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+        let paths = pairs.iter().filter(|(k, _)| k == "paths").map(|(_, v)| v.clone()).collect();
+        (paths, pairs.iter().any(|(k, v)| k == "expand" && is_true(v)))
+    };
+    let all = repos::tree(at.files.iter().map(|f| f.path.as_str()), "", true).unwrap_or_default();
+    let entry_path = |entry: &TreeEntry| match entry {
+        TreeEntry::File(index) => at.files[*index].path.clone(),
+        TreeEntry::Directory(path) => path.clone(),
+    };
+    let mut found: Vec<TreeEntry> = Vec::new();
+    for path in paths.iter().map(|p| p.trim_matches('/')) {
+        if let Some(entry) = all.iter().find(|e| entry_path(e) == path) {
+            if !found.contains(entry) {
+                found.push(entry.clone());
+            }
+        }
+    }
+    let listed = entries_json(state, at, &found, expand).await?;
+    Ok(json_response(&Value::Array(listed), &at.commit))
+}
+
+/// `GET|HEAD /{repo}/resolve/{revision}/{path}`: at `main`, a redirect to the same file at the
+/// commit (so the bytes of one download all come from one version); at the commit, the file's
+/// bytes with ranges, its SHA-256 as `ETag` and `X-Linked-Etag`, `X-Linked-Size` and
+/// `X-Repo-Commit`.
+async fn resolve(
+    state: &HubState,
+    at: &RepoAt,
+    path: &str,
+    head: bool,
+    headers: &HeaderMap,
+) -> Result<Response, HubError> {
+    let file = at.file(path)?;
+    let commit = (HeaderName::from_static("x-repo-commit"), header_value(&at.commit));
+    if !at.pinned {
+        let encoded: Vec<String> = path.split('/').map(crate::api::segment).collect();
+        let location = format!("{}/{}/resolve/{}/{}", routes::HUB, at.repo, at.commit, encoded.join("/"));
+        return Ok((
+            StatusCode::FOUND,
+            [
+                (header::LOCATION, header_value(&location)),
+                commit,
+                (header::CACHE_CONTROL, crate::transport::respond::REVALIDATE),
+            ],
+        )
+            .into_response());
+    }
+    let digest = state.sha256(at, file).await?;
+    let bytes = state.service.published_bytes(&at.catalog, &at.model, &at.manifest, &file.what).await?;
+    let etag = format!("\"{}\"", hex::encode(digest));
+    let representation = Representation {
+        source: bytes.source,
+        etag: etag.clone(),
+        content_type: crate::format::view::media_type(path),
+        headers: vec![
+            commit,
+            (HeaderName::from_static("x-linked-etag"), header_value(&etag)),
+            (HeaderName::from_static("x-linked-size"), HeaderValue::from(file.size)),
+            (header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=31536000, immutable")),
+        ],
+        guard: None,
+    };
+    Ok(bytes_response(headers, head, representation, state.service.config.limits.max_ranges).await?)
+}

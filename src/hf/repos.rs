@@ -1,0 +1,345 @@
+//! Which Hub repository is which model, pure: the collision-free mapping between model ids and
+//! repo ids, the request paths of the Hub's read API, the commit id of a model version's
+//! files, and the tree of a repository's files (directories derived from the paths).
+
+use std::collections::BTreeSet;
+
+use sha2::Digest as _;
+
+/// The longest namespace or name `huggingface_hub` accepts.
+const MAX_REPO_PART: usize = 96;
+
+/// Whether `part` is a namespace or name the Hub client accepts: 1 to 96 of `A-Z a-z 0-9 - _ .`,
+/// starting and ending with a letter, digit or `_`, without `--` or `..`, not ending in `.git`.
+fn is_repo_part(part: &str) -> bool {
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    (1..=MAX_REPO_PART).contains(&part.len())
+        && part.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && word(part.chars().next())
+        && word(part.chars().last())
+        && !part.contains("--")
+        && !part.contains("..")
+        && !part.ends_with(".git")
+}
+
+/// Joins the segments of a model id deeper than `namespace/name` in a repo name.
+const DEEP_JOIN: &str = "__";
+
+/// The repo id of model `id`: the id itself when it is `name` or `namespace/name`; for a deeper
+/// id, its first segment as the namespace and the rest joined with `__` as the name
+/// (`org/team/llama` is `org/team__llama`). `None` when the id cannot be written so: a part
+/// the Hub client refuses, or a segment that is empty, holds `__` or starts or ends with `_`
+/// (any of which would make two ids meet in one repo id).
+pub(crate) fn repo_id_of(id: &str) -> Option<String> {
+    let segments: Vec<&str> = id.split('/').collect();
+    if segments.iter().any(|s| s.is_empty() || s.contains(DEEP_JOIN)) {
+        return None;
+    }
+    let repo = match segments[..] {
+        [_] | [_, _] => id.to_owned(),
+        [namespace, ref rest @ ..] => {
+            if rest.iter().any(|s| s.starts_with('_') || s.ends_with('_')) {
+                return None;
+            }
+            format!("{namespace}/{}", rest.join(DEEP_JOIN))
+        }
+        [] => return None,
+    };
+    repo.split('/').all(is_repo_part).then_some(repo)
+}
+
+/// The model id repo `repo` stands for, if any model id maps to it ([`repo_id_of`]'s inverse).
+pub(crate) fn model_id_of(repo: &str) -> Option<String> {
+    let id = match repo.split_once('/') {
+        Some((namespace, name)) if name.contains(DEEP_JOIN) => format!("{namespace}/{}", name.replace(DEEP_JOIN, "/")),
+        _ => repo.to_owned(),
+    };
+    (repo_id_of(&id).as_deref() == Some(repo)).then_some(id)
+}
+
+/// What a request under the Hub API asks for (paths below the API's prefix, each segment
+/// percent-decoded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HubRoute {
+    /// `GET /api/models/{repo}` and `/api/models/{repo}/revision/{revision}`.
+    Info { repo: String, revision: Option<String> },
+    /// `GET /api/models/{repo}/tree/{revision}[/{path}]`.
+    Tree { repo: String, revision: String, path: String },
+    /// `POST /api/models/{repo}/paths-info/{revision}`.
+    PathsInfo { repo: String, revision: String },
+    /// `GET|HEAD /{repo}/resolve/{revision}/{path}`.
+    Resolve { repo: String, revision: String, path: String },
+    /// A route of another repository type (datasets, spaces): no such repository here.
+    OtherRepoType { repo: String },
+    /// A route of the Hub API that is not served (writes, listings, discussions…).
+    NotServed(String),
+    /// No route of the Hub API.
+    Unknown,
+}
+
+/// The route of `segments` (the path below the API's prefix), where `is_repo` says which repo
+/// ids exist: `name` and `namespace/name` both being possible, a known repo wins, and otherwise
+/// the reading whose next segment is the operation.
+pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubRoute {
+    let operation_after = |rest: &[String], operations: &[&str]| -> Option<(String, usize)> {
+        let two = (rest.len() >= 2).then(|| format!("{}/{}", rest[0], rest[1]));
+        let follows = |at: usize| rest.get(at).is_none_or(|s| operations.contains(&s.as_str()));
+        match two {
+            Some(two) if is_repo(&two) && follows(2) => Some((two, 2)),
+            _ if !rest.is_empty() && is_repo(&rest[0]) && follows(1) => Some((rest[0].clone(), 1)),
+            Some(_) if rest.get(1).is_some_and(|s| operations.contains(&s.as_str())) => Some((rest[0].clone(), 1)),
+            Some(two) => Some((two, 2)),
+            None => rest.first().map(|one| (one.clone(), 1)),
+        }
+    };
+    let tail = |rest: &[String]| rest.join("/");
+    match segments.first().map(String::as_str) {
+        Some("api") => match segments.get(1).map(String::as_str) {
+            Some("models") if segments.len() == 2 => HubRoute::NotServed("listing models".into()),
+            Some("models") => {
+                let rest = &segments[2..];
+                let Some((repo, at)) = operation_after(rest, &["revision", "tree", "paths-info"]) else {
+                    return HubRoute::Unknown;
+                };
+                match &rest[at..] {
+                    [] => HubRoute::Info { repo, revision: None },
+                    [op, revision] if op == "revision" => HubRoute::Info { repo, revision: Some(revision.clone()) },
+                    [op, revision, path @ ..] if op == "tree" => {
+                        HubRoute::Tree { repo, revision: revision.clone(), path: tail(path) }
+                    }
+                    [op, revision] if op == "paths-info" => HubRoute::PathsInfo { repo, revision: revision.clone() },
+                    [op, ..] => HubRoute::NotServed(format!("the {op:?} operation on models")),
+                }
+            }
+            Some(kind @ ("datasets" | "spaces")) => {
+                HubRoute::OtherRepoType { repo: format!("{kind}/{}", tail(&segments[2..])) }
+            }
+            _ => HubRoute::NotServed(format!("/api/{}", tail(&segments[1..]))),
+        },
+        Some(_) => {
+            let (prefix, rest) = match segments[0].as_str() {
+                kind @ ("datasets" | "spaces")
+                    if !is_repo(&format!("{kind}/{}", segments.get(1).map_or("", |s| s))) =>
+                {
+                    (Some(kind), &segments[1..])
+                }
+                _ => (None, segments),
+            };
+            let Some((repo, at)) = operation_after(rest, &["resolve"]) else { return HubRoute::Unknown };
+            match &rest[at..] {
+                [op, revision, path @ ..] if op == "resolve" && !path.is_empty() => match prefix {
+                    Some(kind) => HubRoute::OtherRepoType { repo: format!("{kind}/{repo}") },
+                    None => HubRoute::Resolve { repo, revision: revision.clone(), path: tail(path) },
+                },
+                _ => HubRoute::Unknown,
+            }
+        }
+        None => HubRoute::Unknown,
+    }
+}
+
+/// The commit id of a repository whose files are `files` (path and strong ETag each): 40 hex
+/// digits, as a git commit id is, that change whenever any file's version does.
+pub(crate) fn commit_of<'f>(files: impl Iterator<Item = (&'f str, &'f str)>) -> String {
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"ztserve hub commit\0");
+    for (path, etag) in files {
+        hasher.update(path.as_bytes());
+        hasher.update([0]);
+        hasher.update(etag.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(&hasher.finalize()[..20])
+}
+
+/// The git blob id of the LFS pointer file for a file of `size` bytes with SHA-256 `sha256`:
+/// what the Hub gives as an LFS file's `oid` (its blob id in the repository).
+pub(crate) fn lfs_pointer_oid(sha256: &[u8; 32], size: u64) -> (String, usize) {
+    let pointer = lfs_pointer(sha256, size);
+    let mut hasher = sha1::Sha1::new();
+    hasher.update(format!("blob {}\0", pointer.len()).as_bytes());
+    hasher.update(pointer.as_bytes());
+    (hex::encode(hasher.finalize()), pointer.len())
+}
+
+fn lfs_pointer(sha256: &[u8; 32], size: u64) -> String {
+    format!("version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize {size}\n", hex::encode(sha256))
+}
+
+/// A directory's `oid` in a tree listing: stable for a commit and path (ztserve keeps no git
+/// trees; clients only compare it).
+pub(crate) fn directory_oid(commit: &str, path: &str) -> String {
+    let mut hasher = sha1::Sha1::new();
+    hasher.update(format!("tree {commit}\0{path}").as_bytes());
+    hex::encode(hasher.finalize())
+}
+
+/// One entry of a tree listing, by index into the repository's files for a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TreeEntry {
+    File(usize),
+    Directory(String),
+}
+
+/// The entries below directory `under` (`""`: the root) of a repository whose files have
+/// `paths`: its files and directories, or, when `recursive`, every file and directory below
+/// it; sorted by path. `None` when `under` is no directory of the repository.
+pub(crate) fn tree<'p>(paths: impl Iterator<Item = &'p str>, under: &str, recursive: bool) -> Option<Vec<TreeEntry>> {
+    let under = under.trim_matches('/');
+    let prefix = if under.is_empty() { String::new() } else { format!("{under}/") };
+    let mut found = under.is_empty();
+    let mut entries: Vec<(String, TreeEntry)> = Vec::new();
+    let mut directories = BTreeSet::new();
+    for (index, path) in paths.enumerate() {
+        let Some(rest) = path.strip_prefix(prefix.as_str()) else { continue };
+        found = true;
+        let mut parts: Vec<&str> = rest.split('/').collect();
+        let _file = parts.pop();
+        if recursive {
+            for depth in 1..=parts.len() {
+                directories.insert(format!("{prefix}{}", parts[..depth].join("/")));
+            }
+            entries.push((path.to_owned(), TreeEntry::File(index)));
+        } else if let Some(first) = parts.first() {
+            directories.insert(format!("{prefix}{first}"));
+        } else {
+            entries.push((path.to_owned(), TreeEntry::File(index)));
+        }
+    }
+    if !found {
+        return None;
+    }
+    entries.extend(directories.into_iter().map(|d| (d.clone(), TreeEntry::Directory(d))));
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    Some(entries.into_iter().map(|(_, entry)| entry).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids_map_to_repo_ids_and_back_without_two_ids_meeting() {
+        for (id, repo) in [
+            ("llama", Some("llama")),
+            ("org/llama-3.1_8B", Some("org/llama-3.1_8B")),
+            ("org/team/llama", Some("org/team__llama")),
+            ("a/b/c/d", Some("a/b__c__d")),
+            // Ids that would meet another's repo id, or that the Hub client refuses.
+            ("org/team__llama", None),
+            ("org/team_/llama", None),
+            ("org/_team/llama", None),
+            ("org/-llama", None),
+            ("org/llama.", None),
+            ("org/llama--x", None),
+            ("org/llama..x", None),
+            ("org/llama.git", None),
+            ("org/llama x", None),
+            ("org/ll\u{e4}ma", None),
+        ] {
+            assert_eq!(repo_id_of(id).as_deref(), repo, "{id}");
+            if let Some(repo) = repo {
+                assert_eq!(model_id_of(repo).as_deref(), Some(id), "{repo}");
+            }
+        }
+        assert_eq!(repo_id_of(&"x".repeat(97)), None);
+        assert_eq!(repo_id_of(&"x".repeat(96)).map(|r| r.len()), Some(96));
+        for repo in ["org/team__llama_", "org/team____llama", "a__b", "org/team__", "org/__team"] {
+            assert_eq!(model_id_of(repo), None, "{repo}");
+        }
+    }
+
+    fn segments(path: &str) -> Vec<String> {
+        path.split('/').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn request_paths_are_read_as_the_hub_api_routes_they_name() {
+        let known = |repo: &str| ["gpt2", "org/llama", "org/tree"].contains(&repo);
+        let info = |repo: &str, revision: Option<&str>| HubRoute::Info {
+            repo: repo.into(),
+            revision: revision.map(str::to_owned),
+        };
+        for (path, expected) in [
+            ("api/models/gpt2", info("gpt2", None)),
+            ("api/models/org/llama", info("org/llama", None)),
+            ("api/models/org/llama/revision/main", info("org/llama", Some("main"))),
+            ("api/models/gpt2/revision/refs/pr/1", HubRoute::NotServed("the \"revision\" operation on models".into())),
+            ("api/models/gpt2/revision/refs%2Fpr%2F1", info("gpt2", Some("refs%2Fpr%2F1"))),
+            (
+                "api/models/org/tree/tree/main",
+                HubRoute::Tree { repo: "org/tree".into(), revision: "main".into(), path: String::new() },
+            ),
+            (
+                "api/models/org/llama/tree/main/tokenizer/a",
+                HubRoute::Tree { repo: "org/llama".into(), revision: "main".into(), path: "tokenizer/a".into() },
+            ),
+            (
+                "api/models/missing/tree/main",
+                HubRoute::Tree { repo: "missing".into(), revision: "main".into(), path: String::new() },
+            ),
+            ("api/models/org/missing", info("org/missing", None)),
+            (
+                "api/models/org/llama/paths-info/abc",
+                HubRoute::PathsInfo { repo: "org/llama".into(), revision: "abc".into() },
+            ),
+            ("api/models/org/llama/discussions", HubRoute::NotServed("the \"discussions\" operation on models".into())),
+            ("api/models", HubRoute::NotServed("listing models".into())),
+            ("api/whoami-v2", HubRoute::NotServed("/api/whoami-v2".into())),
+            ("api/datasets/org/data", HubRoute::OtherRepoType { repo: "datasets/org/data".into() }),
+            (
+                "org/llama/resolve/main/config.json",
+                HubRoute::Resolve { repo: "org/llama".into(), revision: "main".into(), path: "config.json".into() },
+            ),
+            (
+                "gpt2/resolve/abc/sub/dir/vocab.txt",
+                HubRoute::Resolve { repo: "gpt2".into(), revision: "abc".into(), path: "sub/dir/vocab.txt".into() },
+            ),
+            ("datasets/org/data/resolve/main/x.csv", HubRoute::OtherRepoType { repo: "datasets/org/data".into() }),
+            ("org/llama/resolve/main", HubRoute::Unknown),
+            ("org/llama/blob/main/config.json", HubRoute::Unknown),
+            ("", HubRoute::Unknown),
+        ] {
+            // Segments arrive percent-decoded; one holding `%2F` stands for a decoded `/`.
+            assert_eq!(route(&segments(path), known), expected, "{path}");
+        }
+    }
+
+    #[test]
+    fn commit_ids_are_forty_hex_digits_that_change_with_any_file_version() {
+        let a = commit_of([("config.json", "\"1\""), ("model.safetensors", "\"2\"")].into_iter());
+        let b = commit_of([("config.json", "\"1\""), ("model.safetensors", "\"3\"")].into_iter());
+        let is_commit_id =
+            |t: &str| t.len() == 40 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        assert!(is_commit_id(&a) && is_commit_id(&b) && a != b, "{a} {b}");
+    }
+
+    #[test]
+    fn an_lfs_oid_is_the_git_blob_id_of_the_pointer_file() {
+        // `git lfs pointer` of the empty file, then `git hash-object` of that pointer.
+        let empty: [u8; 32] = sha2::Sha256::digest(b"").into();
+        let (oid, pointer_size) = lfs_pointer_oid(&empty, 0);
+        assert_eq!(pointer_size, 126);
+        let pointer = lfs_pointer(&empty, 0);
+        let expected = hex::encode(sha1::Sha1::digest(format!("blob {}\0{pointer}", pointer.len()).as_bytes()));
+        assert_eq!(oid, expected);
+    }
+
+    #[test]
+    fn trees_list_files_and_directories_below_a_path() {
+        let paths = ["config.json", "model.safetensors", "tokenizer/merges.txt", "tokenizer/sub/vocab.json"];
+        let tree = |under: &str, recursive: bool| tree(paths.iter().copied(), under, recursive);
+        use TreeEntry::{Directory as D, File as F};
+        assert_eq!(tree("", false), Some(vec![F(0), F(1), D("tokenizer".into())]));
+        assert_eq!(
+            tree("", true),
+            Some(vec![F(0), F(1), D("tokenizer".into()), F(2), D("tokenizer/sub".into()), F(3)])
+        );
+        assert_eq!(tree("tokenizer", false), Some(vec![F(2), D("tokenizer/sub".into())]));
+        assert_eq!(tree("tokenizer/", true), Some(vec![F(2), D("tokenizer/sub".into()), F(3)]));
+        assert_eq!(tree("tokenizer/sub", false), Some(vec![F(3)]));
+        assert_eq!(tree("missing", false), None);
+        assert_eq!(tree("config.json", false), None);
+        assert_eq!(tree("tok", false), None);
+    }
+}
