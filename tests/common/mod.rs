@@ -4,6 +4,8 @@
 // Each test file uses some of these helpers, and reaches them through its private `mod common`.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod corpus;
+
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -271,15 +273,24 @@ pub fn head_request(address: &str, path: &str) -> String {
 /// A GET with `headers` on a new connection (`Connection: close`), read to the end and timed
 /// to its first body byte and to its end. A body cut short comes back with `complete` false.
 pub fn request(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    send(address, "GET", path, headers, b"")
+}
+
+/// [`request`] with any method and a body (sent with its `Content-Length` when not empty).
+pub fn send(address: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let mut extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    if !body.is_empty() {
+        extra.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     let started = std::time::Instant::now();
     // One write of the whole request, and its failure tolerated: a server that refuses an
     // oversized head answers and closes before reading the rest, and a write after that fails
     // however fast the machine; the answer is still there to read, and the caller checks it.
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n");
-    let _ = stream.write_all(request.as_bytes());
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").into_bytes();
+    request.extend_from_slice(body);
+    let _ = stream.write_all(&request);
     let mut received = Vec::new();
     let mut buffer = vec![0u8; 1 << 16];
     let (mut first_byte, mut head_end, mut clean_end) = (None, None, true);

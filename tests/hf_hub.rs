@@ -1,0 +1,402 @@
+//! The Hugging Face Hub API at `/hf`, read by the clients GPU workers load through
+//! (tests/interop/hub_clients.py): `huggingface_hub` 2.x (`snapshot_download` online and then
+//! offline, `hf_hub_download` pinned by commit, `hf download --local-dir`, `HfFileSystem`,
+//! `hf cache verify`), 1.x and 0.36 (`snapshot_download`; 0.36 resuming a download cut off
+//! midway with a range), and
+//! transformers' `AutoConfig` and `AutoTokenizer`. The models are the loader corpus (an official
+//! 1.2.3 file with zstd, official 2.1.2 files, seekable among them, the safetensors peers'
+//! checkpoints, one sharded with its config and tokenizer), from a local directory and from S3;
+//! every tensor is compared with what the official reader returned from the source file. The
+//! Hub's statuses and error codes, paging, revisions and access are checked over plain HTTP.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::corpus::write_loader_models;
+use common::{ModelSource, metric, request_async, run_interop_script, send, serve};
+use serde_json::{Value, json};
+use ztserve::config::Config;
+use ztserve::format::DType;
+
+/// The repo id of model `id`, as README's "Loading with transformers, vLLM and SGLang" says:
+/// the id itself for `name` and `namespace/name`, deeper ids joined after the first segment
+/// with `__`.
+fn repo_of(id: &str) -> String {
+    match id.split_once('/') {
+        Some((namespace, rest)) => format!("{namespace}/{}", rest.replace('/', "__")),
+        None => id.to_owned(),
+    }
+}
+
+/// Every file below `dir`, by its path below it.
+fn files_below(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(at) = pending.pop() {
+        for entry in fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let relative = path.strip_prefix(dir).unwrap().to_str().unwrap().to_owned();
+                found.push((relative, path));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn hub_requests(status: Option<&str>) -> f64 {
+    match status {
+        Some(status) => metric("ztserve_http_requests_total", &[("route", "/hf"), ("status", status)]),
+        None => metric("ztserve_http_requests_total", &[("route", "/hf")]),
+    }
+}
+
+/// Runs hub_clients.py MODE PLAN in `venv`; its JSON summary.
+async fn hub_clients(venv: &'static str, mode: &'static str, plan: &Path) -> Value {
+    let plan = plan.to_owned();
+    let out =
+        tokio::task::spawn_blocking(move || run_interop_script(venv, "hub_clients.py", &[Path::new(mode), &plan]))
+            .await
+            .unwrap();
+    serde_json::from_str(out.trim().lines().last().unwrap()).unwrap()
+}
+
+/// The loader corpus, with a real config and tokenizer beside the sharded checkpoint, in
+/// `source`; the repositories the clients load, each with its tensors' expected bytes and its
+/// companions' local copies.
+async fn write_corpus(dir: &Path, source: &ModelSource) -> (Value, u64) {
+    let (work, models) = (dir.join("work"), dir.join("models"));
+    let expected = write_loader_models(&work, &models);
+    run_interop_script("hub-2.4.0", "hub_clients.py", &[Path::new("companions"), &models.join("hf/llama")]);
+    for (relative, path) in files_below(&models) {
+        // The 600 small models page the S3 listing; the Hub's paging is checked below.
+        if !relative.starts_with("many/") {
+            source.put(&relative, &fs::read(&path).unwrap()).await;
+        }
+    }
+    let companions: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
+        ("hf/llama", vec!["config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer/vocab.txt"]),
+        ("zt12/official", vec!["generation_config.json"]),
+    ]);
+    let mut repos = serde_json::Map::new();
+    let mut tensors = 0;
+    for (id, bins) in &expected {
+        let dir_of_model = if id == "zt12/official" { "zt12" } else { id.as_str() };
+        let companions: serde_json::Map<String, Value> = companions
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .map(|name| (name.to_string(), json!(models.join(dir_of_model).join(name))))
+            .collect();
+        let held: BTreeMap<&String, &PathBuf> = bins.iter().collect();
+        tensors += held.len() as u64;
+        repos.insert(repo_of(id), json!({ "id": id, "tensors": held, "companions": companions }));
+    }
+    (Value::Object(repos), tensors)
+}
+
+/// Drops from each repository's expected tensors those its safetensors view leaves out (a
+/// safetensors file cannot hold them; the manifest says which).
+async fn only_viewable(address: &str, repos: &mut Value) -> u64 {
+    let mut tensors = 0;
+    for (_, repo) in repos.as_object_mut().unwrap() {
+        let id = repo["id"].as_str().unwrap().to_owned();
+        let manifest = request_async(address, &format!("/models/{}", id.replace('/', "%2F")), &[]).await.json();
+        let excluded: Vec<String> = manifest["safetensors_view"]["excluded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["object"].as_str().unwrap().to_owned())
+            .collect();
+        let held = repo["tensors"].as_object_mut().unwrap();
+        held.retain(|name, _| !excluded.contains(name));
+        tensors += held.len() as u64;
+    }
+    tensors
+}
+
+async fn hub_clients_load_every_model(source: ModelSource) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut repos, _) = write_corpus(dir.path(), &source).await;
+    let mut config = source.config(Config::default());
+    config.digests.store = Some(dir.path().join("digests"));
+    let (address, _server) = serve(config.clone()).await;
+    let tensors = only_viewable(&address, &mut repos).await;
+    assert!(
+        repos.as_object().unwrap().len() >= 8 && tensors > 50,
+        "{} repos, {tensors} tensors",
+        repos.as_object().unwrap().len()
+    );
+
+    // What the clients load: every repository, the view of a large model's file, the tokenizer.
+    let resume_local = dir.path().join("resume.safetensors");
+    let view = request_async(&address, "/models/zt12%2Fofficial/model.safetensors", &[]).await;
+    assert_eq!(view.status, 200);
+    fs::write(&resume_local, &view.body).unwrap();
+    let plan = |cache: &str| {
+        json!({
+            "endpoint": format!("http://{address}/hf"),
+            "cache": dir.path().join(cache),
+            "repos": repos,
+            "transformers_repo": "hf/llama",
+            "resume": { "repo": "zt12/official", "path": "model.safetensors", "local": resume_local },
+        })
+    };
+    let plan_path = dir.path().join("plan.json");
+    fs::write(&plan_path, serde_json::to_vec(&plan("cache")).unwrap()).unwrap();
+
+    let hashed_before = metric("ztserve_file_digest_bytes_total", &[]);
+    let checked = hub_clients("hub-2.4.0", "check", &plan_path).await;
+    eprintln!("huggingface_hub 2.4.0 and transformers: {checked}");
+    assert_eq!(checked["tensors"], tensors, "{checked}");
+    assert_eq!(checked["transformers"], "hf/llama");
+    // Each file's digest was computed once, however many clients and requests asked for it.
+    let mut published = 0u64;
+    for (repo, _) in repos.as_object().unwrap() {
+        let tree = request_async(&address, &format!("/hf/api/models/{repo}/tree/main?recursive=true"), &[]).await;
+        published += tree.json().as_array().unwrap().iter().map(|e| e["size"].as_u64().unwrap()).sum::<u64>();
+    }
+    assert_eq!(metric("ztserve_file_digest_bytes_total", &[]) - hashed_before, published as f64);
+
+    // Offline, from the cache the online run filled: no request reaches the server.
+    let requests = hub_requests(None);
+    let offline = hub_clients("hub-2.4.0", "offline", &plan_path).await;
+    assert_eq!(offline["tensors"], tensors, "{offline}");
+    assert_eq!(hub_requests(None), requests, "HF_HUB_OFFLINE=1 sent requests to the server");
+
+    // Earlier releases, each into a cache of its own.
+    for venv in ["hub-1.33.0", "hub-0.36.2"] {
+        let path = dir.path().join(format!("plan-{venv}.json"));
+        fs::write(&path, serde_json::to_vec(&plan(&format!("cache-{venv}"))).unwrap()).unwrap();
+        let loaded = hub_clients(venv, "snapshot", &path).await;
+        assert_eq!(loaded["tensors"], tensors, "{venv}: {loaded}");
+    }
+
+    // A download cut off midway resumes with a range. (Releases from 1.x on download into a
+    // file of their own per process and resume only within one, on a retry; 0.36 resumes the
+    // `.incomplete` file a killed process left.)
+    let partial = hub_requests(Some("206"));
+    let resumed = hub_clients("hub-0.36.2", "resume", &plan_path).await;
+    assert!(resumed["resumed"].as_u64().unwrap() > 0, "{resumed}");
+    assert!(hub_requests(Some("206")) > partial, "the resumed download sent no range request");
+
+    // Restarted over the same digest store, the server reads no file to list the digests.
+    let hashed = metric("ztserve_file_digest_bytes_total", &[]);
+    let (again, _restarted) = serve(config).await;
+    for (repo, _) in repos.as_object().unwrap() {
+        let tree = request_async(&again, &format!("/hf/api/models/{repo}/tree/main?recursive=true"), &[]).await;
+        assert_eq!(tree.status, 200, "{repo}");
+    }
+    assert_eq!(metric("ztserve_file_digest_bytes_total", &[]), hashed, "digests were computed again after a restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_clients_load_every_model_from_a_local_directory() {
+    hub_clients_load_every_model(ModelSource::local()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_clients_load_every_model_from_s3() {
+    hub_clients_load_every_model(ModelSource::s3()).await;
+}
+
+const EVERYTHING: &str = "hub-token-everything-0123456789";
+const TEAM: &str = "hub-token-team-only-0123456789";
+
+/// Sends `method path` to the server with `token` (if any) off the test's runtime.
+async fn hub(
+    address: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &[u8],
+) -> common::Reply {
+    let (address, method, path, body) = (address.to_owned(), method.to_owned(), path.to_owned(), body.to_vec());
+    let mut headers: Vec<(String, String)> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    if let Some(token) = token {
+        headers.push(("Authorization".into(), format!("Bearer {token}")));
+    }
+    tokio::task::spawn_blocking(move || {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        send(&address, &method, &path, &headers, &body)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions() {
+    let source = ModelSource::local();
+    let weights: Vec<u8> = (0..64u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    source.put("team/llama/model.zt", &common::model(&[("w", DType::F32, &weights, true)])).await;
+    source.put("team/llama/config.json", b"{\"model_type\": \"llama\"}").await;
+    for i in 0..1100 {
+        source.put(&format!("team/llama/extra/f{i:04}.txt"), format!("{i}").as_bytes()).await;
+    }
+    // Ids deeper than namespace/name are repositories with the rest joined by `__`: a model
+    // file alone in its directory is named by its path (team/llama/model.zt is team/llama/model).
+    source.put("other/deep/er/model.zt", &common::model(&[("w", DType::U8, b"abc", false)])).await;
+    let mut config = source.config(Config::default());
+    config.auth.tokens = vec![
+        ztserve::config::TokenEntry::parse(EVERYTHING).unwrap(),
+        ztserve::config::TokenEntry::parse(&format!("{TEAM} team")).unwrap(),
+    ];
+    let (address, server) = serve(config).await;
+    let a = address.as_str();
+    let ok = Some(EVERYTHING);
+
+    // Access: anonymous is 401 RepoNotFound whether or not the repo exists; a token that does
+    // not reach a repo is 404 as for a missing one; a bad token is 401 without a code.
+    for (path, token, status, code) in [
+        ("/hf/api/models/team/llama__model", None, 401, Some("RepoNotFound")),
+        ("/hf/api/models/team/missing", None, 401, Some("RepoNotFound")),
+        ("/hf/api/models/other/deep__er__model", Some(TEAM), 404, Some("RepoNotFound")),
+        ("/hf/api/models/team/missing", ok, 404, Some("RepoNotFound")),
+        ("/hf/api/models/team/llama__model", Some("not-a-valid-token-0123456789"), 401, None),
+        ("/hf/api/datasets/team/llama", ok, 404, Some("RepoNotFound")),
+        ("/hf/datasets/team/llama/resolve/main/config.json", ok, 404, Some("RepoNotFound")),
+        ("/hf/api/models/team/llama__model/revision/refs%2Fpr%2F1", ok, 404, Some("RevisionNotFound")),
+        ("/hf/api/models/team/llama__model/tree/main/missing", ok, 404, Some("EntryNotFound")),
+        ("/hf/team/llama__model/resolve/main/missing.json", ok, 404, Some("EntryNotFound")),
+        ("/hf/api/whoami-v2", ok, 501, None),
+        ("/hf/api/models", ok, 501, None),
+        ("/hf/api/models/team/llama__model/discussions", ok, 501, None),
+        ("/hf/team/llama__model/blob/main/config.json", ok, 404, None),
+        ("/hf/", ok, 404, None),
+    ] {
+        let reply = hub(a, "GET", path, token, &[], b"").await;
+        assert_eq!((reply.status, reply.header("x-error-code")), (status, code), "{path}: {}", reply.head);
+        assert!(reply.json()["error"].is_string(), "{path}");
+        if code == Some("EntryNotFound") {
+            assert_eq!(reply.header("x-repo-commit").map(str::len), Some(40), "{path}");
+        }
+    }
+    let refused =
+        hub(a, "GET", "/hf/api/models/team/llama__model", Some("not-a-valid-token-0123456789"), &[], b"").await;
+    assert_eq!(refused.header("x-error-message"), Some("Invalid credentials in Authorization header"));
+    assert_eq!(hub(a, "POST", "/hf/team/llama__model/resolve/main/config.json", ok, &[], b"x").await.status, 405);
+
+    // Info with and without a revision: main and the commit are the same version.
+    let info = hub(a, "GET", "/hf/api/models/team/llama__model", Some(TEAM), &[], b"").await.json();
+    let commit = info["sha"].as_str().unwrap().to_owned();
+    assert_eq!(commit.len(), 40);
+    assert_eq!(
+        (info["id"].as_str(), info["private"].as_bool(), info["gated"].as_bool()),
+        (Some("team/llama__model"), Some(true), Some(false))
+    );
+    assert_eq!(info["siblings"].as_array().unwrap().len(), 1102, "config, 1,100 extra files and the view");
+    for revision in ["main", commit.as_str()] {
+        let at =
+            hub(a, "GET", &format!("/hf/api/models/team/llama__model/revision/{revision}"), ok, &[], b"").await.json();
+        assert_eq!(at["sha"], commit.as_str());
+    }
+    let deep = hub(a, "GET", "/hf/api/models/other/deep__er__model", ok, &[], b"").await.json();
+    assert_eq!(
+        deep["siblings"],
+        json!([{ "rfilename": "model.safetensors" }]),
+        "the view; the stored .zt is not listed"
+    );
+
+    // The tree pages at 1,000 entries, the Link giving the next page with the same parameters.
+    let first =
+        hub(a, "GET", "/hf/api/models/team/llama__model/tree/main?recursive=true&expand=true", ok, &[], b"").await;
+    let link = first.header("link").expect("a next page").to_owned();
+    let next = link.trim_start_matches('<').split('>').next().unwrap();
+    let next = &next[next.find("/hf/").unwrap()..];
+    assert!(
+        next.contains("recursive=true") && next.contains("expand=true") && link.ends_with("rel=\"next\""),
+        "{link}"
+    );
+    let second = hub(a, "GET", next, ok, &[], b"").await;
+    assert_eq!(second.header("link"), None);
+    let entries: Vec<Value> =
+        [first.json(), second.json()].into_iter().flat_map(|p| p.as_array().unwrap().clone()).collect();
+    assert_eq!(first.json().as_array().unwrap().len(), 1000);
+    let paths: Vec<&str> = entries.iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(paths.len(), 1103, "1,102 files and the directory extra");
+    assert!(paths.contains(&"extra") && paths.contains(&"extra/f1099.txt") && paths.contains(&"model.safetensors"));
+    assert!(entries.iter().all(|e| e["lastCommit"]["id"] == commit.as_str()));
+    let top = hub(a, "GET", "/hf/api/models/team/llama__model/tree/main", ok, &[], b"").await.json();
+    let top: Vec<&str> = top.as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(top, ["config.json", "extra", "model.safetensors"]);
+
+    // paths-info, as a form (huggingface_hub) and as JSON.
+    let form = b"paths=config.json&paths=extra&paths=missing&expand=True";
+    let content_type = [("Content-Type", "application/x-www-form-urlencoded")];
+    let found =
+        hub(a, "POST", &format!("/hf/api/models/team/llama__model/paths-info/{commit}"), ok, &content_type, form).await;
+    let found = found.json();
+    assert_eq!(found.as_array().unwrap().len(), 2, "{found}");
+    let config_sha = found[0]["lfs"]["oid"].as_str().unwrap();
+    let expected_sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"{\"model_type\": \"llama\"}"));
+    assert_eq!(config_sha, expected_sha);
+    assert_eq!(found[1]["type"], "directory");
+    let json_body = br#"{"paths": ["model.safetensors"]}"#;
+    let by_json = hub(
+        a,
+        "POST",
+        "/hf/api/models/team/llama__model/paths-info/main",
+        ok,
+        &[("Content-Type", "application/json")],
+        json_body,
+    )
+    .await;
+    assert_eq!(by_json.json()[0]["path"], "model.safetensors");
+
+    // resolve: main redirects to the commit; the commit answers the bytes, their SHA-256 as
+    // the ETag, the size, ranges.
+    let moved = hub(a, "HEAD", "/hf/team/llama__model/resolve/main/config.json", ok, &[], b"").await;
+    assert_eq!(moved.status, 302);
+    assert_eq!(moved.header("location"), Some(format!("/hf/team/llama__model/resolve/{commit}/config.json").as_str()));
+    let at_commit = format!("/hf/team/llama__model/resolve/{commit}/config.json");
+    let head = hub(a, "HEAD", &at_commit, ok, &[], b"").await;
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("etag"), Some(format!("\"{expected_sha}\"").as_str()));
+    assert_eq!(head.header("x-linked-etag"), head.header("etag"));
+    assert_eq!((head.header("x-linked-size"), head.header("content-length")), (Some("23"), Some("23")));
+    assert_eq!(head.header("x-repo-commit"), Some(commit.as_str()));
+    let range = hub(a, "GET", &at_commit, ok, &[("Range", "bytes=2-11")], b"").await;
+    assert_eq!((range.status, range.body.as_slice()), (206, &b"model_type"[..]));
+    let beyond = hub(a, "GET", &at_commit, ok, &[("Range", "bytes=100-")], b"").await;
+    assert_eq!((beyond.status, beyond.header("content-range")), (416, Some("bytes */23")));
+    let cached = hub(a, "GET", &at_commit, ok, &[("If-None-Match", &format!("\"{expected_sha}\""))], b"").await;
+    assert_eq!(cached.status, 304);
+
+    // A new version: main moves to a new commit, and the old commit is gone, so a download
+    // that straddles the change fails rather than mixing versions.
+    source.put("team/llama/config.json", b"{\"model_type\": \"llama\", \"v\": 2}").await;
+    server.rescan().await;
+    let moved_on = hub(a, "GET", "/hf/api/models/team/llama__model", ok, &[], b"").await.json();
+    assert_ne!(moved_on["sha"], commit.as_str());
+    let gone = hub(a, "GET", &at_commit, ok, &[], b"").await;
+    assert_eq!((gone.status, gone.header("x-error-code")), (404, Some("RevisionNotFound")));
+    let new_commit = moved_on["sha"].as_str().unwrap();
+    let plan = json!({
+        "endpoint": format!("http://{address}/hf"),
+        "cache": tempfile::tempdir().unwrap().path(),
+        "errors": {
+            "anonymous": { "repo": "team/llama__model", "raises": "RepositoryNotFoundError" },
+            "not_allowed": { "repo": "other/deep__er__model", "token": TEAM, "raises": "RepositoryNotFoundError" },
+            "missing": { "repo": "team/missing", "token": EVERYTHING, "raises": "RepositoryNotFoundError" },
+            "bad_token": { "repo": "team/llama__model", "token": "not-a-valid-token-0123456789", "raises": "HfHubHTTPError" },
+            "old_revision": { "repo": "team/llama__model", "token": EVERYTHING, "revision": commit, "raises": "RevisionNotFoundError" },
+            "missing_file": { "repo": "team/llama__model", "token": EVERYTHING, "file": "missing.json", "raises": "EntryNotFoundError" },
+            "old_revision_file": { "repo": "team/llama__model", "token": EVERYTHING, "file": "config.json", "revision": commit, "raises": "RevisionNotFoundError" },
+            "file_at_commit": { "repo": "team/llama__model", "token": EVERYTHING, "file": "missing.json", "revision": new_commit, "raises": "EntryNotFoundError" },
+        },
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
+    let raised = hub_clients("hub-2.4.0", "errors", &plan_path).await;
+    eprintln!("exceptions raised: {raised}");
+    assert_eq!(raised.as_object().unwrap().len(), 8, "{raised}");
+    assert_eq!(hub_requests(Some("500")), 0.0, "no Hub API request is a 500");
+}
