@@ -28,8 +28,8 @@ pub(crate) enum HubError {
     RouteNotFound(String),
     #[error("{0} is not served by ztserve's Hub API (it serves model info, trees, paths-info and resolve)")]
     NotServed(String),
-    #[error("method {0} is not allowed here")]
-    MethodNotAllowed(String),
+    #[error("method {method} is not allowed here; {allowed} is")]
+    MethodNotAllowed { method: String, allowed: &'static str },
     /// The answer did not start within `request_timeout_secs`.
     #[error("the answer did not start within the request timeout; retry shortly")]
     RequestTimeout,
@@ -53,7 +53,7 @@ impl HubError {
             HubError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
             HubError::RouteNotFound(_) => (StatusCode::NOT_FOUND, None),
             HubError::NotServed(_) => (StatusCode::NOT_IMPLEMENTED, None),
-            HubError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, None),
+            HubError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, None),
             HubError::Bytes(ByteRefusal::RangeNotSatisfiable { .. } | ByteRefusal::TooManyRanges { .. }) => {
                 (StatusCode::RANGE_NOT_SATISFIABLE, None)
             }
@@ -111,6 +111,9 @@ impl IntoResponse for HubError {
             ) => {
                 let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
                 headers.insert(header::CONTENT_RANGE, value);
+            }
+            HubError::MethodNotAllowed { allowed, .. } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
             }
             HubError::RepoNotFound { anonymous: true, .. } | HubError::InvalidCredentials => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(r#"Bearer realm="ztserve""#));

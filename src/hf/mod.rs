@@ -107,27 +107,31 @@ async fn answer(
     let route = repos::route(&segments, |repo| repos::model_id_of(repo).is_some_and(|id| catalog.get(&id).is_some()));
     let query = Query::of(uri);
     let caller = Caller::of(&state.tokens, headers)?;
-    let only = |allowed: &[Method]| {
-        if allowed.contains(method) { Ok(()) } else { Err(HubError::MethodNotAllowed(method.to_string())) }
+    let only = |allowed: &'static str| {
+        if allowed.split(", ").any(|m| m == method.as_str()) {
+            Ok(())
+        } else {
+            Err(HubError::MethodNotAllowed { method: method.to_string(), allowed })
+        }
     };
     match route {
         HubRoute::Info { repo, revision } => {
-            only(&[Method::GET])?;
+            only("GET")?;
             let at = state.repo_at(&caller, &repo, revision.as_deref())?;
             model_info(state, &at, query.flag("blobs")).await
         }
         HubRoute::Tree { repo, revision, path } => {
-            only(&[Method::GET])?;
+            only("GET")?;
             let at = state.repo_at(&caller, &repo, Some(&revision))?;
             tree(state, &at, &path, &query, uri, headers).await
         }
         HubRoute::PathsInfo { repo, revision } => {
-            only(&[Method::POST])?;
+            only("POST")?;
             let at = state.repo_at(&caller, &repo, Some(&revision))?;
             paths_info(state, &at, headers, body).await
         }
         HubRoute::Resolve { repo, revision, path } => {
-            only(&[Method::GET, Method::HEAD])?;
+            only("GET, HEAD")?;
             let at = state.repo_at(&caller, &repo, Some(&revision))?;
             resolve(state, &at, &path, method == Method::HEAD, headers).await
         }
@@ -389,7 +393,7 @@ async fn tree(
             HubError::EntryNotFound { repo: at.repo.clone(), path: path.to_owned(), commit: at.commit.clone() }
         })?;
     let start = match query.get("cursor") {
-        None => 0,
+        None | Some("") => 0,
         Some(cursor) => cursor_start(cursor, &at.commit).ok_or_else(|| {
             HubError::BadRequest(format!("cursor {cursor:?} is not one this listing gave, or its revision has changed"))
         })?,
