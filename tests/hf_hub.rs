@@ -400,3 +400,38 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     assert_eq!(raised.as_object().unwrap().len(), 8, "{raised}");
     assert_eq!(hub_requests(Some("500")), 0.0, "no Hub API request is a 500");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_s3_endpoint_gives_the_sha256_the_hub_api_computed() {
+    let source = ModelSource::local();
+    source.put("org/tiny.zt", &common::model(&[("w", DType::U8, b"weights", false)])).await;
+    let (address, s3, _server) = common::serve_with_s3(source.config(Config::default())).await;
+    let checksum = || async {
+        let head =
+            hub(&s3, "HEAD", "/models/org/tiny/model.safetensors", None, &[("x-amz-checksum-mode", "ENABLED")], b"")
+                .await;
+        assert_eq!(head.status, 200, "{}", head.head);
+        head.header("x-amz-checksum-sha256").map(str::to_owned)
+    };
+    // Never waited for: unknown until something computed it.
+    assert_eq!(checksum().await, None);
+    let tree = hub(&address, "GET", "/hf/api/models/org/tiny/tree/main", None, &[], b"").await.json();
+    let sha256 = hex::decode(tree[0]["lfs"]["oid"].as_str().unwrap()).unwrap();
+    let view = request_async(&address, "/models/org%2Ftiny/model.safetensors", &[]).await;
+    assert_eq!(sha256, <sha2::Sha256 as sha2::Digest>::digest(&view.body).to_vec());
+    let expected = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &sha256);
+    assert_eq!(checksum().await, Some(expected));
+    // Only for a whole object, and only when asked for.
+    let ranged = hub(
+        &s3,
+        "GET",
+        "/models/org/tiny/model.safetensors",
+        None,
+        &[("x-amz-checksum-mode", "ENABLED"), ("Range", "bytes=0-7")],
+        b"",
+    )
+    .await;
+    assert_eq!((ranged.status, ranged.header("x-amz-checksum-sha256")), (206, None));
+    let unasked = hub(&s3, "HEAD", "/models/org/tiny/model.safetensors", None, &[], b"").await;
+    assert_eq!(unasked.header("x-amz-checksum-sha256"), None);
+}
