@@ -381,6 +381,7 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     let plan = json!({
         "endpoint": format!("http://{address}/hf"),
         "cache": tempfile::tempdir().unwrap().path(),
+        "paged": { "repo": "team/llama__model", "token": EVERYTHING },
         "errors": {
             "anonymous": { "repo": "team/llama__model", "raises": "RepositoryNotFoundError" },
             "not_allowed": { "repo": "other/deep__er__model", "token": TEAM, "raises": "RepositoryNotFoundError" },
@@ -397,7 +398,8 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
     let raised = hub_clients("hub-2.4.0", "errors", &plan_path).await;
     eprintln!("exceptions raised: {raised}");
-    assert_eq!(raised.as_object().unwrap().len(), 8, "{raised}");
+    assert_eq!(raised.as_object().unwrap().len(), 9, "{raised}");
+    assert_eq!(raised["paged_entries"], 1103, "huggingface_hub followed the Link to the second page");
     assert_eq!(hub_requests(Some("500")), 0.0, "no Hub API request is a 500");
 }
 

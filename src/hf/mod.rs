@@ -177,7 +177,10 @@ impl HubState {
     /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
     fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
         let missing = || HubError::RepoNotFound { repo: repo.to_owned(), anonymous: caller.is_anonymous() };
-        let Caller::Allowed(access) = caller else { return Err(missing()) };
+        let Caller::Allowed(access) = caller else {
+            metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
+            return Err(missing());
+        };
         let id = repos::model_id_of(repo).filter(|id| access.allows(id)).ok_or_else(missing)?;
         let catalog = self.service.catalog();
         if self.service.is_ready() && catalog.get(&id).is_none() {

@@ -7,7 +7,9 @@
     hub_clients.py snapshot PLAN.json (any huggingface_hub venv: 2.x, 1.x, 0.36)
     hub_clients.py offline PLAN.json  (the same cache, HF_HUB_OFFLINE=1: no request is sent)
     hub_clients.py resume PLAN.json   (hub-0.36.2: a download cut off midway, resumed with a range)
-    hub_clients.py errors PLAN.json   (the exceptions a missing repo, revision or file raises)
+    hub_clients.py errors PLAN.json   (the exceptions a missing repo, revision or file raises;
+                                       and the tree of a repository of more than 1,000 files,
+                                       which pages)
 
 PLAN.json (written by tests/hf_hub.rs) names the endpoint (HF_ENDPOINT), a cache directory,
 and for each repository its files beside the model (a local copy of each) and each tensor's
@@ -223,6 +225,9 @@ def errors(plan):
         raise AssertionError(f"{name}: {exception.__name__} was not raised")
 
     cache = tempfile.mkdtemp()
+    paged = plan["paged"]
+    entries = list(HfApi().list_repo_tree(paged["repo"], recursive=True, token=paged["token"]))
+    raised["paged_entries"] = len(entries)
     for name, call in plan["errors"].items():
         repo, kind = call["repo"], call["raises"]
         exception = {
