@@ -1,8 +1,8 @@
 //! The composition root: builds the service and the tokens from the config, every wire
 //! protocol's router over them (HTTP with the Hub API nested at `/hf` on the main listener, and
-//! the S3 endpoint when `s3_listen` is set), binds
-//! their listeners, runs the background tasks (rescans, the token file watch, metrics upkeep),
-//! and on SIGTERM or SIGINT drains every listener together. The protocols never name each
+//! the S3 endpoint when `s3_listen` is set), binds their listeners, runs the background tasks
+//! (rescans, the token file watch, metrics upkeep), and on SIGTERM or SIGINT drains every
+//! listener together. The protocols never name each
 //! other; only this module knows them all.
 
 use std::sync::Arc;

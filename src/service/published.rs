@@ -97,7 +97,8 @@ impl Service {
         }
     }
 
-    /// The SHA-256 of `file`'s bytes if it is already known.
+    /// The SHA-256 of file `path` of `model` (whose strong ETag is `etag`), if it is already
+    /// known.
     pub(crate) fn known_sha256(&self, model: &Model, path: &str, etag: &str) -> Option<[u8; 32]> {
         self.digests.known(file_identity(&model.source.name, &model.id, path, etag))
     }
