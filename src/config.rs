@@ -32,6 +32,7 @@ pub struct Config {
     pub decode: Decode,
     pub serving: Serving,
     pub digests: Digests,
+    pub cache: Cache,
     pub auth: Auth,
 }
 
@@ -278,6 +279,24 @@ pub struct Digests {
     pub store: Option<PathBuf>,
 }
 
+/// The node's disk cache for remote sources.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cache {
+    /// The directory bytes read from remote sources (S3) are kept in (absent: no cache).
+    pub dir: Option<PathBuf>,
+    /// The most bytes the cache's blocks hold; the least recently used are evicted past it.
+    pub max_bytes: u64,
+    /// The size of a block, the unit fetched from the source and kept.
+    pub block_bytes: u64,
+}
+
+impl Default for Cache {
+    fn default() -> Cache {
+        Cache { dir: None, max_bytes: 100_000_000_000, block_bytes: 8 << 20 }
+    }
+}
+
 /// Who may read what.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -455,6 +474,7 @@ fn shape() -> toml::Table {
         decode: Decode { max_concurrent: Some(1), ..Decode::default() },
         auth: Auth { token_file: Some(PathBuf::new()), ..Auth::default() },
         digests: Digests { store: Some(PathBuf::new()) },
+        cache: Cache { dir: Some(PathBuf::new()), ..Cache::default() },
         ..Config::default()
     };
     toml::Table::try_from(example).expect("the configuration serializes")
@@ -648,6 +668,15 @@ impl Config {
         }
         if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
+        }
+        if self.cache.dir.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("cache.dir", "must not be empty: leave it out for no disk cache".into()));
+        }
+        if !(64 << 10..=256 << 20).contains(&self.cache.block_bytes) {
+            return Err(fail("cache.block_bytes", "must be between 65536 (64 KiB) and 268435456 (256 MiB)".into()));
+        }
+        if self.cache.max_bytes < 2 * self.cache.block_bytes {
+            return Err(fail("cache.max_bytes", "must hold at least two blocks (2 × cache.block_bytes)".into()));
         }
         if self.serving.view_shard_bytes > MAX_HUB_FILE_BYTES {
             let message = format!(

@@ -38,6 +38,12 @@ enum Command {
         /// text or json. Overrides `[server] log_format`.
         #[arg(long)]
         log_format: Option<String>,
+        /// Keep what is read from remote sources in this directory. Overrides `[cache] dir`.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+        /// The most bytes the disk cache holds. Overrides `[cache] max_bytes`.
+        #[arg(long, value_name = "BYTES")]
+        cache_max_bytes: Option<u64>,
     },
     /// Write the demo models (every format, zstd, digests, attributes) into DIR.
     WriteDemo { dir: PathBuf },
@@ -146,12 +152,18 @@ fn raw_stdout() -> io::Result<io::BufWriter<File>> {
     Ok(io::BufWriter::with_capacity(64 << 10, File::from(fd)))
 }
 
-fn serve(
+/// What `serve` was asked on its command line.
+struct ServeFlags {
     sources: Vec<String>,
     listen: Option<String>,
     config: Option<PathBuf>,
     log_format: Option<String>,
-) -> anyhow::Result<ExitCode> {
+    cache_dir: Option<PathBuf>,
+    cache_max_bytes: Option<u64>,
+}
+
+fn serve(asked: ServeFlags) -> anyhow::Result<ExitCode> {
+    let ServeFlags { sources, listen, config, log_format, cache_dir, cache_max_bytes } = asked;
     let mut flags = BTreeMap::new();
     if !sources.is_empty() {
         let paths = toml::Value::Array(sources.into_iter().map(toml::Value::String).collect());
@@ -162,6 +174,13 @@ fn serve(
     }
     if let Some(format) = log_format {
         flags.insert("server.log_format".to_owned(), toml::Value::String(format));
+    }
+    if let Some(dir) = cache_dir {
+        flags.insert("cache.dir".to_owned(), toml::Value::String(dir.display().to_string()));
+    }
+    if let Some(bytes) = cache_max_bytes {
+        let bytes = i64::try_from(bytes).map_err(|_| anyhow::anyhow!("--cache-max-bytes {bytes} is too large"))?;
+        flags.insert("cache.max_bytes".to_owned(), toml::Value::Integer(bytes));
     }
     let loaded = Config::load(config.as_deref(), std::env::vars(), flags)?;
     ztserve::telemetry::init(loaded.config.server.log_format);
@@ -230,7 +249,9 @@ fn pull(options: &ztserve::pull::PullOptions) -> anyhow::Result<ExitCode> {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { sources, listen, config, log_format } => serve(sources, listen, config, log_format),
+        Command::Serve { sources, listen, config, log_format, cache_dir, cache_max_bytes } => {
+            serve(ServeFlags { sources, listen, config, log_format, cache_dir, cache_max_bytes })
+        }
         Command::WriteDemo { dir } => {
             let written = tools::write_demo(&dir)?;
             for path in written {

@@ -38,6 +38,14 @@ pub mod names {
     pub const DIGEST_CHECKS: &str = "ztserve_digest_checks_total";
     pub const DIGEST_FAILURES: &str = "ztserve_digest_failures_total";
     pub const FILE_DIGEST_BYTES: &str = "ztserve_file_digest_bytes_total";
+    pub const DISK_CACHE_HITS: &str = "ztserve_disk_cache_hits_total";
+    pub const DISK_CACHE_MISSES: &str = "ztserve_disk_cache_misses_total";
+    pub const DISK_CACHE_ORIGIN_BYTES: &str = "ztserve_disk_cache_origin_bytes_total";
+    pub const DISK_CACHE_SERVED_BYTES: &str = "ztserve_disk_cache_served_bytes_total";
+    pub const DISK_CACHE_EVICTIONS: &str = "ztserve_disk_cache_evictions_total";
+    pub const DISK_CACHE_FILL_FAILURES: &str = "ztserve_disk_cache_fill_failures_total";
+    pub const DISK_CACHE_DAMAGED: &str = "ztserve_disk_cache_damaged_blocks_total";
+    pub const DISK_CACHE_BYTES: &str = "ztserve_disk_cache_bytes";
     pub const MODELS: &str = "ztserve_models";
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
@@ -94,6 +102,21 @@ fn describe() {
         "Bytes hashed to compute the SHA-256 of published files (each file version once)."
     );
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
+    describe_counter!(DISK_CACHE_HITS, "Blocks of remote sources read from the node's disk cache.");
+    describe_counter!(DISK_CACHE_MISSES, "Blocks of remote sources fetched from their origin into the disk cache.");
+    describe_counter!(
+        DISK_CACHE_ORIGIN_BYTES,
+        Unit::Bytes,
+        "Bytes fetched from remote sources' origins by the disk cache."
+    );
+    describe_counter!(DISK_CACHE_SERVED_BYTES, Unit::Bytes, "Bytes of blocks read from the disk cache.");
+    describe_counter!(DISK_CACHE_EVICTIONS, "Blocks evicted from the disk cache to stay under its bound.");
+    describe_counter!(
+        DISK_CACHE_FILL_FAILURES,
+        "Blocks that could not be kept in the disk cache (a full disk); served all the same."
+    );
+    describe_counter!(DISK_CACHE_DAMAGED, "Cached blocks found damaged on disk (CRC-32C), dropped and fetched again.");
+    describe_gauge!(DISK_CACHE_BYTES, Unit::Bytes, "Bytes held in the disk cache's blocks.");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
     describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
     describe_counter!(
@@ -135,6 +158,13 @@ fn register_at_zero() {
         CACHE_EVICTIONS,
         DIGEST_FAILURES,
         FILE_DIGEST_BYTES,
+        DISK_CACHE_HITS,
+        DISK_CACHE_MISSES,
+        DISK_CACHE_ORIGIN_BYTES,
+        DISK_CACHE_SERVED_BYTES,
+        DISK_CACHE_EVICTIONS,
+        DISK_CACHE_FILL_FAILURES,
+        DISK_CACHE_DAMAGED,
         SENDFILE_BYTES,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,
@@ -157,7 +187,7 @@ fn register_at_zero() {
     for status in ["ok", "broken"] {
         gauge!(MODELS, "status" => status).set(0.0);
     }
-    for name in [CACHE_BYTES, HTTP_CONNECTIONS, AUTH_TOKENS] {
+    for name in [CACHE_BYTES, HTTP_CONNECTIONS, AUTH_TOKENS, DISK_CACHE_BYTES] {
         gauge!(name).set(0.0);
     }
     for backend in ["local", "s3"] {

@@ -13,6 +13,8 @@ pub(crate) enum SetupError {
     Storage(#[from] StorageError),
     #[error(transparent)]
     DigestStore(#[from] super::digests::DigestStoreError),
+    #[error(transparent)]
+    Cache(#[from] crate::storage::cache::CacheError),
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

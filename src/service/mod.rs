@@ -37,6 +37,7 @@ use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};
 use crate::decode::DecodeCache;
 use crate::format::{Component, Limits, Manifest, Object};
+use crate::storage::cache::{CachedStorage, DiskCache};
 use crate::storage::local::LocalStorage;
 use crate::storage::s3::{S3Options, S3Storage};
 use crate::storage::{Readahead, Storage};
@@ -64,18 +65,29 @@ pub(crate) struct Service {
 
 impl Service {
     /// A service with an empty catalog, not yet ready. S3 sources are set up (from the config
-    /// and the `AWS_*` environment) but not contacted.
+    /// and the `AWS_*` environment), read through the disk cache when one is configured, but
+    /// not contacted.
     pub(crate) fn new(config: Config) -> Result<Arc<Service>, SetupError> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
         let env: std::collections::BTreeMap<String, String> =
             std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
         let s3 = S3Options::from_config(&config.s3_source, &env);
+        let disk_cache = match &config.cache.dir {
+            Some(dir) => Some(DiskCache::open(dir, config.cache.max_bytes, config.cache.block_bytes)?),
+            None => None,
+        };
         let mut sources = Vec::new();
         for spec in &config.sources.paths {
             let name = spec.to_string();
             let storage: Arc<dyn Storage> = match spec {
-                SourceSpec::S3 { bucket, prefix } => Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?),
+                SourceSpec::S3 { bucket, prefix } => {
+                    let remote: Arc<dyn Storage> = Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?);
+                    match &disk_cache {
+                        Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
+                        None => remote,
+                    }
+                }
                 SourceSpec::Local(path) => Arc::new(LocalStorage::new(&name, path)),
             };
             sources.push(Source::new(storage));

@@ -1,0 +1,137 @@
+//! The node's disk cache for remote sources, with a real S3-protocol server (moto): bytes come
+//! from the origin once and then from disk, also after the store is stopped and after a
+//! restart; a block damaged on disk is fetched again, never served; the cache stays under its
+//! bound; a start removes what is not a block.
+
+mod common;
+
+use std::path::Path;
+
+use common::{ModelSource, metric, noise, request_async, serve};
+use ztserve::config::Config;
+use ztserve::format::DType;
+
+const BLOCK: u64 = 64 << 10;
+
+fn origin_bytes() -> f64 {
+    metric("ztserve_disk_cache_origin_bytes_total", &[])
+}
+
+fn blocks_in(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir.join("blocks")).unwrap().map(|e| e.unwrap().path()).collect()
+}
+
+/// A 1 MiB raw model and a zstd one in S3, and a server reading them through a cache in `dir`
+/// holding `max_bytes`.
+async fn cached_server(dir: &Path, max_bytes: u64) -> (ModelSource, Config, Vec<u8>) {
+    let source = ModelSource::s3();
+    let weights = noise(1 << 20, 7);
+    source.put("org/raw.zt", &common::model(&[("w", DType::U8, &weights, false)])).await;
+    source.put("org/packed.zt", &common::model(&[("w", DType::U8, &weights, true)])).await;
+    let mut config = source.config(Config::default());
+    config.cache.dir = Some(dir.to_owned());
+    config.cache.max_bytes = max_bytes;
+    config.cache.block_bytes = BLOCK;
+    (source, config, weights)
+}
+
+async fn get(address: &str, path: &str) -> Vec<u8> {
+    let reply = request_async(address, path, &[]).await;
+    assert_eq!(reply.status, 200, "{path}: {}", reply.head);
+    assert!(reply.complete, "{path}: cut short");
+    reply.body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_come_from_the_origin_once_then_from_disk_even_with_the_store_stopped_and_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut source, config, weights) = cached_server(dir.path(), 1 << 30).await;
+    let (address, server) = serve(config.clone()).await;
+    let before = origin_bytes();
+    for model in ["org%2Fraw", "org%2Fpacked"] {
+        assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+    }
+    let fetched = origin_bytes() - before;
+    assert!(fetched >= (1 << 20) as f64, "{fetched} bytes from the origin");
+    let hits = metric("ztserve_disk_cache_hits_total", &[]);
+    for model in ["org%2Fraw", "org%2Fpacked"] {
+        let body = get(&address, &format!("/models/{model}/objects/w")).await;
+        assert_eq!(body, weights);
+        let ranged =
+            request_async(&address, &format!("/models/{model}/objects/w"), &[("Range", "bytes=70000-200000")]).await;
+        assert_eq!(ranged.body, weights[70000..=200000]);
+    }
+    assert_eq!(origin_bytes() - before, fetched, "read again from the origin");
+    assert!(metric("ztserve_disk_cache_hits_total", &[]) > hits);
+    let held = metric("ztserve_disk_cache_bytes", &[]);
+    let on_disk: u64 = blocks_in(dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    assert!(held >= fetched && held == on_disk as f64, "held {held}, on disk {on_disk}, fetched {fetched}");
+
+    // The store stops: every cached byte still serves, and a rescan keeps the models listed.
+    let ModelSource::S3 { server: store, .. } = &mut source else { unreachable!() };
+    store.stop();
+    server.rescan().await;
+    for model in ["org%2Fraw", "org%2Fpacked"] {
+        assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+    }
+
+    // Restarted over the same directory, with the store back (the listing is not kept yet):
+    // what the first server kept is read from disk, the manifests too.
+    store.start();
+    store.create_bucket("models");
+    source.put("org/raw.zt", &common::model(&[("w", DType::U8, &weights, false)])).await;
+    let (again, _restarted) = serve(config).await;
+    let before = origin_bytes();
+    assert_eq!(get(&again, "/models/org%2Fraw/objects/w").await.len(), weights.len());
+    // moto gives a rewritten object the same ETag (the MD5 of its bytes): the same version.
+    assert_eq!(origin_bytes(), before, "blocks kept across the restart were fetched again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_damaged_on_disk_is_fetched_again_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, config, weights) = cached_server(dir.path(), 1 << 30).await;
+    let (address, _server) = serve(config).await;
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
+    for block in blocks_in(dir.path()) {
+        let mut bytes = std::fs::read(&block).unwrap();
+        bytes[10] ^= 0x55;
+        std::fs::write(&block, bytes).unwrap();
+    }
+    let (damaged, fetched) = (metric("ztserve_disk_cache_damaged_blocks_total", &[]), origin_bytes());
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
+    assert!(metric("ztserve_disk_cache_damaged_blocks_total", &[]) >= damaged + 16.0);
+    assert!(origin_bytes() >= fetched + (1 << 20) as f64, "the damaged blocks were fetched again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_stays_under_its_bound_evicting_the_least_recently_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let bound = 5 * (BLOCK + 8);
+    let (_source, config, weights) = cached_server(dir.path(), bound).await;
+    let (address, _server) = serve(config).await;
+    let evictions = metric("ztserve_disk_cache_evictions_total", &[]);
+    for _ in 0..2 {
+        for model in ["org%2Fraw", "org%2Fpacked"] {
+            assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+        }
+        let on_disk: u64 = blocks_in(dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+        assert!(on_disk <= bound, "{on_disk} bytes on disk, bound {bound}");
+    }
+    assert!(metric("ztserve_disk_cache_evictions_total", &[]) >= evictions + 16.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_removes_temporaries_and_what_is_not_a_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, config, weights) = cached_server(dir.path(), 1 << 30).await;
+    let (address, _server) = serve(config.clone()).await;
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
+    let blocks = blocks_in(dir.path()).len();
+    std::fs::write(dir.path().join("tmp/torn-fill.0"), b"half a block").unwrap();
+    std::fs::write(dir.path().join("blocks/not-a-block"), b"stray").unwrap();
+    std::fs::write(dir.path().join("blocks/00000000000000000000000000000000-0"), b"").unwrap();
+    let (_again, _restarted) = serve(config).await;
+    assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    assert_eq!(blocks_in(dir.path()).len(), blocks, "only the blocks are left");
+}
