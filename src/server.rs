@@ -101,7 +101,10 @@ pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, serve
     let service = &server.service;
     service.rescan().await;
     if server.config().sources.on_unreadable == OnUnreadableSource::Fail {
-        if let Some((source, reason)) = service.catalog().unreadable_sources.first() {
+        let catalog = service.catalog();
+        // A source read from the listing its disk cache kept serves what the cache holds.
+        let unserved = catalog.unreadable_sources.iter().find(|(name, _)| !catalog.from_kept_listings.contains(name));
+        if let Some((source, reason)) = unserved {
             anyhow::bail!(
                 "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
             );

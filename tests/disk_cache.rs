@@ -1,6 +1,6 @@
 //! The node's disk cache for remote sources, with a real S3-protocol server (moto): bytes come
 //! from the origin once and then from disk, also after the store is stopped and after a
-//! restart; a block damaged on disk is fetched again, never served; the cache stays under its
+//! restart while it is down (from the listing and manifests the cache kept); a block damaged on disk is fetched again, never served; the cache stays under its
 //! bound; a start removes what is not a block.
 
 mod common;
@@ -28,6 +28,8 @@ async fn cached_server(dir: &Path, max_bytes: u64) -> (ModelSource, Config, Vec<
     let weights = noise(1 << 20, 7);
     source.put("org/raw.zt", &common::model(&[("w", DType::U8, &weights, false)])).await;
     source.put("org/packed.zt", &common::model(&[("w", DType::U8, &weights, true)])).await;
+    // Listed, its manifest read, its bytes never asked for.
+    source.put("org/cold.zt", &common::model(&[("w", DType::U8, &weights, false)])).await;
     let mut config = source.config(Config::default());
     config.cache.dir = Some(dir.to_owned());
     config.cache.max_bytes = max_bytes;
@@ -75,15 +77,40 @@ async fn bytes_come_from_the_origin_once_then_from_disk_even_with_the_store_stop
         assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
     }
 
-    // Restarted over the same directory, with the store back (the listing is not kept yet):
-    // what the first server kept is read from disk, the manifests too.
+    // Restarted while the store is still down: the listing and manifests the cache kept list
+    // the models; what is cached serves, what is not answers 503 with Retry-After.
+    let (again, _restarted) = serve(config.clone()).await;
+    let before = origin_bytes();
+    for model in ["org%2Fraw", "org%2Fpacked"] {
+        assert_eq!(get(&again, &format!("/models/{model}/objects/w")).await, weights);
+    }
+    assert_eq!(origin_bytes(), before);
+    let cold = request_async(&again, "/models/org%2Fcold/objects/w", &[]).await;
+    assert_eq!((cold.status, cold.header("retry-after")), (503, Some("5")), "{}", cold.head);
+    assert_eq!(cold.json()["error"]["code"], "not_cached");
+    assert!(cold.json()["error"]["message"].as_str().unwrap().contains("the disk cache holds"), "{}", cold.json());
+    let ready = request_async(&again, "/readyz", &[]).await;
+    assert_eq!(ready.status, 200, "serving from the disk cache is degraded, not unavailable");
+    let ready = ready.json();
+    assert_eq!(ready["status"], "degraded");
+    assert_eq!(
+        (ready["sources"][0]["status"].as_str(), ready["sources"][0]["serving_from"].as_str()),
+        (Some("unavailable"), Some("disk_cache"))
+    );
+    let listed = request_async(&again, "/models", &[]).await.json();
+    let entry = |id: &str| listed["models"].as_array().unwrap().iter().find(|m| m["id"] == id).unwrap().clone();
+    assert_eq!(entry("org/raw")["disk_cache"]["complete"], true);
+    assert_eq!(entry("org/raw")["serving_from"], "disk_cache");
+    assert_eq!(entry("org/cold")["disk_cache"]["complete"], false);
+
+    // The store back (moto restarted empty, the object written again): the blocks kept are
+    // used, as moto gives the rewritten object the same ETag (the MD5 of its bytes).
     store.start();
     store.create_bucket("models");
     source.put("org/raw.zt", &common::model(&[("w", DType::U8, &weights, false)])).await;
-    let (again, _restarted) = serve(config).await;
+    let (third, _restarted) = serve(config).await;
     let before = origin_bytes();
-    assert_eq!(get(&again, "/models/org%2Fraw/objects/w").await.len(), weights.len());
-    // moto gives a rewritten object the same ETag (the MD5 of its bytes): the same version.
+    assert_eq!(get(&third, "/models/org%2Fraw/objects/w").await, weights);
     assert_eq!(origin_bytes(), before, "blocks kept across the restart were fetched again");
 }
 

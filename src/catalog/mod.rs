@@ -71,6 +71,8 @@ pub(crate) struct Catalog {
     models: BTreeMap<String, Arc<Model>>,
     /// Sources that could not be listed in this scan, with the reason.
     pub unreadable_sources: Vec<(String, String)>,
+    /// Sources that could not be listed and were read from the listing their disk cache kept.
+    pub from_kept_listings: Vec<String>,
     /// Every listed file's manifest (data shards and broken files included) by source and
     /// key, so an unchanged file is read once.
     files: HashMap<(String, String), ParsedFile>,
@@ -113,7 +115,23 @@ impl Catalog {
                             catalog.companions.entry(model.id.clone()).or_insert_with(|| Arc::clone(files));
                         }
                     }
-                    kept
+                    let from_disk = if kept.is_empty() { source.storage.kept_listing().await } else { None };
+                    match from_disk {
+                        // Nothing known yet (a start while the store is down): the listing the
+                        // disk cache kept, whose manifests it holds.
+                        Some(listed) => {
+                            catalog.from_kept_listings.push(source.name.clone());
+                            tracing::warn!(source = %source.name, objects = listed.len(), "serving the listing kept in the disk cache");
+                            let (models, files, companions) =
+                                scan::models_of(source, listed, previous, options, &catalog.digests).await;
+                            catalog.files.extend(files);
+                            for (id, files) in companions {
+                                catalog.companions.entry(id).or_insert(files);
+                            }
+                            models
+                        }
+                        None => kept,
+                    }
                 }
             };
             for model in models {

@@ -67,8 +67,18 @@ pub(super) async fn list(
     options: &ScanOptions,
     digests: &shards::DigestMemo,
 ) -> Result<Listing, StorageError> {
-    let storage = &source.storage;
-    let listed = storage.list().await?;
+    let listed = source.storage.list().await?;
+    Ok(models_of(source, listed, previous, options, digests).await)
+}
+
+/// The models of `listed`, a listing of `source` (as [`list`] makes them).
+pub(super) async fn models_of(
+    source: &Arc<Source>,
+    listed: Vec<Listed>,
+    previous: &Catalog,
+    options: &ScanOptions,
+    digests: &shards::DigestMemo,
+) -> Listing {
     let model_files: Vec<Listed> = listed.iter().filter(|l| FileKind::of(&l.key).is_some()).cloned().collect();
     let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(model_files)
         .map(|object: Listed| async move {
@@ -137,7 +147,7 @@ pub(super) async fn list(
     }
     let companions = companions::assign(source, &models, &listed);
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
-    Ok((models, files, companions))
+    (models, files, companions)
 }
 
 /// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).

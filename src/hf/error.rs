@@ -58,9 +58,11 @@ impl HubError {
                 (StatusCode::RANGE_NOT_SATISFIABLE, None)
             }
             HubError::RequestTimeout
-            | HubError::Service(S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::Storage { .. })
+            | HubError::Service(
+                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::Storage { .. } | S::NotCached { .. },
+            )
             | HubError::Bytes(ByteRefusal::Source(
-                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::Storage { .. },
+                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::Storage { .. } | S::NotCached { .. },
             )) => (StatusCode::SERVICE_UNAVAILABLE, None),
             HubError::Service(S::BrokenModel { .. } | S::InvalidComponent { .. })
             | HubError::Bytes(ByteRefusal::Source(S::BrokenModel { .. } | S::InvalidComponent { .. })) => {

@@ -74,6 +74,7 @@ impl ApiError {
             ApiError::Service(S::BadSlice { source, .. }) => (StatusCode::BAD_REQUEST, source.code()),
             ApiError::Service(S::NotReady) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             ApiError::Service(S::ChangedOnDisk { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
+            ApiError::Service(S::NotCached { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "not_cached"),
             ApiError::Service(S::DecodersBusy) => (StatusCode::SERVICE_UNAVAILABLE, "decoders_busy"),
             ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "changed_in_source")
@@ -90,7 +91,7 @@ impl ApiError {
                 Some("1")
             }
             ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => Some("1"),
-            ApiError::Service(S::Storage { .. }) => Some("5"),
+            ApiError::Service(S::Storage { .. } | S::NotCached { .. }) => Some("5"),
             _ => None,
         }
     }
@@ -101,7 +102,8 @@ impl IntoResponse for ApiError {
         use ServiceError as S;
         let (status, code) = self.status_and_code();
         let message = match &self {
-            ApiError::RequestTimeout | ApiError::Service(S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy) => {
+            ApiError::RequestTimeout
+            | ApiError::Service(S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::NotCached { .. }) => {
                 self.to_string()
             }
             // The store's own words (endpoints, request ids) go to the log only.

@@ -40,6 +40,17 @@ pub(super) async fn list(
             if let Some(container) = m.container {
                 entry["container"] = json!(container.id());
             }
+            if m.source.storage.is_cached() {
+                let cached: u64 = m
+                    .files
+                    .iter()
+                    .map(|f| m.source.storage.cached_bytes(&f.object.key, &f.object.version, f.object.size))
+                    .sum();
+                entry["disk_cache"] = json!({ "bytes": cached, "complete": cached == m.size });
+                if m.source.failure().is_some() {
+                    entry["serving_from"] = json!("disk_cache");
+                }
+            }
             match &m.state {
                 Ok(manifest) => {
                     entry["status"] = json!("ok");

@@ -31,18 +31,26 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
         .iter()
         .map(|source| {
             let mut entry = json!({ "source": source.name, "backend": source.kind(), "status": "ok" });
+            if source.storage.is_cached() {
+                entry["disk_cache"] = json!(true);
+            }
             if let Some(failure) = source.failure() {
                 let status = if matches!(failure, StorageError::Refused { .. }) { "refused" } else { "unavailable" };
                 entry["status"] = json!(status);
                 entry["reason"] = json!(failure.to_string());
+                if source.storage.is_cached() {
+                    entry["serving_from"] = json!("disk_cache");
+                }
             }
             entry
         })
         .collect();
     let failing = sources.iter().filter(|s| s["status"] != "ok").count();
-    let (readiness, word) = match failing {
-        0 => (Readiness::Ready, "ready"),
-        n if n < sources.len() => (Readiness::Degraded, "degraded"),
+    // A failing source with a disk cache still serves what the cache holds.
+    let unserved = sources.iter().filter(|s| s["status"] != "ok" && s["serving_from"].is_null()).count();
+    let (readiness, word) = match (failing, unserved) {
+        (0, _) => (Readiness::Ready, "ready"),
+        (_, n) if n < sources.len() => (Readiness::Degraded, "degraded"),
         _ => (Readiness::Unavailable, "unavailable"),
     };
     let body = json!({ "status": word, "models": catalog.models().count(), "broken": broken, "sources": sources });

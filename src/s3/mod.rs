@@ -266,7 +266,9 @@ fn service_error(error: ServiceError) -> S3Error {
         E::BrokenModel { .. } | E::InvalidComponent { .. } => S3ErrorCode::InvalidObjectState,
         E::BadSlice { .. } => S3ErrorCode::InvalidArgument,
         E::DecodersBusy => S3ErrorCode::SlowDown,
-        E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } => S3ErrorCode::ServiceUnavailable,
+        E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } | E::NotCached { .. } => {
+            S3ErrorCode::ServiceUnavailable
+        }
         E::Internal(reason) => {
             tracing::error!(reason = %reason, "internal error");
             return S3Error::with_message(S3ErrorCode::InternalError, "internal error");

@@ -90,7 +90,11 @@ pub(crate) fn storage_outcome<T>(
 ) -> Result<T, ServiceError> {
     match outcome {
         Ok(value) => {
-            source.report_success();
+            // A read through the disk cache may not have reached the origin: a cached source
+            // recovers at its next listing.
+            if !source.storage.is_cached() {
+                source.report_success();
+            }
             Ok(value)
         }
         Err(e) => Err(storage_failed(source, model, e)),
@@ -157,7 +161,10 @@ pub(crate) async fn model_bytes(
         Some(mapping) => Arc::clone(mapping),
         None => match object.mapping().await {
             Ok(Some(mapped)) => Arc::clone(mapping.get_or_init(|| mapped)),
-            Ok(None) => return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) }),
+            Ok(None) => {
+                servable(&model.source, &model.id, object)?;
+                return Ok(ModelBytes::Remote { object: object.clone(), source: Arc::clone(&model.source) });
+            }
             Err(e) if e.is_about_the_object() => return Err(changed()),
             Err(e) => return Err(storage_failed(&model.source, &model.id, e)),
         },
@@ -172,6 +179,23 @@ pub(crate) async fn model_bytes(
         source_name: model.source.name.clone(),
         key: object.key.clone(),
     })
+}
+
+/// Refuses at once, rather than partway through a body, an object its source cannot give now:
+/// the source is failing and its disk cache holds only part of the object.
+fn servable(source: &Source, model: &str, object: &ObjectVersion) -> Result<(), ServiceError> {
+    if source.storage.is_cached() && source.failure().is_some() {
+        let cached = source.storage.cached_bytes(&object.key, &object.version, object.size);
+        if cached < object.size {
+            return Err(ServiceError::NotCached {
+                model: model.to_owned(),
+                key: object.key.clone(),
+                cached,
+                size: object.size,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Lets `Bytes` share ownership of a mapping.
@@ -301,8 +325,13 @@ impl Service {
     }
 
     /// A file beside the model (`config.json`, …), byte for byte, bound to its listed version.
-    pub(crate) fn companion_file(&self, model: &Arc<Model>, companion: &Companion) -> StoredBytes {
-        StoredBytes {
+    pub(crate) fn companion_file(
+        &self,
+        model: &Arc<Model>,
+        companion: &Companion,
+    ) -> Result<StoredBytes, ServiceError> {
+        servable(&model.source, &model.id, &companion.object)?;
+        Ok(StoredBytes {
             source: Arc::new(RemoteRange {
                 object: companion.object.clone(),
                 source: Arc::clone(&model.source),
@@ -312,7 +341,7 @@ impl Service {
                 readahead: self.readahead.clone(),
             }),
             etag: companion_etag(model, companion),
-        }
+        })
     }
 
     /// The model's stored file `name` (the root or a shard), byte for byte.
@@ -348,7 +377,7 @@ impl Service {
         let catalog = self.catalog();
         let companions = catalog.companions(&model.id);
         match companions.iter().find(|c| c.name == name) {
-            Some(companion) => Ok((self.companion_file(model, companion), FileKind::Companion)),
+            Some(companion) => Ok((self.companion_file(model, companion)?, FileKind::Companion)),
             None => {
                 let names: Vec<&str> = model
                     .files

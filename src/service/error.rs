@@ -46,6 +46,12 @@ pub(crate) enum ServiceError {
     SeveralFiles { model: String, count: usize },
     #[error("model {model:?} changed on disk; it is served again after the next rescan")]
     ChangedOnDisk { model: String },
+    /// The source cannot be read now and the disk cache holds only part of the file: refused
+    /// before any byte, rather than cut short partway.
+    #[error(
+        "the source of model {model:?} is unavailable and the disk cache holds {cached} of the {size} bytes of {key}; retry later"
+    )]
+    NotCached { model: String, key: String, cached: u64, size: u64 },
     /// Storage could not give a model's bytes: its source is unavailable or refuses access,
     /// or the object changed since it was listed.
     #[error("model {model:?}: {source}")]

@@ -91,7 +91,7 @@ impl Service {
             Published::View(name) => self.view_file(model, manifest, name).await,
             Published::Stored(name) => self.stored_file_named(model, manifest, name).await,
             Published::Companion(index) => match catalog.companions(&model.id).get(*index) {
-                Some(companion) => Ok(self.companion_file(model, companion)),
+                Some(companion) => self.companion_file(model, companion),
                 None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", model.id))),
             },
         }

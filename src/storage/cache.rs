@@ -4,7 +4,9 @@
 //! never serves old bytes. A block is filled once however many readers want it (one fill task,
 //! shared; a read of many missing blocks fetches them in one request), written to a temporary
 //! file and renamed into place, so a crash or a full disk mid-fill leaves nothing visible; it holds its bytes and a CRC-32C of them, checked on every
-//! read, so a block damaged on disk is dropped and fetched again, never served. On start the
+//! read, so a block damaged on disk is dropped and fetched again, never served. Each source's
+//! last listing is kept too, so a server started while the source cannot be listed serves what
+//! the cache holds (its manifests are blocks like any other). On start the
 //! directory is scanned: temporaries and anything that is not a block are removed, and the
 //! eviction order (least recently used, by bytes) is rebuilt from the blocks' modification
 //! times. Eviction unlinks a block's file; a read that already opened it keeps its bytes.
@@ -101,6 +103,8 @@ type Fill = Shared<BoxFuture<'static, Result<Bytes, StorageError>>>;
 pub struct DiskCache {
     blocks_dir: PathBuf,
     temporary_dir: PathBuf,
+    /// Each cached source's last listing, for a start while the source cannot be listed.
+    listings_dir: PathBuf,
     max_bytes: u64,
     block_bytes: u64,
     index: Mutex<Index>,
@@ -135,8 +139,8 @@ impl DiskCache {
     /// bound.
     pub fn open(dir: &Path, max_bytes: u64, block_bytes: u64) -> Result<Arc<DiskCache>, CacheError> {
         let failed = |source| CacheError { dir: dir.to_owned(), source };
-        let (blocks_dir, temporary_dir) = (dir.join("blocks"), dir.join("tmp"));
-        for made in [&blocks_dir, &temporary_dir] {
+        let (blocks_dir, temporary_dir, listings_dir) = (dir.join("blocks"), dir.join("tmp"), dir.join("listings"));
+        for made in [&blocks_dir, &temporary_dir, &listings_dir] {
             std::fs::create_dir_all(made).map_err(failed)?;
         }
         for entry in std::fs::read_dir(&temporary_dir).map_err(failed)? {
@@ -169,6 +173,7 @@ impl DiskCache {
             clock: AtomicU64::new(index.blocks.len() as u64),
             blocks_dir,
             temporary_dir,
+            listings_dir,
             max_bytes,
             block_bytes,
             index: Mutex::new(index),
@@ -273,6 +278,46 @@ impl DiskCache {
         metrics::gauge!(names::DISK_CACHE_BYTES).set(self.held() as f64);
     }
 
+    /// How many of the blocks of `key` at `version` (`size` bytes) are on disk, in bytes.
+    fn held_of(&self, source: &str, key: &str, version: &str, size: u64) -> u64 {
+        let index = self.index.lock().expect("never poisoned");
+        (0..size.div_ceil(self.block_bytes))
+            .filter(|&i| index.blocks.contains_key(&self.block_id(source, key, version, i)))
+            .map(|i| ((i + 1) * self.block_bytes).min(size) - i * self.block_bytes)
+            .sum()
+    }
+
+    fn listing_path(&self, source: &str) -> PathBuf {
+        self.listings_dir.join(format!("{}.json", hex::encode(&sha2::Sha256::digest(source.as_bytes())[..16])))
+    }
+
+    /// Keeps `listed` as `source`'s last listing (blocking): written aside and renamed.
+    fn keep_listing(&self, source: &str, listed: &[Listed]) {
+        let path = self.listing_path(source);
+        let temporary =
+            self.temporary_dir.join(format!("listing.{}", self.temporaries.fetch_add(1, Ordering::Relaxed)));
+        let kept = serde_json::to_vec(&(source, listed))
+            .map_err(std::io::Error::other)
+            .and_then(|body| std::fs::write(&temporary, body))
+            .and_then(|()| std::fs::rename(&temporary, &path));
+        if let Err(e) = kept {
+            let _ = std::fs::remove_file(&temporary);
+            tracing::warn!(error = %e, source, "cannot keep the listing in the disk cache");
+        }
+    }
+
+    /// `source`'s last listing kept (blocking).
+    fn kept_listing(&self, source: &str) -> Option<Vec<Listed>> {
+        let body = std::fs::read(self.listing_path(source)).ok()?;
+        match serde_json::from_slice::<(String, Vec<Listed>)>(&body) {
+            Ok((of, listed)) if of == source => Some(listed),
+            _ => {
+                tracing::warn!(source, "the listing kept in the disk cache is unreadable; it is ignored");
+                None
+            }
+        }
+    }
+
     fn forget(&self, id: BlockId) {
         self.index.lock().expect("never poisoned").remove(id);
         let _ = std::fs::remove_file(self.path(id));
@@ -293,6 +338,12 @@ impl CachedStorage {
     pub fn new(inner: Arc<dyn Storage>, cache: Arc<DiskCache>) -> CachedStorage {
         CachedStorage { inner, cache, listed: Mutex::new(HashMap::new()) }
     }
+
+    /// Remembers each object's version and size, so its reads know its blocks.
+    fn remember(&self, listed: &[Listed]) {
+        *self.listed.lock().expect("never poisoned") =
+            listed.iter().map(|l| (l.key.clone(), (l.version.clone(), l.size))).collect();
+    }
 }
 
 impl Storage for CachedStorage {
@@ -307,11 +358,30 @@ impl Storage for CachedStorage {
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>> {
         async move {
             let listed = self.inner.list().await?;
-            *self.listed.lock().expect("never poisoned") =
-                listed.iter().map(|l| (l.key.clone(), (l.version.clone(), l.size))).collect();
+            self.remember(&listed);
+            let (cache, source, kept) = (Arc::clone(&self.cache), self.name().to_owned(), listed.clone());
+            let _ = tokio::task::spawn_blocking(move || cache.keep_listing(&source, &kept)).await;
             Ok(listed)
         }
         .boxed()
+    }
+
+    fn is_cached(&self) -> bool {
+        true
+    }
+
+    fn kept_listing(&self) -> BoxFuture<'_, Option<Vec<Listed>>> {
+        async move {
+            let (cache, source) = (Arc::clone(&self.cache), self.name().to_owned());
+            let listed = tokio::task::spawn_blocking(move || cache.kept_listing(&source)).await.ok()??;
+            self.remember(&listed);
+            Some(listed)
+        }
+        .boxed()
+    }
+
+    fn cached_bytes(&self, key: &str, version: &str, size: u64) -> u64 {
+        self.cache.held_of(self.name(), key, version, size)
     }
 
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {

@@ -43,7 +43,7 @@ pub fn record_bytes(backend: &'static str, purpose: &'static str, bytes: u64) {
 }
 
 /// One model file found under a source's root.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Listed {
     /// The path below the root, `/`-separated, with its extension.
     pub key: String,
@@ -159,6 +159,20 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// without copying: then a model's whole file is read once and its mapping kept.
     fn maps_files(&self) -> bool {
         false
+    }
+    /// Whether reads go through the node's disk cache (`cache.rs`).
+    fn is_cached(&self) -> bool {
+        false
+    }
+    /// The last listing the disk cache kept, for a start while the source cannot be listed;
+    /// `None` when none is kept (or the backend has no disk cache).
+    fn kept_listing(&self) -> BoxFuture<'_, Option<Vec<Listed>>> {
+        Box::pin(std::future::ready(None))
+    }
+    /// How many bytes of `key` at `version` (`size` bytes long) the disk cache holds (0 for a
+    /// backend without one).
+    fn cached_bytes(&self, _key: &str, _version: &str, _size: u64) -> u64 {
+        0
     }
 }
 
