@@ -19,6 +19,8 @@ pub mod routes {
     pub const STORED_FILE: &str = "/models/{model}/files/{name}";
     /// A file of the model's safetensors view (`model.safetensors`, or its index and shards).
     pub const VIEW_FILE: &str = "/models/{model}/{view_file}";
+    /// How much of the model the disk cache holds (GET); fetching all of it into the cache (POST).
+    pub const PREFETCH: &str = "/models/{model}/prefetch";
     pub const OBJECT: &str = "/models/{model}/objects/{object}";
     pub const COMPONENT: &str = "/models/{model}/objects/{object}/components/{role}";
     /// An object may be named "" (the official 1.2.3 writer allows it): an empty segment.
@@ -39,6 +41,7 @@ pub mod routes {
         FILE,
         STORED_FILE,
         VIEW_FILE,
+        PREFETCH,
         OBJECT,
         COMPONENT,
         UNNAMED_OBJECT,
@@ -72,11 +75,11 @@ pub fn segment(text: &str) -> String {
 }
 
 /// Whether `rest` (the path segments after a model id, as written) is one of the model routes:
-/// the manifest (nothing), `file`, `files/{name}`, `objects/{object}`,
+/// the manifest (nothing), `file`, `files/{name}`, `prefetch`, `objects/{object}`,
 /// `objects/{object}/components/{role}`, or a file of the safetensors view.
 pub fn is_model_route(rest: &[&str]) -> bool {
     match rest {
-        [] | ["file"] | ["files", _] | ["objects", _] | ["objects", _, "components", _] => true,
+        [] | ["file"] | ["files", _] | ["prefetch"] | ["objects", _] | ["objects", _, "components", _] => true,
         [name] => crate::format::view::is_view_file_name(name),
         _ => false,
     }

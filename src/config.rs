@@ -289,11 +289,15 @@ pub struct Cache {
     pub max_bytes: u64,
     /// The size of a block, the unit fetched from the source and kept.
     pub block_bytes: u64,
+    /// Models (ids) fetched whole into the cache after each rescan that finds a new version.
+    pub prefetch: Vec<String>,
+    /// Models (ids) whose blocks are never evicted.
+    pub pinned: Vec<String>,
 }
 
 impl Default for Cache {
     fn default() -> Cache {
-        Cache { dir: None, max_bytes: 100_000_000_000, block_bytes: 8 << 20 }
+        Cache { dir: None, max_bytes: 100_000_000_000, block_bytes: 8 << 20, prefetch: Vec::new(), pinned: Vec::new() }
     }
 }
 

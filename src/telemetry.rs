@@ -142,7 +142,7 @@ fn describe() {
 }
 
 /// What storage reads are for, in `ztserve_storage_read_*` labels.
-const READ_PURPOSES: &[&str] = &["manifest", "serve", "decode", "verify", "check"];
+const READ_PURPOSES: &[&str] = &["manifest", "serve", "decode", "verify", "check", "prefetch"];
 
 /// Registers every series whose labels are known in advance at zero, so that `rate()` and
 /// alerts see them from the first scrape, not only after the first decode, digest check or

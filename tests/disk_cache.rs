@@ -162,3 +162,49 @@ async fn a_start_removes_temporaries_and_what_is_not_a_block() {
     assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
     assert_eq!(blocks_in(dir.path()).len(), blocks, "only the blocks are left");
 }
+
+/// `POST /models/{model}/prefetch`, read to its end, off the test's runtime.
+async fn prefetch(address: &str, model: &str) -> common::Reply {
+    let (address, path) = (address.to_owned(), format!("/models/{model}/prefetch"));
+    tokio::task::spawn_blocking(move || common::send(&address, "POST", &path, &[], b"")).await.unwrap()
+}
+
+/// The last JSON line of a streamed (chunked) body.
+fn last_line(body: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(body);
+    let line = text.lines().rfind(|l| l.starts_with('{')).expect("a JSON line");
+    serde_json::from_str(line).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_prefetched_at_start_and_on_request_and_pinned_ones_are_never_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for 24 blocks: the pinned model's 17 and a few more.
+    let (mut source, mut config, weights) = cached_server(dir.path(), 24 * (BLOCK + 8)).await;
+    config.cache.prefetch = vec!["org/raw".into()];
+    config.cache.pinned = vec!["org/raw".into()];
+    let (address, _server) = serve(config).await;
+
+    // Prefetched at start: a POST joins the fetch under way and streams its progress to the end.
+    let lines = prefetch(&address, "org%2Fraw").await;
+    assert_eq!(lines.status, 200);
+    let last = last_line(&lines.body);
+    assert_eq!((last["done"].as_bool(), last["complete"].as_bool()), (Some(true), Some(true)), "{last}");
+    assert_eq!(last["cached_bytes"], last["total_bytes"]);
+
+    // Another model on request; then reading it and a third evicts, but never the pinned one.
+    let packed = prefetch(&address, "org%2Fpacked").await;
+    let last = last_line(&packed.body);
+    assert_eq!(last["done"], true, "{last}");
+    for model in ["org%2Fpacked", "org%2Fcold"] {
+        assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+    }
+    assert!(metric("ztserve_disk_cache_evictions_total", &[]) > 0.0);
+    let raw = request_async(&address, "/models/org%2Fraw/prefetch", &[]).await.json();
+    assert_eq!(raw["complete"], true, "the pinned model lost blocks: {raw}");
+
+    // And serves with the store stopped.
+    let ModelSource::S3 { server: store, .. } = &mut source else { unreachable!() };
+    store.stop();
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
+}

@@ -61,6 +61,7 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
         .route(routes::FILE, get(models::file))
         .route(routes::STORED_FILE, get(models::file))
         .route(routes::VIEW_FILE, get(models::view_file))
+        .route(routes::PREFETCH, get(models::prefetch_progress).post(models::prefetch))
         .route(routes::OBJECT, get(objects::object))
         .route(routes::COMPONENT, get(objects::component))
         .route(routes::UNNAMED_OBJECT, get(objects::object))

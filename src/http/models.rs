@@ -170,3 +170,58 @@ async fn file_response(
         .await
         .map_err(ApiError::from)
 }
+
+/// How much of `model` the disk cache holds, as JSON.
+fn held_json(service: &service::Service, model: &Model) -> Value {
+    let held = service.held(model);
+    json!({
+        "model": model.id,
+        "cached_bytes": held.bytes,
+        "total_bytes": held.total,
+        "complete": held.bytes == held.total,
+        "disk_cache": model.source.storage.is_cached(),
+    })
+}
+
+/// `GET /models/{m}/prefetch`: how much of the model (stored files and the files beside it)
+/// the disk cache holds.
+pub(super) async fn prefetch_progress(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
+    let ReadyModel { model, .. } = ready;
+    let mut body = held_json(&state.service, &model);
+    body["done"] = json!(body["complete"]);
+    (Json(body)).into_response()
+}
+
+/// `POST /models/{m}/prefetch`: fetches the whole model into the disk cache (or joins the
+/// fetch under way) and streams its progress as JSON lines, one every half second; the last
+/// has `done: true`, and `error` when the fetch failed. A model of a source without a disk
+/// cache is done at once.
+pub(super) async fn prefetch(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
+    let ReadyModel { model, .. } = ready;
+    let service = Arc::clone(&state.service);
+    let running = model.source.storage.is_cached().then(|| service.prefetch(&model));
+    let lines = futures_util::stream::unfold(false, move |finished| {
+        let (service, model, running) = (Arc::clone(&service), Arc::clone(&model), running.clone());
+        async move {
+            if finished {
+                return None;
+            }
+            let outcome = match &running {
+                None => Some(Ok(())),
+                Some(prefetch) => tokio::select! {
+                    outcome = prefetch.finished() => Some(outcome),
+                    () = tokio::time::sleep(std::time::Duration::from_millis(500)) => None,
+                },
+            };
+            let mut line = held_json(&service, &model);
+            line["done"] = json!(outcome.is_some());
+            if let Some(Err(reason)) = &outcome {
+                line["error"] = json!(reason);
+            }
+            let line = bytes::Bytes::from(format!("{line}\n"));
+            Some((Ok::<_, std::convert::Infallible>(line), outcome.is_some()))
+        }
+    });
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"))], axum::body::Body::from_stream(lines))
+        .into_response()
+}

@@ -13,6 +13,7 @@ mod components;
 mod digests;
 mod error;
 mod learnt;
+mod prefetch;
 mod published;
 mod representation;
 mod seekable;
@@ -57,6 +58,8 @@ pub(crate) struct Service {
     learnt: learnt::LearntByVersion,
     /// The SHA-256 of each published file version, once computed.
     digests: digests::FileDigests,
+    /// Prefetches into the disk cache, by model version.
+    prefetches: prefetch::Prefetches,
     /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
     /// older listing last.
     rescanning: tokio::sync::Mutex<()>,
@@ -109,6 +112,7 @@ impl Service {
         let digests = digests::FileDigests::open(config.digests.store.as_deref())?;
         Ok(Arc::new(Service {
             digests,
+            prefetches: prefetch::Prefetches::default(),
             config,
             cache,
             sources,
@@ -156,7 +160,9 @@ impl Service {
                 // Decoded bytes of files that changed or went away are never served again.
                 self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
                 self.learnt.retain_listed(&catalog);
-                *self.catalog.write().expect("catalog lock is never poisoned") = Arc::new(catalog);
+                let catalog = Arc::new(catalog);
+                *self.catalog.write().expect("catalog lock is never poisoned") = Arc::clone(&catalog);
+                self.upkeep_prefetches(&catalog);
                 self.ready.store(true, Ordering::Release);
             }
             Err(e) => tracing::error!(error = %e, "rescan task failed"),

@@ -9,9 +9,10 @@
 //! the cache holds (its manifests are blocks like any other). On start the
 //! directory is scanned: temporaries and anything that is not a block are removed, and the
 //! eviction order (least recently used, by bytes) is rebuilt from the blocks' modification
-//! times. Eviction unlinks a block's file; a read that already opened it keeps its bytes.
+//! times. Eviction unlinks a block's file (a read that already opened it keeps its bytes), and
+//! never takes a pinned object's blocks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read as _, Write as _};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -110,6 +111,8 @@ pub struct DiskCache {
     index: Mutex<Index>,
     /// Fills under way, so each block is fetched once however many readers want it.
     fills: Mutex<HashMap<BlockId, Fill>>,
+    /// Objects whose blocks are never evicted, by source.
+    pinned: Mutex<HashMap<String, HashSet<[u8; 16]>>>,
     clock: AtomicU64,
     temporaries: AtomicU64,
 }
@@ -178,6 +181,7 @@ impl DiskCache {
             block_bytes,
             index: Mutex::new(index),
             fills: Mutex::new(HashMap::new()),
+            pinned: Mutex::new(HashMap::new()),
             temporaries: AtomicU64::new(0),
         };
         cache.evict(None);
@@ -197,12 +201,23 @@ impl DiskCache {
     }
 
     fn block_id(&self, source: &str, key: &str, version: &str, index: u64) -> BlockId {
+        BlockId { object: self.object_id(source, key, version), index }
+    }
+
+    /// What names one object version's blocks (with this block size).
+    fn object_id(&self, source: &str, key: &str, version: &str) -> [u8; 16] {
         let mut hasher = sha2::Sha256::new();
         for part in [source, key, version, &self.block_bytes.to_string()] {
             hasher.update(part.as_bytes());
             hasher.update([0]);
         }
-        BlockId { object: hasher.finalize()[..16].try_into().expect("16 of 32 bytes"), index }
+        hasher.finalize()[..16].try_into().expect("16 of 32 bytes")
+    }
+
+    /// Makes `objects` (key, version) `source`'s pinned objects.
+    fn pin(&self, source: &str, objects: &[(String, String)]) {
+        let ids = objects.iter().map(|(key, version)| self.object_id(source, key, version)).collect();
+        self.pinned.lock().expect("never poisoned").insert(source.to_owned(), ids);
     }
 
     fn path(&self, id: BlockId) -> PathBuf {
@@ -258,15 +273,26 @@ impl DiskCache {
         self.evict(Some(id));
     }
 
-    /// Removes the least recently used blocks (never `keep`) while more than the bound is held.
+    /// Removes the least recently used blocks (never `keep`, nor a pinned object's) while more
+    /// than the bound is held.
     fn evict(&self, keep: Option<BlockId>) {
+        let pinned: HashSet<[u8; 16]> =
+            self.pinned.lock().expect("never poisoned").values().flatten().copied().collect();
         loop {
             let victim = {
                 let mut index = self.index.lock().expect("never poisoned");
                 if index.held <= self.max_bytes {
                     break;
                 }
-                let Some(victim) = index.order.values().copied().find(|id| Some(*id) != keep) else { break };
+                let evictable = |id: &BlockId| Some(*id) != keep && !pinned.contains(&id.object);
+                let Some(victim) = index.order.values().copied().find(evictable) else {
+                    tracing::warn!(
+                        held = index.held,
+                        max_bytes = self.max_bytes,
+                        "pinned models fill the disk cache past its bound"
+                    );
+                    break;
+                };
                 index.remove(victim);
                 metrics::gauge!(names::DISK_CACHE_BYTES).set(index.held as f64);
                 victim
@@ -280,9 +306,10 @@ impl DiskCache {
 
     /// How many of the blocks of `key` at `version` (`size` bytes) are on disk, in bytes.
     fn held_of(&self, source: &str, key: &str, version: &str, size: u64) -> u64 {
+        let object = self.object_id(source, key, version);
         let index = self.index.lock().expect("never poisoned");
         (0..size.div_ceil(self.block_bytes))
-            .filter(|&i| index.blocks.contains_key(&self.block_id(source, key, version, i)))
+            .filter(|&i| index.blocks.contains_key(&BlockId { object, index: i }))
             .map(|i| ((i + 1) * self.block_bytes).min(size) - i * self.block_bytes)
             .sum()
     }
@@ -382,6 +409,10 @@ impl Storage for CachedStorage {
 
     fn cached_bytes(&self, key: &str, version: &str, size: u64) -> u64 {
         self.cache.held_of(self.name(), key, version, size)
+    }
+
+    fn pin(&self, objects: &[(String, String)]) {
+        self.cache.pin(self.name(), objects);
     }
 
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {

@@ -174,6 +174,9 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn cached_bytes(&self, _key: &str, _version: &str, _size: u64) -> u64 {
         0
     }
+    /// Keeps these objects (key and version) in the disk cache: eviction never takes their
+    /// blocks. Replaces the objects pinned before.
+    fn pin(&self, _objects: &[(String, String)]) {}
 }
 
 /// One version of one object: every read through it is bound to that version, so the reads

@@ -1,0 +1,134 @@
+//! Filling the node's disk cache ahead of need: a prefetch reads every file of one model
+//! version (its stored files and companions) through its source, so the disk cache holds all
+//! of it; one runs per model version however many ask, its progress is what the cache holds,
+//! and its outcome is kept for whoever waits. Models listed in `[cache] prefetch` are fetched
+//! after each rescan that finds a new version of them, and the blocks of models listed in
+//! `[cache] pinned` are never evicted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt as _;
+
+use super::Service;
+use crate::catalog::{Catalog, Model};
+use crate::storage::ObjectVersion;
+
+/// One model version's prefetch: its outcome once it has one.
+#[derive(Debug)]
+pub(crate) struct Prefetch {
+    outcome: tokio::sync::watch::Receiver<Option<Result<(), String>>>,
+}
+
+impl Prefetch {
+    /// The outcome, `None` while it runs.
+    pub(crate) fn outcome(&self) -> Option<Result<(), String>> {
+        self.outcome.borrow().clone()
+    }
+
+    /// Waits for the outcome.
+    pub(crate) async fn finished(&self) -> Result<(), String> {
+        let mut outcome = self.outcome.clone();
+        match outcome.wait_for(Option::is_some).await {
+            Ok(done) => done.clone().expect("waited for"),
+            Err(_) => Err("the prefetch stopped".into()),
+        }
+    }
+}
+
+/// Prefetches by model id and version.
+#[derive(Debug, Default)]
+pub(crate) struct Prefetches(Mutex<HashMap<(String, String), Arc<Prefetch>>>);
+
+/// How much of a model the disk cache holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub bytes: u64,
+    pub total: u64,
+}
+
+/// Every object a model reads: its stored files and the files beside it.
+fn objects_of(catalog: &Catalog, model: &Model) -> Vec<ObjectVersion> {
+    model
+        .files
+        .iter()
+        .map(|f| f.object.clone())
+        .chain(catalog.companions(&model.id).iter().map(|c| c.object.clone()))
+        .collect()
+}
+
+impl Service {
+    /// How much of `model` (its stored files and companions) the disk cache holds; all of it
+    /// for a model of a source without one (its bytes are local, or read from the source).
+    pub(crate) fn held(&self, model: &Model) -> Held {
+        let objects = objects_of(&self.catalog(), model);
+        let total = objects.iter().map(|o| o.size).sum();
+        if !model.source.storage.is_cached() {
+            return Held { bytes: total, total };
+        }
+        let bytes = objects.iter().map(|o| o.storage.cached_bytes(&o.key, &o.version, o.size)).sum();
+        Held { bytes, total }
+    }
+
+    /// The prefetch of `model`'s version: the one under way or done, or a new one.
+    pub(crate) fn prefetch(self: &Arc<Self>, model: &Arc<Model>) -> Arc<Prefetch> {
+        let mut running = self.prefetches.0.lock().expect("never poisoned");
+        let key = (model.id.clone(), model.version.clone());
+        if let Some(prefetch) = running.get(&key) {
+            return Arc::clone(prefetch);
+        }
+        let (sender, outcome) = tokio::sync::watch::channel(None);
+        let prefetch = Arc::new(Prefetch { outcome });
+        running.insert(key, Arc::clone(&prefetch));
+        let objects = objects_of(&self.catalog(), model);
+        let id = model.id.clone();
+        tokio::spawn(async move {
+            tracing::info!(model = %id, "prefetching into the disk cache");
+            let mut failure = None;
+            for object in objects {
+                let mut bytes = object.stream(0..object.size, "prefetch");
+                while let Some(piece) = bytes.next().await {
+                    if let Err(e) = piece {
+                        failure = Some(e.to_string());
+                        break;
+                    }
+                }
+                if failure.is_some() {
+                    break;
+                }
+            }
+            match &failure {
+                None => tracing::info!(model = %id, "prefetched"),
+                Some(reason) => tracing::warn!(model = %id, reason, "prefetch failed"),
+            }
+            let _ = sender.send(Some(failure.map_or(Ok(()), Err)));
+        });
+        prefetch
+    }
+
+    /// After a rescan: forgets the prefetches of versions no longer listed (a failed one is
+    /// tried again when asked), starts those `[cache] prefetch` names, and tells the disk cache
+    /// which objects `[cache] pinned` names.
+    pub(crate) fn upkeep_prefetches(self: &Arc<Self>, catalog: &Catalog) {
+        self.prefetches.0.lock().expect("never poisoned").retain(|(id, version), prefetch| {
+            catalog.get(id).is_some_and(|m| &m.version == version) && !matches!(prefetch.outcome(), Some(Err(_)))
+        });
+        let mut pinned = Vec::new();
+        for model in catalog.models().filter(|m| m.source.storage.is_cached() && m.state.is_ok()) {
+            if self.config.cache.prefetch.contains(&model.id) {
+                self.prefetch(model);
+            }
+            if self.config.cache.pinned.contains(&model.id) {
+                pinned.extend(objects_of(catalog, model));
+            }
+        }
+        for source in &self.sources {
+            let of_source: Vec<(String, String)> = pinned
+                .iter()
+                .filter(|o| o.storage.name() == source.name)
+                .map(|o| (o.key.clone(), o.version.clone()))
+                .collect();
+            source.storage.pin(&of_source);
+        }
+    }
+}
