@@ -208,3 +208,56 @@ async fn models_are_prefetched_at_start_and_on_request_and_pinned_ones_are_never
     store.stop();
     assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
 }
+
+/// A tmpfs of `bytes` mounted on a new directory, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "cannot mount a tmpfs (the test suite runs as root, as scripts/test needs)");
+        SmallDisk { dir }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazily: a file the server still holds open does not keep the mount.
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_on_a_full_disk_serves_every_byte_and_stays_under_its_bound() {
+    // A disk smaller than the bound: blocks that do not fit are served, counted, not kept.
+    let disk = SmallDisk::mount(512 << 10);
+    let (_source, config, weights) = cached_server(disk.dir.path(), 64 << 20).await;
+    let (address, _server) = serve(config).await;
+    let failures = metric("ztserve_disk_cache_fill_failures_total", &[]);
+    for model in ["org%2Fraw", "org%2Fpacked", "org%2Fraw"] {
+        assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+    }
+    assert!(metric("ztserve_disk_cache_fill_failures_total", &[]) > failures, "the disk never filled");
+    assert_eq!(std::fs::read_dir(disk.dir.path().join("tmp")).unwrap().count(), 0, "a failed fill left a temporary");
+    drop(_server);
+
+    // A bound below the disk's size: eviction keeps it there, and nothing fails.
+    let disk = SmallDisk::mount(2 << 20);
+    let bound = 8 * (BLOCK + 8);
+    let (_source, config, weights) = cached_server(disk.dir.path(), bound).await;
+    let (address, _server) = serve(config).await;
+    let failures = metric("ztserve_disk_cache_fill_failures_total", &[]);
+    for model in ["org%2Fraw", "org%2Fpacked", "org%2Fcold", "org%2Fraw"] {
+        assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+        let on_disk: u64 = blocks_in(disk.dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+        assert!(on_disk <= bound, "{on_disk} bytes on disk, bound {bound}");
+    }
+    assert_eq!(metric("ztserve_disk_cache_fill_failures_total", &[]), failures);
+}
