@@ -3,17 +3,19 @@
 //! source, the key, the object's version (an S3 ETag) and the block size, so a replaced object
 //! never serves old bytes. A block is filled once however many readers want it (one fill task,
 //! shared; a read of many missing blocks fetches them in one request), written to a temporary
-//! file and renamed into place, so a crash or a full disk mid-fill leaves nothing visible; it holds its bytes and a CRC-32C of them, checked on every
-//! read, so a block damaged on disk is dropped and fetched again, never served. Each source's
-//! last listing is kept too, so a server started while the source cannot be listed serves what
-//! the cache holds (its manifests are blocks like any other). On start the
-//! directory is scanned: temporaries and anything that is not a block are removed, and the
-//! eviction order (least recently used, by bytes) is rebuilt from the blocks' modification
-//! times. Eviction unlinks a block's file (a read that already opened it keeps its bytes), and
-//! never takes a pinned object's blocks.
+//! file and renamed into place, so a crash or a full disk mid-fill leaves nothing visible. It
+//! holds its bytes and a CRC-32C of them, checked before it is served unless the file is
+//! unchanged (same inode and change time) since it was written or last checked, so a block
+//! damaged on disk is dropped and fetched again, never served; a checked block is sent from
+//! its file with `sendfile`. Each source's last listing is kept too, so a server started while
+//! the source cannot be listed serves what the cache holds (its manifests are blocks like any
+//! other). On start the directory is scanned: temporaries and anything that is not a block are
+//! removed, and the eviction order (least recently used, by bytes) is rebuilt from the blocks'
+//! modification times. Eviction unlinks a block's file (a read that already opened it keeps
+//! its bytes), and never takes a pinned object's blocks.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,7 @@ use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use sha2::Digest as _;
 
+use super::mapped::MappedFile;
 use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
 use crate::telemetry::names;
 
@@ -33,8 +36,13 @@ const TRAILER: u64 = 8;
 
 /// The most bytes one fill fetches from the source in one ranged read: a read of many missing
 /// blocks is one request to the store, not one per block (moto answered 256 MiB in 1 MiB
-/// blocks in 43 s, one request per block, against 0.5 s for one request).
-const MAX_FILL_BYTES: u64 = 256 << 20;
+/// blocks in 43 s, one request per block, against 0.5 s for one request). A read that starts
+/// where the previous read of the same object ended (or within a block after) is taken as
+/// sequential, and its fill goes
+/// on this far past it, so a model loaded tensor by tensor costs a request or two, not one per
+/// tensor (moto copies the whole object for every ranged GET: a 1 GiB model read as 8 tensors
+/// took 8.3 s cold, one fill per tensor).
+const MAX_FILL_BYTES: u64 = 1 << 30;
 
 /// One block of one object version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,6 +69,24 @@ impl BlockId {
 struct Held {
     bytes: u64,
     used: u64,
+    /// The file's identity and change time when its CRC last matched (or when this process
+    /// wrote it): while they stay the same, the bytes are the ones checked.
+    checked: Option<Stamp>,
+}
+
+/// What changes whenever a file's bytes are written: its inode and its change time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    inode: u64,
+    changed_s: i64,
+    changed_ns: i64,
+}
+
+impl Stamp {
+    fn of(metadata: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt as _;
+        Stamp { inode: metadata.ino(), changed_s: metadata.ctime(), changed_ns: metadata.ctime_nsec() }
+    }
 }
 
 /// What is on disk, in eviction order.
@@ -73,9 +99,9 @@ struct Index {
 }
 
 impl Index {
-    fn insert(&mut self, id: BlockId, bytes: u64, used: u64) {
+    fn insert(&mut self, id: BlockId, bytes: u64, used: u64, checked: Option<Stamp>) {
         self.remove(id);
-        self.blocks.insert(id, Held { bytes, used });
+        self.blocks.insert(id, Held { bytes, used, checked });
         self.order.insert(used, id);
         self.held += bytes;
     }
@@ -170,7 +196,7 @@ impl DiskCache {
         found.sort();
         let mut index = Index::default();
         for (tick, (_, id, bytes)) in found.into_iter().enumerate() {
-            index.insert(id, bytes, tick as u64);
+            index.insert(id, bytes, tick as u64, None);
         }
         let cache = DiskCache {
             clock: AtomicU64::new(index.blocks.len() as u64),
@@ -194,6 +220,11 @@ impl DiskCache {
     /// Bytes on disk in blocks.
     pub fn held(&self) -> u64 {
         self.index.lock().expect("never poisoned").held
+    }
+
+    /// A temporary file's suffix, unique to this process and file.
+    fn temporary_suffix(&self) -> String {
+        format!("{}.{}", std::process::id(), self.temporaries.fetch_add(1, Ordering::Relaxed))
     }
 
     fn now(&self) -> u64 {
@@ -231,45 +262,57 @@ impl DiskCache {
             return None;
         }
         let path = self.path(id);
-        let mut data = Vec::with_capacity((len + TRAILER) as usize);
-        let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut data));
-        let intact = read.is_ok() && data.len() as u64 == len + TRAILER && {
-            let (bytes, trailer) = data.split_at(len as usize);
-            trailer[4..] == MAGIC[..] && trailer[..4] == crc32c::crc32c(bytes).to_le_bytes()
-        };
-        if !intact {
-            if read.is_ok() {
+        let checked = self.index.lock().expect("never poisoned").blocks.get(&id).and_then(|held| held.checked);
+        match checked_block(&path, len, checked) {
+            Ok(Some((mapping, stamp))) => {
+                let mut index = self.index.lock().expect("never poisoned");
+                index.touch(id, self.now());
+                if let Some(held) = index.blocks.get_mut(&id) {
+                    held.checked = Some(stamp);
+                }
+                Some(Bytes::from_owner(mapping).slice(0..len as usize))
+            }
+            Ok(None) => {
                 metrics::counter!(names::DISK_CACHE_DAMAGED).increment(1);
                 tracing::warn!(block = %path.display(), "a cached block is damaged; it is fetched again");
+                self.forget(id);
+                None
             }
-            self.forget(id);
-            return None;
+            // Gone (evicted by another process sharing the directory), or unreadable.
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(block = %path.display(), error = %e, "a cached block cannot be read; it is fetched again");
+                }
+                self.forget(id);
+                None
+            }
         }
-        data.truncate(len as usize);
-        self.index.lock().expect("never poisoned").touch(id, self.now());
-        Some(Bytes::from(data))
     }
 
     /// Writes block `id` (blocking): to a temporary file, then renamed into place; then evicts
     /// the least recently used blocks while over the bound. A failure (a full disk) leaves
     /// nothing behind and is counted; the bytes are served all the same.
     fn store_block(&self, id: BlockId, bytes: &[u8]) {
-        let temporary =
-            self.temporary_dir.join(format!("{}.{}", id.file_name(), self.temporaries.fetch_add(1, Ordering::Relaxed)));
+        let temporary = self.temporary_dir.join(format!("{}.{}", id.file_name(), self.temporary_suffix()));
         let written = (|| {
             let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temporary)?;
             file.write_all(bytes)?;
             file.write_all(&crc32c::crc32c(bytes).to_le_bytes())?;
             file.write_all(MAGIC)?;
-            std::fs::rename(&temporary, self.path(id))
+            std::fs::rename(&temporary, self.path(id))?;
+            // After the rename, which may change it: the bytes are the ones just written.
+            Ok::<_, std::io::Error>(Stamp::of(&file.metadata()?))
         })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&temporary);
-            metrics::counter!(names::DISK_CACHE_FILL_FAILURES).increment(1);
-            tracing::warn!(error = %e, dir = %self.blocks_dir.display(), "cannot keep a block in the disk cache");
-            return;
-        }
-        self.index.lock().expect("never poisoned").insert(id, bytes.len() as u64 + TRAILER, self.now());
+        let stamp = match written {
+            Ok(stamp) => stamp,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temporary);
+                metrics::counter!(names::DISK_CACHE_FILL_FAILURES).increment(1);
+                tracing::warn!(error = %e, dir = %self.blocks_dir.display(), "cannot keep a block in the disk cache");
+                return;
+            }
+        };
+        self.index.lock().expect("never poisoned").insert(id, bytes.len() as u64 + TRAILER, self.now(), Some(stamp));
         self.evict(Some(id));
     }
 
@@ -321,8 +364,7 @@ impl DiskCache {
     /// Keeps `listed` as `source`'s last listing (blocking): written aside and renamed.
     fn keep_listing(&self, source: &str, listed: &[Listed]) {
         let path = self.listing_path(source);
-        let temporary =
-            self.temporary_dir.join(format!("listing.{}", self.temporaries.fetch_add(1, Ordering::Relaxed)));
+        let temporary = self.temporary_dir.join(format!("listing.{}", self.temporary_suffix()));
         let kept = serde_json::to_vec(&(source, listed))
             .map_err(std::io::Error::other)
             .and_then(|body| std::fs::write(&temporary, body))
@@ -352,6 +394,51 @@ impl DiskCache {
     }
 }
 
+/// Blocks a read prepares (reads from disk and checks, or waits for) ahead of the one it sends.
+const BLOCKS_AHEAD: usize = 2;
+
+/// Bytes of a block's file checked at a time, in a buffer each blocking thread keeps.
+const CHECK_PIECE: usize = 1 << 20;
+
+/// The block file at `path`, mapped, with its stamp, when it holds `len` bytes and a trailer
+/// whose CRC-32C matches them (`None` when it does not). The CRC is computed unless the file is
+/// the one `checked` (same inode, not changed since): a write to a block, by anyone, changes
+/// its change time and has it checked again. The bytes are checked with `pread`, never loaded
+/// from the mapping, which is only ever sent (with `sendfile`, as local files are).
+fn checked_block(path: &Path, len: u64, checked: Option<Stamp>) -> std::io::Result<Option<(MappedFile, Stamp)>> {
+    use std::os::unix::fs::FileExt as _;
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mapping = MappedFile::open(path)?;
+    let file = mapping.file();
+    let metadata = file.metadata()?;
+    let stamp = Stamp::of(&metadata);
+    if metadata.len() != len + TRAILER {
+        return Ok(None);
+    }
+    if checked == Some(stamp) {
+        return Ok(Some((mapping, stamp)));
+    }
+    let mut trailer = [0u8; TRAILER as usize];
+    file.read_exact_at(&mut trailer, len)?;
+    if trailer[4..] != MAGIC[..] {
+        return Ok(None);
+    }
+    let crc = BUFFER.with_borrow_mut(|buffer| {
+        buffer.resize(CHECK_PIECE, 0);
+        let (mut crc, mut at) = (0u32, 0u64);
+        while at < len {
+            let piece = &mut buffer[..CHECK_PIECE.min((len - at) as usize)];
+            file.read_exact_at(piece, at)?;
+            crc = crc32c::crc32c_append(crc, piece);
+            at += piece.len() as u64;
+        }
+        Ok::<_, std::io::Error>(crc)
+    })?;
+    Ok((trailer[..4] == crc.to_le_bytes()).then_some((mapping, stamp)))
+}
+
 /// A remote backend whose reads go through the node's [`DiskCache`].
 #[derive(Debug)]
 pub struct CachedStorage {
@@ -359,11 +446,13 @@ pub struct CachedStorage {
     cache: Arc<DiskCache>,
     /// Each listed object's version and size, so a read (a suffix read too) knows its blocks.
     listed: Mutex<HashMap<String, (String, u64)>>,
+    /// Where the last read of each object ended, to tell sequential reads.
+    read_to: Mutex<HashMap<String, u64>>,
 }
 
 impl CachedStorage {
     pub fn new(inner: Arc<dyn Storage>, cache: Arc<DiskCache>) -> CachedStorage {
-        CachedStorage { inner, cache, listed: Mutex::new(HashMap::new()) }
+        CachedStorage { inner, cache, listed: Mutex::new(HashMap::new()), read_to: Mutex::new(HashMap::new()) }
     }
 
     /// Remembers each object's version and size, so its reads know its blocks.
@@ -435,7 +524,13 @@ impl Storage for CachedStorage {
                     });
                 }
             };
-            let blocks = self.blocks(key, version, size, range.clone());
+            // Sequential: starting where the last read ended, or a little after (the padding
+            // between a file's tensors), within a block.
+            let previous_end = self.read_to.lock().expect("never poisoned").insert(key.clone(), range.end);
+            let sequential =
+                previous_end.is_some_and(|end| range.start >= end && range.start - end < self.cache.block_bytes);
+            let fill_to = if sequential { (range.start + MAX_FILL_BYTES).min(size).max(range.end) } else { range.end };
+            let blocks = self.blocks(key, version, size, range.clone(), fill_to);
             Ok(Read { size, range, payload: Payload::Stream(blocks) })
         }
         .boxed()
@@ -444,13 +539,14 @@ impl Storage for CachedStorage {
 
 impl CachedStorage {
     /// `range` of the object, block by block: each from disk, or fetched from the source by a
-    /// fill that reads every missing block from this one on in one request.
+    /// fill that reads every missing block from this one on, up to `fill_to`, in one request.
     fn blocks(
         &self,
         key: String,
         version: String,
         size: u64,
         range: Range<u64>,
+        fill_to: u64,
     ) -> futures_util::stream::BoxStream<'static, Result<Bytes, StorageError>> {
         if range.is_empty() {
             return futures_util::stream::empty().boxed();
@@ -463,22 +559,25 @@ impl CachedStorage {
             version,
             size,
             last: (range.end - 1) / block,
+            fill_last: (fill_to.max(range.end) - 1) / block,
             range,
         };
-        let first = reading.range.start / block;
-        futures_util::stream::unfold((reading, first), |(reading, index)| async move {
-            if index > reading.last {
-                return None;
-            }
-            let bytes = reading.block(index).await.map(|bytes| {
-                let start = index * reading.cache.block_bytes;
-                let wanted =
-                    reading.range.start.max(start) - start..reading.range.end.min(start + bytes.len() as u64) - start;
-                bytes.slice(wanted.start as usize..wanted.end as usize)
-            });
-            Some((bytes, (reading, index + 1)))
-        })
-        .boxed()
+        let (first, last) = (reading.range.start / block, reading.last);
+        let reading = Arc::new(reading);
+        // The next block is read and checked while this one is sent.
+        futures_util::stream::iter(first..=last)
+            .map(move |index| {
+                let reading = Arc::clone(&reading);
+                async move {
+                    let bytes = reading.block(index).await?;
+                    let start = index * reading.cache.block_bytes;
+                    let wanted = reading.range.start.max(start) - start
+                        ..reading.range.end.min(start + bytes.len() as u64) - start;
+                    Ok(bytes.slice(wanted.start as usize..wanted.end as usize))
+                }
+            })
+            .buffered(BLOCKS_AHEAD)
+            .boxed()
     }
 }
 
@@ -492,6 +591,8 @@ struct Reading {
     range: Range<u64>,
     /// The last block the read needs.
     last: u64,
+    /// The last block a fill for it may bring (past `last` for a sequential read).
+    fill_last: u64,
 }
 
 impl Reading {
@@ -511,33 +612,43 @@ impl Reading {
     /// Block `index`'s bytes: from disk, or from the fill that brings it.
     async fn block(&self, index: u64) -> Result<Bytes, StorageError> {
         let (id, span) = (self.id(index), self.span(index));
-        let reader = Arc::clone(&self.cache);
         let len = span.end - span.start;
-        let on_disk = tokio::task::spawn_blocking(move || reader.read_block(id, len))
-            .await
-            .map_err(|e| self.failed(format!("reading a cached block failed: {e}")))?;
-        if let Some(bytes) = on_disk {
-            metrics::counter!(names::DISK_CACHE_HITS).increment(1);
-            metrics::counter!(names::DISK_CACHE_SERVED_BYTES).increment(len);
-            return Ok(bytes);
+        // A block kept between the look on disk and the look for its fill is read from disk
+        // again; twice in a row (evicted again at once), it is fetched anew.
+        for turn in 0..3 {
+            let reader = Arc::clone(&self.cache);
+            let on_disk = tokio::task::spawn_blocking(move || reader.read_block(id, len))
+                .await
+                .map_err(|e| self.failed(format!("reading a cached block failed: {e}")))?;
+            if let Some(bytes) = on_disk {
+                metrics::counter!(names::DISK_CACHE_HITS).increment(1);
+                metrics::counter!(names::DISK_CACHE_SERVED_BYTES).increment(len);
+                return Ok(bytes);
+            }
+            if let Some(fill) = self.fill(index, turn == 2) {
+                return fill.await;
+            }
         }
-        self.fill(index).await
+        unreachable!("the last turn always fills")
     }
 
     /// The fill that brings block `index`: one under way, or a new one for every block from
-    /// `index` on that is neither on disk nor being filled (up to the read's last block and
-    /// [`MAX_FILL_BYTES`]).
-    fn fill(&self, index: u64) -> Fill {
+    /// `index` on that is neither on disk nor being filled (up to `fill_last` and
+    /// [`MAX_FILL_BYTES`]); `None` when the block is on disk by now (unless `even_if_kept`).
+    fn fill(&self, index: u64, even_if_kept: bool) -> Option<Fill> {
         let cache = &self.cache;
         // Held while the fill's blocks are recorded and it starts: it removes each block's
         // entry when the block is kept, and must find it recorded.
         let mut fills = cache.fills.lock().expect("never poisoned");
         if let Some(fill) = fills.get(&self.id(index)) {
-            return fill.clone();
+            return Some(fill.clone());
+        }
+        if !even_if_kept && cache.index.lock().expect("never poisoned").blocks.contains_key(&self.id(index)) {
+            return None;
         }
         let mut blocks = Vec::new();
         let mut end = index;
-        while end <= self.last && (end - index) * cache.block_bytes < MAX_FILL_BYTES {
+        while end <= self.fill_last && (end - index) * cache.block_bytes < MAX_FILL_BYTES {
             let id = self.id(end);
             let busy = fills.contains_key(&id) || cache.index.lock().expect("never poisoned").blocks.contains_key(&id);
             if end > index && busy {
@@ -565,11 +676,15 @@ impl Reading {
             cache: Arc::clone(cache),
             key: self.key.clone(),
             version: self.version.clone(),
+            writes: Arc::new(tokio::sync::Semaphore::new(WRITES_AHEAD)),
         };
         tokio::spawn(run.fetch(blocks));
-        first
+        Some(first)
     }
 }
+
+/// Blocks one fill writes to disk at once, while it reads the next ones.
+const WRITES_AHEAD: usize = 4;
 
 /// One fill: consecutive blocks of one object version, fetched in one ranged read.
 struct FillRun {
@@ -577,6 +692,7 @@ struct FillRun {
     cache: Arc<DiskCache>,
     key: String,
     version: String,
+    writes: Arc<tokio::sync::Semaphore>,
 }
 
 type Waiting = (BlockId, Range<u64>, tokio::sync::oneshot::Sender<Result<Bytes, StorageError>>);
@@ -586,6 +702,8 @@ impl FillRun {
     /// readers; a failure is every remaining block's.
     async fn fetch(self, blocks: Vec<Waiting>) {
         let span = blocks[0].1.start..blocks[blocks.len() - 1].1.end;
+        let started = std::time::Instant::now();
+        tracing::debug!(key = %self.key, start = span.start, end = span.end, "filling blocks from the source");
         let mut waiting = blocks.into_iter().peekable();
         let outcome = async {
             let read = self.inner.read(&self.key, ByteRange::Bounded(span.clone()), &self.version).await?;
@@ -608,11 +726,10 @@ impl FillRun {
                     if buffer.len() == wanted {
                         let (id, _, sender) = waiting.next().expect("peeked");
                         let bytes = Bytes::from(std::mem::take(&mut buffer));
-                        // Its readers first, so they send while it is written; then kept, and
-                        // only then no longer a fill, so a reader finds it one way or the other.
+                        // Its readers first, so they send while it is written; it is written
+                        // while the next blocks arrive.
                         let _ = sender.send(Ok(bytes.clone()));
                         self.keep(id, bytes).await;
-                        self.cache.fills.lock().expect("never poisoned").remove(&id);
                     }
                 }
             }
@@ -622,6 +739,7 @@ impl FillRun {
             }
         }
         .await;
+        tracing::debug!(key = %self.key, start = span.start, end = span.end, ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "fill done");
         if let Err(error) = outcome {
             let mut fills = self.cache.fills.lock().expect("never poisoned");
             for (id, _, sender) in waiting {
@@ -635,9 +753,16 @@ impl FillRun {
         StorageError::Unavailable { source_name: self.inner.name().to_owned(), message }
     }
 
-    /// Keeps block `id` on disk (where the disk takes it).
+    /// Keeps block `id` on disk (where the disk takes it), on the blocking pool, while the fill
+    /// goes on (up to [`WRITES_AHEAD`] blocks being written at once); only once it is kept is
+    /// it no longer a fill, so a reader finds it one way or the other.
     async fn keep(&self, id: BlockId, bytes: Bytes) {
+        let Ok(permit) = Arc::clone(&self.writes).acquire_owned().await else { return };
         let cache = Arc::clone(&self.cache);
-        let _ = tokio::task::spawn_blocking(move || cache.store_block(id, &bytes)).await;
+        tokio::task::spawn_blocking(move || {
+            cache.store_block(id, &bytes);
+            cache.fills.lock().expect("never poisoned").remove(&id);
+            drop(permit);
+        });
     }
 }
