@@ -37,10 +37,15 @@ async fn cached_server(dir: &Path, max_bytes: u64) -> (ModelSource, Config, Vec<
     (source, config, weights)
 }
 
+/// The whole body of `GET /models/{model}/objects/w`, once every block it read is kept on disk:
+/// a block goes to its readers before it is written, so the test waits for the writes the way
+/// an operator does, with a prefetch of the model, which ends when they are done.
 async fn get(address: &str, path: &str) -> Vec<u8> {
     let reply = request_async(address, path, &[]).await;
     assert_eq!(reply.status, 200, "{path}: {}", reply.head);
     assert!(reply.complete, "{path}: cut short");
+    let model = path.trim_start_matches("/models/").split('/').next().unwrap();
+    assert_eq!(last_line(&prefetch(address, model).await.body)["done"], true);
     reply.body
 }
 

@@ -85,6 +85,7 @@ impl Service {
         tokio::spawn(async move {
             tracing::info!(model = %id, "prefetching into the disk cache");
             let mut failure = None;
+            let storage = objects.first().map(|o| Arc::clone(&o.storage));
             for object in objects {
                 let mut bytes = object.stream(0..object.size, "prefetch");
                 while let Some(piece) = bytes.next().await {
@@ -96,6 +97,10 @@ impl Service {
                 if failure.is_some() {
                     break;
                 }
+            }
+            if let Some(storage) = storage {
+                // Done only once every block read is on disk.
+                storage.settled().await;
             }
             match &failure {
                 None => tracing::info!(model = %id, "prefetched"),

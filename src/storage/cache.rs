@@ -139,6 +139,9 @@ pub struct DiskCache {
     fills: Mutex<HashMap<BlockId, Fill>>,
     /// Objects whose blocks are never evicted, by source.
     pinned: Mutex<HashMap<String, HashSet<[u8; 16]>>>,
+    /// Blocks handed to their readers and still being written, and a wake-up when one is done.
+    writing: Mutex<usize>,
+    written: tokio::sync::Notify,
     clock: AtomicU64,
     temporaries: AtomicU64,
 }
@@ -208,6 +211,8 @@ impl DiskCache {
             index: Mutex::new(index),
             fills: Mutex::new(HashMap::new()),
             pinned: Mutex::new(HashMap::new()),
+            writing: Mutex::new(0),
+            written: tokio::sync::Notify::new(),
             temporaries: AtomicU64::new(0),
         };
         cache.evict(None);
@@ -215,6 +220,17 @@ impl DiskCache {
         tracing::info!(dir = %dir.display(), held, max_bytes, removed, "disk cache opened");
         metrics::gauge!(names::DISK_CACHE_BYTES).set(held as f64);
         Ok(Arc::new(cache))
+    }
+
+    /// Waits until every block handed to its readers so far is written (or failed to be).
+    pub async fn settled(&self) {
+        loop {
+            let written = self.written.notified();
+            if *self.writing.lock().expect("never poisoned") == 0 {
+                return;
+            }
+            written.await;
+        }
     }
 
     /// Bytes on disk in blocks.
@@ -504,6 +520,10 @@ impl Storage for CachedStorage {
         self.cache.pin(self.name(), objects);
     }
 
+    fn settled(&self) -> BoxFuture<'_, ()> {
+        self.cache.settled().boxed()
+    }
+
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
         let size = match self.listed.lock().expect("never poisoned").get(key) {
             Some((listed, size)) if listed == version => Some(*size),
@@ -759,10 +779,13 @@ impl FillRun {
     async fn keep(&self, id: BlockId, bytes: Bytes) {
         let Ok(permit) = Arc::clone(&self.writes).acquire_owned().await else { return };
         let cache = Arc::clone(&self.cache);
+        *cache.writing.lock().expect("never poisoned") += 1;
         tokio::task::spawn_blocking(move || {
             cache.store_block(id, &bytes);
             cache.fills.lock().expect("never poisoned").remove(&id);
             drop(permit);
+            *cache.writing.lock().expect("never poisoned") -= 1;
+            cache.written.notify_waiters();
         });
     }
 }

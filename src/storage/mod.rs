@@ -177,6 +177,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Keeps these objects (key and version) in the disk cache: eviction never takes their
     /// blocks. Replaces the objects pinned before.
     fn pin(&self, _objects: &[(String, String)]) {}
+    /// Waits until every byte read so far is kept in the disk cache (its blocks are written
+    /// while readers already have them).
+    fn settled(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// One version of one object: every read through it is bound to that version, so the reads
