@@ -15,8 +15,10 @@
 //!   slices of dense tensors as byte runs (`format::slice`), and render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
-//!   long reads split into parallel ranged GETs under a shared read-ahead budget; the only
-//!   `unsafe`, in `storage::mapped` (the crate denies it everywhere else).
+//!   long reads split into parallel ranged GETs under a shared read-ahead budget; the node's
+//!   disk cache for remote sources (`storage::cache`: blocks kept, checked and evicted, the
+//!   last listing kept); the only `unsafe`, in `storage::mapped` (the crate denies it
+//!   everywhere else).
 //! - `catalog`: what the files say: the sources and their health, which models exist under
 //!   them (a `.zt` file with any v2 shards, a safetensors file, or a checkpoint's index and
 //!   shards) and the files beside each (config, tokenizer), their parsed manifests (cached by
@@ -28,11 +30,13 @@
 //! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
 //!   version (digest verdicts, seek tables, view plans, the rendered manifest), the files each
-//!   version publishes and their SHA-256 (computed once, kept across restarts), the digest
+//!   version publishes and their SHA-256 (computed once, kept across restarts with a digest
+//!   store), the digest
 //!   policy, content checks, decoder admission, the typed representations requests get
 //!   (a component cut whole, by ranges or as a slice), each model's
-//!   safetensors view as bytes (its header, then each tensor as its own route serves it), and
-//!   slices of dense objects for tensor-parallel ranks, cut where the bytes are.
+//!   safetensors view as bytes (its header, then each tensor as its own route serves it),
+//!   slices of dense objects for tensor-parallel ranks, cut where the bytes are, and
+//!   prefetches into the disk cache.
 //! - `access`: who may read what, for every protocol: tokens (config and a watched token
 //!   file), kept as digests and compared in constant time, each allowed every model or some id
 //!   prefixes; as S3 signing keys while the S3 endpoint is on.

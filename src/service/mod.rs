@@ -5,8 +5,8 @@
 //! (component bytes cut whole, by ranges or as a slice, with their length, digests and
 //! version; a stored file; a view file; the manifest rendered once), and the files each model
 //! version publishes to the protocols that list files ([`published`]) with their content
-//! digests ([`digests`]). Handlers of any protocol extract, ask, and set their own headers;
-//! nothing here knows HTTP.
+//! digests ([`digests`]), and prefetches into the node's disk cache ([`prefetch`]). Handlers
+//! of any protocol extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod components;
