@@ -41,12 +41,9 @@ pub(super) async fn list(
                 entry["container"] = json!(container.id());
             }
             if m.source.storage.is_cached() {
-                let cached: u64 = m
-                    .files
-                    .iter()
-                    .map(|f| m.source.storage.cached_bytes(&f.object.key, &f.object.version, f.object.size))
-                    .sum();
-                entry["disk_cache"] = json!({ "bytes": cached, "complete": cached == m.size });
+                // Its stored files and the files beside it, as a prefetch fetches them.
+                let held = state.service.held(m);
+                entry["disk_cache"] = json!({ "bytes": held.bytes, "complete": held.bytes == held.total });
                 if m.source.failure().is_some() {
                     entry["serving_from"] = json!("disk_cache");
                 }
