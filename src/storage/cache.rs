@@ -247,10 +247,6 @@ impl DiskCache {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn block_id(&self, source: &str, key: &str, version: &str, index: u64) -> BlockId {
-        BlockId { object: self.object_id(source, key, version), index }
-    }
-
     /// What names one object version's blocks (with this block size).
     fn object_id(&self, source: &str, key: &str, version: &str) -> [u8; 16] {
         let mut hasher = sha2::Sha256::new();
@@ -573,6 +569,7 @@ impl CachedStorage {
         }
         let block = self.cache.block_bytes;
         let reading = Reading {
+            object: self.cache.object_id(self.inner.name(), &key, &version),
             inner: Arc::clone(&self.inner),
             cache: Arc::clone(&self.cache),
             key,
@@ -603,6 +600,8 @@ impl CachedStorage {
 
 /// One read through the cache.
 struct Reading {
+    /// What names the object version's blocks, hashed once per read rather than per block.
+    object: [u8; 16],
     inner: Arc<dyn Storage>,
     cache: Arc<DiskCache>,
     key: String,
@@ -617,7 +616,7 @@ struct Reading {
 
 impl Reading {
     fn id(&self, index: u64) -> BlockId {
-        self.cache.block_id(self.inner.name(), &self.key, &self.version, index)
+        BlockId { object: self.object, index }
     }
 
     fn span(&self, index: u64) -> Range<u64> {
