@@ -146,12 +146,18 @@ impl FileKind {
     }
 
     /// The model id a file of this kind at `key` stands for: the path without its extension,
-    /// or, for an index, its directory (with the index's stem when that is not `model`, or
-    /// when the index is at the source's root).
+    /// or, for an index and for a `model.safetensors`, its directory (with the file's stem
+    /// when that is not `model`, or when the file is at the source's root), as the Hub names
+    /// a repository's single-file and sharded checkpoints.
     pub fn model_id(self, key: &str) -> String {
         match self {
             FileKind::Zt => key.strip_suffix(".zt").unwrap_or(key).to_owned(),
-            FileKind::Safetensors => key.strip_suffix(".safetensors").unwrap_or(key).to_owned(),
+            // The Hub's name for a single-file checkpoint: the model is its directory, as a
+            // `model.safetensors.index.json` there would make it.
+            FileKind::Safetensors => match key.strip_suffix("/model.safetensors") {
+                Some(dir) if !dir.is_empty() => dir.to_owned(),
+                _ => key.strip_suffix(".safetensors").unwrap_or(key).to_owned(),
+            },
             FileKind::SafetensorsIndex => {
                 let stem = key.strip_suffix(Self::SAFETENSORS_INDEX_SUFFIX).unwrap_or(key);
                 match stem.rsplit_once('/') {
@@ -727,6 +733,12 @@ mod tests {
             ("org/llama/model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "org/llama"))),
             ("org/llama/other.safetensors.index.json", Some((FileKind::SafetensorsIndex, "org/llama/other"))),
             ("model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "model"))),
+            ("org/llama/model.safetensors", Some((FileKind::Safetensors, "org/llama"))),
+            ("model.safetensors", Some((FileKind::Safetensors, "model"))),
+            (
+                "org/llama/model-00001-of-00002.safetensors",
+                Some((FileKind::Safetensors, "org/llama/model-00001-of-00002")),
+            ),
             ("org/config.json", None),
             ("org/.safetensors", None),
             ("org/.zt", None),

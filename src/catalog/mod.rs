@@ -333,4 +333,25 @@ mod tests {
         assert_eq!(error.code(), "truncated");
         assert!(error.to_string().starts_with("shard model-00002-of-00002.safetensors:"), "{error}");
     }
+
+    #[test]
+    fn a_model_safetensors_is_its_directorys_model_unless_an_index_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("org/single")).unwrap();
+        std::fs::create_dir_all(root.join("org/both")).unwrap();
+        std::fs::write(root.join("model.safetensors"), st(&[("w", &[1])])).unwrap();
+        std::fs::write(root.join("org/single/model.safetensors"), st(&[("w", &[1])])).unwrap();
+        std::fs::write(root.join("org/single/config.json"), "{}").unwrap();
+        std::fs::write(root.join("org/both/model.safetensors"), st(&[("w", &[1])])).unwrap();
+        std::fs::write(root.join("org/both/model-00001-of-00001.safetensors"), st(&[("a", &[1])])).unwrap();
+        let index = r#"{"weight_map":{"a":"model-00001-of-00001.safetensors"}}"#;
+        std::fs::write(root.join("org/both/model.safetensors.index.json"), index).unwrap();
+        let catalog = build(&local(&[root]), &Arc::default());
+        let ids: Vec<&str> = catalog.models().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["model", "org/both", "org/both/model", "org/single"]);
+        assert!(catalog.models().all(|m| m.state.is_ok()));
+        let companions: Vec<&str> = catalog.companions("org/single").iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(companions, ["config.json"]);
+    }
 }

@@ -103,7 +103,14 @@ pub(super) async fn models_of(
     let mut models = Vec::with_capacity(parsed.len());
     for (object, file) in &parsed {
         let Some(kind) = FileKind::of(&object.key) else { continue };
-        let id = kind.model_id(&object.key);
+        let id = match kind.model_id(&object.key) {
+            // A checkpoint's index in the same directory takes the directory's id; the file
+            // beside it keeps its path.
+            id if kind == FileKind::Safetensors && has_index(&parsed, &id) => {
+                object.key.strip_suffix(".safetensors").unwrap_or(&object.key).to_owned()
+            }
+            id => id,
+        };
         let (files, state, container) = match kind {
             FileKind::SafetensorsIndex => {
                 let (files, checkpoint) = checkpoints::resolve(source, object, file, &parsed);
@@ -148,6 +155,12 @@ pub(super) async fn models_of(
     let companions = companions::assign(source, &models, &listed);
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
     (models, files, companions)
+}
+
+/// Whether `parsed` (in key order) has the index `{id}/model.safetensors.index.json`.
+fn has_index(parsed: &[(Listed, ParsedFile)], id: &str) -> bool {
+    let index = format!("{id}/model{}", FileKind::SAFETENSORS_INDEX_SUFFIX);
+    parsed.binary_search_by(|(o, _)| o.key.as_str().cmp(&index)).is_ok()
 }
 
 /// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).
