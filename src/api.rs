@@ -27,9 +27,13 @@ pub mod routes {
     pub const UNNAMED_OBJECT: &str = "/models/{model}/objects/";
     pub const UNNAMED_COMPONENT: &str = "/models/{model}/objects//components/{role}";
 
-    /// The Hugging Face Hub API's prefix (`HF_ENDPOINT=http://HOST:PORT/hf`); every request
-    /// below it is labelled with it.
+    /// The Hugging Face Hub API's prefix (`HF_ENDPOINT=http://HOST:PORT/hf`); requests below
+    /// it that are neither [`HUB_API`] nor [`HUB_FILE`] are labelled with it.
     pub const HUB: &str = "/hf";
+    /// The Hub's JSON API (repository info, trees, paths-info), as one label.
+    pub const HUB_API: &str = "/hf/api";
+    /// A file of a repository at a revision, as one label: its body bytes are the files sent.
+    pub const HUB_FILE: &str = "/hf/{repo}/resolve/{revision}/{path}";
 
     /// Every route, for the per-route series registered at start.
     pub const ALL: &[&str] = &[
@@ -47,6 +51,8 @@ pub mod routes {
         UNNAMED_OBJECT,
         UNNAMED_COMPONENT,
         HUB,
+        HUB_API,
+        HUB_FILE,
     ];
 }
 

@@ -1,5 +1,5 @@
-//! One typed [`Config`] in sections (`[server]`, `[sources]`, `[s3_source]`, `[s3_endpoint]`,
-//! `[limits]`, `[decode]`, `[serving]`, `[auth]`), merged in a fixed order: built-in defaults <
+//! One typed [`Config`] in sections (`[server]`, `[sources]`, `[s3_source]`, `[hub_source]`,
+//! `[s3_endpoint]`, `[limits]`, `[decode]`, `[serving]`, `[digests]`, `[cache]`, `[auth]`), merged in a fixed order: built-in defaults <
 //! the TOML file < `ZTSERVE_*` environment variables < command-line flags, then validated. A
 //! key has one name everywhere: `max_ranges` in `[limits]` is `ZTSERVE_LIMITS__MAX_RANGES` in
 //! the environment (section and key joined by a double underscore, since both hold single
@@ -27,6 +27,7 @@ pub struct Config {
     pub server: Server,
     pub sources: Sources,
     pub s3_source: S3Source,
+    pub hub_source: HubSource,
     pub s3_endpoint: S3Endpoint,
     pub limits: Limits,
     pub decode: Decode,
@@ -69,7 +70,8 @@ impl Default for Server {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Sources {
-    /// Directories and `s3://bucket/prefix` locations whose model files are served.
+    /// Directories, `s3://bucket/prefix` locations and `hf://namespace/name[@revision]` Hub
+    /// repositories whose model files are served.
     pub paths: Vec<SourceSpec>,
     /// At start, a source that cannot be listed either stops the server (`fail`) or is
     /// served degraded until it answers (`degrade`).
@@ -279,6 +281,42 @@ pub struct Digests {
     pub store: Option<PathBuf>,
 }
 
+/// How `hf://` sources (Hub repositories) are reached.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HubSource {
+    /// The Hub's URL (absent: `HF_ENDPOINT`, else `https://huggingface.co`).
+    pub endpoint: Option<String>,
+    /// A token that may read the repositories (absent: `HF_TOKEN`, else none).
+    pub token: Option<String>,
+    /// Seconds to wait for a connection to the Hub.
+    pub connect_timeout_secs: u64,
+    /// Seconds to wait for the next bytes of an answer.
+    pub read_timeout_secs: u64,
+    /// Retries of a request that failed for a reason worth retrying (the network, 5xx, 429),
+    /// with exponential backoff or the Hub's `Retry-After`.
+    pub retries: u32,
+}
+
+impl Default for HubSource {
+    fn default() -> HubSource {
+        HubSource { endpoint: None, token: None, connect_timeout_secs: 10, read_timeout_secs: 60, retries: 5 }
+    }
+}
+
+impl std::fmt::Debug for HubSource {
+    /// The token is never shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubSource")
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("read_timeout_secs", &self.read_timeout_secs)
+            .field("retries", &self.retries)
+            .finish()
+    }
+}
+
 /// The node's disk cache for remote sources.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -399,7 +437,7 @@ pub struct Loaded {
 }
 
 /// Keys whose values are secrets: never shown in an error.
-const SECRET_KEYS: &[(&str, &str)] = &[("auth", "tokens"), ("s3_source", "secret_access_key")];
+const SECRET_KEYS: &[(&str, &str)] = &[("auth", "tokens"), ("s3_source", "secret_access_key"), ("hub_source", "token")];
 
 /// The flat key of earlier releases, and the section and key it now is. Each still works in
 /// the file and as `ZTSERVE_<FLAT KEY>`, with a deprecation notice.
@@ -663,6 +701,18 @@ impl Config {
                 return Err(fail(key, "must not be empty: leave it out for the default".into()));
             }
         }
+        for (key, value) in
+            [("hub_source.endpoint", &self.hub_source.endpoint), ("hub_source.token", &self.hub_source.token)]
+        {
+            if value.as_deref() == Some("") {
+                return Err(fail(key, "must not be empty: leave it out for the default".into()));
+            }
+        }
+        if let Some(endpoint) = &self.hub_source.endpoint {
+            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                return Err(fail("hub_source.endpoint", format!("{endpoint:?} is not an http:// or https:// URL")));
+            }
+        }
         if !is_bucket_name(&self.s3_endpoint.bucket) {
             let message = "must be a bucket name: 3 to 63 of a-z 0-9 . -, starting and ending with a letter or digit";
             return Err(fail("s3_endpoint.bucket", message.into()));
@@ -761,13 +811,22 @@ pub enum OnUnreadableSource {
     Degrade,
 }
 
-/// A source as configured: a local directory or an `s3://bucket/prefix` location, written
-/// and read as that text.
+/// A source as configured: a local directory, an `s3://bucket/prefix` location or an
+/// `hf://namespace/name[@revision]` Hub repository, written and read as that text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum SourceSpec {
     Local(PathBuf),
-    S3 { bucket: String, prefix: String },
+    S3 {
+        bucket: String,
+        prefix: String,
+    },
+    /// A Hub repository (`name` or `namespace/name`) at a revision (a branch, tag or commit;
+    /// `None` is `main`).
+    Hub {
+        repo: String,
+        revision: Option<String>,
+    },
 }
 
 impl SourceSpec {
@@ -784,6 +843,9 @@ impl TryFrom<String> for SourceSpec {
         if text.trim().is_empty() {
             return Err("a source is empty".into());
         }
+        if text.starts_with("hf:") {
+            return hub_spec(&text);
+        }
         if !text.starts_with("s3:") {
             return Ok(SourceSpec::Local(text.into()));
         }
@@ -794,6 +856,41 @@ impl TryFrom<String> for SourceSpec {
         }
         Ok(SourceSpec::S3 { bucket: bucket.to_owned(), prefix: prefix.trim_matches('/').to_owned() })
     }
+}
+
+/// `hf://namespace/name[@revision]`: a repo id the Hub's client accepts (one or two parts of
+/// `A-Z a-z 0-9 - _ .`), and a revision without spaces or `..`.
+fn hub_spec(text: &str) -> Result<SourceSpec, String> {
+    let wrong = || format!("{text:?} is not hf://namespace/name[@revision]");
+    let rest = text.strip_prefix("hf://").ok_or_else(wrong)?;
+    let (repo, revision) = match rest.split_once('@') {
+        Some((repo, revision)) => (repo, Some(revision)),
+        None => (rest, None),
+    };
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 96
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && !p.starts_with(['-', '.'])
+            && !p.ends_with(['-', '.'])
+            && !p.contains("--")
+            && !p.contains("..")
+    };
+    let parts: Vec<&str> = repo.split('/').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| part(p)) {
+        return Err(wrong());
+    }
+    if let Some(revision) = revision {
+        let fine = !revision.is_empty()
+            && !revision.contains("..")
+            && !revision.starts_with('/')
+            && !revision.ends_with('/')
+            && revision.chars().all(|c| c.is_ascii_graphic() && !matches!(c, '?' | '#' | '%' | '\\' | '@'));
+        if !fine {
+            return Err(format!("{text:?}: {revision:?} is not a revision (a branch, tag or commit id)"));
+        }
+    }
+    Ok(SourceSpec::Hub { repo: repo.to_owned(), revision: revision.map(str::to_owned) })
 }
 
 impl From<SourceSpec> for String {
@@ -808,6 +905,8 @@ impl std::fmt::Display for SourceSpec {
             SourceSpec::Local(path) => write!(f, "{}", path.display()),
             SourceSpec::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
             SourceSpec::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+            SourceSpec::Hub { repo, revision: None } => write!(f, "hf://{repo}"),
+            SourceSpec::Hub { repo, revision: Some(revision) } => write!(f, "hf://{repo}@{revision}"),
         }
     }
 }
@@ -1097,6 +1196,26 @@ mod tests {
         assert_eq!(spec("models"), Ok(SourceSpec::local("models")));
         assert!(spec("s3:///x").is_err() && spec("s3:models").is_err() && spec(" ").is_err());
         assert_eq!(s3("models", "prod/v1").to_string(), "s3://models/prod/v1");
+        let hub = |repo: &str, revision: Option<&str>| SourceSpec::Hub {
+            repo: repo.into(),
+            revision: revision.map(str::to_owned),
+        };
+        assert_eq!(spec("hf://org/llama"), Ok(hub("org/llama", None)));
+        assert_eq!(spec("hf://gpt2@v1.0"), Ok(hub("gpt2", Some("v1.0"))));
+        assert_eq!(spec("hf://org/llama@refs/pr/1"), Ok(hub("org/llama", Some("refs/pr/1"))));
+        for bad in [
+            "hf://",
+            "hf:org/llama",
+            "hf://a/b/c",
+            "hf://org/-x",
+            "hf://org/a..b",
+            "hf://org/x@",
+            "hf://o/x@a b",
+            "hf://o/x@../y",
+        ] {
+            assert!(spec(bad).is_err(), "{bad}");
+        }
+        assert_eq!(hub("org/llama", Some("refs/pr/1")).to_string(), "hf://org/llama@refs/pr/1");
         let e = load(None, &[("ZTSERVE_SOURCES__PATHS", "s3://")]).unwrap_err().to_string();
         assert!(
             e.contains("sources.paths (from environment variable ZTSERVE_SOURCES__PATHS)") && e.contains("s3://bucket"),

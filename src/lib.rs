@@ -14,7 +14,8 @@
 //!   indexes into the same manifest, plan a manifest's safetensors view (`format::view`) and
 //!   slices of dense tensors as byte runs (`format::slice`), and render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
-//!   regions of mapped files) and S3 prefixes (`object_store`), reads bound to one version,
+//!   regions of mapped files), S3 prefixes (`object_store`) and Hub repositories (the Hub's
+//!   read API at `HF_ENDPOINT`, a file's version its content id), reads bound to one version,
 //!   long reads split into parallel ranged GETs under a shared read-ahead budget; the node's
 //!   disk cache for remote sources (`storage::cache`: blocks kept, checked and evicted, the
 //!   last listing kept); the only `unsafe`, in `storage::mapped` (the crate denies it

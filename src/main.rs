@@ -25,9 +25,10 @@ enum Command {
     /// Serve every .zt, .safetensors and sharded safetensors checkpoint under the sources over
     /// HTTP (by default: models/ on 127.0.0.1:8080).
     Serve {
-        /// A directory of model files, or s3://bucket/prefix; repeat for several. Overrides
-        /// `[sources] paths`.
-        #[arg(long = "source", value_name = "DIR|S3_URL")]
+        /// A directory of model files, s3://bucket/prefix, or a Hub repository
+        /// hf://namespace/name[@revision] (HF_ENDPOINT, HF_TOKEN); repeat for several.
+        /// Overrides `[sources] paths`.
+        #[arg(long = "source", value_name = "DIR|S3_URL|HF_URL")]
         sources: Vec<String>,
         /// Address to listen on. Overrides `[server] listen`.
         #[arg(long)]

@@ -190,16 +190,18 @@ fn register_at_zero() {
     for name in [CACHE_BYTES, HTTP_CONNECTIONS, AUTH_TOKENS, DISK_CACHE_BYTES] {
         gauge!(name).set(0.0);
     }
-    for backend in ["local", "s3"] {
+    for backend in ["local", "s3", "hf"] {
         for purpose in READ_PURPOSES {
             counter!(STORAGE_READ_BYTES, "backend" => backend, "purpose" => *purpose).absolute(0);
         }
     }
-    for (backend, kind) in [("local", "manifest"), ("local", "map"), ("s3", "list")] {
+    for (backend, kind) in [("local", "manifest"), ("local", "map"), ("s3", "list"), ("hf", "list")] {
         let _ = histogram!(STORAGE_READ_DURATION, "backend" => backend, "kind" => kind);
     }
-    for purpose in READ_PURPOSES {
-        let _ = histogram!(STORAGE_READ_DURATION, "backend" => "s3", "kind" => *purpose);
+    for backend in ["s3", "hf"] {
+        for purpose in READ_PURPOSES {
+            let _ = histogram!(STORAGE_READ_DURATION, "backend" => backend, "kind" => *purpose);
+        }
     }
     for route in crate::api::routes::ALL {
         counter!(HTTP_REQUESTS, "route" => *route, "method" => "GET", "status" => "200").absolute(0);

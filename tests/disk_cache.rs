@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{ModelSource, metric, noise, request_async, serve};
+use common::{ModelSource, last_line, metric, noise, prefetch, request_async, serve};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -166,19 +166,6 @@ async fn a_start_removes_temporaries_and_what_is_not_a_block() {
     let (_again, _restarted) = serve(config).await;
     assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
     assert_eq!(blocks_in(dir.path()).len(), blocks, "only the blocks are left");
-}
-
-/// `POST /models/{model}/prefetch`, read to its end, off the test's runtime.
-async fn prefetch(address: &str, model: &str) -> common::Reply {
-    let (address, path) = (address.to_owned(), format!("/models/{model}/prefetch"));
-    tokio::task::spawn_blocking(move || common::send(&address, "POST", &path, &[], b"")).await.unwrap()
-}
-
-/// The last JSON line of a streamed (chunked) body.
-fn last_line(body: &[u8]) -> serde_json::Value {
-    let text = String::from_utf8_lossy(body);
-    let line = text.lines().rfind(|l| l.starts_with('{')).expect("a JSON line");
-    serde_json::from_str(line).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

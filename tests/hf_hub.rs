@@ -11,25 +11,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::corpus::write_loader_models;
-use common::{ModelSource, metric, request_async, run_interop_script, send, serve};
+use common::corpus::{hub_clients, hub_repos, only_viewable, write_hub_corpus};
+use common::{ModelSource, metric, request_async, send, serve};
 use serde_json::{Value, json};
 use ztserve::config::Config;
 use ztserve::format::DType;
-
-/// The repo id of model `id`, as README's "Loading with transformers, vLLM and SGLang" says:
-/// the id itself for `name` and `namespace/name`, deeper ids joined after the first segment
-/// with `__`.
-fn repo_of(id: &str) -> String {
-    match id.split_once('/') {
-        Some((namespace, rest)) => format!("{namespace}/{}", rest.replace('/', "__")),
-        None => id.to_owned(),
-    }
-}
 
 /// Every file below `dir`, by its path below it.
 fn files_below(dir: &Path) -> Vec<(String, PathBuf)> {
@@ -50,21 +39,16 @@ fn files_below(dir: &Path) -> Vec<(String, PathBuf)> {
     found
 }
 
+/// Requests to the Hub API (every label below `/hf`), with `status` when given.
 fn hub_requests(status: Option<&str>) -> f64 {
-    match status {
-        Some(status) => metric("ztserve_http_requests_total", &[("route", "/hf"), ("status", status)]),
-        None => metric("ztserve_http_requests_total", &[("route", "/hf")]),
-    }
-}
-
-/// Runs hub_clients.py MODE PLAN in `venv`; its JSON summary.
-async fn hub_clients(venv: &'static str, mode: &'static str, plan: &Path) -> Value {
-    let plan = plan.to_owned();
-    let out =
-        tokio::task::spawn_blocking(move || run_interop_script(venv, "hub_clients.py", &[Path::new(mode), &plan]))
-            .await
-            .unwrap();
-    serde_json::from_str(out.trim().lines().last().unwrap()).unwrap()
+    let labels = [ztserve::api::routes::HUB, ztserve::api::routes::HUB_API, ztserve::api::routes::HUB_FILE];
+    labels
+        .into_iter()
+        .map(|route| match status {
+            Some(status) => metric("ztserve_http_requests_total", &[("route", route), ("status", status)]),
+            None => metric("ztserve_http_requests_total", &[("route", route)]),
+        })
+        .sum()
 }
 
 /// The loader corpus, with a real config and tokenizer beside the sharded checkpoint, in
@@ -72,53 +56,14 @@ async fn hub_clients(venv: &'static str, mode: &'static str, plan: &Path) -> Val
 /// companions' local copies.
 async fn write_corpus(dir: &Path, source: &ModelSource) -> (Value, u64) {
     let (work, models) = (dir.join("work"), dir.join("models"));
-    let expected = write_loader_models(&work, &models);
-    run_interop_script("hub-2.4.0", "hub_clients.py", &[Path::new("companions"), &models.join("hf/llama")]);
+    let expected = write_hub_corpus(&work, &models);
     for (relative, path) in files_below(&models) {
         // The 600 small models page the S3 listing; the Hub's paging is checked below.
         if !relative.starts_with("many/") {
             source.put(&relative, &fs::read(&path).unwrap()).await;
         }
     }
-    let companions: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
-        ("hf/llama", vec!["config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer/vocab.txt"]),
-        ("zt12/official", vec!["generation_config.json"]),
-    ]);
-    let mut repos = serde_json::Map::new();
-    let mut tensors = 0;
-    for (id, bins) in &expected {
-        let dir_of_model = if id == "zt12/official" { "zt12" } else { id.as_str() };
-        let companions: serde_json::Map<String, Value> = companions
-            .get(id.as_str())
-            .into_iter()
-            .flatten()
-            .map(|name| (name.to_string(), json!(models.join(dir_of_model).join(name))))
-            .collect();
-        let held: BTreeMap<&String, &PathBuf> = bins.iter().collect();
-        tensors += held.len() as u64;
-        repos.insert(repo_of(id), json!({ "id": id, "tensors": held, "companions": companions }));
-    }
-    (Value::Object(repos), tensors)
-}
-
-/// Drops from each repository's expected tensors those its safetensors view leaves out (a
-/// safetensors file cannot hold them; the manifest says which).
-async fn only_viewable(address: &str, repos: &mut Value) -> u64 {
-    let mut tensors = 0;
-    for (_, repo) in repos.as_object_mut().unwrap() {
-        let id = repo["id"].as_str().unwrap().to_owned();
-        let manifest = request_async(address, &format!("/models/{}", id.replace('/', "%2F")), &[]).await.json();
-        let excluded: Vec<String> = manifest["safetensors_view"]["excluded"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["object"].as_str().unwrap().to_owned())
-            .collect();
-        let held = repo["tensors"].as_object_mut().unwrap();
-        held.retain(|name, _| !excluded.contains(name));
-        tensors += held.len() as u64;
-    }
-    tensors
+    hub_repos(&models, &expected)
 }
 
 async fn hub_clients_load_every_model(source: ModelSource) {

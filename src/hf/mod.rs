@@ -51,7 +51,18 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
         panicked: || HubError::Internal("a handler panicked".into()).into_response(),
         timed_out: || HubError::RequestTimeout.into_response(),
     };
-    crate::transport::with_common_layers(router, &config, routes::HUB, refusals)
+    crate::transport::with_common_layers(router, &config, route_label, refusals)
+}
+
+/// The label of a request below the prefix (its path without it): the JSON API, a file, or
+/// anything else.
+fn route_label(uri: &Uri) -> &'static str {
+    let segments: Vec<&str> = uri.path().trim_start_matches('/').split('/').collect();
+    match segments[..] {
+        ["api", ..] => routes::HUB_API,
+        [_, "resolve", _, _, ..] | [_, _, "resolve", _, _, ..] => routes::HUB_FILE,
+        _ => routes::HUB,
+    }
 }
 
 /// Who is asking.

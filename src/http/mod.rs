@@ -75,7 +75,7 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
         panicked: || ApiError::Internal("a handler panicked".into()).into_response(),
         timed_out: || ApiError::RequestTimeout.into_response(),
     };
-    let routed = crate::transport::with_common_layers(router, state.config(), "unmatched", refusals);
+    let routed = crate::transport::with_common_layers(router, state.config(), |_| "unmatched", refusals);
     // Natural ids (`/models/org/llama/...`) are rewritten before the routes match: the whole
     // router sits behind the rewrite, which middleware of its own would run too late for.
     let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {

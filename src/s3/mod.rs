@@ -52,7 +52,7 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let router = Router::new().fallback_service(handled);
     let router = if open { router.layer(axum::middleware::map_request(unsigned)) } else { router };
     let refusals = crate::transport::Refusals { panicked: internal_error, timed_out: request_timeout };
-    crate::transport::with_common_layers(router, &config, "s3", refusals)
+    crate::transport::with_common_layers(router, &config, |_| "s3", refusals)
 }
 
 /// A handler's panic, answered as S3 answers an internal error.

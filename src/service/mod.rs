@@ -39,6 +39,7 @@ use crate::config::{Config, SourceSpec};
 use crate::decode::DecodeCache;
 use crate::format::{Component, Limits, Manifest, Object};
 use crate::storage::cache::{CachedStorage, DiskCache};
+use crate::storage::hub::{HubOptions, HubStorage};
 use crate::storage::local::LocalStorage;
 use crate::storage::s3::{S3Options, S3Storage};
 use crate::storage::{Readahead, Storage};
@@ -76,6 +77,7 @@ impl Service {
         let env: std::collections::BTreeMap<String, String> =
             std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
         let s3 = S3Options::from_config(&config.s3_source, &env);
+        let hub = HubOptions::from_config(&config.hub_source, |var| std::env::var(var).ok());
         let disk_cache = match &config.cache.dir {
             Some(dir) => Some(DiskCache::open(dir, config.cache.max_bytes, config.cache.block_bytes)?),
             None => None,
@@ -86,6 +88,13 @@ impl Service {
             let storage: Arc<dyn Storage> = match spec {
                 SourceSpec::S3 { bucket, prefix } => {
                     let remote: Arc<dyn Storage> = Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?);
+                    match &disk_cache {
+                        Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
+                        None => remote,
+                    }
+                }
+                SourceSpec::Hub { repo, revision } => {
+                    let remote: Arc<dyn Storage> = Arc::new(HubStorage::new(&name, repo, revision.as_deref(), &hub)?);
                     match &disk_cache {
                         Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
                         None => remote,

@@ -1,8 +1,8 @@
 //! Where bytes come from: one object-safe async trait, [`Storage`], for every backend the
 //! server uses: a local directory (`local.rs`, whose reads are regions of files mapped whole,
-//! sent with `sendfile` and read by the server only with `pread`) and an S3 bucket prefix
-//! (`s3.rs`, through `object_store`), either read through the node's disk cache (`cache.rs`)
-//! when one is configured. A backend lists every file under its root but hidden ones
+//! sent with `sendfile` and read by the server only with `pread`), an S3 bucket prefix
+//! (`s3.rs`, through `object_store`) and a Hub repository (`hub.rs`, by the Hub's read API),
+//! the remote ones read through the node's disk cache (`cache.rs`) when one is configured. A backend lists every file under its root but hidden ones
 //! (a path part starting with `.`), model files and the files beside them alike, and
 //! reads byte ranges of one object *version*: a read of an object that changed since it was
 //! listed fails with [`StorageError::Changed`] rather than mixing two versions.
@@ -11,6 +11,7 @@
 //! shared read-ahead budget. `tests/storage_conformance.rs` runs one suite against both.
 
 pub mod cache;
+pub mod hub;
 pub mod local;
 pub mod mapped;
 pub mod s3;

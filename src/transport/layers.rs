@@ -16,9 +16,9 @@ use crate::api::routes;
 use crate::config::Config;
 use crate::telemetry::names;
 
-/// What metrics and logs call the route of a request no route pattern matched.
+/// What metrics and logs call the route of a request no route pattern matched, by its URI.
 #[derive(Clone, Copy)]
-struct RouteLabel(&'static str);
+struct RouteLabel(fn(&axum::http::Uri) -> &'static str);
 
 /// How a protocol answers what the layers refuse, in its own error format: a handler that
 /// panicked, and an answer not started within `request_timeout_secs`.
@@ -29,11 +29,11 @@ pub(crate) struct Refusals {
 }
 
 /// The layers every listener's requests pass: metrics (labelled by the matched route, else
-/// `unmatched_route`), tracing, panic catching, the request timeout and the concurrency limit.
+/// what `unmatched_route` calls the request's URI), tracing, panic catching, the request timeout and the concurrency limit.
 pub(crate) fn with_common_layers(
     router: Router,
     config: &Config,
-    unmatched_route: &'static str,
+    unmatched_route: fn(&axum::http::Uri) -> &'static str,
     refusals: Refusals,
 ) -> Router {
     let timeout = config.limits.request_timeout_secs;
@@ -53,7 +53,7 @@ pub(crate) fn with_common_layers(
 fn route_of(request: &Request) -> &'static str {
     match request.extensions().get::<axum::extract::MatchedPath>() {
         Some(path) => routes::ALL.iter().copied().find(|r| *r == path.as_str()).unwrap_or("unmatched"),
-        None => request.extensions().get::<RouteLabel>().map_or("unmatched", |l| l.0),
+        None => request.extensions().get::<RouteLabel>().map_or("unmatched", |label| (label.0)(request.uri())),
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use ztserve::format::DType;
 
 use super::run_interop_script;
@@ -125,4 +125,77 @@ pub fn write_loader_models(work: &Path, models: &Path) -> BTreeMap<String, BTree
         fs::write(models.join(format!("many/m{i:03}.zt")), super::model(&[("w", DType::U32, &bytes, false)])).unwrap();
     }
     expected
+}
+
+/// [`write_loader_models`], with a real config and tokenizer beside the sharded checkpoint
+/// (`hf/llama`), as the Hub API's tests serve it.
+pub fn write_hub_corpus(work: &Path, models: &Path) -> BTreeMap<String, BTreeMap<String, PathBuf>> {
+    let expected = write_loader_models(work, models);
+    run_interop_script("hub-2.4.0", "hub_clients.py", &[Path::new("companions"), &models.join("hf/llama")]);
+    expected
+}
+
+/// The repo id of model `id`, as README's "Loading with transformers, vLLM and SGLang" says:
+/// the id itself for `name` and `namespace/name`, deeper ids joined after the first segment
+/// with `__`.
+pub fn repo_of(id: &str) -> String {
+    match id.split_once('/') {
+        Some((namespace, rest)) => format!("{namespace}/{}", rest.replace('/', "__")),
+        None => id.to_owned(),
+    }
+}
+
+/// The repositories hub_clients.py loads from the corpus under `models` ([`write_hub_corpus`]),
+/// each with its tensors' expected bytes and its companions' local copies; and how many
+/// tensors they hold.
+pub fn hub_repos(models: &Path, expected: &BTreeMap<String, BTreeMap<String, PathBuf>>) -> (Value, u64) {
+    let companions: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
+        ("hf/llama", vec!["config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer/vocab.txt"]),
+        ("zt12/official", vec!["generation_config.json"]),
+    ]);
+    let mut repos = serde_json::Map::new();
+    let mut tensors = 0;
+    for (id, bins) in expected {
+        let dir_of_model = if id == "zt12/official" { "zt12" } else { id.as_str() };
+        let companions: serde_json::Map<String, Value> = companions
+            .get(id.as_str())
+            .into_iter()
+            .flatten()
+            .map(|name| (name.to_string(), json!(models.join(dir_of_model).join(name))))
+            .collect();
+        let held: BTreeMap<&String, &PathBuf> = bins.iter().collect();
+        tensors += held.len() as u64;
+        repos.insert(repo_of(id), json!({ "id": id, "tensors": held, "companions": companions }));
+    }
+    (Value::Object(repos), tensors)
+}
+
+/// Runs hub_clients.py MODE PLAN in `venv`; its JSON summary.
+pub async fn hub_clients(venv: &'static str, mode: &'static str, plan: &Path) -> Value {
+    let plan = plan.to_owned();
+    let out =
+        tokio::task::spawn_blocking(move || run_interop_script(venv, "hub_clients.py", &[Path::new(mode), &plan]))
+            .await
+            .unwrap();
+    serde_json::from_str(out.trim().lines().last().unwrap()).unwrap()
+}
+
+/// Drops from each repository's expected tensors those its safetensors view leaves out (a
+/// safetensors file cannot hold them; the manifest says which).
+pub async fn only_viewable(address: &str, repos: &mut Value) -> u64 {
+    let mut tensors = 0;
+    for (_, repo) in repos.as_object_mut().unwrap() {
+        let id = repo["id"].as_str().unwrap().to_owned();
+        let manifest = super::request_async(address, &format!("/models/{}", id.replace('/', "%2F")), &[]).await.json();
+        let excluded: Vec<String> = manifest["safetensors_view"]["excluded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["object"].as_str().unwrap().to_owned())
+            .collect();
+        let held = repo["tensors"].as_object_mut().unwrap();
+        held.retain(|name, _| !excluded.contains(name));
+        tensors += held.len() as u64;
+    }
+    tensors
 }

@@ -685,3 +685,17 @@ pub fn safetensors_checkpoint(shards: &[&[StTensor<'_>]]) -> Vec<(String, Vec<u8
 pub fn tokens(entries: Vec<String>) -> Vec<ztserve::config::TokenEntry> {
     entries.iter().map(|e| ztserve::config::TokenEntry::parse(e).expect("a valid token entry")).collect()
 }
+
+/// `POST /models/{model}/prefetch` (`model` as it goes in the path), read to its end, off the
+/// test's runtime.
+pub async fn prefetch(address: &str, model: &str) -> Reply {
+    let (address, path) = (address.to_owned(), format!("/models/{model}/prefetch"));
+    tokio::task::spawn_blocking(move || send(&address, "POST", &path, &[], b"")).await.unwrap()
+}
+
+/// The last JSON line of a streamed (chunked) body.
+pub fn last_line(body: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(body);
+    let line = text.lines().rfind(|l| l.starts_with('{')).expect("a JSON line");
+    serde_json::from_str(line).unwrap()
+}
