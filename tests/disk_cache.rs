@@ -1,5 +1,5 @@
 //! The node's disk cache for remote sources, with a real S3-protocol server (moto): bytes come
-//! from the origin once and then from disk, also after the store is stopped and after a
+//! from the origin once (eight clients at once fetch each block once) and then from disk, also after the store is stopped and after a
 //! restart while it is down (from the listing and manifests the cache kept); a block damaged on disk is fetched again, never served; the cache stays under its
 //! bound; a start removes what is not a block.
 
@@ -55,11 +55,19 @@ async fn bytes_come_from_the_origin_once_then_from_disk_even_with_the_store_stop
     let (mut source, config, weights) = cached_server(dir.path(), 1 << 30).await;
     let (address, server) = serve(config.clone()).await;
     let before = origin_bytes();
-    for model in ["org%2Fraw", "org%2Fpacked"] {
-        assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
-    }
+    // Eight clients at once, each loading both models.
+    let loads = (0..8).map(|_| async {
+        for model in ["org%2Fraw", "org%2Fpacked"] {
+            assert_eq!(get(&address, &format!("/models/{model}/objects/w")).await, weights);
+        }
+    });
+    futures_util::future::join_all(loads).await;
     let fetched = origin_bytes() - before;
+    let stored: u64 = blocks_in(dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len() - 8).sum();
     assert!(fetched >= (1 << 20) as f64, "{fetched} bytes from the origin");
+    // Every byte this process fetched (the scan's manifests too) is in a block kept, once.
+    let all_fetched = origin_bytes();
+    assert_eq!(all_fetched, stored as f64, "a block fetched twice: {all_fetched} bytes from the origin, {stored} kept");
     let hits = metric("ztserve_disk_cache_hits_total", &[]);
     for model in ["org%2Fraw", "org%2Fpacked"] {
         let body = get(&address, &format!("/models/{model}/objects/w")).await;
