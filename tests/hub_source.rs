@@ -202,8 +202,9 @@ mod fake_hub {
     #[derive(Default)]
     pub(super) struct Hub {
         pub(super) file: Vec<u8>,
-        /// Answered, in order, to the next API requests instead of the real answer.
+        /// Answered, in order, to the next API requests for `org/m` instead of the real answer.
         pub(super) faults: Mutex<VecDeque<(StatusCode, Option<&'static str>)>>,
+        /// API requests for `org/m`.
         pub(super) api_requests: Mutex<u32>,
     }
 
@@ -213,7 +214,7 @@ mod fake_hub {
 
     async fn answer(hub: Arc<Hub>, uri: Uri, headers: HeaderMap) -> Response {
         let path = uri.path();
-        if path.starts_with("/api/") {
+        if path.starts_with("/api/models/org/m/") {
             *hub.api_requests.lock().unwrap() += 1;
             if let Some((status, retry_after)) = hub.faults.lock().unwrap().pop_front() {
                 let mut response = (status, "busy").into_response();
@@ -262,6 +263,12 @@ mod fake_hub {
     }
 }
 
+/// What `/readyz` at `address` says of source `name`.
+async fn readiness_of(address: &str, name: &str) -> Value {
+    let ready = request_async(address, "/readyz", &[]).await.json();
+    ready["sources"].as_array().unwrap().iter().find(|s| s["source"] == name).unwrap().clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_precisely() {
     use axum::http::StatusCode;
@@ -286,17 +293,14 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
     let bytes = request_async(&address, "/models/org/m/file", &[]).await;
     assert_eq!((bytes.status, bytes.body == file), (200, true), "{}", bytes.head);
 
-    let ready = request_async(&address, "/readyz", &[]).await.json();
-    let source =
-        |name: &str| ready["sources"].as_array().unwrap().iter().find(|s| s["source"] == name).unwrap().clone();
-    assert_eq!(source("hf://org/m")["status"], "ok");
-    let missing = source("hf://org/missing");
+    assert_eq!(readiness_of(&address, "hf://org/m").await["status"], "ok");
+    let missing = readiness_of(&address, "hf://org/missing").await;
     assert_eq!(missing["status"], "refused", "{missing}");
     assert!(
         missing["reason"].as_str().unwrap().contains("404 Not Found, RepoNotFound, Repository not found"),
         "{missing}"
     );
-    let gated = source("hf://org/gated");
+    let gated = readiness_of(&address, "hf://org/gated").await;
     assert_eq!(gated["status"], "refused", "{gated}");
     assert!(
         gated["reason"].as_str().unwrap().contains("GatedRepo")
@@ -307,22 +311,22 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
     // 5xx past the retries: unavailable, the model kept from the last listing and served.
     hub.faults.lock().unwrap().extend([(StatusCode::BAD_GATEWAY, None); 3]);
     server.rescan().await;
-    let ready = request_async(&address, "/readyz", &[]).await.json();
-    let m = ready["sources"].as_array().unwrap().iter().find(|s| s["source"] == "hf://org/m").unwrap().clone();
+    let m = readiness_of(&address, "hf://org/m").await;
     assert_eq!(m["status"], "unavailable", "{m}");
     assert!(m["reason"].as_str().unwrap().contains("502 Bad Gateway"), "{m}");
     assert_eq!(request_async(&address, "/models/org/m/file", &[]).await.body, file);
-    // A Retry-After longer than a rescan is not waited for: the source is unavailable at once.
-    hub.faults.lock().unwrap().push_back((StatusCode::TOO_MANY_REQUESTS, Some("3600")));
-    server.rescan().await;
-    let ready = request_async(&address, "/readyz", &[]).await.json();
-    let m = ready["sources"].as_array().unwrap().iter().find(|s| s["source"] == "hf://org/m").unwrap().clone();
-    assert!(m["reason"].as_str().unwrap().contains("Retry-After 3600 s"), "{m}");
     // And back.
     server.rescan().await;
-    let ready = request_async(&address, "/readyz", &[]).await.json();
-    assert_eq!(
-        ready["sources"].as_array().unwrap().iter().find(|s| s["source"] == "hf://org/m").unwrap()["status"],
-        "ok"
-    );
+    assert_eq!(readiness_of(&address, "hf://org/m").await["status"], "ok");
+    // A Retry-After longer than a request may wait: the source is unavailable at once, and
+    // the Hub is not called again before it has passed, by rescans either.
+    hub.faults.lock().unwrap().push_back((StatusCode::TOO_MANY_REQUESTS, Some("3600")));
+    server.rescan().await;
+    let m = readiness_of(&address, "hf://org/m").await;
+    assert!(m["reason"].as_str().unwrap().contains("Retry-After 3600 s"), "{m}");
+    let calls = *hub.api_requests.lock().unwrap();
+    server.rescan().await;
+    assert_eq!(*hub.api_requests.lock().unwrap(), calls, "a rescan called the Hub during its Retry-After");
+    let m = readiness_of(&address, "hf://org/m").await;
+    assert!(m["reason"].as_str().unwrap().contains("asked for") && m["status"] == "unavailable", "{m}");
 }

@@ -8,8 +8,9 @@
 //! leaves a file unchanged leaves its version, and its cached blocks, as they were. A read is
 //! one ranged GET of `resolve/{commit}/{path}` at a commit whose tree listed that version, so
 //! its bytes cannot change; the answer's range and length are checked against the listing.
-//! Rate limits (429, with `Retry-After`), 5xx and network failures are retried with backoff;
-//! other refusals become precise source errors.
+//! Rate limits (429, with `Retry-After`), 5xx and network failures are retried with backoff,
+//! and a `Retry-After` too long to wait out in one request holds every request of the source
+//! (rescans too) until it has passed; other refusals become precise source errors.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -35,8 +36,12 @@ const MAX_API_BYTES: usize = 64 << 20;
 const MAX_TREE_PAGES: usize = 10_000;
 
 /// The longest wait a `Retry-After` may impose on one request before the source is reported
-/// unavailable instead (the next rescan tries again).
+/// unavailable instead (and nothing is sent until it has passed).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The longest quiet a `Retry-After` is taken to ask for (a hostile value cannot silence the
+/// source for longer, nor overflow a clock).
+const MAX_QUIET: Duration = Duration::from_secs(24 * 3600);
 
 /// Characters escaped in a path segment of a request (a file's path keeps its `/`).
 const SEGMENT: &AsciiSet =
@@ -86,12 +91,15 @@ pub struct HubStorage {
     revision: String,
     options: HubOptions,
     client: reqwest::Client,
-    listed: Mutex<Listings>,
+    answers: Mutex<Answers>,
 }
 
-/// What the listings so far found.
+/// What the Hub has answered so far.
 #[derive(Debug, Default)]
-struct Listings {
+struct Answers {
+    /// Until when the Hub asked not to be called (a `Retry-After` longer than a request may
+    /// wait): nothing is sent before then.
+    quiet_until: Option<std::time::Instant>,
     /// The last commit listed and its files.
     last: Option<(String, Vec<Listed>)>,
     /// For each file version listed (key and content id): a commit that has it, and its size.
@@ -145,7 +153,7 @@ impl HubStorage {
             revision: revision.unwrap_or("main").to_owned(),
             options: HubOptions { endpoint: options.endpoint.trim_end_matches('/').to_owned(), ..options.clone() },
             client,
-            listed: Mutex::new(Listings::default()),
+            answers: Mutex::new(Answers::default()),
         })
     }
 
@@ -177,6 +185,12 @@ impl HubStorage {
     ) -> Result<reqwest::Response, StorageError> {
         let mut attempt = 0u32;
         loop {
+            let quiet_until = self.answers.lock().expect("never poisoned").quiet_until;
+            if let Some(left) = quiet_until.and_then(|until| until.checked_duration_since(std::time::Instant::now())) {
+                let message =
+                    format!("{what}: not sent, the Hub asked for {} s more of quiet (Retry-After)", left.as_secs() + 1);
+                return Err(self.unavailable(message));
+            }
             let mut builder = request();
             if let Some(token) = &self.options.token {
                 builder = builder.bearer_auth(token);
@@ -189,7 +203,13 @@ impl HubStorage {
             match failure {
                 Failure::Final(error) => return Err(error),
                 Failure::Retry { message, after } => {
-                    if attempt >= self.options.retries || after.is_some_and(|after| after > MAX_RETRY_AFTER) {
+                    if let Some(after) = after.filter(|after| *after > MAX_RETRY_AFTER) {
+                        // Honoured by every request of this source, rescans included.
+                        self.answers.lock().expect("never poisoned").quiet_until =
+                            Some(std::time::Instant::now() + after.min(MAX_QUIET));
+                        return Err(self.unavailable(message));
+                    }
+                    if attempt >= self.options.retries {
                         return Err(self.unavailable(message));
                     }
                     let backoff =
@@ -323,12 +343,12 @@ impl Storage for HubStorage {
         async move {
             let started = std::time::Instant::now();
             let commit = self.resolve_revision().await?;
-            let known = self.listed.lock().expect("never poisoned").last.clone();
+            let known = self.answers.lock().expect("never poisoned").last.clone();
             let listed = match known {
                 Some((last, listed)) if last == commit => listed,
                 _ => {
                     let listed = self.list_commit(&commit).await?;
-                    let mut listings = self.listed.lock().expect("never poisoned");
+                    let mut listings = self.answers.lock().expect("never poisoned");
                     for file in &listed {
                         listings.versions.insert((file.key.clone(), file.version.clone()), (commit.clone(), file.size));
                     }
@@ -352,7 +372,7 @@ impl Storage for HubStorage {
             let not_found = || StorageError::NotFound { source_name: self.name.clone(), key: key.clone() };
             let path = self.path_of(&key).ok_or_else(not_found)?;
             let known =
-                self.listed.lock().expect("never poisoned").versions.get(&(key.clone(), version.clone())).cloned();
+                self.answers.lock().expect("never poisoned").versions.get(&(key.clone(), version.clone())).cloned();
             let Some((commit, size)) = known else {
                 // Only a listing in this process says at which commit a version is.
                 return Err(self.unavailable(format!("{key} at {version} has not been listed since the start")));
