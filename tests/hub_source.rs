@@ -6,7 +6,8 @@
 //! the cache, before and after another restart. `huggingface_hub` loads the second's own `/hf`,
 //! every tensor compared with the official readers' bytes. A fake Hub answers rate limits,
 //! 5xx, missing and gated repositories: what is worth retrying is retried with backoff, the
-//! rest refuses the source with the Hub's own code and message.
+//! rest refuses the source with the Hub's own code and message; when `main` moves, the model
+//! version changes only if a file did.
 
 mod common;
 
@@ -197,11 +198,10 @@ mod fake_hub {
     use axum::response::{IntoResponse, Response};
     use sha2::Digest as _;
 
-    pub(super) const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
-
     #[derive(Default)]
     pub(super) struct Hub {
-        pub(super) file: Vec<u8>,
+        /// Each commit of `org/m` and its `model.safetensors`; the last is `main`.
+        pub(super) commits: Mutex<Vec<(String, Vec<u8>)>>,
         /// Answered, in order, to the next API requests for `org/m` instead of the real answer.
         pub(super) faults: Mutex<VecDeque<(StatusCode, Option<&'static str>)>>,
         /// API requests for `org/m`.
@@ -224,28 +224,37 @@ mod fake_hub {
                 return response;
             }
         }
-        let lfs = hex::encode(sha2::Sha256::digest(&hub.file));
-        match path {
-            "/api/models/org/m/revision/main" => {
-                axum::Json(serde_json::json!({ "id": "org/m", "sha": COMMIT })).into_response()
+        let commits = hub.commits.lock().unwrap().clone();
+        let at = |prefix: &str, suffix: &str| {
+            let commit = path.strip_prefix(prefix)?.strip_suffix(suffix)?;
+            commits.iter().find(|(c, _)| c == commit).map(|(_, file)| file.clone())
+        };
+        let (tree, resolved) = (at("/api/models/org/m/tree/", ""), at("/org/m/resolve/", "/model.safetensors"));
+        match (path, tree, resolved) {
+            ("/api/models/org/m/revision/main", ..) => {
+                let main = &commits.last().unwrap().0;
+                axum::Json(serde_json::json!({ "id": "org/m", "sha": main })).into_response()
             }
-            p if p == format!("/api/models/org/m/tree/{COMMIT}") => axum::Json(serde_json::json!([
-                { "type": "file", "path": ".gitattributes", "size": 10, "oid": "aa" },
-                { "type": "directory", "path": "sub", "size": 0, "oid": "bb" },
-                { "type": "file", "path": "model.safetensors", "size": hub.file.len(), "oid": "cc",
-                  "lfs": { "oid": lfs, "size": hub.file.len(), "pointerSize": 130 } },
-            ]))
-            .into_response(),
-            p if p == format!("/org/m/resolve/{COMMIT}/model.safetensors") => {
+            (_, Some(file), _) => {
+                let lfs = hex::encode(sha2::Sha256::digest(&file));
+                axum::Json(serde_json::json!([
+                    { "type": "file", "path": ".gitattributes", "size": 10, "oid": "aa" },
+                    { "type": "directory", "path": "sub", "size": 0, "oid": "bb" },
+                    { "type": "file", "path": "model.safetensors", "size": file.len(), "oid": "cc",
+                      "lfs": { "oid": lfs, "size": file.len(), "pointerSize": 130 } },
+                ]))
+                .into_response()
+            }
+            (_, _, Some(file)) => {
                 let range =
                     headers.get(header::RANGE).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("bytes="));
                 let (first, last) = range.and_then(|r| r.split_once('-')).unwrap();
                 let (first, last): (usize, usize) = (first.parse().unwrap(), last.parse().unwrap());
-                let content_range = format!("bytes {first}-{last}/{}", hub.file.len());
-                (StatusCode::PARTIAL_CONTENT, [(header::CONTENT_RANGE, content_range)], hub.file[first..=last].to_vec())
+                let content_range = format!("bytes {first}-{last}/{}", file.len());
+                (StatusCode::PARTIAL_CONTENT, [(header::CONTENT_RANGE, content_range)], file[first..=last].to_vec())
                     .into_response()
             }
-            "/api/models/org/gated/revision/main" => {
+            ("/api/models/org/gated/revision/main", ..) => {
                 hub_error(StatusCode::UNAUTHORIZED, "GatedRepo", "Access to model org/gated is restricted.")
             }
             _ => hub_error(StatusCode::NOT_FOUND, "RepoNotFound", "Repository not found"),
@@ -263,6 +272,11 @@ mod fake_hub {
     }
 }
 
+/// The commit id numbered `n`.
+fn commit(n: u8) -> String {
+    format!("{n:02x}").repeat(20)
+}
+
 /// What `/readyz` at `address` says of source `name`.
 async fn readiness_of(address: &str, name: &str) -> Value {
     let ready = request_async(address, "/readyz", &[]).await.json();
@@ -276,7 +290,8 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
 
     let weights = common::noise(3000, 3);
     let file = common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![3000], &weights)]);
-    let hub = std::sync::Arc::new(fake_hub::Hub { file: file.clone(), ..Default::default() });
+    let hub = std::sync::Arc::new(fake_hub::Hub::default());
+    hub.commits.lock().unwrap().push((commit(1), file.clone()));
     // A rate limit with Retry-After, then a 503: both retried, and the start succeeds.
     hub.faults
         .lock()
@@ -318,6 +333,21 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
     // And back.
     server.rescan().await;
     assert_eq!(readiness_of(&address, "hf://org/m").await["status"], "ok");
+
+    // `main` moves: a commit that leaves the file alone leaves the model version; one that
+    // changes it makes a new version, with the new bytes.
+    let version = |manifest: Value| manifest["model_version"].as_str().unwrap().to_owned();
+    let first = version(request_async(&address, "/models/org/m", &[]).await.json());
+    hub.commits.lock().unwrap().push((commit(2), file.clone()));
+    server.rescan().await;
+    assert_eq!(version(request_async(&address, "/models/org/m", &[]).await.json()), first);
+    let weights = common::noise(3000, 4);
+    let changed = common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![3000], &weights)]);
+    hub.commits.lock().unwrap().push((commit(3), changed.clone()));
+    server.rescan().await;
+    assert_ne!(version(request_async(&address, "/models/org/m", &[]).await.json()), first);
+    assert_eq!(request_async(&address, "/models/org/m/file", &[]).await.body, changed);
+
     // A Retry-After longer than a request may wait: the source is unavailable at once, and
     // the Hub is not called again before it has passed, by rescans either.
     hub.faults.lock().unwrap().push_back((StatusCode::TOO_MANY_REQUESTS, Some("3600")));
