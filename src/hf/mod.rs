@@ -18,7 +18,6 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::{StreamExt as _, TryStreamExt as _};
 use serde_json::{Value, json};
 
 pub(crate) use self::error::HubError;
@@ -27,7 +26,7 @@ use crate::access::{Access, Tokens};
 use crate::api::routes;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
-use crate::service::{Published, PublishedFile, Service};
+use crate::service::{PublishedFile, Service};
 use crate::telemetry::names;
 use crate::transport::Refusals;
 use crate::transport::respond::{Representation, bytes_response};
@@ -199,21 +198,7 @@ impl HubState {
         }
         tracing::Span::current().record("model", id.as_str());
         let (model, manifest) = self.service.model(&id)?;
-        let mut files: Vec<PublishedFile> = self
-            .service
-            .published_files(&catalog, &model, &manifest)
-            .into_iter()
-            .filter(|f| !matches!(f.what, Published::Stored(_)))
-            .collect();
-        files.sort_by(|a, b| a.path.cmp(&b.path));
-        // A file beside the model named like one of its view's files: the weights win.
-        files.dedup_by(|later, first| {
-            let same = later.path == first.path;
-            if same && matches!(first.what, Published::Companion(_)) {
-                std::mem::swap(later, first);
-            }
-            same
-        });
+        let files = self.service.repository_files(&catalog, &model, &manifest);
         let commit = repos::commit_of(files.iter().map(|f| (f.path.as_str(), f.etag.as_str())));
         let pinned = match revision {
             None | Some("main") => false,
@@ -232,11 +217,7 @@ impl HubState {
 
     /// The SHA-256 of each of `files` of `at`, computed a few at a time.
     async fn sha256s(&self, at: &RepoAt, files: &[&PublishedFile]) -> Result<Vec<[u8; 32]>, HubError> {
-        let at_once = std::thread::available_parallelism().map_or(2, usize::from);
-        // Made before they are streamed: a closure inside the stream would have to be general
-        // over lifetimes that an async fn's future is not.
-        let digests: Vec<_> = files.iter().map(|file| Box::pin(self.sha256(at, file))).collect();
-        futures_util::stream::iter(digests).buffered(at_once).try_collect().await
+        Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, files).await?)
     }
 }
 

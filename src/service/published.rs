@@ -79,6 +79,33 @@ impl Service {
 }
 
 impl Service {
+    /// The files a repository of `model` holds for the protocols that serve models as
+    /// repositories of files (the Hub API, the OCI registry): its companions and its weights
+    /// as safetensors, sorted by path. Stored `.zt` files are left out, so a client that takes
+    /// every file does not fetch the weights twice; a companion named like one of the view's
+    /// files gives way to it.
+    pub(crate) fn repository_files(
+        &self,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+    ) -> Vec<PublishedFile> {
+        let mut files: Vec<PublishedFile> = self
+            .published_files(catalog, model, manifest)
+            .into_iter()
+            .filter(|f| !matches!(f.what, Published::Stored(_)))
+            .collect();
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        files.dedup_by(|later, first| {
+            let same = later.path == first.path;
+            if same && matches!(first.what, Published::Companion(_)) {
+                std::mem::swap(later, first);
+            }
+            same
+        });
+        files
+    }
+
     /// The bytes `file` of `model` serves (`catalog` is the one `file` was listed from).
     pub(crate) async fn published_bytes(
         self: &Arc<Self>,
@@ -120,5 +147,23 @@ impl Service {
                 sha256_of(bytes.source.open(0..bytes.source.len())).await
             })
             .await
+    }
+
+    /// The SHA-256 of each of `files`, as [`Service::published_sha256`] gives them, computed a
+    /// few at a time.
+    pub(crate) async fn published_sha256s(
+        self: &Arc<Self>,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        files: &[&PublishedFile],
+    ) -> Result<Vec<[u8; 32]>, ServiceError> {
+        use futures_util::{StreamExt as _, TryStreamExt as _};
+        let at_once = std::thread::available_parallelism().map_or(2, usize::from);
+        // Made before they are streamed: a closure inside the stream would have to be general
+        // over lifetimes that an async fn's future is not.
+        let digests: Vec<_> =
+            files.iter().map(|file| Box::pin(self.published_sha256(catalog, model, manifest, file))).collect();
+        futures_util::stream::iter(digests).buffered(at_once).try_collect().await
     }
 }
