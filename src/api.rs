@@ -35,6 +35,14 @@ pub mod routes {
     /// A file of a repository at a revision, as one label: its body bytes are the files sent.
     pub const HUB_FILE: &str = "/hf/{repo}/resolve/{revision}/{path}";
 
+    /// The OCI distribution API's prefix (`oras pull HOST:PORT/org/llama:latest`); requests below
+    /// it that are neither [`OCI_MANIFEST`] nor [`OCI_BLOB`] are labelled with it.
+    pub const OCI: &str = "/v2";
+    /// A manifest, by tag or digest.
+    pub const OCI_MANIFEST: &str = "/v2/{name}/manifests/{reference}";
+    /// A blob (a layer: one of the model's files; or the config), by digest.
+    pub const OCI_BLOB: &str = "/v2/{name}/blobs/{digest}";
+
     /// Every route, for the per-route series registered at start.
     pub const ALL: &[&str] = &[
         HEALTHZ,
@@ -53,6 +61,9 @@ pub mod routes {
         HUB,
         HUB_API,
         HUB_FILE,
+        OCI,
+        OCI_MANIFEST,
+        OCI_BLOB,
     ];
 }
 

@@ -76,6 +76,7 @@ pub mod config;
 mod decode;
 mod hf;
 mod http;
+mod oci;
 pub mod pull;
 mod s3;
 pub mod server;

@@ -52,11 +52,14 @@ impl Server {
     }
 
     /// The main listener's routes (the test seam: handler tests send requests to it with
-    /// `oneshot`): the Hub API below `/hf`, every other path the HTTP contract's.
+    /// `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the
+    /// HTTP contract's.
     pub fn http_app(&self) -> Router {
         let hub = crate::hf::app(Arc::clone(&self.service), Arc::clone(&self.tokens));
+        let registry = crate::oci::app(Arc::clone(&self.service), Arc::clone(&self.tokens));
         Router::new()
             .nest_service(crate::api::routes::HUB, hub)
+            .nest_service(crate::api::routes::OCI, registry)
             .fallback_service(crate::http::app(Arc::clone(&self.service), Arc::clone(&self.tokens)))
     }
 

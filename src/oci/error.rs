@@ -1,0 +1,115 @@
+//! The distribution API's errors: the spec's JSON body `{"errors": [{"code", "message",
+//! "detail"}]}` and status for each code, the bearer challenge on 401, `Allow` on 405. The only
+//! place the registry's statuses and codes are chosen.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::service::ServiceError;
+use crate::transport::respond::ByteRefusal;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OciError {
+    #[error("repository name not known to registry: {name:?}")]
+    NameUnknown { name: String },
+    #[error("manifest unknown: {reference:?} of {name:?} (tags: latest and the model's current version)")]
+    ManifestUnknown { name: String, reference: String },
+    #[error("blob unknown to registry: {digest:?} is no layer or config of {name:?}'s current manifest")]
+    BlobUnknown { name: String, digest: String },
+    #[error("provided digest did not match the expected form sha256:<64 lowercase hex>: {0:?}")]
+    DigestInvalid(String),
+    #[error("authentication required")]
+    Unauthorized {
+        /// The `WWW-Authenticate` challenge.
+        challenge: String,
+    },
+    #[error("requested access to the resource is denied: the token may not read {name:?}")]
+    Denied { name: String },
+    #[error("the registry is read-only: {method} is not supported here; {allowed} is")]
+    Unsupported { method: String, allowed: &'static str },
+    #[error("no such route of the distribution API: {0}")]
+    RouteUnknown(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the answer did not start within the request timeout; retry shortly")]
+    RequestTimeout,
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error(transparent)]
+    Bytes(#[from] ByteRefusal),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+/// How an error of the service reads to a registry client.
+fn service_status(error: &ServiceError) -> (StatusCode, &'static str) {
+    use ServiceError as S;
+    match error {
+        S::DecodersBusy => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
+        S::NotReady | S::ChangedOnDisk { .. } | S::Storage { .. } | S::NotCached { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+        }
+        S::ModelNotFound(_) | S::VersionGone { .. } => (StatusCode::NOT_FOUND, "NAME_UNKNOWN"),
+        S::BrokenModel { .. } | S::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "MANIFEST_INVALID"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
+    }
+}
+
+impl OciError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            OciError::NameUnknown { .. } => (StatusCode::NOT_FOUND, "NAME_UNKNOWN"),
+            OciError::ManifestUnknown { .. } => (StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN"),
+            OciError::BlobUnknown { .. } => (StatusCode::NOT_FOUND, "BLOB_UNKNOWN"),
+            OciError::DigestInvalid(_) => (StatusCode::BAD_REQUEST, "DIGEST_INVALID"),
+            OciError::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+            OciError::Denied { .. } => (StatusCode::FORBIDDEN, "DENIED"),
+            OciError::Unsupported { .. } => (StatusCode::METHOD_NOT_ALLOWED, "UNSUPPORTED"),
+            OciError::RouteUnknown(_) => (StatusCode::NOT_FOUND, "UNSUPPORTED"),
+            OciError::BadRequest(_) => (StatusCode::BAD_REQUEST, "UNSUPPORTED"),
+            OciError::RequestTimeout => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+            OciError::Bytes(ByteRefusal::RangeNotSatisfiable { .. } | ByteRefusal::TooManyRanges { .. }) => {
+                (StatusCode::RANGE_NOT_SATISFIABLE, "BLOB_UNKNOWN")
+            }
+            OciError::Bytes(ByteRefusal::Source(error)) | OciError::Service(error) => service_status(error),
+            OciError::Internal(_) | OciError::Bytes(_) => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
+        }
+    }
+}
+
+impl IntoResponse for OciError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let message = if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(error = %self, "registry request failed");
+            "internal error; see the server log".to_owned()
+        } else {
+            self.to_string()
+        };
+        let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
+        let mut response = (status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(super::API_VERSION.0, HeaderValue::from_static(super::API_VERSION.1));
+        if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        match self {
+            OciError::Unauthorized { challenge } => {
+                if let Ok(value) = HeaderValue::from_str(&challenge) {
+                    headers.insert(header::WWW_AUTHENTICATE, value);
+                }
+            }
+            OciError::Unsupported { allowed, .. } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
+            }
+            OciError::Bytes(
+                ByteRefusal::RangeNotSatisfiable { length } | ByteRefusal::TooManyRanges { length, .. },
+            ) => {
+                let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
+                headers.insert(header::CONTENT_RANGE, value);
+            }
+            _ => {}
+        }
+        response
+    }
+}

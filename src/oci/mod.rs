@@ -1,0 +1,398 @@
+//! The OCI distribution API's read side at `/v2`, so registries' clients (`oras`, `skopeo`,
+//! Dragonfly, Kubernetes image volumes, KServe's modelcars) pull models as ModelPack artifacts.
+//! Each model is a repository ([`names`]: ids map to lowercase repository names without
+//! collisions) tagged `latest` and with its model version; its manifest
+//! ([`artifact`]) has one raw layer per file the model publishes to every protocol (its
+//! companions and its weights as safetensors, the same files the Hub API lists), each layer's
+//! digest the file's SHA-256 from the content-digest store, and its config a ModelPack config.
+//! Blobs are served by digest with ranges. Access takes the existing tokens as bearer tokens,
+//! or as the password of HTTP basic credentials, and through the token flow registry clients
+//! implement (a `WWW-Authenticate: Bearer realm=…` challenge answered by `/v2/_token`).
+//! Pushes and deletes are refused; errors are [`error`]'s.
+
+mod artifact;
+mod error;
+mod names;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use self::artifact::{Artifact, LayerFile};
+pub(crate) use self::error::OciError;
+use self::names::OciRoute;
+use crate::access::{Access, Tokens};
+use crate::api::routes;
+use crate::catalog::{Catalog, Model};
+use crate::format::Manifest;
+use crate::service::{PublishedFile, Service, version_token};
+use crate::telemetry::names as metric_names;
+use crate::transport::Refusals;
+use crate::transport::respond::{Representation, bytes_response};
+
+/// The header every answer carries, as registries send it.
+pub(crate) const API_VERSION: (HeaderName, &str) =
+    (HeaderName::from_static("docker-distribution-api-version"), "registry/2.0");
+
+/// Repositories per catalog page when the client names no `n`, and the most it may ask for.
+const CATALOG_PAGE: usize = 1000;
+
+/// Seconds a token from `/v2/_token` is said to last (it is the configured token itself, which
+/// lasts as long as the configuration keeps it).
+const TOKEN_SECONDS: u64 = 3600;
+
+struct OciState {
+    service: Arc<Service>,
+    tokens: Arc<Tokens>,
+}
+
+/// The registry's router (mounted at [`routes::OCI`] by the server), over `service`, checking
+/// `tokens`.
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
+    let config = service.config.clone();
+    let state = Arc::new(OciState { service, tokens });
+    let router = Router::new().fallback(dispatch).with_state(state);
+    let refusals = Refusals {
+        panicked: || OciError::Internal("a handler panicked".into()).into_response(),
+        timed_out: || OciError::RequestTimeout.into_response(),
+    };
+    crate::transport::with_common_layers(router, &config, route_label, refusals)
+}
+
+/// The label of a request below the prefix: a manifest, a blob, or anything else.
+fn route_label(uri: &Uri) -> &'static str {
+    match names::route(uri.path()) {
+        OciRoute::Manifest { .. } => routes::OCI_MANIFEST,
+        OciRoute::Blob { .. } => routes::OCI_BLOB,
+        _ => routes::OCI,
+    }
+}
+
+async fn dispatch(State(state): State<Arc<OciState>>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let mut response = match answer(&state, &method, &uri, &headers).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    };
+    response.headers_mut().insert(API_VERSION.0, HeaderValue::from_static(API_VERSION.1));
+    response
+}
+
+/// Refuses `method` unless it is one of `allowed` (a push or a delete, on a read-only registry).
+fn only(method: &Method, allowed: &'static str) -> Result<(), OciError> {
+    if allowed.split(", ").any(|m| m == method.as_str()) {
+        Ok(())
+    } else {
+        Err(OciError::Unsupported { method: method.to_string(), allowed })
+    }
+}
+
+async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<Response, OciError> {
+    let route = names::route(uri.path());
+    if let OciRoute::Token = route {
+        only(method, "GET")?;
+        return token(state, headers);
+    }
+    let scope = match &route {
+        OciRoute::Tags { name }
+        | OciRoute::Manifest { name, .. }
+        | OciRoute::Blob { name, .. }
+        | OciRoute::Referrers { name, .. } => Some(format!("repository:{name}:pull")),
+        OciRoute::Catalog => Some("registry:catalog:*".into()),
+        _ => None,
+    };
+    let access = caller(state, headers, scope.as_deref())?;
+    let query: Vec<(String, String)> =
+        form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect();
+    match route {
+        OciRoute::Base => {
+            only(method, "GET, HEAD")?;
+            Ok(json_response(&json!({}), method == Method::HEAD))
+        }
+        OciRoute::Catalog => {
+            only(method, "GET")?;
+            catalog(state, &access, &query)
+        }
+        OciRoute::Tags { name } => {
+            only(method, "GET")?;
+            let at = state.repository(&access, &name)?;
+            let mut tags = vec!["latest".to_owned(), version_token(&at.model)];
+            tags.sort();
+            Ok(json_response(&json!({ "name": name, "tags": tags }), false))
+        }
+        OciRoute::Manifest { name, reference } => {
+            only(method, "GET, HEAD")?;
+            let at = state.repository(&access, &name)?;
+            let artifact = state.artifact(&at).await?;
+            let named = reference == "latest" || reference == version_token(&at.model);
+            if !named && reference != artifact.manifest_digest {
+                if !names::is_tag(&reference) && names::sha256_hex(&reference).is_none() {
+                    return Err(OciError::BadRequest(format!("{reference:?} is neither a tag nor a sha256 digest")));
+                }
+                return Err(OciError::ManifestUnknown { name, reference });
+            }
+            manifest_response(headers, &artifact, method == Method::HEAD, &name)
+        }
+        OciRoute::Blob { name, digest } => {
+            only(method, "GET, HEAD")?;
+            if names::sha256_hex(&digest).is_none() {
+                return Err(OciError::DigestInvalid(digest));
+            }
+            let at = state.repository(&access, &name)?;
+            blob(state, &at, &name, &digest, method == Method::HEAD, headers).await
+        }
+        OciRoute::Referrers { name, digest } => {
+            only(method, "GET")?;
+            if names::sha256_hex(&digest).is_none() {
+                return Err(OciError::DigestInvalid(digest));
+            }
+            state.repository(&access, &name)?;
+            let index = json!({ "schemaVersion": 2, "mediaType": artifact::INDEX_MEDIA_TYPE, "manifests": [] });
+            let mut response = json_response(&index, false);
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(artifact::INDEX_MEDIA_TYPE));
+            Ok(response)
+        }
+        OciRoute::Upload => Err(OciError::Unsupported { method: method.to_string(), allowed: "GET, HEAD" }),
+        OciRoute::Token => unreachable!("answered above"),
+        OciRoute::Unknown => Err(OciError::RouteUnknown(uri.path().to_owned())),
+    }
+}
+
+/// The token a request carries: a bearer token, or the password of basic credentials.
+fn presented_token(headers: &HeaderMap) -> Option<String> {
+    if let Some(token) = crate::access::bearer(headers) {
+        return Some(token.to_owned());
+    }
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, encoded) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let (_user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
+    Some(password.to_owned())
+}
+
+/// What the caller may read; without a valid token where tokens are needed, the challenge
+/// that sends the client to the token endpoint (for `scope`).
+fn caller(state: &OciState, headers: &HeaderMap, scope: Option<&str>) -> Result<Access, OciError> {
+    if !state.tokens.required() {
+        return Ok(Access::Everything);
+    }
+    let presented = presented_token(headers);
+    if let Some(access) = presented.as_deref().and_then(|token| state.tokens.check(token)) {
+        return Ok(access);
+    }
+    let reason = if presented.is_some() { "invalid" } else { "missing" };
+    metrics::counter!(metric_names::AUTH_FAILURES, "reason" => reason).increment(1);
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("http");
+    let mut challenge = format!(r#"Bearer realm="{scheme}://{host}{}/_token",service="ztserve""#, routes::OCI);
+    if let Some(scope) = scope {
+        challenge.push_str(&format!(r#",scope="{scope}""#));
+    }
+    Err(OciError::Unauthorized { challenge })
+}
+
+/// `GET /v2/_token`: the token flow's token for HTTP basic credentials whose password is a
+/// configured token (the token itself, which the client then sends as a bearer token).
+fn token(state: &OciState, headers: &HeaderMap) -> Result<Response, OciError> {
+    let token = if state.tokens.required() {
+        let presented = presented_token(headers);
+        match presented.filter(|token| state.tokens.check(token).is_some()) {
+            Some(token) => token,
+            None => {
+                metrics::counter!(metric_names::AUTH_FAILURES, "reason" => "invalid").increment(1);
+                let challenge = r#"Basic realm="ztserve""#.to_owned();
+                return Err(OciError::Unauthorized { challenge });
+            }
+        }
+    } else {
+        // Nothing is needed: any token serves, and this one says so.
+        "anonymous".to_owned()
+    };
+    let body = json!({ "token": token, "access_token": token, "expires_in": TOKEN_SECONDS });
+    let mut response = json_response(&body, false);
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// `GET /v2/_catalog?n=&last=`: the repositories the caller may read, in name order, a page at
+/// a time with a `Link` to the next.
+fn catalog(state: &OciState, access: &Access, query: &[(String, String)]) -> Result<Response, OciError> {
+    let param = |key: &str| query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let n = match param("n") {
+        None => CATALOG_PAGE,
+        Some(n) => {
+            n.parse::<usize>().map_err(|_| OciError::BadRequest(format!("n={n:?} is not a count")))?.min(CATALOG_PAGE)
+        }
+    };
+    let mut repositories: Vec<String> = state
+        .service
+        .catalog()
+        .models()
+        .filter(|m| access.allows(&m.id))
+        .map(|m| names::repository_of(&m.id))
+        .collect();
+    repositories.sort();
+    let after = param("last").unwrap_or("");
+    let start = repositories.partition_point(|name| name.as_str() <= after);
+    let page: Vec<&String> = repositories[start..].iter().take(n).collect();
+    let mut response = json_response(&json!({ "repositories": page }), false);
+    if start + page.len() < repositories.len() {
+        if let Some(last) = page.last() {
+            let next = format!("<{}/_catalog?n={n}&last={last}>; rel=\"next\"", routes::OCI);
+            if let Ok(value) = HeaderValue::from_str(&next) {
+                response.headers_mut().insert(header::LINK, value);
+            }
+        }
+    }
+    Ok(response)
+}
+
+fn json_response(value: &Value, head: bool) -> Response {
+    let body = serde_json::to_vec(value).expect("JSON values serialize");
+    let len = body.len();
+    let mut response = if head { StatusCode::OK.into_response() } else { (StatusCode::OK, body).into_response() };
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    response
+}
+
+/// A repository at its current version.
+struct RepositoryAt {
+    catalog: Arc<Catalog>,
+    model: Arc<Model>,
+    manifest: Arc<Manifest>,
+    files: Vec<PublishedFile>,
+}
+
+impl OciState {
+    /// The model whose repository is `name`, for a caller with `access`: a name outside the
+    /// caller's prefixes is denied whether or not it exists, so nothing is learnt of models
+    /// the token may not read.
+    fn repository(&self, access: &Access, name: &str) -> Result<RepositoryAt, OciError> {
+        let unknown = || OciError::NameUnknown { name: name.to_owned() };
+        if !names::is_repository_name(name) {
+            return Err(unknown());
+        }
+        let catalog = self.service.catalog();
+        let model = catalog.models().find(|m| names::names(name, &m.id)).cloned();
+        let Some(model) = model else {
+            return match access {
+                Access::Everything => Err(unknown()),
+                // A hashed name cannot be checked against prefixes without its model.
+                _ if name.starts_with(names::HASHED) => Err(unknown()),
+                _ if access.allows(name) => Err(unknown()),
+                _ => Err(OciError::Denied { name: name.to_owned() }),
+            };
+        };
+        if !access.allows(&model.id) {
+            return Err(OciError::Denied { name: name.to_owned() });
+        }
+        tracing::Span::current().record("model", model.id.as_str());
+        let (model, manifest) = self.service.model(&model.id)?;
+        let files = self.service.repository_files(&catalog, &model, &manifest);
+        Ok(RepositoryAt { catalog, model, manifest, files })
+    }
+
+    /// The repository's artifact: its config and manifest, with every file's SHA-256.
+    async fn artifact(&self, at: &RepositoryAt) -> Result<Artifact, OciError> {
+        let files: Vec<&PublishedFile> = at.files.iter().collect();
+        let digests = self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files).await?;
+        let layers: Vec<LayerFile> = at
+            .files
+            .iter()
+            .zip(digests)
+            .map(|(file, sha256)| LayerFile { path: file.path.clone(), size: file.size, sha256 })
+            .collect();
+        Ok(artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers))
+    }
+}
+
+/// Whether `accept` (absent: anything) takes an OCI image manifest.
+fn accepts_manifest(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else { return true };
+    accept
+        .split(',')
+        .map(|t| t.split(';').next().unwrap_or("").trim())
+        .any(|t| t.is_empty() || t == "*/*" || t == "application/*" || t == artifact::MANIFEST_MEDIA_TYPE)
+}
+
+fn manifest_response(headers: &HeaderMap, artifact: &Artifact, head: bool, name: &str) -> Result<Response, OciError> {
+    let accept: Option<String> = {
+        let values: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+        (!values.is_empty()).then(|| values.join(","))
+    };
+    if !accepts_manifest(accept.as_deref()) {
+        return Err(OciError::ManifestUnknown {
+            name: name.to_owned(),
+            reference: format!("as {} (the manifest is {})", accept.unwrap_or_default(), artifact::MANIFEST_MEDIA_TYPE),
+        });
+    }
+    let digest = HeaderValue::from_str(&artifact.manifest_digest).expect("sha256 digests are ASCII");
+    let etag = HeaderValue::from_str(&format!("\"{}\"", artifact.manifest_digest)).expect("ASCII");
+    let mut response = if head || headers.get(header::IF_NONE_MATCH) == Some(&etag) {
+        let status = if head { StatusCode::OK } else { StatusCode::NOT_MODIFIED };
+        status.into_response()
+    } else {
+        (StatusCode::OK, artifact.manifest.clone()).into_response()
+    };
+    let out = response.headers_mut();
+    out.insert(header::CONTENT_TYPE, HeaderValue::from_static(artifact::MANIFEST_MEDIA_TYPE));
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(artifact.manifest.len()));
+    out.insert(HeaderName::from_static("docker-content-digest"), digest);
+    out.insert(header::ETAG, etag);
+    out.insert(header::CACHE_CONTROL, crate::transport::respond::REVALIDATE);
+    Ok(response)
+}
+
+/// `GET|HEAD /v2/{name}/blobs/{digest}`: the config, or the layer (a published file) with that
+/// digest, with ranges.
+async fn blob(
+    state: &OciState,
+    at: &RepositoryAt,
+    name: &str,
+    digest: &str,
+    head: bool,
+    headers: &HeaderMap,
+) -> Result<Response, OciError> {
+    let artifact = state.artifact(at).await?;
+    let digest_header = (HeaderName::from_static("docker-content-digest"), HeaderValue::from_str(digest).expect("hex"));
+    let immutable = (header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=31536000, immutable"));
+    let etag = format!("\"{digest}\"");
+    let representation = if digest == artifact.config_digest {
+        Representation {
+            source: Arc::new(bytes::Bytes::from(artifact.config)),
+            etag,
+            content_type: artifact::CONFIG_MEDIA_TYPE,
+            headers: vec![digest_header, immutable],
+            guard: None,
+        }
+    } else {
+        let hex = names::sha256_hex(digest).expect("checked by the caller");
+        let mut found = None;
+        for file in &at.files {
+            let known = state.service.known_sha256(&at.model, &file.path, &file.etag);
+            if known.is_some_and(|sha256| hex::encode(sha256) == hex) {
+                found = Some(file);
+                break;
+            }
+        }
+        let file = found.ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
+        let bytes = state.service.published_bytes(&at.catalog, &at.model, &at.manifest, &file.what).await?;
+        Representation {
+            source: bytes.source,
+            etag,
+            content_type: "application/octet-stream",
+            headers: vec![digest_header, immutable],
+            guard: None,
+        }
+    };
+    Ok(bytes_response(headers, head, representation, state.service.config.limits.max_ranges).await?)
+}
