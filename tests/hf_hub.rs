@@ -12,32 +12,12 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
 
-use common::corpus::{hub_clients, hub_repos, only_viewable, write_hub_corpus};
+use common::corpus::{hub_clients, only_viewable, put_hub_corpus};
 use common::{ModelSource, metric, request_async, send, serve};
 use serde_json::{Value, json};
 use ztserve::config::Config;
 use ztserve::format::DType;
-
-/// Every file below `dir`, by its path below it.
-fn files_below(dir: &Path) -> Vec<(String, PathBuf)> {
-    let mut found = Vec::new();
-    let mut pending = vec![dir.to_owned()];
-    while let Some(at) = pending.pop() {
-        for entry in fs::read_dir(&at).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                let relative = path.strip_prefix(dir).unwrap().to_str().unwrap().to_owned();
-                found.push((relative, path));
-            }
-        }
-    }
-    found.sort();
-    found
-}
 
 /// Requests to the Hub API (every label below `/hf`), with `status` when given.
 fn hub_requests(status: Option<&str>) -> f64 {
@@ -51,24 +31,9 @@ fn hub_requests(status: Option<&str>) -> f64 {
         .sum()
 }
 
-/// The loader corpus, with a real config and tokenizer beside the sharded checkpoint, in
-/// `source`; the repositories the clients load, each with its tensors' expected bytes and its
-/// companions' local copies.
-async fn write_corpus(dir: &Path, source: &ModelSource) -> (Value, u64) {
-    let (work, models) = (dir.join("work"), dir.join("models"));
-    let expected = write_hub_corpus(&work, &models);
-    for (relative, path) in files_below(&models) {
-        // The 600 small models page the S3 listing; the Hub's paging is checked below.
-        if !relative.starts_with("many/") {
-            source.put(&relative, &fs::read(&path).unwrap()).await;
-        }
-    }
-    hub_repos(&models, &expected)
-}
-
 async fn hub_clients_load_every_model(source: ModelSource) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut repos, _) = write_corpus(dir.path(), &source).await;
+    let (mut repos, _) = put_hub_corpus(dir.path(), &source).await;
     let mut config = source.config(Config::default());
     config.digests.store = Some(dir.path().join("digests"));
     let (address, _server) = serve(config.clone()).await;

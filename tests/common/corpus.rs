@@ -199,3 +199,37 @@ pub async fn only_viewable(address: &str, repos: &mut Value) -> u64 {
     }
     tensors
 }
+
+/// Every file below `dir`, by its path below it.
+pub fn files_below(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(at) = pending.pop() {
+        for entry in fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let relative = path.strip_prefix(dir).unwrap().to_str().unwrap().to_owned();
+                found.push((relative, path));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The loader corpus, with a real config and tokenizer beside the sharded checkpoint, in
+/// `source`; the repositories the clients load, each with its tensors' expected bytes and its
+/// companions' local copies.
+pub async fn put_hub_corpus(dir: &Path, source: &super::ModelSource) -> (Value, u64) {
+    let (work, models) = (dir.join("work"), dir.join("models"));
+    let expected = write_hub_corpus(&work, &models);
+    for (relative, path) in files_below(&models) {
+        // The 600 small models page the S3 listing; the Hub's paging is checked below.
+        if !relative.starts_with("many/") {
+            source.put(&relative, &fs::read(&path).unwrap()).await;
+        }
+    }
+    hub_repos(&models, &expected)
+}
