@@ -375,6 +375,11 @@ async fn the_registry_answers_as_the_distribution_spec_says() {
 
     // By tag, by digest, HEAD, and conditionally.
     let version = oci(&address, "GET", "/v2/org/m/tags/list", &[]).await.json()["tags"][0].as_str().unwrap().to_owned();
+    let first_tag = oci(&address, "GET", "/v2/org/m/tags/list?n=1", &[]).await;
+    assert_eq!(first_tag.json(), json!({ "name": "org/m", "tags": [version] }));
+    assert_eq!(first_tag.header("link"), Some(&*format!(r#"</v2/org/m/tags/list?n=1&last={version}>; rel="next""#)));
+    let last_tag = oci(&address, "GET", &format!("/v2/org/m/tags/list?n=1&last={version}"), &[]).await;
+    assert_eq!((last_tag.json()["tags"].clone(), last_tag.header("link")), (json!(["latest"]), None));
     for reference in [version.as_str(), digest.as_str()] {
         let by = oci(&address, "GET", &format!("/v2/org/m/manifests/{reference}"), &[]).await;
         assert!(by.status == 200 && by.body == reply.body, "{reference}");

@@ -120,9 +120,11 @@ async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMa
         OciRoute::Tags { name } => {
             only(method, "GET")?;
             let at = state.repository(&access, &name)?;
-            let mut tags = vec!["latest".to_owned(), version_token(&at.model)];
-            tags.sort();
-            Ok(json_response(&json!({ "name": name, "tags": tags }), false))
+            let tags = vec!["latest".to_owned(), version_token(&at.model)];
+            let (page, next) = page(tags, &query)?;
+            let mut response = json_response(&json!({ "name": name, "tags": page }), false);
+            link_next(&mut response, &format!("/{name}/tags/list"), next);
+            Ok(response)
         }
         OciRoute::Manifest { name, reference } => {
             only(method, "GET, HEAD")?;
@@ -224,6 +226,22 @@ fn token(state: &OciState, headers: &HeaderMap) -> Result<Response, OciError> {
 /// `GET /v2/_catalog?n=&last=`: the repositories the caller may read, in name order, a page at
 /// a time with a `Link` to the next.
 fn catalog(state: &OciState, access: &Access, query: &[(String, String)]) -> Result<Response, OciError> {
+    let repositories: Vec<String> = state
+        .service
+        .catalog()
+        .models()
+        .filter(|m| access.allows(&m.id))
+        .map(|m| names::repository_of(&m.id))
+        .collect();
+    let (page, next) = page(repositories, query)?;
+    let mut response = json_response(&json!({ "repositories": page }), false);
+    link_next(&mut response, "/_catalog", next);
+    Ok(response)
+}
+
+/// One page of `items` (sorted here) as the query's `n` and `last` ask: the items after `last`,
+/// at most `n` of them (at most [`CATALOG_PAGE`]); and, when more follow, the next page's query.
+fn page(mut items: Vec<String>, query: &[(String, String)]) -> Result<(Vec<String>, Option<String>), OciError> {
     let param = |key: &str| query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
     let n = match param("n") {
         None => CATALOG_PAGE,
@@ -231,27 +249,20 @@ fn catalog(state: &OciState, access: &Access, query: &[(String, String)]) -> Res
             n.parse::<usize>().map_err(|_| OciError::BadRequest(format!("n={n:?} is not a count")))?.min(CATALOG_PAGE)
         }
     };
-    let mut repositories: Vec<String> = state
-        .service
-        .catalog()
-        .models()
-        .filter(|m| access.allows(&m.id))
-        .map(|m| names::repository_of(&m.id))
-        .collect();
-    repositories.sort();
-    let after = param("last").unwrap_or("");
-    let start = repositories.partition_point(|name| name.as_str() <= after);
-    let page: Vec<&String> = repositories[start..].iter().take(n).collect();
-    let mut response = json_response(&json!({ "repositories": page }), false);
-    if start + page.len() < repositories.len() {
-        if let Some(last) = page.last() {
-            let next = format!("<{}/_catalog?n={n}&last={last}>; rel=\"next\"", routes::OCI);
-            if let Ok(value) = HeaderValue::from_str(&next) {
-                response.headers_mut().insert(header::LINK, value);
-            }
-        }
+    items.sort();
+    let start = items.partition_point(|item| item.as_str() <= param("last").unwrap_or(""));
+    let rest = items.len() - start;
+    let page: Vec<String> = items.into_iter().skip(start).take(n).collect();
+    let next = (page.len() < rest).then(|| page.last().map(|last| format!("n={n}&last={last}"))).flatten();
+    Ok((page, next))
+}
+
+/// Adds the `Link` to the next page (`path` below the prefix, with `query`), when there is one.
+fn link_next(response: &mut Response, path: &str, query: Option<String>) {
+    let Some(query) = query else { return };
+    if let Ok(value) = HeaderValue::from_str(&format!("<{}{path}?{query}>; rel=\"next\"", routes::OCI)) {
+        response.headers_mut().insert(header::LINK, value);
     }
-    Ok(response)
 }
 
 fn json_response(value: &Value, head: bool) -> Response {
