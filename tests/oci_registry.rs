@@ -372,6 +372,8 @@ async fn the_registry_answers_as_the_distribution_spec_says() {
     )
     .await;
     assert_eq!((ranged.status, ranged.body.as_slice()), (206, &view[8..100]));
+    let escaped = layers[1]["digest"].as_str().unwrap().replace(':', "%3A");
+    assert!(oci(&address, "GET", &format!("/v2/org/m/blobs/{escaped}"), &[]).await.body == view, "an escaped digest");
 
     // By tag, by digest, HEAD, and conditionally.
     let version = oci(&address, "GET", "/v2/org/m/tags/list", &[]).await.json()["tags"][0].as_str().unwrap().to_owned();

@@ -66,7 +66,8 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
 
 /// The label of a request below the prefix: a manifest, a blob, or anything else.
 fn route_label(uri: &Uri) -> &'static str {
-    match names::route(uri.path()) {
+    let path = percent_encoding::percent_decode_str(uri.path()).decode_utf8_lossy();
+    match names::route(&path) {
         OciRoute::Manifest { .. } => routes::OCI_MANIFEST,
         OciRoute::Blob { .. } => routes::OCI_BLOB,
         _ => routes::OCI,
@@ -92,7 +93,12 @@ fn only(method: &Method, allowed: &'static str) -> Result<(), OciError> {
 }
 
 async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<Response, OciError> {
-    let route = names::route(uri.path());
+    // Repository names, tags and digests hold no `%`: a client that escapes a digest's `:`
+    // means the digest.
+    let path = percent_encoding::percent_decode_str(uri.path())
+        .decode_utf8()
+        .map_err(|e| OciError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
+    let route = names::route(&path);
     if let OciRoute::Token = route {
         only(method, "GET")?;
         return token(state, headers);
@@ -132,9 +138,6 @@ async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMa
             let artifact = state.artifact(&at).await?;
             let named = reference == "latest" || reference == version_token(&at.model);
             if !named && reference != artifact.manifest_digest {
-                if !names::is_tag(&reference) && names::sha256_hex(&reference).is_none() {
-                    return Err(OciError::BadRequest(format!("{reference:?} is neither a tag nor a sha256 digest")));
-                }
                 return Err(OciError::ManifestUnknown { name, reference });
             }
             manifest_response(headers, &artifact, method == Method::HEAD, &name)
@@ -245,9 +248,11 @@ fn page(mut items: Vec<String>, query: &[(String, String)]) -> Result<(Vec<Strin
     let param = |key: &str| query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
     let n = match param("n") {
         None => CATALOG_PAGE,
-        Some(n) => {
-            n.parse::<usize>().map_err(|_| OciError::BadRequest(format!("n={n:?} is not a count")))?.min(CATALOG_PAGE)
+        // A count past any page is a whole page.
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            n.parse::<usize>().unwrap_or(CATALOG_PAGE).min(CATALOG_PAGE)
         }
+        Some(n) => return Err(OciError::BadRequest(format!("n={n:?} is not a count"))),
     };
     items.sort();
     let start = items.partition_point(|item| item.as_str() <= param("last").unwrap_or(""));
