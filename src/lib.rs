@@ -1,6 +1,6 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files and safetensors checkpoints.
 //!
-//! Module map. Layers run one way, server -> {http, s3, hf} -> {transport, access} -> service ->
+//! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} -> service ->
 //! {catalog, decode} -> storage -> format, with `api`, `config` and `telemetry` beside them; no
 //! module imports one above it, and the wire protocols never name each other.
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
@@ -55,6 +55,11 @@
 //! - `hf`: the Hugging Face Hub's read API at `/hf` (`HF_ENDPOINT`): each model a repository
 //!   of its companions and safetensors files, revisions as model versions, every file an LFS
 //!   file whose oid is its SHA-256; the tokens as bearer tokens; Hub error codes chosen here
+//!   only.
+//! - `oci`: the OCI distribution API's read side at `/v2`: each model a repository (ids mapped
+//!   to lowercase repository names without collisions) whose manifest is a ModelPack artifact,
+//!   a raw layer per published file, digests from the content-digest store; tags `latest` and
+//!   the version; the token flow over the existing tokens; registry error codes chosen here
 //!   only.
 //! - [`server`]: the composition root: builds the service, the tokens and every protocol's
 //!   router, binds their listeners, runs rescans, the token watch and metrics upkeep, and

@@ -298,12 +298,16 @@ impl OciState {
             return Err(unknown());
         }
         let catalog = self.service.catalog();
-        let model = catalog.models().find(|m| names::names(name, &m.id)).cloned();
+        let model = if names::is_hashed(name) {
+            catalog.models().find(|m| names::names(name, &m.id)).cloned()
+        } else {
+            catalog.get(name).cloned()
+        };
         let Some(model) = model else {
             return match access {
                 Access::Everything => Err(unknown()),
                 // A hashed name cannot be checked against prefixes without its model.
-                _ if name.starts_with(names::HASHED) => Err(unknown()),
+                _ if names::is_hashed(name) => Err(unknown()),
                 _ if access.allows(name) => Err(unknown()),
                 _ => Err(OciError::Denied { name: name.to_owned() }),
             };

@@ -47,7 +47,7 @@ pub(crate) fn is_repository_name(name: &str) -> bool {
 /// letters, digits and the separators the spec allows) outside [`HASHED`]; otherwise
 /// `ztserve-id/` and the first 32 hex digits of the id's SHA-256.
 pub(crate) fn repository_of(id: &str) -> String {
-    let plain = is_repository_name(id) && id.split('/').next() != Some(HASHED);
+    let plain = is_repository_name(id) && !is_hashed(id);
     if plain { id.to_owned() } else { hashed(id) }
 }
 
@@ -55,9 +55,14 @@ fn hashed(id: &str) -> String {
     format!("{HASHED}/{}", &hex::encode(sha2::Sha256::digest(id.as_bytes()))[..32])
 }
 
+/// Whether `name` is under [`HASHED`], a repository named by its id's digest.
+pub(crate) fn is_hashed(name: &str) -> bool {
+    name.split('/').next() == Some(HASHED)
+}
+
 /// Whether `name` is the repository of model `id`.
 pub(crate) fn names(name: &str, id: &str) -> bool {
-    if name.split('/').next() == Some(HASHED) { hashed(id) == name } else { name == id }
+    if is_hashed(name) { hashed(id) == name } else { name == id }
 }
 
 /// The hex of a `sha256:` digest, if `digest` is one (64 lowercase hex digits).
