@@ -194,8 +194,16 @@ fn caller(state: &OciState, headers: &HeaderMap, scope: Option<&str>) -> Result<
     }
     let reason = if presented.is_some() { "invalid" } else { "missing" };
     metrics::counter!(metric_names::AUTH_FAILURES, "reason" => reason).increment(1);
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
-    let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("http");
+    // Only what can stand inside the challenge's quoted string.
+    let plain = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'))
+            .map(str::to_owned)
+    };
+    let host = plain(header::HOST.as_str()).unwrap_or_else(|| "localhost".into());
+    let scheme = plain("x-forwarded-proto").filter(|s| s == "https").unwrap_or_else(|| "http".into());
     let mut challenge = format!(r#"Bearer realm="{scheme}://{host}{}/_token",service="ztserve""#, routes::OCI);
     if let Some(scope) = scope {
         challenge.push_str(&format!(r#",scope="{scope}""#));
