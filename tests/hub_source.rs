@@ -7,7 +7,7 @@
 //! every tensor compared with the official readers' bytes. A fake Hub answers rate limits,
 //! 5xx, missing and gated repositories: what is worth retrying is retried with backoff, the
 //! rest refuses the source with the Hub's own code and message; when `main` moves, the model
-//! version changes only if a file did.
+//! version changes only if a file did, and a source pinned to a commit keeps its bytes.
 
 mod common;
 
@@ -206,6 +206,8 @@ mod fake_hub {
         pub(super) faults: Mutex<VecDeque<(StatusCode, Option<&'static str>)>>,
         /// API requests for `org/m`.
         pub(super) api_requests: Mutex<u32>,
+        /// Requests for what `main` names.
+        pub(super) revision_requests: std::sync::atomic::AtomicU32,
     }
 
     fn hub_error(status: StatusCode, code: &str, message: &str) -> Response {
@@ -232,6 +234,7 @@ mod fake_hub {
         let (tree, resolved) = (at("/api/models/org/m/tree/", ""), at("/org/m/resolve/", "/model.safetensors"));
         match (path, tree, resolved) {
             ("/api/models/org/m/revision/main", ..) => {
+                hub.revision_requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let main = &commits.last().unwrap().0;
                 axum::Json(serde_json::json!({ "id": "org/m", "sha": main })).into_response()
             }
@@ -303,6 +306,7 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
     config.sources.on_unreadable = OnUnreadableSource::Degrade;
     config.hub_source.endpoint = Some(endpoint);
     config.hub_source.retries = 2;
+    let config_hub = config.hub_source.clone();
     let (address, server) = common::serve(config).await;
     assert!(*hub.api_requests.lock().unwrap() >= 4, "the 429 and the 503 were retried");
     let bytes = request_async(&address, "/models/org/m/file", &[]).await;
@@ -347,6 +351,16 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
     server.rescan().await;
     assert_ne!(version(request_async(&address, "/models/org/m", &[]).await.json()), first);
     assert_eq!(request_async(&address, "/models/org/m/file", &[]).await.body, changed);
+
+    // A source pinned to a commit keeps serving that commit's bytes, and never asks what a
+    // branch names.
+    let revisions = hub.revision_requests.load(std::sync::atomic::Ordering::SeqCst);
+    let mut pinned = Config::serving(vec![SourceSpec::Hub { repo: "org/m".into(), revision: Some(commit(1)) }]);
+    pinned.hub_source = config_hub.clone();
+    let (pinned_address, pinned_server) = common::serve(pinned).await;
+    pinned_server.rescan().await;
+    assert_eq!(request_async(&pinned_address, "/models/org/m/file", &[]).await.body, file);
+    assert_eq!(hub.revision_requests.load(std::sync::atomic::Ordering::SeqCst), revisions);
 
     // A Retry-After longer than a request may wait: the source is unavailable at once, and
     // the Hub is not called again before it has passed, by rescans either.
