@@ -158,6 +158,18 @@ async fn hub_repositories_load_through_the_cache_once_and_survive_their_origin()
     std::fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
     let loaded: Value = hub_clients("hub-2.4.0", "snapshot", &plan_path).await;
     assert_eq!(loaded["tensors"], tensors, "{loaded}");
+    // The second's Hub API gives each file the digest the origin listed, and hashed nothing to
+    // know it (so a model from a Hub is listed without fetching all its bytes first).
+    for (repo, held) in &files {
+        let tree =
+            request_async(&second.address, &format!("/hf/api/models/{repo}/tree/main?recursive=true"), &[]).await;
+        for entry in tree.json().as_array().unwrap().iter().filter(|e| e["type"] == "file") {
+            let bytes = &held[entry["path"].as_str().unwrap()];
+            let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
+            assert_eq!(entry["lfs"]["oid"], sha256, "{repo}: {entry}");
+        }
+    }
+    assert_eq!(scraped(&second.address, "ztserve_file_digest_bytes_total", &[]).await, 0.0, "the second hashed files");
     settle(&second.address, &repos).await;
     let sent = origin_file_bytes(&origin_address).await - sent_before;
     assert_eq!(sent, file_bytes as f64, "each file's bytes sent by the origin once");

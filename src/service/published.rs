@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
+use crate::storage::ObjectVersion;
 
 use super::digests::{file_identity, sha256_of};
 use super::{Service, ServiceError, StoredBytes, companion_etag, stored_file_etag, view_file_etag};
@@ -130,8 +131,32 @@ impl Service {
         self.digests.known(file_identity(&model.source.name, &model.id, path, etag))
     }
 
-    /// The SHA-256 of `file`'s bytes: known, or computed now by reading them all (once per
-    /// file version, however many ask at once).
+    /// The object whose bytes `file` serves as they are (a companion; a stored file the view
+    /// passes through), if any.
+    fn object_behind(
+        &self,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> Option<ObjectVersion> {
+        let object = match &file.what {
+            Published::Companion(index) => catalog.companions(&model.id).get(*index)?.object.clone(),
+            Published::View(name) => {
+                let view = self.view(model, manifest);
+                match view.files.iter().find(|f| f.name == *name)?.bytes {
+                    ViewBytes::Stored { file: index } => model.files.get(index)?.object.clone(),
+                    _ => return None,
+                }
+            }
+            Published::Stored(_) => return None,
+        };
+        (object.size == file.size).then_some(object)
+    }
+
+    /// The SHA-256 of `file`'s bytes: known; said by its source (a Hub file's LFS id, for a
+    /// file served as stored); or computed now by reading them all (once per file version,
+    /// however many ask at once).
     pub(crate) async fn published_sha256(
         self: &Arc<Self>,
         catalog: &Catalog,
@@ -140,8 +165,15 @@ impl Service {
         file: &PublishedFile,
     ) -> Result<[u8; 32], ServiceError> {
         let identity = file_identity(&model.source.name, &model.id, &file.path, &file.etag);
+        let said = self
+            .object_behind(catalog, model, manifest, file)
+            .and_then(|object| object.storage.content_sha256(&object.key, &object.version));
         self.digests
             .get_or_compute(identity, async {
+                // Not read: a model from a Hub is listed without fetching all its bytes first.
+                if let Some(digest) = said {
+                    return Ok(digest);
+                }
                 let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
                 tracing::debug!(model = %model.id, file = %file.path, size = file.size, "computing a file digest");
                 sha256_of(bytes.source.open(0..bytes.source.len())).await

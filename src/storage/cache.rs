@@ -516,6 +516,10 @@ impl Storage for CachedStorage {
         self.cache.pin(self.name(), objects);
     }
 
+    fn content_sha256(&self, key: &str, version: &str) -> Option<[u8; 32]> {
+        self.inner.content_sha256(key, version)
+    }
+
     fn settled(&self) -> BoxFuture<'_, ()> {
         self.cache.settled().boxed()
     }

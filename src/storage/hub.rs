@@ -365,6 +365,13 @@ impl Storage for HubStorage {
         .boxed()
     }
 
+    /// An LFS file's version is its oid, the SHA-256 of its content (64 hex digits); a small
+    /// file's is its git blob id (40), which is not.
+    fn content_sha256(&self, _key: &str, version: &str) -> Option<[u8; 32]> {
+        let mut digest = [0u8; 32];
+        (version.len() == 64).then(|| hex::decode_to_slice(version, &mut digest).ok()).flatten().map(|()| digest)
+    }
+
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
         let key = key.to_owned();
         let version = version.to_owned();

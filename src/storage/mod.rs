@@ -178,6 +178,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Keeps these objects (key and version) in the disk cache: eviction never takes their
     /// blocks. Replaces the objects pinned before.
     fn pin(&self, _objects: &[(String, String)]) {}
+    /// The SHA-256 of the whole object at `version`, when the source says it (a Hub file's LFS
+    /// id is its content's SHA-256); `None` when it does not.
+    fn content_sha256(&self, _key: &str, _version: &str) -> Option<[u8; 32]> {
+        None
+    }
     /// Waits until every byte read so far is kept in the disk cache (its blocks are written
     /// while readers already have them).
     fn settled(&self) -> BoxFuture<'_, ()> {
