@@ -107,7 +107,10 @@ async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMa
         OciRoute::Tags { name }
         | OciRoute::Manifest { name, .. }
         | OciRoute::Blob { name, .. }
-        | OciRoute::Referrers { name, .. } => Some(format!("repository:{name}:pull")),
+        | OciRoute::Referrers { name, .. } => {
+            // A name the grammar refuses is named in no challenge (it could break its quotes).
+            names::is_repository_name(name).then(|| format!("repository:{name}:pull"))
+        }
         OciRoute::Catalog => Some("registry:catalog:*".into()),
         _ => None,
     };
