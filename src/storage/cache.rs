@@ -222,6 +222,17 @@ impl DiskCache {
         Ok(Arc::new(cache))
     }
 
+    /// Counts a block about to be handed to its readers as being written.
+    fn begin_write(&self) {
+        *self.writing.lock().expect("never poisoned") += 1;
+    }
+
+    /// Ends [`DiskCache::begin_write`]'s count for a block written (or that failed to be).
+    fn end_write(&self) {
+        *self.writing.lock().expect("never poisoned") -= 1;
+        self.written.notify_waiters();
+    }
+
     /// Waits until every block handed to its readers so far is written (or failed to be).
     pub async fn settled(&self) {
         loop {
@@ -750,7 +761,9 @@ impl FillRun {
                         let (id, _, sender) = waiting.next().expect("peeked");
                         let bytes = Bytes::from(std::mem::take(&mut buffer));
                         // Its readers first, so they send while it is written; it is written
-                        // while the next blocks arrive.
+                        // while the next blocks arrive. Counted as being written before any
+                        // reader has it, so a reader's `settled` cannot miss it.
+                        self.cache.begin_write();
                         let _ = sender.send(Ok(bytes.clone()));
                         self.keep(id, bytes).await;
                     }
@@ -779,16 +792,18 @@ impl FillRun {
     /// Keeps block `id` on disk (where the disk takes it), on the blocking pool, while the fill
     /// goes on (up to [`WRITES_AHEAD`] blocks being written at once); only once it is kept is
     /// it no longer a fill, so a reader finds it one way or the other.
+    /// The block was counted by [`DiskCache::begin_write`]; this ends the count when written.
     async fn keep(&self, id: BlockId, bytes: Bytes) {
-        let Ok(permit) = Arc::clone(&self.writes).acquire_owned().await else { return };
+        let Ok(permit) = Arc::clone(&self.writes).acquire_owned().await else {
+            self.cache.end_write();
+            return;
+        };
         let cache = Arc::clone(&self.cache);
-        *cache.writing.lock().expect("never poisoned") += 1;
         tokio::task::spawn_blocking(move || {
             cache.store_block(id, &bytes);
             cache.fills.lock().expect("never poisoned").remove(&id);
             drop(permit);
-            *cache.writing.lock().expect("never poisoned") -= 1;
-            cache.written.notify_waiters();
+            cache.end_write();
         });
     }
 }
