@@ -89,6 +89,7 @@ impl IntoResponse for OciError {
         let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
         let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
+        // Also on the layers' refusals (a panic, a timeout), which answer without `dispatch`.
         headers.insert(super::API_VERSION.0, HeaderValue::from_static(super::API_VERSION.1));
         if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -334,6 +334,11 @@ impl OciState {
 
     /// The repository's artifact: its config and manifest, with every file's SHA-256.
     async fn artifact(&self, at: &RepositoryAt) -> Result<Artifact, OciError> {
+        Ok(self.artifact_and_layers(at).await?.0)
+    }
+
+    /// The artifact, and its layers (in the order of `at.files`).
+    async fn artifact_and_layers(&self, at: &RepositoryAt) -> Result<(Artifact, Vec<LayerFile>), OciError> {
         let files: Vec<&PublishedFile> = at.files.iter().collect();
         let digests = self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files).await?;
         let layers: Vec<LayerFile> = at
@@ -342,7 +347,7 @@ impl OciState {
             .zip(digests)
             .map(|(file, sha256)| LayerFile { path: file.path.clone(), size: file.size, sha256 })
             .collect();
-        Ok(artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers))
+        Ok((artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers), layers))
     }
 }
 
@@ -393,7 +398,7 @@ async fn blob(
     head: bool,
     headers: &HeaderMap,
 ) -> Result<Response, OciError> {
-    let artifact = state.artifact(at).await?;
+    let (artifact, layers) = state.artifact_and_layers(at).await?;
     let digest_header = (HeaderName::from_static("docker-content-digest"), HeaderValue::from_str(digest).expect("hex"));
     let immutable = (header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=31536000, immutable"));
     let etag = format!("\"{digest}\"");
@@ -407,15 +412,10 @@ async fn blob(
         }
     } else {
         let hex = names::sha256_hex(digest).expect("checked by the caller");
-        let mut found = None;
-        for file in &at.files {
-            let known = state.service.known_sha256(&at.model, &file.path, &file.etag);
-            if known.is_some_and(|sha256| hex::encode(sha256) == hex) {
-                found = Some(file);
-                break;
-            }
-        }
-        let file = found.ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
+        let layer = layers.iter().position(|layer| hex::encode(layer.sha256) == hex);
+        let file = layer
+            .map(|index| &at.files[index])
+            .ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
         let bytes = state.service.published_bytes(&at.catalog, &at.model, &at.manifest, &file.what).await?;
         Representation {
             source: bytes.source,

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use reqwest::StatusCode;
+
+use crate::storage::error_chain;
 use reqwest::header::{self, HeaderMap};
 
 /// Why a fetch failed.
@@ -230,18 +232,6 @@ impl Remote {
 
 fn transient(message: String) -> FetchError {
     FetchError::Transient { message, retry_after: None }
-}
-
-/// An error and its causes on one line (reqwest's own message names only the outermost).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Reads exactly `len` bytes of body, into one buffer.

@@ -82,23 +82,20 @@ impl Service {
             Some(dir) => Some(DiskCache::open(dir, config.cache.max_bytes, config.cache.block_bytes)?),
             None => None,
         };
+        // A remote source is read through the disk cache when there is one.
+        let cached = |remote: Arc<dyn Storage>| -> Arc<dyn Storage> {
+            match &disk_cache {
+                Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
+                None => remote,
+            }
+        };
         let mut sources = Vec::new();
         for spec in &config.sources.paths {
             let name = spec.to_string();
             let storage: Arc<dyn Storage> = match spec {
-                SourceSpec::S3 { bucket, prefix } => {
-                    let remote: Arc<dyn Storage> = Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?);
-                    match &disk_cache {
-                        Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
-                        None => remote,
-                    }
-                }
+                SourceSpec::S3 { bucket, prefix } => cached(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?)),
                 SourceSpec::Hub { repo, revision } => {
-                    let remote: Arc<dyn Storage> = Arc::new(HubStorage::new(&name, repo, revision.as_deref(), &hub)?);
-                    match &disk_cache {
-                        Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
-                        None => remote,
-                    }
+                    cached(Arc::new(HubStorage::new(&name, repo, revision.as_deref(), &hub)?))
                 }
                 SourceSpec::Local(path) => Arc::new(LocalStorage::new(&name, path)),
             };

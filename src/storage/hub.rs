@@ -23,7 +23,7 @@ use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 
-use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
+use super::{ByteRange, Listed, Payload, Read, Storage, StorageError, error_chain};
 
 /// The public Hub, when neither the config nor `HF_ENDPOINT` names another.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -435,18 +435,8 @@ impl Storage for HubStorage {
                 }
             }
             let name = self.name.clone();
-            let stream = futures_util::stream::unfold(Some(response), move |response| {
-                let name = name.clone();
-                async move {
-                    let mut response = response?;
-                    match response.chunk().await {
-                        Ok(Some(piece)) => Some((Ok(piece), Some(response))),
-                        Ok(None) => None,
-                        Err(e) => {
-                            Some((Err(StorageError::Unavailable { source_name: name, message: error_chain(&e) }), None))
-                        }
-                    }
-                }
+            let stream = response.bytes_stream().map(move |piece| {
+                piece.map_err(|e| StorageError::Unavailable { source_name: name.clone(), message: error_chain(&e) })
             });
             Ok(Read { size, range: wanted, payload: Payload::Stream(stream.boxed()) })
         }
@@ -471,17 +461,6 @@ fn next_page(headers: &HeaderMap, url: &reqwest::Url) -> Option<reqwest::Url> {
         let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
         is_next.then(|| url.join(target).ok()).flatten()
     })
-}
-
-/// An error with its causes, which reqwest keeps apart.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        message = format!("{message}: {inner}");
-        cause = inner.source();
-    }
-    message
 }
 
 #[cfg(test)]

@@ -43,6 +43,18 @@ pub fn record_bytes(backend: &'static str, purpose: &'static str, bytes: u64) {
     }
 }
 
+/// An error with its causes, which HTTP clients (reqwest) keep apart, in one message.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// One model file found under a source's root.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Listed {
