@@ -1,14 +1,16 @@
 //! Accepted connections and what bounds them: how many are open at once (the rest wait in
 //! the kernel's accept queue), the size of a request head, how long a client may take to send
 //! one (which is also how long a kept-alive connection may sit idle), how long a connection
-//! may make no progress in either direction (a client that stops reading a response), and
-//! graceful shutdown. Each connection is served by hyper's HTTP/1.1 server over a
-//! [`ZeroCopyStream`] wrapped in [`IdleTimeout`].
+//! may wait on its client (a client that stops reading a response, or stalls between
+//! requests; never while the server is still answering one), and graceful shutdown. Each
+//! connection is served by hyper's HTTP/1.1 server over a [`ZeroCopyStream`] wrapped in
+//! [`IdleTimeout`], its requests counted by [`Answering`] while they are being answered.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,7 +35,8 @@ pub(crate) struct ConnectionLimits {
     /// Time to receive a request's whole head, counted from when the server starts waiting
     /// for it: also the longest a kept-alive connection may stay idle between requests.
     pub header_timeout: Duration,
-    /// Longest time a connection may move no bytes either way while the server waits on it.
+    /// Longest time a connection may wait on its client: for the next request, or for the
+    /// client to take more of a response. Time the server spends answering is not counted.
     pub idle_timeout: Duration,
 }
 
@@ -65,7 +68,6 @@ pub(crate) async fn serve(
         // Not `max_buf_size`: it bounds the write queue too, and would split responses into
         // more writes; hyper's default (~400 KiB) already bounds what one connection reads.
         .max_header_size(limits.max_header_bytes);
-    let service = TowerToHyperService::new(router);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let slot = tokio::select! {
@@ -83,8 +85,10 @@ pub(crate) async fn serve(
             () = &mut shutdown => break,
         };
         let stream = ZeroCopyStream::new(stream);
-        let io = TokioIo::new(IdleTimeout::new(stream, limits.idle_timeout));
-        let connection = graceful.watch(http.serve_connection(io, service.clone()));
+        let answering = Arc::new(AtomicUsize::new(0));
+        let io = TokioIo::new(IdleTimeout::new(stream, limits.idle_timeout, Arc::clone(&answering)));
+        let service = TowerToHyperService::new(Answering { inner: router.clone(), answering });
+        let connection = graceful.watch(http.serve_connection(io, service));
         tokio::spawn(async move {
             let open = metrics::gauge!(names::HTTP_CONNECTIONS);
             open.increment(1.0);
@@ -117,40 +121,130 @@ async fn accept_failed(error: &io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// A stream that fails with `TimedOut` once nothing has moved in either direction for
-/// `timeout` while the server waits on it: a client that stops reading a response, or
-/// stalls mid-request, loses its connection instead of holding it (and its buffers and
-/// connection slot) forever.
+/// The requests of one connection being answered, counted from the call of the router until
+/// the response body has ended or been dropped: while one is, the connection is not idle,
+/// however long the answer takes to start (a digest being computed, a store slow to answer);
+/// `request_timeout_secs` bounds that wait instead.
+#[derive(Clone)]
+struct Answering {
+    inner: Router,
+    answering: Arc<AtomicUsize>,
+}
+
+/// One request counted in [`Answering`] until dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(answering: &Arc<AtomicUsize>) -> Counted {
+        answering.fetch_add(1, Ordering::AcqRel);
+        Counted(Arc::clone(answering))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for Answering {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::<axum::extract::Request>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, request: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
+        let counted = Counted::new(&self.answering);
+        let answer = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| axum::body::Body::new(CountedBody { body, _counted: counted })))
+        })
+    }
+}
+
+/// A response body that keeps its request counted as being answered until it ends.
+struct CountedBody {
+    body: axum::body::Body,
+    _counted: Counted,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A stream that fails with `TimedOut` once it has waited `timeout` on its client with nothing
+/// moving: a client that stops reading a response, or stalls mid-request or between requests,
+/// loses its connection instead of holding it (and its buffers and connection slot) forever.
+/// A read that waits while one of the connection's requests is being answered is not waiting
+/// on the client (hyper polls for the next request, or for the connection's end, meanwhile).
 pub(super) struct IdleTimeout<S> {
     inner: S,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
+    /// Whether `deadline` counts a wait on the client now: set by the first wait after
+    /// progress, so a wait is measured from its own start.
+    armed: bool,
     /// Set when the deadline passed. From then on every read and write fails: hyper may set
     /// a read error aside while it writes a response, and the client must not win its
     /// connection back by reading again.
     expired: bool,
+    /// The connection's requests being answered ([`Answering`]).
+    answering: Arc<AtomicUsize>,
 }
 
 impl<S> IdleTimeout<S> {
-    pub(super) fn new(inner: S, timeout: Duration) -> IdleTimeout<S> {
-        IdleTimeout { inner, timeout, deadline: Box::pin(tokio::time::sleep(timeout)), expired: false }
+    fn new(inner: S, timeout: Duration, answering: Arc<AtomicUsize>) -> IdleTimeout<S> {
+        IdleTimeout {
+            inner,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            armed: false,
+            expired: false,
+            answering,
+        }
     }
 
-    /// Pushes the deadline back after progress, or fails a wait that has lasted too long.
+    /// Disarms the deadline after progress; fails a wait on the client that has lasted too
+    /// long.
     fn after<T>(
         &mut self,
         cx: &mut Context<'_>,
         polled: Poll<io::Result<T>>,
         progressed: impl FnOnce(&T) -> bool,
+        waits_on_client: bool,
     ) -> Poll<io::Result<T>> {
         match &polled {
-            Poll::Ready(Ok(value)) if progressed(value) => {
-                self.deadline.as_mut().reset(Instant::now() + self.timeout);
-            }
-            Poll::Pending if self.deadline.as_mut().poll(cx).is_ready() => {
-                metrics::counter!(names::HTTP_IDLE_TIMEOUTS).increment(1);
-                self.expired = true;
-                return Poll::Ready(Err(Self::timed_out()));
+            Poll::Ready(Ok(value)) if progressed(value) => self.armed = false,
+            Poll::Pending if waits_on_client => {
+                if !self.armed {
+                    self.deadline.as_mut().reset(Instant::now() + self.timeout);
+                    self.armed = true;
+                }
+                if self.deadline.as_mut().poll(cx).is_ready() {
+                    metrics::counter!(names::HTTP_IDLE_TIMEOUTS).increment(1);
+                    self.expired = true;
+                    return Poll::Ready(Err(Self::timed_out()));
+                }
             }
             _ => {}
         }
@@ -158,7 +252,7 @@ impl<S> IdleTimeout<S> {
     }
 
     fn timed_out() -> io::Error {
-        io::Error::new(io::ErrorKind::TimedOut, "the connection made no progress within idle_timeout_secs")
+        io::Error::new(io::ErrorKind::TimedOut, "the connection waited on its client for idle_timeout_secs")
     }
 }
 
@@ -171,7 +265,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         let filled = buf.filled().len() > before;
-        this.after(cx, polled, |()| filled)
+        let waits_on_client = this.answering.load(Ordering::Acquire) == 0;
+        if !waits_on_client {
+            this.armed = false;
+        }
+        this.after(cx, polled, |()| filled, waits_on_client)
     }
 }
 
@@ -182,7 +280,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
             return Poll::Ready(Err(Self::timed_out()));
         }
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        this.after(cx, polled, |n| *n > 0)
+        this.after(cx, polled, |n| *n > 0, true)
     }
 
     fn poll_write_vectored(
@@ -195,7 +293,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
             return Poll::Ready(Err(Self::timed_out()));
         }
         let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        this.after(cx, polled, |n| *n > 0)
+        this.after(cx, polled, |n| *n > 0, true)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -205,10 +303,66 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_flush(cx);
-        this.after(cx, polled, |()| false)
+        this.after(cx, polled, |()| false, true)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A server whose one route answers after `answer_after`, with connections idle after
+    /// `idle`.
+    async fn slow_server(
+        answer_after: Duration,
+        idle: Duration,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let router = Router::new().route(
+            "/slow",
+            axum::routing::get(move || async move {
+                tokio::time::sleep(answer_after).await;
+                "answered"
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let limits = ConnectionLimits {
+            max_connections: 4,
+            max_header_bytes: 16 << 10,
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: idle,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, limits, async { stopped.await.unwrap_or(()) }, Duration::from_secs(1)));
+        (address, stop)
+    }
+
+    #[tokio::test]
+    async fn a_request_answered_after_longer_than_the_idle_timeout_still_gets_its_answer() {
+        let (address, stop) = slow_server(Duration::from_millis(2500), Duration::from_secs(1)).await;
+        let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+        client.write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut reply = String::new();
+        client.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        assert!(reply.ends_with("answered"), "{reply}");
+        stop.send(()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_waits_on_its_client_is_still_closed_after_the_idle_timeout() {
+        let (address, stop) = slow_server(Duration::ZERO, Duration::from_secs(1)).await;
+        let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+        // Half a request head, then nothing: the server waits on the client, and gives up.
+        client.write_all(b"GET /slow HTTP/1.1\r\n").await.unwrap();
+        let mut reply = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), client.read_to_end(&mut reply)).await;
+        assert!(read.is_ok(), "the connection was not closed");
+        stop.send(()).unwrap();
     }
 }
