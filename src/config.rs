@@ -207,8 +207,9 @@ pub struct Limits {
     /// Seconds a client has to send a request's head; also the longest a kept-alive
     /// connection stays open idle between requests.
     pub header_timeout_secs: u64,
-    /// Seconds a connection may move no bytes either way while the server waits on it (a
-    /// client that stopped reading) before it is closed.
+    /// Seconds a connection may wait on its client with no bytes moving (a client that
+    /// stopped reading, or stalled mid-request) before it is closed; time spent answering a
+    /// request is not counted.
     pub idle_timeout_secs: u64,
     /// Ranges one request may ask for.
     pub max_ranges: usize,
@@ -273,12 +274,42 @@ impl Default for Serving {
 
 /// The files' content digests (SHA-256 of each file a model version publishes: the Hub API's
 /// ETags and LFS oids, the S3 endpoint's checksums).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Digests {
     /// A file the computed digests are appended to and read back from at start, so a restart
-    /// does not read every file again (absent: kept in memory only).
+    /// does not read every file again (absent: `digests` in `cache.dir` when there is one,
+    /// else kept in memory only).
     pub store: Option<PathBuf>,
+    /// Files hashed at once in the background (absent: one per core).
+    pub hash_concurrency: Option<usize>,
+    /// Bytes read at a time from a local file being hashed.
+    pub read_buffer_bytes: u64,
+    /// Whether the pages read to hash a local file are dropped from the page cache behind the
+    /// reads, so hashing a model larger than memory does not evict what is being served.
+    pub spare_page_cache: bool,
+    /// Milliseconds a request about one file (a Hub `resolve` or HEAD, an OCI blob) waits for
+    /// its digest before it is refused as retryable (503 with `Retry-After`): under the 10 s
+    /// that `huggingface_hub` gives such a request.
+    pub file_wait_ms: u64,
+    /// Seconds a listing with digests (a Hub tree, model info with files, paths-info; an OCI
+    /// manifest) waits for them before it is refused as retryable. Their clients set no time
+    /// limit, and some (oras-py, the first page of `huggingface_hub` 0.36's tree) retry
+    /// nothing, so the wait is long; `limits.request_timeout_secs` bounds it.
+    pub listing_wait_secs: u64,
+}
+
+impl Default for Digests {
+    fn default() -> Digests {
+        Digests {
+            store: None,
+            hash_concurrency: None,
+            read_buffer_bytes: 4 << 20,
+            spare_page_cache: true,
+            file_wait_ms: 5000,
+            listing_wait_secs: 240,
+        }
+    }
 }
 
 /// How `hf://` sources (Hub repositories) are reached.
@@ -515,7 +546,7 @@ fn shape() -> toml::Table {
         s3_endpoint: S3Endpoint { listen: Some(SocketAddr::from(([0, 0, 0, 0], 9000))), ..S3Endpoint::default() },
         decode: Decode { max_concurrent: Some(1), ..Decode::default() },
         auth: Auth { token_file: Some(PathBuf::new()), ..Auth::default() },
-        digests: Digests { store: Some(PathBuf::new()) },
+        digests: Digests { store: Some(PathBuf::new()), hash_concurrency: Some(1), ..Digests::default() },
         cache: Cache { dir: Some(PathBuf::new()), ..Cache::default() },
         ..Config::default()
     };
@@ -670,6 +701,11 @@ impl Config {
             Err(whole) => return Err(culprit(&defaults, &merged, &origin).unwrap_or_else(|| invalid_as_a_whole(whole))),
         };
         config.validate(&origin)?;
+        let mut config = config;
+        // A node with a cache directory has a place to keep state: the digests stay with it.
+        if config.digests.store.is_none() {
+            config.digests.store = config.cache.dir.as_ref().map(|dir| dir.join("digests"));
+        }
         Ok(Loaded { config, notices })
     }
 
@@ -723,6 +759,23 @@ impl Config {
         if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
         }
+        if !(64 << 10..=256 << 20).contains(&self.digests.read_buffer_bytes) {
+            let message = "must be between 65536 (64 KiB) and 268435456 (256 MiB)";
+            return Err(fail("digests.read_buffer_bytes", message.into()));
+        }
+        if let Some(limit) = self.limits.request_timeout_secs {
+            if self.digests.listing_wait_secs >= limit || self.digests.file_wait_ms / 1000 >= limit {
+                let message = format!(
+                    "must be shorter than limits.request_timeout_secs ({limit} s), which would cut the wait short"
+                );
+                let key = if self.digests.listing_wait_secs >= limit {
+                    "digests.listing_wait_secs"
+                } else {
+                    "digests.file_wait_ms"
+                };
+                return Err(fail(key, message));
+            }
+        }
         if self.cache.dir.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("cache.dir", "must not be empty: leave it out for no disk cache".into()));
         }
@@ -754,6 +807,7 @@ impl Config {
             ("limits.max_manifest_bytes", Some(self.limits.max_manifest_bytes)),
             ("limits.request_timeout_secs", self.limits.request_timeout_secs),
             ("decode.max_concurrent", self.decode.max_concurrent.map(|n| n as u64)),
+            ("digests.hash_concurrency", self.digests.hash_concurrency.map(|n| n as u64)),
         ] {
             if value == Some(0) {
                 return Err(fail(key, "must be at least 1".into()));
