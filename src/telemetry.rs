@@ -38,6 +38,8 @@ pub mod names {
     pub const DIGEST_CHECKS: &str = "ztserve_digest_checks_total";
     pub const DIGEST_FAILURES: &str = "ztserve_digest_failures_total";
     pub const FILE_DIGEST_BYTES: &str = "ztserve_file_digest_bytes_total";
+    pub const DIGEST_PENDING_BYTES: &str = "ztserve_file_digest_pending_bytes";
+    pub const DIGEST_FILES: &str = "ztserve_file_digest_files";
     pub const DISK_CACHE_HITS: &str = "ztserve_disk_cache_hits_total";
     pub const DISK_CACHE_MISSES: &str = "ztserve_disk_cache_misses_total";
     pub const DISK_CACHE_ORIGIN_BYTES: &str = "ztserve_disk_cache_origin_bytes_total";
@@ -100,6 +102,15 @@ fn describe() {
         FILE_DIGEST_BYTES,
         Unit::Bytes,
         "Bytes hashed to compute the SHA-256 of published files (each file version once)."
+    );
+    describe_gauge!(
+        DIGEST_PENDING_BYTES,
+        Unit::Bytes,
+        "Bytes of published files still to hash before their digests are known."
+    );
+    describe_gauge!(
+        DIGEST_FILES,
+        "Published files of the listed models by digest state (queued, hashing, known, failed)."
     );
     describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
     describe_counter!(DISK_CACHE_HITS, "Blocks of remote sources read from the node's disk cache.");
@@ -187,7 +198,10 @@ fn register_at_zero() {
     for status in ["ok", "broken"] {
         gauge!(MODELS, "status" => status).set(0.0);
     }
-    for name in [CACHE_BYTES, HTTP_CONNECTIONS, AUTH_TOKENS, DISK_CACHE_BYTES] {
+    for state in ["queued", "hashing", "known", "failed"] {
+        gauge!(DIGEST_FILES, "state" => state).set(0.0);
+    }
+    for name in [CACHE_BYTES, HTTP_CONNECTIONS, AUTH_TOKENS, DISK_CACHE_BYTES, DIGEST_PENDING_BYTES] {
         gauge!(name).set(0.0);
     }
     for backend in ["local", "s3", "hf"] {

@@ -59,10 +59,20 @@ impl HubError {
             }
             HubError::RequestTimeout
             | HubError::Service(
-                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::Storage { .. } | S::NotCached { .. },
+                S::NotReady
+                | S::ChangedOnDisk { .. }
+                | S::DecodersBusy
+                | S::Storage { .. }
+                | S::NotCached { .. }
+                | S::DigestPending { .. },
             )
             | HubError::Bytes(ByteRefusal::Source(
-                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::Storage { .. } | S::NotCached { .. },
+                S::NotReady
+                | S::ChangedOnDisk { .. }
+                | S::DecodersBusy
+                | S::Storage { .. }
+                | S::NotCached { .. }
+                | S::DigestPending { .. },
             )) => (StatusCode::SERVICE_UNAVAILABLE, None),
             HubError::Service(S::BrokenModel { .. } | S::InvalidComponent { .. })
             | HubError::Bytes(ByteRefusal::Source(S::BrokenModel { .. } | S::InvalidComponent { .. })) => {
@@ -102,7 +112,12 @@ impl IntoResponse for HubError {
             headers.insert(HeaderName::from_static("x-error-code"), HeaderValue::from_static(code));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            // huggingface_hub 2.x waits Retry-After (plus 1 s) before each of its retries.
+            let after = match &self {
+                HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
+                _ => None,
+            };
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(after.unwrap_or(1)));
         }
         match self {
             HubError::EntryNotFound { commit, .. } => {

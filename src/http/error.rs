@@ -76,6 +76,7 @@ impl ApiError {
             ApiError::Service(S::ChangedOnDisk { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
             ApiError::Service(S::NotCached { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "not_cached"),
             ApiError::Service(S::DecodersBusy) => (StatusCode::SERVICE_UNAVAILABLE, "decoders_busy"),
+            ApiError::Service(S::DigestPending { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "digest_pending"),
             ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "changed_in_source")
             }
@@ -84,14 +85,15 @@ impl ApiError {
     }
 
     /// Seconds a client should wait before trying again, for a refusal that passes.
-    fn retry_after(&self) -> Option<&'static str> {
+    fn retry_after(&self) -> Option<u64> {
         use ServiceError as S;
         match self {
             ApiError::RequestTimeout | ApiError::Service(S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy) => {
-                Some("1")
+                Some(1)
             }
-            ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => Some("1"),
-            ApiError::Service(S::Storage { .. } | S::NotCached { .. }) => Some("5"),
+            ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => Some(1),
+            ApiError::Service(S::Storage { .. } | S::NotCached { .. }) => Some(5),
+            ApiError::Service(error @ S::DigestPending { .. }) => error.retry_after_secs(),
             _ => None,
         }
     }
@@ -103,9 +105,9 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let message = match &self {
             ApiError::RequestTimeout
-            | ApiError::Service(S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::NotCached { .. }) => {
-                self.to_string()
-            }
+            | ApiError::Service(
+                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::NotCached { .. } | S::DigestPending { .. },
+            ) => self.to_string(),
             // The store's own words (endpoints, request ids) go to the log only.
             ApiError::Service(S::Storage { model, source }) => {
                 tracing::warn!(error = %self, "storage failed");
@@ -134,7 +136,7 @@ impl IntoResponse for ApiError {
         let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         if let Some(after) = retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(after));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
         }
         match self {
             ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {

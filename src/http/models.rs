@@ -52,6 +52,7 @@ pub(super) async fn list(
                 Ok(manifest) => {
                     entry["status"] = json!("ok");
                     entry["objects"] = json!(manifest.objects.len());
+                    entry["digests"] = state.service.digest_progress(m).to_json();
                 }
                 Err(e) => {
                     entry["status"] = json!("broken");

@@ -53,7 +53,15 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
         (_, n) if n < sources.len() => (Readiness::Degraded, "degraded"),
         _ => (Readiness::Unavailable, "unavailable"),
     };
-    let body = json!({ "status": word, "models": catalog.models().count(), "broken": broken, "sources": sources });
+    // Digests are computed in the background: readiness never waits for them.
+    let digests = state.service.digest_totals().to_json();
+    let body = json!({
+        "status": word,
+        "models": catalog.models().count(),
+        "broken": broken,
+        "sources": sources,
+        "digests": digests,
+    });
     (readiness_status(readiness), Json(body))
 }
 

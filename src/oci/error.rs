@@ -45,7 +45,9 @@ pub(crate) enum OciError {
 fn service_status(error: &ServiceError) -> (StatusCode, &'static str) {
     use ServiceError as S;
     match error {
-        S::DecodersBusy => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
+        // 429, not 503: containers/image (skopeo, podman, CRI-O) retries a 429 by itself, after
+        // its Retry-After (up to 60 s, five tries), and nothing else.
+        S::DecodersBusy | S::DigestPending { .. } => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
         S::NotReady | S::ChangedOnDisk { .. } | S::Storage { .. } | S::NotCached { .. } => {
             (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
         }
@@ -92,7 +94,11 @@ impl IntoResponse for OciError {
         // Also on the layers' refusals (a panic, a timeout), which answer without `dispatch`.
         headers.insert(super::API_VERSION.0, HeaderValue::from_static(super::API_VERSION.1));
         if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            let after = match &self {
+                OciError::Service(error) | OciError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
+                _ => None,
+            };
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(after.unwrap_or(1)));
         }
         match self {
             OciError::Unauthorized { challenge } => {

@@ -28,7 +28,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use self::keys::{After, Key, Keys, Query};
 use crate::access::{Access, Tokens};
-use crate::service::{Service, ServiceError, StoredBytes};
+use crate::service::{PublishedFile, Service, ServiceError, StoredBytes};
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
@@ -201,13 +201,22 @@ impl Endpoint {
     /// `x-amz-checksum-sha256` of a whole object whose request enabled checksums, when its
     /// digest is already known (the Hub API or an earlier request computed it): never waited
     /// for, as S3 clients do not need it to read.
-    fn checksum(&self, mode: Option<&ChecksumMode>, key: &Key, etag: &str, answer: &Answer) -> Option<String> {
+    fn checksum(
+        &self,
+        mode: Option<&ChecksumMode>,
+        keys: &Keys,
+        key: &Key,
+        etag: &str,
+        answer: &Answer,
+    ) -> Option<String> {
         let enabled = mode.is_some_and(|m| m.as_str() == ChecksumMode::ENABLED);
         if !enabled || answer.range.is_some() {
             return None;
         }
         let path = key.key.strip_prefix(key.model.id.as_str())?.strip_prefix('/')?;
-        let digest = self.service.known_sha256(&key.model, path, etag)?;
+        let file =
+            PublishedFile { path: path.to_owned(), what: key.target.clone(), size: key.size, etag: etag.to_owned() };
+        let digest = self.service.known_sha256(keys.catalog(), &key.model, &key.manifest, &file)?;
         Some(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, digest))
     }
 
@@ -266,7 +275,7 @@ fn service_error(error: ServiceError) -> S3Error {
         E::BrokenModel { .. } | E::InvalidComponent { .. } => S3ErrorCode::InvalidObjectState,
         E::BadSlice { .. } => S3ErrorCode::InvalidArgument,
         E::DecodersBusy => S3ErrorCode::SlowDown,
-        E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } | E::NotCached { .. } => {
+        E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } | E::NotCached { .. } | E::DigestPending { .. } => {
             S3ErrorCode::ServiceUnavailable
         }
         E::Internal(reason) => {
@@ -433,7 +442,7 @@ impl S3 for Endpoint {
         let (keys, index, bytes, answer) =
             self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
-        let checksum = self.checksum(input.checksum_mode.as_ref(), key, &bytes.etag, &answer);
+        let checksum = self.checksum(input.checksum_mode.as_ref(), &keys, key, &bytes.etag, &answer);
         let output = HeadObjectOutput {
             checksum_type: checksum.as_ref().map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),
             checksum_sha256: checksum,
@@ -459,7 +468,7 @@ impl S3 for Endpoint {
             self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
         let range = answer.range.clone().unwrap_or(0..answer.len);
-        let checksum = self.checksum(input.checksum_mode.as_ref(), key, &bytes.etag, &answer);
+        let checksum = self.checksum(input.checksum_mode.as_ref(), &keys, key, &bytes.etag, &answer);
         let body = primed(bytes.source.open(range.clone())).await?;
         let output = GetObjectOutput {
             checksum_type: checksum.as_ref().map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),

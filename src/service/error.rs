@@ -59,12 +59,60 @@ pub(crate) enum ServiceError {
     /// A slice that cannot be cut from the object (the spec, or the object's kind).
     #[error("model {model:?}, object {object:?}: {source}")]
     BadSlice { model: String, object: String, source: crate::format::slice::SliceError },
+    /// The digests a request needs are still being computed (each file version is hashed
+    /// once, in the background): retry after `retry_after_secs`.
+    #[error(
+        "the SHA-256 digests of model {model:?} are being computed ({} of {} hashed); retry in {retry_after_secs} s",
+        human_bytes(*hashed), human_bytes(*total)
+    )]
+    DigestPending { model: String, hashed: u64, total: u64, retry_after_secs: u64 },
     #[error("internal error: {0}")]
     Internal(String),
 }
 
+/// `bytes` as a person reads them (`1.5 GB`, decimal as file managers and the Hub show sizes).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
 impl ServiceError {
+    /// Seconds a client should wait before asking again, for a refusal that passes with time.
+    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            ServiceError::DigestPending { retry_after_secs, .. } => Some(*retry_after_secs),
+            _ => None,
+        }
+    }
+
     pub(crate) fn invalid(model: &str, source: FormatError) -> ServiceError {
         ServiceError::InvalidComponent { model: model.to_owned(), source: Box::new(source) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_digest_says_how_far_hashing_is_in_bytes_a_person_reads() {
+        let pending = ServiceError::DigestPending {
+            model: "deepseek/v3".into(),
+            hashed: 12_345_000_000,
+            total: 703_000_000_000,
+            retry_after_secs: 42,
+        };
+        assert_eq!(
+            pending.to_string(),
+            "the SHA-256 digests of model \"deepseek/v3\" are being computed (12.3 GB of 703.0 GB hashed); retry in 42 s"
+        );
+        assert_eq!(pending.retry_after_secs(), Some(42));
+        assert_eq!(human_bytes(999), "999 B");
     }
 }

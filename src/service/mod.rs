@@ -5,13 +5,14 @@
 //! (component bytes cut whole, by ranges or as a slice, with their length, digests and
 //! version; a stored file; a view file; the manifest rendered once), and the files each model
 //! version publishes to the protocols that list files ([`published`]) with their content
-//! digests ([`digests`]), and prefetches into the node's disk cache ([`prefetch`]). Handlers
+//! digests ([`digests`], computed ahead of need by [`hashing`]), and prefetches into the node's disk cache ([`prefetch`]). Handlers
 //! of any protocol extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod components;
 mod digests;
 mod error;
+mod hashing;
 mod learnt;
 mod prefetch;
 mod published;
@@ -57,8 +58,10 @@ pub(crate) struct Service {
     catalog: RwLock<Arc<Catalog>>,
     /// What has been learnt about each model version the catalog lists.
     learnt: learnt::LearntByVersion,
-    /// The SHA-256 of each published file version, once computed.
+    /// The SHA-256 of each published file version, once known.
     digests: digests::FileDigests,
+    /// The background hashing of published files whose digests are not known.
+    hashing: hashing::Hashing,
     /// Prefetches into the disk cache, by model version.
     prefetches: prefetch::Prefetches,
     /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
@@ -118,6 +121,7 @@ impl Service {
         let digests = digests::FileDigests::open(config.digests.store.as_deref())?;
         Ok(Arc::new(Service {
             digests,
+            hashing: hashing::Hashing::new(&config.digests),
             prefetches: prefetch::Prefetches::default(),
             config,
             cache,
@@ -170,6 +174,7 @@ impl Service {
                 *self.catalog.write().expect("catalog lock is never poisoned") = Arc::clone(&catalog);
                 self.upkeep_prefetches(&catalog);
                 self.ready.store(true, Ordering::Release);
+                self.schedule_digests(&catalog);
             }
             Err(e) => tracing::error!(error = %e, "rescan task failed"),
         }

@@ -2,7 +2,8 @@
 //! endpoint's keys; the Hub API's repositories): each companion beside it (config, tokenizer),
 //! each file of its safetensors view (the stored files themselves when it is stored as
 //! safetensors), and each stored file not already in the view, with its size and strong ETag;
-//! the bytes each serves, and its content digest (SHA-256, computed once per file version).
+//! the bytes each serves, and the digest already known of each (how they come to be known is
+//! [`super::hashing`]'s).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use crate::format::Manifest;
 use crate::format::view::ViewBytes;
 use crate::storage::ObjectVersion;
 
-use super::digests::{file_identity, sha256_of};
+use super::digests::{FileIdentity, file_identity};
 use super::{Service, ServiceError, StoredBytes, companion_etag, stored_file_etag, view_file_etag};
 
 /// What a published file is.
@@ -125,15 +126,37 @@ impl Service {
         }
     }
 
-    /// The SHA-256 of file `path` of `model` (whose strong ETag is `etag`), if it is already
-    /// known.
-    pub(crate) fn known_sha256(&self, model: &Model, path: &str, etag: &str) -> Option<[u8; 32]> {
-        self.digests.known(file_identity(&model.source.name, &model.id, path, etag))
+    /// The SHA-256 of `file` of `model`, if it is already known.
+    pub(crate) fn known_sha256(
+        &self,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> Option<[u8; 32]> {
+        self.digests.known(self.digest_identity(catalog, model, manifest, file))
+    }
+
+    /// What identifies the bytes of `file` for their digest: the stored object behind it when
+    /// it is served as stored (so a new model version that leaves a shard alone keeps that
+    /// shard's digest, and a 700 GB model is not hashed again for a changed config), else the
+    /// file of this model version.
+    pub(crate) fn digest_identity(
+        &self,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> FileIdentity {
+        match self.object_behind(catalog, model, manifest, file) {
+            Some(object) => file_identity(&model.source.name, "\0stored object", &object.key, &object.version),
+            None => file_identity(&model.source.name, &model.id, &file.path, &file.etag),
+        }
     }
 
     /// The object whose bytes `file` serves as they are (a companion; a stored file the view
     /// passes through), if any.
-    fn object_behind(
+    pub(super) fn object_behind(
         &self,
         catalog: &Catalog,
         model: &Arc<Model>,
@@ -149,53 +172,8 @@ impl Service {
                     _ => return None,
                 }
             }
-            Published::Stored(_) => return None,
+            Published::Stored(name) => model.files.iter().find(|f| f.name == *name)?.object.clone(),
         };
         (object.size == file.size).then_some(object)
-    }
-
-    /// The SHA-256 of `file`'s bytes: known; said by its source (a Hub file's LFS id, for a
-    /// file served as stored); or computed now by reading them all (once per file version,
-    /// however many ask at once).
-    pub(crate) async fn published_sha256(
-        self: &Arc<Self>,
-        catalog: &Catalog,
-        model: &Arc<Model>,
-        manifest: &Arc<Manifest>,
-        file: &PublishedFile,
-    ) -> Result<[u8; 32], ServiceError> {
-        let identity = file_identity(&model.source.name, &model.id, &file.path, &file.etag);
-        let said = self
-            .object_behind(catalog, model, manifest, file)
-            .and_then(|object| object.storage.content_sha256(&object.key, &object.version));
-        self.digests
-            .get_or_compute(identity, async {
-                // Not read: a model from a Hub is listed without fetching all its bytes first.
-                if let Some(digest) = said {
-                    return Ok(digest);
-                }
-                let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
-                tracing::debug!(model = %model.id, file = %file.path, size = file.size, "computing a file digest");
-                sha256_of(bytes.source.open(0..bytes.source.len())).await
-            })
-            .await
-    }
-
-    /// The SHA-256 of each of `files`, as [`Service::published_sha256`] gives them, computed a
-    /// few at a time.
-    pub(crate) async fn published_sha256s(
-        self: &Arc<Self>,
-        catalog: &Catalog,
-        model: &Arc<Model>,
-        manifest: &Arc<Manifest>,
-        files: &[&PublishedFile],
-    ) -> Result<Vec<[u8; 32]>, ServiceError> {
-        use futures_util::{StreamExt as _, TryStreamExt as _};
-        let at_once = std::thread::available_parallelism().map_or(2, usize::from);
-        // Made before they are streamed: a closure inside the stream would have to be general
-        // over lifetimes that an async fn's future is not.
-        let digests: Vec<_> =
-            files.iter().map(|file| Box::pin(self.published_sha256(catalog, model, manifest, file))).collect();
-        futures_util::stream::iter(digests).buffered(at_once).try_collect().await
     }
 }

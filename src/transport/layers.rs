@@ -40,7 +40,15 @@ pub(crate) fn with_common_layers(
     let layers = ServiceBuilder::new()
         .layer(axum::Extension(RouteLabel(unmatched_route)))
         .layer(axum::middleware::from_fn(metered))
-        .layer(TraceLayer::new_for_http().make_span_with(request_span).on_request(()).on_response(record_response))
+        .layer(
+            // No `on_failure`: every response is logged once by `record_response`, and each
+            // protocol logs a 5xx's detail where it answers it; a retryable 503 is no error.
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(record_response)
+                .on_failure(()),
+        )
         .layer(CatchPanicLayer::custom(move |_: Box<dyn std::any::Any + Send>| (refusals.panicked)()))
         .option_layer(timeout.map(|timeout| {
             axum::middleware::from_fn_with_state((Duration::from_secs(timeout), refusals.timed_out), answer_within)

@@ -1,0 +1,591 @@
+//! Content digests ahead of need: after every scan, each file a model version publishes to
+//! the protocols that list files with their digests (the Hub API, the OCI registry) is hashed
+//! in the background, once per file version, a few files at a time (`digests.hash_concurrency`)
+//! and never on a request's path. A local file is read with `pread` into one reused buffer
+//! (`digests.read_buffer_bytes`), sparing the page cache when configured; anything else
+//! (companions, remote objects, built view files) is hashed as its bytes stream. A request that
+//! needs a digest not yet known moves its file to the front of the queue and waits a bounded
+//! time; every asker of a file shares its one computation, which goes on when they go away.
+//! Progress (bytes hashed of bytes to hash, per model) and an estimate of the time left are
+//! what a refused asker is told.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::Digest as _;
+
+use super::bytes::{ModelBytes, model_bytes};
+use super::digests::{FileIdentity, sha256_of};
+use super::{Published, PublishedFile, Service, ServiceError};
+use crate::catalog::{Catalog, Model};
+use crate::format::Manifest;
+use crate::format::view::ViewBytes;
+use crate::telemetry::names;
+
+/// A throughput assumed for one hashing worker before any file has been hashed (bytes per
+/// second): SHA-256 with the CPU's SHA extensions, reading from the page cache.
+const ASSUMED_RATE: u64 = 1 << 30;
+
+/// Files shorter than this say little about throughput (their time is mostly set-up).
+const RATE_SAMPLE_MIN: u64 = 64 << 20;
+
+/// The longest wait a refused asker is told to make, in seconds.
+const MAX_RETRY_AFTER_SECS: u64 = 3600;
+
+/// Where a file is in the queue: asked for by a request (first), else scheduled by a scan;
+/// then in order of arrival.
+type Place = (Urgency, u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Urgency {
+    Asked,
+    Scheduled,
+}
+
+/// What hashing one file needs: the snapshot it was listed in.
+#[derive(Clone)]
+struct Input {
+    catalog: Arc<Catalog>,
+    model: Arc<Model>,
+    manifest: Arc<Manifest>,
+    file: PublishedFile,
+}
+
+/// How a computation ended, as every asker of it sees it.
+#[derive(Clone)]
+enum Outcome {
+    Running,
+    Known([u8; 32]),
+    Failed(ServiceError),
+}
+
+/// One file version whose digest is not known yet: queued, being hashed, or failed.
+struct Job {
+    model: String,
+    size: u64,
+    input: Mutex<Input>,
+    /// Bytes hashed so far by the computation running now.
+    hashed: Arc<AtomicU64>,
+    outcome: tokio::sync::watch::Sender<Outcome>,
+}
+
+impl Job {
+    fn new(input: Input, outcome: Outcome) -> Job {
+        let hashed = if matches!(outcome, Outcome::Known(_)) { input.file.size } else { 0 };
+        Job {
+            model: input.model.id.clone(),
+            size: input.file.size,
+            input: Mutex::new(input),
+            hashed: Arc::new(AtomicU64::new(hashed)),
+            outcome: tokio::sync::watch::Sender::new(outcome),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Queued(Place),
+    Hashing,
+    Failed,
+}
+
+struct Entry {
+    job: Arc<Job>,
+    state: State,
+}
+
+/// The files of one model version, as the last scan listed them.
+struct ModelFiles {
+    version: String,
+    files: Vec<(FileIdentity, u64)>,
+}
+
+#[derive(Default)]
+struct Queue {
+    entries: HashMap<FileIdentity, Entry>,
+    order: BTreeSet<(Place, FileIdentity)>,
+    next_arrival: u64,
+    running: usize,
+    models: HashMap<String, ModelFiles>,
+    /// Files of the listed models whose digest is known.
+    known_files: usize,
+}
+
+impl Queue {
+    fn place(&mut self, urgency: Urgency) -> Place {
+        self.next_arrival += 1;
+        (urgency, self.next_arrival)
+    }
+
+    /// Queues `identity` (already an entry) at `urgency`, or moves it up to it.
+    fn enqueue(&mut self, identity: FileIdentity, urgency: Urgency) {
+        let current = self.entries.get(&identity).map(|e| e.state);
+        match current {
+            Some(State::Queued(place)) if place.0 <= urgency => {}
+            Some(State::Queued(place)) => {
+                self.order.remove(&(place, identity));
+                let place = self.place(urgency);
+                self.order.insert((place, identity));
+                self.entries.get_mut(&identity).expect("present").state = State::Queued(place);
+            }
+            Some(State::Failed) => {
+                let place = self.place(urgency);
+                self.order.insert((place, identity));
+                let entry = self.entries.get_mut(&identity).expect("present");
+                entry.state = State::Queued(place);
+                entry.job.outcome.send_replace(Outcome::Running);
+            }
+            Some(State::Hashing) | None => {}
+        }
+    }
+
+    fn pop(&mut self) -> Option<(FileIdentity, Arc<Job>)> {
+        let (_, identity) = self.order.pop_first()?;
+        let entry = self.entries.get_mut(&identity).expect("every queued file has an entry");
+        entry.state = State::Hashing;
+        Some((identity, Arc::clone(&entry.job)))
+    }
+}
+
+/// The background hashing of published files.
+pub(crate) struct Hashing {
+    queue: Mutex<Queue>,
+    workers: usize,
+    read_buffer: usize,
+    spare_page_cache: bool,
+    /// Bytes per second one worker hashes, from the files hashed so far.
+    rate: AtomicU64,
+}
+
+/// How far the hashing of one model version's files is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct DigestProgress {
+    pub files: usize,
+    pub known_files: usize,
+    pub bytes: u64,
+    pub hashed_bytes: u64,
+}
+
+impl DigestProgress {
+    pub(crate) fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "files": self.files,
+            "known_files": self.known_files,
+            "bytes": self.bytes,
+            "hashed_bytes": self.hashed_bytes,
+            "complete": self.known_files == self.files,
+        })
+    }
+}
+
+impl Hashing {
+    pub(crate) fn new(config: &crate::config::Digests) -> Hashing {
+        let workers =
+            config.hash_concurrency.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
+        Hashing {
+            queue: Mutex::new(Queue::default()),
+            workers,
+            read_buffer: config.read_buffer_bytes as usize,
+            spare_page_cache: config.spare_page_cache,
+            rate: AtomicU64::new(ASSUMED_RATE),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().expect("never poisoned")
+    }
+
+    /// Seconds until `remaining` bytes are hashed by `workers` workers at the rate seen so far.
+    fn seconds_for(&self, remaining: u64, workers: usize) -> u64 {
+        let rate = self.rate.load(Ordering::Relaxed).max(1) * workers.max(1) as u64;
+        remaining.div_ceil(rate).clamp(1, MAX_RETRY_AFTER_SECS)
+    }
+
+    fn learn_rate(&self, bytes: u64, took: Duration) {
+        if bytes < RATE_SAMPLE_MIN || took.is_zero() {
+            return;
+        }
+        let seen = (bytes as f64 / took.as_secs_f64()) as u64;
+        let old = self.rate.load(Ordering::Relaxed);
+        // Weighted toward the newest: the machine's load changes.
+        self.rate.store((old + 3 * seen) / 4, Ordering::Relaxed);
+    }
+}
+
+/// The gauges of the queue, set from it whole.
+fn publish_gauges(queue: &Queue) {
+    let (mut queued, mut hashing, mut failed, mut pending) = (0usize, 0usize, 0usize, 0u64);
+    for entry in queue.entries.values() {
+        match entry.state {
+            State::Queued(_) => queued += 1,
+            State::Hashing => hashing += 1,
+            State::Failed => failed += 1,
+        }
+        if entry.state != State::Failed {
+            pending += entry.job.size.saturating_sub(entry.job.hashed.load(Ordering::Relaxed));
+        }
+    }
+    for (state, count) in [("queued", queued), ("hashing", hashing), ("failed", failed), ("known", queue.known_files)] {
+        metrics::gauge!(names::DIGEST_FILES, "state" => state).set(count as f64);
+    }
+    metrics::gauge!(names::DIGEST_PENDING_BYTES).set(pending as f64);
+}
+
+impl Service {
+    /// Schedules the hashing of every file the models of `catalog` publish whose digest is
+    /// not known (a digest their source states is kept at once, unread), and drops what no
+    /// listed model publishes any more. Called after each scan.
+    pub(crate) fn schedule_digests(self: &Arc<Self>, catalog: &Arc<Catalog>) {
+        let mut wanted: Vec<(FileIdentity, Input)> = Vec::new();
+        let mut models = HashMap::new();
+        for model in catalog.models() {
+            let Ok(manifest) = &model.state else { continue };
+            let files = self.repository_files(catalog, model, manifest);
+            let mut listed = Vec::with_capacity(files.len());
+            for file in files {
+                let identity = self.digest_identity(catalog, model, manifest, &file);
+                listed.push((identity, file.size));
+                if self.digests.known(identity).is_some() {
+                    continue;
+                }
+                if let Some(digest) = self.stated_sha256(catalog, model, manifest, &file) {
+                    self.digests.insert(identity, digest);
+                    continue;
+                }
+                let input = Input {
+                    catalog: Arc::clone(catalog),
+                    model: Arc::clone(model),
+                    manifest: Arc::clone(manifest),
+                    file,
+                };
+                wanted.push((identity, input));
+            }
+            models.insert(model.id.clone(), ModelFiles { version: model.version.clone(), files: listed });
+        }
+        // Small files first: every model's config and tokenizer are known within moments.
+        wanted.sort_by_key(|(_, input)| input.file.size);
+        let known_files = models.values().flat_map(|m| &m.files).count() - wanted.len();
+        {
+            let mut queue = self.hashing.lock();
+            let keep: std::collections::HashSet<FileIdentity> = wanted.iter().map(|(id, _)| *id).collect();
+            let gone: Vec<FileIdentity> = queue
+                .entries
+                .iter()
+                .filter(|(id, entry)| !keep.contains(*id) && entry.state != State::Hashing)
+                .map(|(id, _)| *id)
+                .collect();
+            for identity in gone {
+                if let Some(Entry { state: State::Queued(place), .. }) = queue.entries.remove(&identity) {
+                    queue.order.remove(&(place, identity));
+                }
+            }
+            for (identity, input) in wanted {
+                match queue.entries.get(&identity) {
+                    Some(entry) => *entry.job.input.lock().expect("never poisoned") = input,
+                    None => {
+                        // Entered as failed, so that `enqueue` queues it like a file to retry.
+                        let job = Arc::new(Job::new(input, Outcome::Running));
+                        queue.entries.insert(identity, Entry { job, state: State::Failed });
+                    }
+                }
+                // A failed file is tried again after each scan.
+                queue.enqueue(identity, Urgency::Scheduled);
+            }
+            queue.models = models;
+            queue.known_files = known_files;
+            publish_gauges(&queue);
+        }
+        self.start_hashing();
+    }
+
+    /// The SHA-256 of `file`'s bytes said by its source without reading them (a Hub file's
+    /// LFS id), for a file served as stored.
+    fn stated_sha256(
+        &self,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> Option<[u8; 32]> {
+        self.object_behind(catalog, model, manifest, file)
+            .and_then(|object| object.storage.content_sha256(&object.key, &object.version))
+    }
+
+    /// Starts workers while files are queued and fewer than `hash_concurrency` run. A worker
+    /// takes the next queued file when it finishes one, and ends when none is left.
+    fn start_hashing(self: &Arc<Self>) {
+        loop {
+            let first = {
+                let mut queue = self.hashing.lock();
+                if queue.running >= self.hashing.workers {
+                    return;
+                }
+                let Some(first) = queue.pop() else { return };
+                queue.running += 1;
+                publish_gauges(&queue);
+                first
+            };
+            let service = Arc::clone(self);
+            tokio::spawn(async move {
+                let (mut identity, mut job) = first;
+                loop {
+                    service.hash(identity, &job).await;
+                    let mut queue = service.hashing.lock();
+                    match queue.pop() {
+                        Some(next) => {
+                            publish_gauges(&queue);
+                            (identity, job) = next;
+                        }
+                        None => {
+                            queue.running -= 1;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Computes `job`'s digest, keeps it, and tells its askers.
+    async fn hash(self: &Arc<Self>, identity: FileIdentity, job: &Arc<Job>) {
+        let input = job.input.lock().expect("never poisoned").clone();
+        job.hashed.store(0, Ordering::Relaxed);
+        let started = Instant::now();
+        // In a task of its own, so a panic in it fails this file, not the worker.
+        let service = Arc::clone(self);
+        let hashed = Arc::clone(&job.hashed);
+        let computed = tokio::spawn(async move { service.compute_sha256(&input, hashed).await })
+            .await
+            .unwrap_or_else(|e| Err(ServiceError::Internal(format!("hashing a file failed: {e}"))));
+        let mut queue = self.hashing.lock();
+        match computed {
+            Ok(digest) => {
+                self.digests.insert(identity, digest);
+                self.hashing.learn_rate(job.size, started.elapsed());
+                queue.entries.remove(&identity);
+                queue.known_files += 1;
+                job.outcome.send_replace(Outcome::Known(digest));
+            }
+            Err(e) => {
+                tracing::warn!(model = %job.model, error = %e, "cannot compute a file's digest; it is tried again after the next scan or when asked");
+                if let Some(entry) = queue.entries.get_mut(&identity) {
+                    entry.state = State::Failed;
+                }
+                job.outcome.send_replace(Outcome::Failed(e));
+            }
+        }
+        publish_gauges(&queue);
+    }
+
+    /// The SHA-256 of `input`'s file, read through; `hashed` counts its bytes as they are.
+    async fn compute_sha256(self: &Arc<Self>, input: &Input, hashed: Arc<AtomicU64>) -> Result<[u8; 32], ServiceError> {
+        let Input { catalog, model, manifest, file } = input;
+        let stored = match &file.what {
+            Published::View(name) => match self.view(model, manifest).file(name).map(|f| f.bytes.clone()) {
+                Some(ViewBytes::Stored { file }) => Some(file),
+                _ => None,
+            },
+            Published::Stored(name) => model.files.iter().position(|f| f.name == *name),
+            Published::Companion(_) => None,
+        };
+        if let Some(index) = stored {
+            if let ModelBytes::Mapped { file: open, source_name, key, .. } = model_bytes(model, manifest, index).await?
+            {
+                let len = model.file_len(manifest, index);
+                let (buffer, spare) = (self.hashing.read_buffer, self.hashing.spare_page_cache);
+                let model_id = model.id.clone();
+                return tokio::task::spawn_blocking(move || {
+                    hash_local_file(&open, len, buffer, spare, &hashed, (&source_name, &key))
+                        .map_err(|source| ServiceError::Storage { model: model_id, source })
+                })
+                .await
+                .map_err(|e| ServiceError::Internal(format!("hashing a file failed: {e}")))?;
+            }
+        }
+        let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
+        tracing::debug!(model = %model.id, file = %file.path, size = file.size, "hashing a published file");
+        sha256_of(bytes.source.open(0..bytes.source.len()), hashed).await
+    }
+
+    /// The digest of `file` of `model`: known, stated by its source, or computed in the
+    /// background, this file first. Waits at most `wait` for a computation, then refuses with
+    /// how far the model's hashing is and when to ask again.
+    pub(crate) async fn published_sha256(
+        self: &Arc<Self>,
+        catalog: &Arc<Catalog>,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+        wait: Duration,
+    ) -> Result<[u8; 32], ServiceError> {
+        Ok(self.published_sha256s(catalog, model, manifest, &[file], wait).await?.remove(0))
+    }
+
+    /// The digests of `files` of `model`, as [`Service::published_sha256`] gives one, waiting
+    /// at most `wait` for them all.
+    pub(crate) async fn published_sha256s(
+        self: &Arc<Self>,
+        catalog: &Arc<Catalog>,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        files: &[&PublishedFile],
+        wait: Duration,
+    ) -> Result<Vec<[u8; 32]>, ServiceError> {
+        let identities: Vec<FileIdentity> =
+            files.iter().map(|f| self.digest_identity(catalog, model, manifest, f)).collect();
+        let mut digests: Vec<Option<[u8; 32]>> = identities.iter().map(|id| self.digests.known(*id)).collect();
+        let mut waiting = Vec::new();
+        for ((identity, file), digest) in identities.iter().zip(files).zip(&mut digests) {
+            if digest.is_some() {
+                continue;
+            }
+            if let Some(stated) = self.stated_sha256(catalog, model, manifest, file) {
+                self.digests.insert(*identity, stated);
+                *digest = Some(stated);
+                continue;
+            }
+            waiting.push(self.ask(*identity, catalog, model, manifest, file));
+        }
+        if waiting.is_empty() {
+            return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
+        }
+        self.start_hashing();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pending = Vec::new();
+        for (identity, job) in waiting {
+            let mut outcome = job.outcome.subscribe();
+            let settled = tokio::time::timeout_at(deadline, outcome.wait_for(|o| !matches!(o, Outcome::Running))).await;
+            match settled.map(|o| o.map(|o| o.clone())) {
+                Ok(Ok(Outcome::Known(digest))) => {
+                    let at = identities.iter().position(|id| *id == identity).expect("asked for");
+                    digests[at] = Some(digest);
+                }
+                Ok(Ok(Outcome::Failed(e))) => return Err(e),
+                // Timed out (or the job was replaced by a newer scan): still running.
+                _ => pending.push(job),
+            }
+        }
+        if pending.is_empty() {
+            return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
+        }
+        Err(self.digest_pending(model, &pending, files.len() == 1))
+    }
+
+    /// The job computing `identity`'s digest, moved to the front of the queue (or made, for a
+    /// file no scan scheduled yet).
+    fn ask(
+        &self,
+        identity: FileIdentity,
+        catalog: &Arc<Catalog>,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> (FileIdentity, Arc<Job>) {
+        let input = || Input {
+            catalog: Arc::clone(catalog),
+            model: Arc::clone(model),
+            manifest: Arc::clone(manifest),
+            file: file.clone(),
+        };
+        let mut queue = self.hashing.lock();
+        // Checked again under the queue's lock, which a finished computation holds while it
+        // keeps its digest: a file is never hashed twice for an ask that raced its end.
+        if let Some(digest) = self.digests.known(identity) {
+            return (identity, Arc::new(Job::new(input(), Outcome::Known(digest))));
+        }
+        queue
+            .entries
+            .entry(identity)
+            .or_insert_with(|| Entry { job: Arc::new(Job::new(input(), Outcome::Running)), state: State::Failed });
+        queue.enqueue(identity, Urgency::Asked);
+        (identity, Arc::clone(&queue.entries[&identity].job))
+    }
+
+    /// The refusal of a request whose digests of `model` are still being computed: how far
+    /// the model's hashing is, and when those `pending` should be known.
+    fn digest_pending(&self, model: &Model, pending: &[Arc<Job>], one_file: bool) -> ServiceError {
+        let progress = self.digest_progress(model);
+        let remaining: u64 = pending.iter().map(|j| j.size.saturating_sub(j.hashed.load(Ordering::Relaxed))).sum();
+        // One file is hashed by one worker; many are shared among them all.
+        let workers = if one_file { 1 } else { self.hashing.workers.min(pending.len()) };
+        ServiceError::DigestPending {
+            model: model.id.clone(),
+            hashed: progress.hashed_bytes,
+            total: progress.bytes,
+            retry_after_secs: self.hashing.seconds_for(remaining, workers),
+        }
+    }
+
+    /// How far the hashing of `model`'s published files is (as of the last scan's listing of
+    /// this version; nothing known of another).
+    pub(crate) fn digest_progress(&self, model: &Model) -> DigestProgress {
+        let queue = self.hashing.lock();
+        let Some(listed) = queue.models.get(&model.id).filter(|m| m.version == model.version) else {
+            return DigestProgress::default();
+        };
+        let mut progress = DigestProgress { files: listed.files.len(), ..DigestProgress::default() };
+        for (identity, size) in &listed.files {
+            progress.bytes += size;
+            match queue.entries.get(identity) {
+                Some(entry) if entry.state == State::Hashing => {
+                    progress.hashed_bytes += entry.job.hashed.load(Ordering::Relaxed).min(*size);
+                }
+                Some(_) => {}
+                None if self.digests.known(*identity).is_some() => {
+                    progress.known_files += 1;
+                    progress.hashed_bytes += size;
+                }
+                None => {}
+            }
+        }
+        progress
+    }
+
+    /// How far the hashing of every listed model's files is, all together.
+    pub(crate) fn digest_totals(&self) -> DigestProgress {
+        let catalog = self.catalog();
+        let mut totals = DigestProgress::default();
+        for model in catalog.models() {
+            let progress = self.digest_progress(model);
+            totals.files += progress.files;
+            totals.known_files += progress.known_files;
+            totals.bytes += progress.bytes;
+            totals.hashed_bytes += progress.hashed_bytes;
+        }
+        totals
+    }
+}
+
+/// The SHA-256 of the first `len` bytes of `file`, read with `pread` into one buffer of
+/// `buffer` bytes (blocking). With `spare_page_cache`, the pages read are dropped from the
+/// page cache behind the reads, so hashing a model larger than memory does not evict what is
+/// being served.
+fn hash_local_file(
+    file: &std::fs::File,
+    len: u64,
+    buffer: usize,
+    spare_page_cache: bool,
+    hashed: &AtomicU64,
+    (source_name, key): (&str, &str),
+) -> Result<[u8; 32], crate::storage::StorageError> {
+    let mut hasher = sha2::Sha256::new();
+    let mut piece = vec![0u8; buffer.max(4096)];
+    let counter = metrics::counter!(names::FILE_DIGEST_BYTES);
+    let pending = metrics::gauge!(names::DIGEST_PENDING_BYTES);
+    let mut at = 0u64;
+    while at < len {
+        let n = (len - at).min(piece.len() as u64) as usize;
+        crate::storage::local::pread_exact_into(file, at, &mut piece[..n], source_name, key)?;
+        hasher.update(&piece[..n]);
+        if spare_page_cache {
+            let _ = rustix::fs::fadvise(file, at, std::num::NonZeroU64::new(n as u64), rustix::fs::Advice::DontNeed);
+        }
+        at += n as u64;
+        hashed.fetch_add(n as u64, Ordering::Relaxed);
+        counter.increment(n as u64);
+        pending.decrement(n as f64);
+    }
+    Ok(hasher.finalize().into())
+}
