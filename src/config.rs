@@ -281,6 +281,9 @@ pub struct Digests {
     /// does not read every file again (absent: `digests` in `cache.dir` when there is one,
     /// else kept in memory only).
     pub store: Option<PathBuf>,
+    /// Which sources' published files are hashed in the background after each scan; the
+    /// others' when a request needs a digest (the request then waits as below).
+    pub ahead: HashAhead,
     /// Files hashed at once in the background (absent: one per core).
     pub hash_concurrency: Option<usize>,
     /// Bytes read at a time from a local file being hashed.
@@ -303,6 +306,7 @@ impl Default for Digests {
     fn default() -> Digests {
         Digests {
             store: None,
+            ahead: HashAhead::Local,
             hash_concurrency: None,
             read_buffer_bytes: 4 << 20,
             spare_page_cache: true,
@@ -831,6 +835,20 @@ fn is_bucket_name(name: &str) -> bool {
         && edge(name.chars().next())
         && edge(name.chars().last())
         && !name.contains("..")
+}
+
+/// Which sources' files are hashed ahead of need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HashAhead {
+    /// Every source's. For a remote source this reads every byte of every model from the
+    /// store (into the disk cache, when there is one): on each node that serves it.
+    All,
+    /// Local directories': reading them costs no store traffic. A Hub file's digest is its
+    /// LFS id, known without reading; an S3 object's is computed when first needed.
+    Local,
+    /// None: every digest is computed when first needed.
+    None,
 }
 
 /// When a component's stored bytes are checked against its declared digest.

@@ -108,6 +108,14 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
+    /// Write DIR/SHA256SUMS: the SHA-256 of every file below each DIR, as `sha256sum` writes
+    /// them. A server takes a model directory's SHA256SUMS for its files' digests (checked on
+    /// each file's first whole read) instead of hashing them first: run it where the model is
+    /// built or copied (an image build, an init container).
+    Digest {
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+    },
     /// Convert a .zt file of any generation (a v2 root with its shards), a safetensors file,
     /// or a sharded checkpoint given by its .safetensors.index.json, to a zTensor 1.2 or v2 file.
     Convert {
@@ -304,6 +312,11 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
             tools::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
         }
         Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } => unreachable!("handled by run"),
+        Command::Digest { dirs } => {
+            for dir in dirs {
+                tools::digest::write_sums(&dir, &mut io::stderr())?;
+            }
+        }
         Command::Convert { input, output, format, compress, digest } => {
             let target = tools::Target::parse(&format, &compress, &digest)?;
             let count = tools::convert(&input, &output, &target)?;

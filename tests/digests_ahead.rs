@@ -148,3 +148,86 @@ async fn clients_load_a_large_checkpoints_digests_from_a_fresh_start_and_a_resta
     let hashed = scraped(&address, "ztserve_file_digest_bytes_total").await;
     assert!(hashed >= 45.0, "the new config.json was hashed: {hashed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sha256sums_beside_a_model_spares_its_hashing_and_a_wrong_line_is_refused_on_the_first_whole_read() {
+    let work = tempfile::tempdir().unwrap();
+    let models = work.path().join("models");
+    let checkpoint = models.join(REPO);
+    let generated = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/scale/generate.py"))
+        .args(["checkpoint", checkpoint.to_str().unwrap()])
+        .args(["--layers", "4", "--experts", "8", "--scale", "8", "--shards", "3"])
+        .output()
+        .unwrap();
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    // `ztserve digest` writes what `sha256sum -c` checks.
+    let digest = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
+        .args(["digest", checkpoint.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(digest.status.success(), "{}", String::from_utf8_lossy(&digest.stderr));
+    let check = std::process::Command::new("sha256sum")
+        .args(["-c", "--quiet", "SHA256SUMS"])
+        .current_dir(&checkpoint)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    // One line made wrong, as a list gone stale would be.
+    let sums_path = checkpoint.join("SHA256SUMS");
+    let sums = std::fs::read_to_string(&sums_path).unwrap();
+    let (good, bad) = ("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors");
+    let stated_wrong = "ab".repeat(32);
+    let edited: String = sums
+        .lines()
+        .map(|line| if line.ends_with(bad) { format!("{stated_wrong}  {bad}\n") } else { format!("{line}\n") })
+        .collect();
+    std::fs::write(&sums_path, edited).unwrap();
+
+    let server = start_binary(&["serve", "--source", models.to_str().unwrap(), "--listen", "127.0.0.1:0"], &[]);
+    let address = server.address.clone();
+    let tree = request_async(&address, &format!("/hf/api/models/{REPO}/tree/main?recursive=true"), &[]).await;
+    assert_eq!(tree.status, 200, "{}", tree.head);
+    let tree = tree.json();
+    let oid = |tree: &Value, path: &str| {
+        tree.as_array().unwrap().iter().find(|e| e["path"] == path).unwrap()["lfs"]["oid"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(oid(&tree, good), sha256_of_file(&checkpoint.join(good)));
+    assert_eq!(oid(&tree, bad), stated_wrong, "a stated digest is trusted for listing");
+    // Only the SHA256SUMS itself (a file of the repository, and no line of its own) is hashed.
+    let sums_len = std::fs::metadata(&sums_path).unwrap().len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while request_async(&address, "/readyz", &[]).await.json()["digests"]["complete"] != true {
+        assert!(Instant::now() < deadline, "the SHA256SUMS was not hashed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(scraped(&address, "ztserve_file_digest_bytes_total").await, sums_len as f64);
+
+    let client = reqwest::Client::new();
+    let commit = request_async(&address, &format!("/hf/api/models/{REPO}"), &[]).await.json()["sha"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = |file: &str| format!("http://{address}/hf/{REPO}/resolve/{commit}/{file}");
+    // A whole read of a file whose stated digest is right: every byte, checked.
+    let body = client.get(url(good)).send().await.unwrap().bytes().await.unwrap();
+    assert_eq!(body.len() as u64, std::fs::metadata(checkpoint.join(good)).unwrap().len());
+    assert_eq!(scraped(&address, "ztserve_digest_failures_total").await, 0.0);
+    // A whole read of the file whose stated digest is wrong: its last bytes are held back and
+    // the body is cut, as for a declared digest that does not match; logged and counted.
+    let wrong = client.get(url(bad)).send().await.unwrap();
+    assert_eq!(wrong.status(), 200);
+    let expected_len = std::fs::metadata(checkpoint.join(bad)).unwrap().len();
+    // The body is cut: an error reading it, or fewer bytes than the file holds.
+    if let Ok(body) = wrong.bytes().await {
+        assert!((body.len() as u64) < expected_len, "the whole body was sent");
+    }
+    assert_eq!(scraped(&address, "ztserve_digest_failures_total").await, 1.0);
+    assert!(
+        server.log.lock().unwrap().iter().any(|line| line.contains("a stated digest does not match the file")),
+        "the mismatch is logged"
+    );
+    // From then on the file's computed digest is its digest.
+    let tree = request_async(&address, &format!("/hf/api/models/{REPO}/tree/main?recursive=true"), &[]).await.json();
+    assert_eq!(oid(&tree, bad), sha256_of_file(&checkpoint.join(bad)));
+}

@@ -19,7 +19,10 @@ use ztserve::format::DType;
 const MIB: usize = 1 << 20;
 
 fn config(dir: &Path) -> Config {
-    Config::serving(vec![SourceSpec::local(dir)])
+    let mut config = Config::serving(vec![SourceSpec::local(dir)]);
+    // Decoders are kept busy here on purpose: none by digests hashed in the background.
+    config.digests.ahead = ztserve::config::HashAhead::None;
+    config
 }
 
 /// A directory with `small` (a 4 KiB raw object `w`) and `packed` (a 32 MiB zstd object `z`).

@@ -499,7 +499,7 @@ async fn resolve(
             .into_response());
     }
     let digest = state.sha256(at, file).await?;
-    let bytes = state.service.published_bytes(&at.catalog, &at.model, &at.manifest, &file.what).await?;
+    let bytes = state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
     let etag = format!("\"{}\"", hex::encode(digest));
     let representation = Representation {
         source: bytes.source,

@@ -417,7 +417,7 @@ async fn blob(
         let file = layer
             .map(|index| &at.files[index])
             .ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
-        let bytes = state.service.published_bytes(&at.catalog, &at.model, &at.manifest, &file.what).await?;
+        let bytes = state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
         Representation {
             source: bytes.source,
             etag,

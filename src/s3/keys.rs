@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
-use crate::service::{Published, Service};
+use crate::service::{Published, PublishedFile, Service};
 
 /// One key of the bucket: a published file of a model, below the model's id.
 pub(super) struct Key {
@@ -20,6 +20,14 @@ pub(super) struct Key {
     pub target: Published,
     pub size: u64,
     pub etag: String,
+}
+
+impl Key {
+    /// The published file the key names: its path below the model's id.
+    pub(super) fn published(&self) -> PublishedFile {
+        let path = self.key.strip_prefix(self.model.id.as_str()).and_then(|p| p.strip_prefix('/')).unwrap_or(&self.key);
+        PublishedFile { path: path.to_owned(), what: self.target.clone(), size: self.size, etag: self.etag.clone() }
+    }
 }
 
 /// Every key of one catalog, sorted.
@@ -64,7 +72,7 @@ impl Keys {
     }
 
     /// The catalog these keys are of.
-    pub(super) fn catalog(&self) -> &Catalog {
+    pub(super) fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
     }
 

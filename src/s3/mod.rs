@@ -192,7 +192,7 @@ impl Endpoint {
         let found = keys.at(index);
         let bytes = self
             .service
-            .published_bytes(keys.catalog(), &found.model, &found.manifest, &found.target)
+            .published_file_bytes(keys.catalog(), &found.model, &found.manifest, &found.published())
             .await
             .map_err(service_error)?;
         Ok((keys, index, bytes))
@@ -213,9 +213,7 @@ impl Endpoint {
         if !enabled || answer.range.is_some() {
             return None;
         }
-        let path = key.key.strip_prefix(key.model.id.as_str())?.strip_prefix('/')?;
-        let file =
-            PublishedFile { path: path.to_owned(), what: key.target.clone(), size: key.size, etag: etag.to_owned() };
+        let file = PublishedFile { etag: etag.to_owned(), ..key.published() };
         let digest = self.service.known_sha256(keys.catalog(), &key.model, &key.manifest, &file)?;
         Some(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, digest))
     }

@@ -43,6 +43,9 @@ pub(crate) struct DigestStoreError {
 /// Every digest known, and the store they are appended to.
 pub(crate) struct FileDigests {
     known: Mutex<HashMap<FileIdentity, [u8; 32]>>,
+    /// Digests a list beside the files states (`SHA256SUMS`), trusted for listings until a
+    /// whole read of the file checks them; never stored, so a restart reads the list again.
+    stated: Mutex<HashMap<FileIdentity, [u8; 32]>>,
     store: Option<Mutex<std::fs::File>>,
 }
 
@@ -51,7 +54,7 @@ impl FileDigests {
     pub(crate) fn open(store: Option<&Path>) -> Result<FileDigests, DigestStoreError> {
         let mut known = HashMap::new();
         let Some(path) = store else {
-            return Ok(FileDigests { known: Mutex::new(known), store: None });
+            return Ok(FileDigests { known: Mutex::new(known), stated: Mutex::default(), store: None });
         };
         let failed = |source| DigestStoreError { path: path.to_owned(), source };
         let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path).map_err(failed)?;
@@ -72,18 +75,30 @@ impl FileDigests {
             file.write_all(b"\n").map_err(failed)?;
         }
         tracing::info!(store = %path.display(), digests = known.len(), unreadable, "file digests loaded");
-        Ok(FileDigests { known: Mutex::new(known), store: Some(Mutex::new(file)) })
+        Ok(FileDigests { known: Mutex::new(known), stated: Mutex::default(), store: Some(Mutex::new(file)) })
     }
 
-    /// The digest of `identity` if it is known.
+    /// The digest of `identity` if it is known, computed or stated.
     pub(crate) fn known(&self, identity: FileIdentity) -> Option<[u8; 32]> {
-        self.known.lock().expect("never poisoned").get(&identity).copied()
+        let computed = self.known.lock().expect("never poisoned").get(&identity).copied();
+        computed.or_else(|| self.unverified(identity))
+    }
+
+    /// The digest stated for `identity` and not yet checked.
+    pub(crate) fn unverified(&self, identity: FileIdentity) -> Option<[u8; 32]> {
+        self.stated.lock().expect("never poisoned").get(&identity).copied()
+    }
+
+    /// Takes `digest` as the digest of `identity` for listings, until a whole read checks it.
+    pub(crate) fn state(&self, identity: FileIdentity, digest: [u8; 32]) {
+        self.stated.lock().expect("never poisoned").insert(identity, digest);
     }
 
     /// Keeps `digest` as the digest of `identity`, appending it to the store when it is new
     /// (a small blocking write, on the caller's thread: callers hash on the blocking pool or
     /// learn a digest without reading).
     pub(crate) fn insert(&self, identity: FileIdentity, digest: [u8; 32]) {
+        self.stated.lock().expect("never poisoned").remove(&identity);
         if self.known.lock().expect("never poisoned").insert(identity, digest) == Some(digest) {
             return;
         }

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use sha2::Digest as _;
 
-use super::bytes::{ModelBytes, model_bytes};
+use super::bytes::{ModelBytes, StoredBytes, model_bytes};
 use super::digests::{FileIdentity, sha256_of};
+use super::representation::{ByteStream, Guard, RangeSource, guard, guarded};
 use super::{Published, PublishedFile, Service, ServiceError};
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
@@ -152,16 +153,22 @@ impl Queue {
 /// The background hashing of published files.
 pub(crate) struct Hashing {
     queue: Mutex<Queue>,
+    /// Which sources' files scans queue; the others' only requests do.
+    ahead: crate::config::HashAhead,
     workers: usize,
     read_buffer: usize,
     spare_page_cache: bool,
     /// Bytes per second one worker hashes, from the files hashed so far.
     rate: AtomicU64,
+    /// Checks of stated digests running, by file: concurrent whole reads share one.
+    checks: Mutex<HashMap<FileIdentity, Guard>>,
 }
 
 /// How far the hashing of one model version's files is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct DigestProgress {
+    /// Whether the files were listed for hashing yet (after the scan that found them).
+    pub listed: bool,
     pub files: usize,
     pub known_files: usize,
     pub bytes: u64,
@@ -175,7 +182,7 @@ impl DigestProgress {
             "known_files": self.known_files,
             "bytes": self.bytes,
             "hashed_bytes": self.hashed_bytes,
-            "complete": self.known_files == self.files,
+            "complete": self.listed && self.known_files == self.files,
         })
     }
 }
@@ -186,10 +193,12 @@ impl Hashing {
             config.hash_concurrency.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
         Hashing {
             queue: Mutex::new(Queue::default()),
+            ahead: config.ahead,
             workers,
             read_buffer: config.read_buffer_bytes as usize,
             spare_page_cache: config.spare_page_cache,
             rate: AtomicU64::new(ASSUMED_RATE),
+            checks: Mutex::default(),
         }
     }
 
@@ -235,41 +244,67 @@ fn publish_gauges(queue: &Queue) {
 
 impl Service {
     /// Schedules the hashing of every file the models of `catalog` publish whose digest is
-    /// not known (a digest their source states is kept at once, unread), and drops what no
-    /// listed model publishes any more. Called after each scan.
-    pub(crate) fn schedule_digests(self: &Arc<Self>, catalog: &Arc<Catalog>) {
+    /// not known, and drops what no listed model publishes any more. A digest the file's source
+    /// gives (a Hub file's LFS id) is kept at once, unread; one a `SHA256SUMS` in the model's
+    /// directory states is taken until a whole read checks it. Called after each scan.
+    pub(crate) async fn schedule_digests(self: &Arc<Self>, catalog: &Arc<Catalog>) {
         let mut wanted: Vec<(FileIdentity, Input)> = Vec::new();
         let mut models = HashMap::new();
+        let mut unknown_files = 0;
         for model in catalog.models() {
             let Ok(manifest) = &model.state else { continue };
             let files = self.repository_files(catalog, model, manifest);
             let mut listed = Vec::with_capacity(files.len());
+            let mut unknown = Vec::new();
             for file in files {
                 let identity = self.digest_identity(catalog, model, manifest, &file);
                 listed.push((identity, file.size));
                 if self.digests.known(identity).is_some() {
                     continue;
                 }
-                if let Some(digest) = self.stated_sha256(catalog, model, manifest, &file) {
+                if let Some(digest) = self.source_sha256(catalog, model, manifest, &file) {
                     self.digests.insert(identity, digest);
                     continue;
                 }
-                let input = Input {
-                    catalog: Arc::clone(catalog),
-                    model: Arc::clone(model),
-                    manifest: Arc::clone(manifest),
-                    file,
-                };
-                wanted.push((identity, input));
+                unknown.push((identity, file));
+            }
+            if !unknown.is_empty() {
+                let sums = self.stated_sums(catalog, model).await;
+                for (identity, file) in unknown {
+                    let stated =
+                        sums.get(&file.path).filter(|_| self.object_behind(catalog, model, manifest, &file).is_some());
+                    if let Some(digest) = stated {
+                        self.digests.state(identity, *digest);
+                        continue;
+                    }
+                    unknown_files += 1;
+                    let ahead = match self.hashing.ahead {
+                        crate::config::HashAhead::All => true,
+                        crate::config::HashAhead::Local => model.source.kind() == "local",
+                        crate::config::HashAhead::None => false,
+                    };
+                    if !ahead {
+                        continue;
+                    }
+                    let input = Input {
+                        catalog: Arc::clone(catalog),
+                        model: Arc::clone(model),
+                        manifest: Arc::clone(manifest),
+                        file,
+                    };
+                    wanted.push((identity, input));
+                }
             }
             models.insert(model.id.clone(), ModelFiles { version: model.version.clone(), files: listed });
         }
         // Small files first: every model's config and tokenizer are known within moments.
         wanted.sort_by_key(|(_, input)| input.file.size);
-        let known_files = models.values().flat_map(|m| &m.files).count() - wanted.len();
+        let known_files = models.values().flat_map(|m| &m.files).count() - unknown_files;
         {
             let mut queue = self.hashing.lock();
-            let keep: std::collections::HashSet<FileIdentity> = wanted.iter().map(|(id, _)| *id).collect();
+            // What a listed model publishes stays (asked for, when scans queue nothing).
+            let keep: std::collections::HashSet<FileIdentity> =
+                models.values().flat_map(|m: &ModelFiles| m.files.iter().map(|(id, _)| *id)).collect();
             let gone: Vec<FileIdentity> = queue
                 .entries
                 .iter()
@@ -302,7 +337,7 @@ impl Service {
 
     /// The SHA-256 of `file`'s bytes said by its source without reading them (a Hub file's
     /// LFS id), for a file served as stored.
-    fn stated_sha256(
+    fn source_sha256(
         &self,
         catalog: &Catalog,
         model: &Arc<Model>,
@@ -311,6 +346,40 @@ impl Service {
     ) -> Option<[u8; 32]> {
         self.object_behind(catalog, model, manifest, file)
             .and_then(|object| object.storage.content_sha256(&object.key, &object.version))
+    }
+
+    /// The digests the `SHA256SUMS` beside `model` states, by path below the model's
+    /// directory (none when there is no such file, or it cannot be read: then every file is
+    /// hashed, and the reason logged).
+    async fn stated_sums(&self, catalog: &Catalog, model: &Arc<Model>) -> std::collections::BTreeMap<String, [u8; 32]> {
+        use crate::tools::digest::{MAX_SUMS_BYTES, SUMS_FILE, parse_sums};
+        let companions = catalog.companions(&model.id);
+        let Some(sums) = companions.iter().find(|c| c.name == SUMS_FILE) else { return Default::default() };
+        let failed = |reason: String| {
+            tracing::warn!(model = %model.id, file = SUMS_FILE, reason, "cannot take the digests a SHA256SUMS states; hashing the files");
+            Default::default()
+        };
+        if sums.object.size > MAX_SUMS_BYTES {
+            return failed(format!("{} bytes, over the {MAX_SUMS_BYTES} bytes read", sums.object.size));
+        }
+        let read = match self.companion_file(model, sums) {
+            Ok(bytes) => {
+                use futures_util::TryStreamExt as _;
+                let pieces = bytes.source.open(0..bytes.source.len()).map_ok(|piece| piece.to_vec());
+                pieces.try_concat().await
+            }
+            Err(e) => return failed(e.to_string()),
+        };
+        let text = match read.map(String::from_utf8) {
+            Ok(Ok(text)) => text,
+            Ok(Err(_)) => return failed("not UTF-8".into()),
+            Err(e) => return failed(e.to_string()),
+        };
+        let (stated, unreadable) = parse_sums(&text);
+        if unreadable > 0 {
+            tracing::warn!(model = %model.id, file = SUMS_FILE, unreadable, "lines of a SHA256SUMS that are no digest line are ignored");
+        }
+        stated
     }
 
     /// Starts workers while files are queued and fewer than `hash_concurrency` run. A worker
@@ -441,7 +510,7 @@ impl Service {
             if digest.is_some() {
                 continue;
             }
-            if let Some(stated) = self.stated_sha256(catalog, model, manifest, file) {
+            if let Some(stated) = self.source_sha256(catalog, model, manifest, file) {
                 self.digests.insert(*identity, stated);
                 *digest = Some(stated);
                 continue;
@@ -525,7 +594,7 @@ impl Service {
         let Some(listed) = queue.models.get(&model.id).filter(|m| m.version == model.version) else {
             return DigestProgress::default();
         };
-        let mut progress = DigestProgress { files: listed.files.len(), ..DigestProgress::default() };
+        let mut progress = DigestProgress { listed: true, files: listed.files.len(), ..DigestProgress::default() };
         for (identity, size) in &listed.files {
             progress.bytes += size;
             match queue.entries.get(identity) {
@@ -546,15 +615,112 @@ impl Service {
     /// How far the hashing of every listed model's files is, all together.
     pub(crate) fn digest_totals(&self) -> DigestProgress {
         let catalog = self.catalog();
-        let mut totals = DigestProgress::default();
-        for model in catalog.models() {
+        let mut totals = DigestProgress { listed: true, ..DigestProgress::default() };
+        for model in catalog.models().filter(|m| m.state.is_ok()) {
             let progress = self.digest_progress(model);
+            totals.listed &= progress.listed;
             totals.files += progress.files;
             totals.known_files += progress.known_files;
             totals.bytes += progress.bytes;
             totals.hashed_bytes += progress.hashed_bytes;
         }
         totals
+    }
+}
+
+impl Service {
+    /// The bytes `file` of `model` serves to the protocols that publish files. A whole read of
+    /// a file whose digest a `SHA256SUMS` stated checks it: the body's last piece is held back
+    /// until the file's real digest (hashed alongside, once however many read) matches.
+    pub(crate) async fn published_file_bytes(
+        self: &Arc<Self>,
+        catalog: &Arc<Catalog>,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        file: &PublishedFile,
+    ) -> Result<StoredBytes, ServiceError> {
+        let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
+        let identity = self.digest_identity(catalog, model, manifest, file);
+        let Some(stated) = self.digests.unverified(identity) else { return Ok(bytes) };
+        let input = Input {
+            catalog: Arc::clone(catalog),
+            model: Arc::clone(model),
+            manifest: Arc::clone(manifest),
+            file: file.clone(),
+        };
+        let checked = StatedCheck { inner: bytes.source, service: Arc::clone(self), identity, stated, input };
+        Ok(StoredBytes { source: Arc::new(checked), etag: bytes.etag })
+    }
+
+    /// The check of `identity`'s stated digest against its bytes, started now or joined. A
+    /// match makes the digest a computed one (kept in the store); a mismatch is logged and
+    /// counted, and the digest computed takes the stated one's place.
+    fn check_stated(self: &Arc<Self>, identity: FileIdentity, stated: [u8; 32], input: &Input) -> Guard {
+        let mut checks = self.hashing.checks.lock().expect("never poisoned");
+        if let Some(running) = checks.get(&identity) {
+            return running.clone();
+        }
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let service = Arc::clone(self);
+        let input = input.clone();
+        // A task of its own: the check runs while the body streams, not when its end is polled.
+        tokio::spawn(async move {
+            let (model, path) = (&input.model.id, &input.file.path);
+            let result = match service.compute_sha256(&input, Arc::new(AtomicU64::new(0))).await {
+                Ok(actual) if actual == stated => {
+                    metrics::counter!(names::DIGEST_CHECKS, "outcome" => "ok").increment(1);
+                    service.digests.insert(identity, actual);
+                    Ok(())
+                }
+                Ok(actual) => {
+                    metrics::counter!(names::DIGEST_CHECKS, "outcome" => "mismatch").increment(1);
+                    metrics::counter!(names::DIGEST_FAILURES).increment(1);
+                    let reason = format!(
+                        "file {path:?} of model {model:?} has SHA-256 {}, not the {} its SHA256SUMS states",
+                        hex::encode(actual),
+                        hex::encode(stated)
+                    );
+                    tracing::error!(model = %model, file = %path, reason, "a stated digest does not match the file; its computed digest is served from now on");
+                    service.digests.insert(identity, actual);
+                    Err(reason)
+                }
+                Err(e) => Err(format!("cannot check the stated SHA-256 of {path:?} of model {model:?}: {e}")),
+            };
+            service.hashing.checks.lock().expect("never poisoned").remove(&identity);
+            let _ = done.send(result);
+        });
+        let running =
+            guard(async move { outcome.await.unwrap_or_else(|_| Err("the digest check ended early".into())) });
+        checks.insert(identity, running.clone());
+        running
+    }
+}
+
+/// A published file whose digest was stated and not yet checked: a whole read checks it.
+struct StatedCheck {
+    inner: Arc<dyn RangeSource>,
+    service: Arc<Service>,
+    identity: FileIdentity,
+    stated: [u8; 32],
+    input: Input,
+}
+
+impl RangeSource for StatedCheck {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn open(&self, range: std::ops::Range<u64>) -> ByteStream {
+        let whole = range == (0..self.inner.len());
+        let body = self.inner.open(range);
+        if !whole {
+            return body;
+        }
+        guarded(body, self.service.check_stated(self.identity, self.stated, &self.input))
+    }
+
+    fn gap_worth_reading(&self) -> futures_util::future::BoxFuture<'_, Result<u64, ServiceError>> {
+        self.inner.gap_worth_reading()
     }
 }
 

@@ -174,7 +174,7 @@ impl Service {
                 *self.catalog.write().expect("catalog lock is never poisoned") = Arc::clone(&catalog);
                 self.upkeep_prefetches(&catalog);
                 self.ready.store(true, Ordering::Release);
-                self.schedule_digests(&catalog);
+                self.schedule_digests(&catalog).await;
             }
             Err(e) => tracing::error!(error = %e, "rescan task failed"),
         }

@@ -1,10 +1,11 @@
-//! The file tools over local files: `inspect`, `verify`, `cat`, `convert` and `write-demo`,
-//! one module each. Each takes paths and writers so tests drive them directly; `main.rs` only
+//! The file tools over local files: `inspect`, `verify`, `cat`, `convert`, `digest` and
+//! `write-demo`, one module each. Each takes paths and writers so tests drive them directly; `main.rs` only
 //! parses arguments and sets exit codes.
 
 mod cat;
 mod convert;
 mod demo;
+pub mod digest;
 mod inspect;
 mod verify;
 

@@ -200,16 +200,38 @@ impl http_body::Body for CountedBody {
 pub(super) struct IdleTimeout<S> {
     inner: S,
     timeout: Duration,
-    deadline: Pin<Box<Sleep>>,
-    /// Whether `deadline` counts a wait on the client now: set by the first wait after
-    /// progress, so a wait is measured from its own start.
-    armed: bool,
-    /// Set when the deadline passed. From then on every read and write fails: hyper may set
-    /// a read error aside while it writes a response, and the client must not win its
+    /// The wait for the client to send (a request, the rest of one).
+    reading: Wait,
+    /// The wait for the client to take more of a response.
+    writing: Wait,
+    /// Set when a wait ran out. From then on every read and write fails: hyper may set a
+    /// read error aside while it writes a response, and the client must not win its
     /// connection back by reading again.
     expired: bool,
     /// The connection's requests being answered ([`Answering`]).
     answering: Arc<AtomicUsize>,
+}
+
+/// One direction's wait on the client, measured from its own start.
+struct Wait {
+    deadline: Pin<Box<Sleep>>,
+    /// Whether a wait is being measured: set by the first pending poll after progress.
+    armed: bool,
+}
+
+impl Wait {
+    fn new(timeout: Duration) -> Wait {
+        Wait { deadline: Box::pin(tokio::time::sleep(timeout)), armed: false }
+    }
+
+    /// Whether a poll that is still pending has waited `timeout` since the wait began.
+    fn ran_out(&mut self, cx: &mut Context<'_>, timeout: Duration) -> bool {
+        if !self.armed {
+            self.deadline.as_mut().reset(Instant::now() + timeout);
+            self.armed = true;
+        }
+        self.deadline.as_mut().poll(cx).is_ready()
+    }
 }
 
 impl<S> IdleTimeout<S> {
@@ -217,34 +239,29 @@ impl<S> IdleTimeout<S> {
         IdleTimeout {
             inner,
             timeout,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
-            armed: false,
+            reading: Wait::new(timeout),
+            writing: Wait::new(timeout),
             expired: false,
             answering,
         }
     }
 
-    /// Disarms the deadline after progress; fails a wait on the client that has lasted too
-    /// long.
+    /// Ends `wait` after progress; fails a wait on the client that has lasted too long.
     fn after<T>(
         &mut self,
         cx: &mut Context<'_>,
         polled: Poll<io::Result<T>>,
         progressed: impl FnOnce(&T) -> bool,
-        waits_on_client: bool,
+        direction: fn(&mut Self) -> &mut Wait,
     ) -> Poll<io::Result<T>> {
+        let timeout = self.timeout;
+        let wait = direction(self);
         match &polled {
-            Poll::Ready(Ok(value)) if progressed(value) => self.armed = false,
-            Poll::Pending if waits_on_client => {
-                if !self.armed {
-                    self.deadline.as_mut().reset(Instant::now() + self.timeout);
-                    self.armed = true;
-                }
-                if self.deadline.as_mut().poll(cx).is_ready() {
-                    metrics::counter!(names::HTTP_IDLE_TIMEOUTS).increment(1);
-                    self.expired = true;
-                    return Poll::Ready(Err(Self::timed_out()));
-                }
+            Poll::Ready(Ok(value)) if progressed(value) => wait.armed = false,
+            Poll::Pending if wait.ran_out(cx, timeout) => {
+                metrics::counter!(names::HTTP_IDLE_TIMEOUTS).increment(1);
+                self.expired = true;
+                return Poll::Ready(Err(Self::timed_out()));
             }
             _ => {}
         }
@@ -265,11 +282,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         let filled = buf.filled().len() > before;
-        let waits_on_client = this.answering.load(Ordering::Acquire) == 0;
-        if !waits_on_client {
-            this.armed = false;
+        if this.answering.load(Ordering::Acquire) > 0 {
+            // Not a wait on the client: its request is being answered.
+            this.reading.armed = false;
+            return polled;
         }
-        this.after(cx, polled, |()| filled, waits_on_client)
+        this.after(cx, polled, |()| filled, |this| &mut this.reading)
     }
 }
 
@@ -280,7 +298,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
             return Poll::Ready(Err(Self::timed_out()));
         }
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        this.after(cx, polled, |n| *n > 0, true)
+        this.after(cx, polled, |n| *n > 0, |this| &mut this.writing)
     }
 
     fn poll_write_vectored(
@@ -293,7 +311,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
             return Poll::Ready(Err(Self::timed_out()));
         }
         let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        this.after(cx, polled, |n| *n > 0, true)
+        this.after(cx, polled, |n| *n > 0, |this| &mut this.writing)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -303,7 +321,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_flush(cx);
-        this.after(cx, polled, |()| false, true)
+        this.after(cx, polled, |()| false, |this| &mut this.writing)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
