@@ -27,14 +27,19 @@ FROM debian:bookworm-slim
 # curl serves the HEALTHCHECK only.
 RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home ztserve
+    && useradd --system --uid 10001 --no-create-home ztserve \
+    && mkdir -p /var/lib/ztserve && chown ztserve /var/lib/ztserve
 COPY --from=build /src/target/release/ztserve /usr/local/bin/ztserve
 COPY config/ztserve.toml /etc/ztserve/ztserve.toml
 # The demo models, so the image answers at once; mount your own over /models.
 COPY models /models
 USER ztserve
 ENV ZTSERVE_SERVER__LISTEN=0.0.0.0:8080 \
-    ZTSERVE_SOURCES__PATHS=/models
+    ZTSERVE_SOURCES__PATHS=/models \
+    ZTSERVE_DIGESTS__STORE=/var/lib/ztserve/digests
+# The files' SHA-256 digests, kept across restarts: mount a volume here so a new container
+# does not hash every model again.
+VOLUME /var/lib/ztserve
 # 9000: the S3-compatible endpoint, when ZTSERVE_S3_ENDPOINT__LISTEN=0.0.0.0:9000 turns it on.
 EXPOSE 8080 9000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \

@@ -31,9 +31,9 @@
 //! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
 //!   version (digest verdicts, seek tables, view plans, the rendered manifest), the files each
-//!   version publishes and their SHA-256 (computed once, kept across restarts with a digest
-//!   store), the digest
-//!   policy, content checks, decoder admission, the typed representations requests get
+//!   version publishes and their SHA-256 (hashed ahead of need in the background, once per
+//!   stored file version, or taken from a `SHA256SUMS` and checked on a whole read; kept across
+//!   restarts in the digest store), the digest policy, content checks, decoder admission, the typed representations requests get
 //!   (a component cut whole, by ranges or as a slice), each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it),
 //!   slices of dense objects for tensor-parallel ranks, cut where the bytes are, and
@@ -42,7 +42,8 @@
 //!   file), kept as digests and compared in constant time, each allowed every model or some id
 //!   prefixes; as S3 signing keys while the S3 endpoint is on.
 //! - `transport`: what every listener shares below the protocols: the connection loop and its
-//!   limits (count, head size, header and idle timeouts, drain), connections that send slices
+//!   limits (count, head size, header timeout, an idle timeout that counts only waits on the
+//!   client, drain), connections that send slices
 //!   of mapped files with `sendfile` instead of copying them, and the layers every request
 //!   passes (metrics, tracing, panic catching, timeout, concurrency), byte responses with
 //!   ranges and conditionals for the protocols that answer plain GETs.
@@ -66,7 +67,7 @@
 //!   drains every listener on SIGTERM or SIGINT.
 //! - [`telemetry`]: the tracing subscriber (text or JSON logs) and the Prometheus recorder.
 //! - [`tools`]: the file tools over local files: `inspect`, `verify`, `cat`, `convert`,
-//!   `write-demo`, one module each.
+//!   `digest` (a directory's `SHA256SUMS`), `write-demo`, one module each.
 //! - [`pull`]: `ztserve pull`, the client side: a served model copied to a local file by
 //!   parallel ranged GETs bound to one ETag, journaled for resume, digest-checked, renamed into
 //!   place only when complete (rebuilt through `format::write::plan`, or `--raw`).

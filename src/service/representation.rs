@@ -27,11 +27,13 @@ pub(super) fn guard(check: impl std::future::Future<Output = Result<(), String>>
 /// guard ends the body with an error instead, which aborts the response.
 pub(crate) fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
     struct Held {
-        body: ByteStream,
+        // Fused: the last piece is returned after the body has ended, and the next poll must
+        // not poll the body again (an `unfold` panics when it is).
+        body: stream::Fuse<ByteStream>,
         held: Option<Bytes>,
         guard: Option<Guard>,
     }
-    stream::unfold(Held { body, held: None, guard: Some(guard) }, |mut s| async move {
+    stream::unfold(Held { body: body.fuse(), held: None, guard: Some(guard) }, |mut s| async move {
         loop {
             match s.body.next().await {
                 Some(Ok(piece)) => {
@@ -91,5 +93,22 @@ impl RangeSource for Bytes {
             .step_by(SLICE_PIECE)
             .map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));
         stream::iter(pieces).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_guarded_body_never_polls_its_body_after_the_body_ended() {
+        // An unfold panics when polled after it ended: the guarded body must not do that.
+        let body = stream::unfold(0u8, |n| async move { (n < 2).then(|| (Ok(Bytes::from(vec![n])), n + 1)) }).boxed();
+        let mut guarded = guarded(body, guard(async { Ok(()) }));
+        let mut pieces = Vec::new();
+        while let Some(piece) = guarded.next().await {
+            pieces.push(piece.unwrap());
+        }
+        assert_eq!(pieces, [Bytes::from_static(&[0]), Bytes::from_static(&[1])]);
     }
 }
