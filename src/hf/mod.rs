@@ -212,14 +212,14 @@ impl HubState {
 
     /// The SHA-256 of `file` of `at`, waiting `digests.file_wait_ms` at most.
     async fn sha256(&self, at: &RepoAt, file: &PublishedFile) -> Result<[u8; 32], HubError> {
-        let wait = std::time::Duration::from_millis(self.service.config.digests.file_wait_ms);
+        let wait = self.service.digest_wait(false);
         Ok(self.service.published_sha256(&at.catalog, &at.model, &at.manifest, file, wait).await?)
     }
 
     /// The SHA-256 of each of `files` of `at`, for a listing: waiting
     /// `digests.listing_wait_secs` at most.
     async fn sha256s(&self, at: &RepoAt, files: &[&PublishedFile]) -> Result<Vec<[u8; 32]>, HubError> {
-        let wait = std::time::Duration::from_secs(self.service.config.digests.listing_wait_secs);
+        let wait = self.service.digest_wait(true);
         Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, files, wait).await?)
     }
 }

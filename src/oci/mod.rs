@@ -340,7 +340,7 @@ impl OciState {
     /// The artifact, and its layers (in the order of `at.files`).
     async fn artifact_and_layers(&self, at: &RepositoryAt) -> Result<(Artifact, Vec<LayerFile>), OciError> {
         let files: Vec<&PublishedFile> = at.files.iter().collect();
-        let wait = std::time::Duration::from_secs(self.service.config.digests.listing_wait_secs);
+        let wait = self.service.digest_wait(true);
         let digests = self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, wait).await?;
         let layers: Vec<LayerFile> = at
             .files

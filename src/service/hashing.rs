@@ -1,13 +1,16 @@
 //! Content digests ahead of need: after every scan, each file a model version publishes to
-//! the protocols that list files with their digests (the Hub API, the OCI registry) is hashed
-//! in the background, once per file version, a few files at a time (`digests.hash_concurrency`)
-//! and never on a request's path. A local file is read with `pread` into one reused buffer
-//! (`digests.read_buffer_bytes`), sparing the page cache when configured; anything else
-//! (companions, remote objects, built view files) is hashed as its bytes stream. A request that
-//! needs a digest not yet known moves its file to the front of the queue and waits a bounded
-//! time; every asker of a file shares its one computation, which goes on when they go away.
-//! Progress (bytes hashed of bytes to hash, per model) and an estimate of the time left are
-//! what a refused asker is told.
+//! the protocols that list files with their digests (the Hub API, the OCI registry) and whose
+//! digest is not known is hashed in the background, once per file version, a few files at a
+//! time (`digests.hash_concurrency`), never on a request's path. A local file is read with
+//! `pread` into one reused buffer (`digests.read_buffer_bytes`), sparing the page cache when
+//! configured; anything else (companions, remote objects, built view files) is hashed as its
+//! bytes stream. A digest the source gives (a Hub file's LFS id) is kept unread; one a
+//! `SHA256SUMS` in the model's directory states is taken for listings and checked on the
+//! file's first whole read ([`Service::published_file_bytes`]). A request that needs a digest
+//! not yet known moves its file to the front of the queue and waits a bounded time; every
+//! asker of a file shares its one computation, which goes on when they go away. Progress
+//! (bytes hashed of bytes to hash, per model) and an estimate of the time left are what a
+//! refused asker is told.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,13 +38,17 @@ const RATE_SAMPLE_MIN: u64 = 64 << 20;
 /// The longest wait a refused asker is told to make, in seconds.
 const MAX_RETRY_AFTER_SECS: u64 = 3600;
 
-/// Where a file is in the queue: asked for by a request (first), else scheduled by a scan;
-/// then in order of arrival.
+/// Where a file is in the queue: by urgency, then in order of arrival.
 type Place = (Urgency, u64);
 
+/// Who wants a file's digest, most urgent first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Urgency {
-    Asked,
+    /// A request about this one file (a HEAD with a client's short timeout).
+    FileAsked,
+    /// A listing of a model's files (a tree, a manifest), whose clients wait longer.
+    ListingAsked,
+    /// A scan.
     Scheduled,
 }
 
@@ -317,6 +324,10 @@ impl Service {
                 }
             }
             for (identity, input) in wanted {
+                // Known since the scan looked (a request had it hashed meanwhile): kept as is.
+                if self.digests.known(identity).is_some() {
+                    continue;
+                }
                 match queue.entries.get(&identity) {
                     Some(entry) => *entry.job.input.lock().expect("never poisoned") = input,
                     None => {
@@ -419,6 +430,14 @@ impl Service {
 
     /// Computes `job`'s digest, keeps it, and tells its askers.
     async fn hash(self: &Arc<Self>, identity: FileIdentity, job: &Arc<Job>) {
+        // Stated (a SHA256SUMS read by a scan) or computed since the file was queued.
+        if let Some(digest) = self.digests.known(identity) {
+            let mut queue = self.hashing.lock();
+            queue.entries.remove(&identity);
+            job.outcome.send_replace(Outcome::Known(digest));
+            publish_gauges(&queue);
+            return;
+        }
         let input = job.input.lock().expect("never poisoned").clone();
         job.hashed.store(0, Ordering::Relaxed);
         let started = Instant::now();
@@ -478,6 +497,23 @@ impl Service {
         sha256_of(bytes.source.open(0..bytes.source.len()), hashed).await
     }
 
+    /// How long a request waits for digests being computed: `digests.file_wait_ms` for one
+    /// file, `digests.listing_wait_secs` for a listing; always a second under
+    /// `limits.request_timeout_secs`, so that the client gets the refusal and its Retry-After,
+    /// not the timeout's.
+    pub(crate) fn digest_wait(&self, listing: bool) -> Duration {
+        let digests = &self.config.digests;
+        let wait = if listing {
+            Duration::from_secs(digests.listing_wait_secs)
+        } else {
+            Duration::from_millis(digests.file_wait_ms)
+        };
+        match self.config.limits.request_timeout_secs {
+            Some(limit) => wait.min(Duration::from_secs(limit).saturating_sub(Duration::from_secs(1))),
+            None => wait,
+        }
+    }
+
     /// The digest of `file` of `model`: known, stated by its source, or computed in the
     /// background, this file first. Waits at most `wait` for a computation, then refuses with
     /// how far the model's hashing is and when to ask again.
@@ -515,7 +551,8 @@ impl Service {
                 *digest = Some(stated);
                 continue;
             }
-            waiting.push(self.ask(*identity, catalog, model, manifest, file));
+            let urgency = if files.len() == 1 { Urgency::FileAsked } else { Urgency::ListingAsked };
+            waiting.push(self.ask(*identity, catalog, model, manifest, file, urgency));
         }
         if waiting.is_empty() {
             return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
@@ -533,16 +570,16 @@ impl Service {
                 }
                 Ok(Ok(Outcome::Failed(e))) => return Err(e),
                 // Timed out (or the job was replaced by a newer scan): still running.
-                _ => pending.push(job),
+                _ => pending.push((identity, job)),
             }
         }
         if pending.is_empty() {
             return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
         }
-        Err(self.digest_pending(model, &pending, files.len() == 1))
+        Err(self.digest_pending(model, &pending))
     }
 
-    /// The job computing `identity`'s digest, moved to the front of the queue (or made, for a
+    /// The job computing `identity`'s digest, moved up the queue to `urgency` (or made, for a
     /// file no scan scheduled yet).
     fn ask(
         &self,
@@ -551,6 +588,7 @@ impl Service {
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
         file: &PublishedFile,
+        urgency: Urgency,
     ) -> (FileIdentity, Arc<Job>) {
         let input = || Input {
             catalog: Arc::clone(catalog),
@@ -568,17 +606,40 @@ impl Service {
             .entries
             .entry(identity)
             .or_insert_with(|| Entry { job: Arc::new(Job::new(input(), Outcome::Running)), state: State::Failed });
-        queue.enqueue(identity, Urgency::Asked);
+        queue.enqueue(identity, urgency);
         (identity, Arc::clone(&queue.entries[&identity].job))
     }
 
     /// The refusal of a request whose digests of `model` are still being computed: how far
-    /// the model's hashing is, and when those `pending` should be known.
-    fn digest_pending(&self, model: &Model, pending: &[Arc<Job>], one_file: bool) -> ServiceError {
+    /// the model's hashing is, and when the last of those `pending` should be known (what is
+    /// being hashed and what is queued ahead of it, shared among the workers).
+    fn digest_pending(&self, model: &Model, pending: &[(FileIdentity, Arc<Job>)]) -> ServiceError {
         let progress = self.digest_progress(model);
-        let remaining: u64 = pending.iter().map(|j| j.size.saturating_sub(j.hashed.load(Ordering::Relaxed))).sum();
-        // One file is hashed by one worker; many are shared among them all.
-        let workers = if one_file { 1 } else { self.hashing.workers.min(pending.len()) };
+        let left = |job: &Job| job.size.saturating_sub(job.hashed.load(Ordering::Relaxed));
+        let (remaining, running) = {
+            let queue = self.hashing.lock();
+            let last = pending.iter().filter_map(|(id, _)| match queue.entries.get(id)?.state {
+                State::Queued(place) => Some(place),
+                _ => None,
+            });
+            let remaining = match last.max() {
+                // Everything running, and everything queued up to the last of them.
+                Some(last) => queue
+                    .entries
+                    .values()
+                    .filter(|e| match e.state {
+                        State::Hashing => true,
+                        State::Queued(place) => place <= last,
+                        State::Failed => false,
+                    })
+                    .map(|e| left(&e.job))
+                    .sum(),
+                // Every one running: what is left of each.
+                None => pending.iter().map(|(_, job)| left(job)).sum::<u64>(),
+            };
+            (remaining, queue.running)
+        };
+        let workers = self.hashing.workers.min(pending.len().max(running));
         ServiceError::DigestPending {
             model: model.id.clone(),
             hashed: progress.hashed_bytes,
