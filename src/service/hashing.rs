@@ -444,13 +444,20 @@ impl Service {
         // In a task of its own, so a panic in it fails this file, not the worker.
         let service = Arc::clone(self);
         let hashed = Arc::clone(&job.hashed);
-        let computed = tokio::spawn(async move { service.compute_sha256(&input, hashed).await })
-            .await
-            .unwrap_or_else(|e| Err(ServiceError::Internal(format!("hashing a file failed: {e}"))));
+        let computed = tokio::spawn(async move {
+            let digest = service.compute_sha256(&input, hashed).await?;
+            // Kept (and appended to the store, a blocking write) before the job leaves the
+            // queue: an ask between the two finds the digest, never a file to hash again.
+            tokio::task::spawn_blocking(move || service.digests.insert(identity, digest))
+                .await
+                .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))?;
+            Ok(digest)
+        })
+        .await
+        .unwrap_or_else(|e| Err(ServiceError::Internal(format!("hashing a file failed: {e}"))));
         let mut queue = self.hashing.lock();
         match computed {
             Ok(digest) => {
-                self.digests.insert(identity, digest);
                 self.hashing.learn_rate(job.size, started.elapsed());
                 queue.entries.remove(&identity);
                 queue.known_files += 1;
@@ -727,10 +734,15 @@ impl Service {
         // A task of its own: the check runs while the body streams, not when its end is polled.
         tokio::spawn(async move {
             let (model, path) = (&input.model.id, &input.file.path);
-            let result = match service.compute_sha256(&input, Arc::new(AtomicU64::new(0))).await {
+            let computed = service.compute_sha256(&input, Arc::new(AtomicU64::new(0))).await;
+            if let Ok(actual) = computed {
+                // Computed, it is the file's digest from now on (a blocking append to the store).
+                let keeping = Arc::clone(&service);
+                let _ = tokio::task::spawn_blocking(move || keeping.digests.insert(identity, actual)).await;
+            }
+            let result = match computed {
                 Ok(actual) if actual == stated => {
                     metrics::counter!(names::DIGEST_CHECKS, "outcome" => "ok").increment(1);
-                    service.digests.insert(identity, actual);
                     Ok(())
                 }
                 Ok(actual) => {
@@ -742,7 +754,6 @@ impl Service {
                         hex::encode(stated)
                     );
                     tracing::error!(model = %model, file = %path, reason, "a stated digest does not match the file; its computed digest is served from now on");
-                    service.digests.insert(identity, actual);
                     Err(reason)
                 }
                 Err(e) => Err(format!("cannot check the stated SHA-256 of {path:?} of model {model:?}: {e}")),
