@@ -73,6 +73,9 @@ enum Outcome {
 struct Job {
     model: String,
     size: u64,
+    /// Whether the file is built rather than stored (a `.zt` model's safetensors view): its
+    /// bytes may need decoding, which takes decoders that requests need too.
+    built: bool,
     input: Mutex<Input>,
     /// Bytes hashed so far by the computation running now.
     hashed: Arc<AtomicU64>,
@@ -80,11 +83,12 @@ struct Job {
 }
 
 impl Job {
-    fn new(input: Input, outcome: Outcome) -> Job {
+    fn new(input: Input, built: bool, outcome: Outcome) -> Job {
         let hashed = if matches!(outcome, Outcome::Known(_)) { input.file.size } else { 0 };
         Job {
             model: input.model.id.clone(),
             size: input.file.size,
+            built,
             input: Mutex::new(input),
             hashed: Arc::new(AtomicU64::new(hashed)),
             outcome: tokio::sync::watch::Sender::new(outcome),
@@ -116,6 +120,9 @@ struct Queue {
     order: BTreeSet<(Place, FileIdentity)>,
     next_arrival: u64,
     running: usize,
+    /// Built files being hashed: a scan's are hashed one at a time, so background hashing
+    /// never holds every decoder a request could need.
+    building: usize,
     models: HashMap<String, ModelFiles>,
     /// Files of the listed models whose digest is known.
     known_files: usize,
@@ -149,11 +156,23 @@ impl Queue {
         }
     }
 
+    /// The next file to hash: the first in order, passing over a scan's built files while
+    /// one is being hashed.
     fn pop(&mut self) -> Option<(FileIdentity, Arc<Job>)> {
-        let (_, identity) = self.order.pop_first()?;
-        let entry = self.entries.get_mut(&identity).expect("every queued file has an entry");
+        let waits = |(place, identity): &(Place, FileIdentity)| {
+            place.0 == Urgency::Scheduled && self.building > 0 && self.entries[identity].job.built
+        };
+        let next = *self.order.iter().find(|queued| !waits(queued))?;
+        self.order.remove(&next);
+        let entry = self.entries.get_mut(&next.1).expect("every queued file has an entry");
         entry.state = State::Hashing;
-        Some((identity, Arc::clone(&entry.job)))
+        self.building += usize::from(entry.job.built);
+        Some((next.1, Arc::clone(&entry.job)))
+    }
+
+    /// Ends the hashing of `job`, for the counts of what runs.
+    fn finished(&mut self, job: &Job) {
+        self.building -= usize::from(job.built);
     }
 }
 
@@ -255,7 +274,7 @@ impl Service {
     /// gives (a Hub file's LFS id) is kept at once, unread; one a `SHA256SUMS` in the model's
     /// directory states is taken until a whole read checks it. Called after each scan.
     pub(crate) async fn schedule_digests(self: &Arc<Self>, catalog: &Arc<Catalog>) {
-        let mut wanted: Vec<(FileIdentity, Input)> = Vec::new();
+        let mut wanted: Vec<(FileIdentity, Input, bool)> = Vec::new();
         let mut models = HashMap::new();
         let mut unknown_files = 0;
         for model in catalog.models() {
@@ -278,9 +297,8 @@ impl Service {
             if !unknown.is_empty() {
                 let sums = self.stated_sums(catalog, model).await;
                 for (identity, file) in unknown {
-                    let stated =
-                        sums.get(&file.path).filter(|_| self.object_behind(catalog, model, manifest, &file).is_some());
-                    if let Some(digest) = stated {
+                    let built = self.object_behind(catalog, model, manifest, &file).is_none();
+                    if let Some(digest) = sums.get(&file.path).filter(|_| !built) {
                         self.digests.state(identity, *digest);
                         continue;
                     }
@@ -299,13 +317,13 @@ impl Service {
                         manifest: Arc::clone(manifest),
                         file,
                     };
-                    wanted.push((identity, input));
+                    wanted.push((identity, input, built));
                 }
             }
             models.insert(model.id.clone(), ModelFiles { version: model.version.clone(), files: listed });
         }
         // Small files first: every model's config and tokenizer are known within moments.
-        wanted.sort_by_key(|(_, input)| input.file.size);
+        wanted.sort_by_key(|(_, input, _)| input.file.size);
         let known_files = models.values().flat_map(|m| &m.files).count() - unknown_files;
         {
             let mut queue = self.hashing.lock();
@@ -323,7 +341,7 @@ impl Service {
                     queue.order.remove(&(place, identity));
                 }
             }
-            for (identity, input) in wanted {
+            for (identity, input, built) in wanted {
                 // Known since the scan looked (a request had it hashed meanwhile): kept as is.
                 if self.digests.known(identity).is_some() {
                     continue;
@@ -332,7 +350,7 @@ impl Service {
                     Some(entry) => *entry.job.input.lock().expect("never poisoned") = input,
                     None => {
                         // Entered as failed, so that `enqueue` queues it like a file to retry.
-                        let job = Arc::new(Job::new(input, Outcome::Running));
+                        let job = Arc::new(Job::new(input, built, Outcome::Running));
                         queue.entries.insert(identity, Entry { job, state: State::Failed });
                     }
                 }
@@ -413,6 +431,7 @@ impl Service {
                 loop {
                     service.hash(identity, &job).await;
                     let mut queue = service.hashing.lock();
+                    queue.finished(&job);
                     match queue.pop() {
                         Some(next) => {
                             publish_gauges(&queue);
@@ -603,16 +622,18 @@ impl Service {
             manifest: Arc::clone(manifest),
             file: file.clone(),
         };
+        let built = self.object_behind(catalog, model, manifest, file).is_none();
         let mut queue = self.hashing.lock();
-        // Checked again under the queue's lock, which a finished computation holds while it
-        // keeps its digest: a file is never hashed twice for an ask that raced its end.
+        // Checked again under the queue's lock. A finished computation keeps its digest before
+        // its job leaves the queue, so an ask that races its end finds one or the other, and
+        // a file is never hashed twice.
         if let Some(digest) = self.digests.known(identity) {
-            return (identity, Arc::new(Job::new(input(), Outcome::Known(digest))));
+            return (identity, Arc::new(Job::new(input(), false, Outcome::Known(digest))));
         }
-        queue
-            .entries
-            .entry(identity)
-            .or_insert_with(|| Entry { job: Arc::new(Job::new(input(), Outcome::Running)), state: State::Failed });
+        queue.entries.entry(identity).or_insert_with(|| Entry {
+            job: Arc::new(Job::new(input(), built, Outcome::Running)),
+            state: State::Failed,
+        });
         queue.enqueue(identity, urgency);
         (identity, Arc::clone(&queue.entries[&identity].job))
     }

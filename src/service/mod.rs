@@ -46,6 +46,10 @@ use crate::storage::s3::{S3Options, S3Storage};
 use crate::storage::{Readahead, Storage};
 use crate::telemetry::names;
 
+/// Models with at least this many objects have their manifest rendered ahead of need: about
+/// 100 ms of work and 5 MB of JSON.
+const RENDER_AHEAD_OBJECTS: usize = 10_000;
+
 /// The domain every wire protocol serves from.
 pub(crate) struct Service {
     pub config: Config,
@@ -174,10 +178,28 @@ impl Service {
                 *self.catalog.write().expect("catalog lock is never poisoned") = Arc::clone(&catalog);
                 self.upkeep_prefetches(&catalog);
                 self.ready.store(true, Ordering::Release);
+                self.render_manifests_ahead(&catalog);
                 self.schedule_digests(&catalog).await;
             }
             Err(e) => tracing::error!(error = %e, "rescan task failed"),
         }
+    }
+
+    /// Renders the manifest JSON of every large model of `catalog` not rendered yet, on the
+    /// blocking pool in the background: a model of 100k tensors is tens of MB of JSON and
+    /// seconds of work, which no request should wait for. Small ones render in milliseconds
+    /// when first asked, and are not all held (a large rendering is kept in a temporary file).
+    fn render_manifests_ahead(self: &Arc<Self>, catalog: &Arc<Catalog>) {
+        let (service, catalog) = (Arc::clone(self), Arc::clone(catalog));
+        tokio::task::spawn_blocking(move || {
+            for model in catalog.models() {
+                if let Ok(manifest) = &model.state {
+                    if manifest.objects.len() >= RENDER_AHEAD_OBJECTS {
+                        service.rendered_manifest(model, manifest);
+                    }
+                }
+            }
+        });
     }
 
     /// Rescans on the configured interval, forever.
