@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{request_async, run_interop_script, start_binary};
@@ -58,18 +58,26 @@ async fn head_etag(address: &str, file: &str) -> Option<String> {
     response.headers().get("etag").map(|v| v.to_str().unwrap().trim_matches('"').to_owned())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn clients_load_a_large_checkpoints_digests_from_a_fresh_start_and_a_restart_hashes_nothing() {
+/// A sparse DeepSeek-V3-shaped checkpoint of `shape` (bench/scale/generate.py's options) at
+/// `REPO` in a directory of models: the scratch directory, the models' and the checkpoint's.
+fn sparse_checkpoint(shape: &[&str]) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let work = tempfile::tempdir().unwrap();
     let models = work.path().join("models");
     let checkpoint = models.join(REPO);
     let generated = std::process::Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/scale/generate.py"))
         .args(["checkpoint", checkpoint.to_str().unwrap()])
-        .args(["--layers", "14", "--experts", "128", "--scale", "2", "--shards", "32"])
+        .args(shape)
         .output()
         .unwrap();
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    (work, models, checkpoint)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_load_a_large_checkpoints_digests_from_a_fresh_start_and_a_restart_hashes_nothing() {
+    let (work, models, checkpoint) =
+        sparse_checkpoint(&["--layers", "14", "--experts", "128", "--scale", "2", "--shards", "32"]);
     let store = work.path().join("digests");
     let envs = [("ZTSERVE_DIGESTS__STORE", store.to_str().unwrap()), ("ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS", "1")];
     let args = ["serve", "--source", models.to_str().unwrap(), "--listen", "127.0.0.1:0"];
@@ -151,16 +159,8 @@ async fn clients_load_a_large_checkpoints_digests_from_a_fresh_start_and_a_resta
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sha256sums_beside_a_model_spares_its_hashing_and_a_wrong_line_is_refused_on_the_first_whole_read() {
-    let work = tempfile::tempdir().unwrap();
-    let models = work.path().join("models");
-    let checkpoint = models.join(REPO);
-    let generated = std::process::Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/scale/generate.py"))
-        .args(["checkpoint", checkpoint.to_str().unwrap()])
-        .args(["--layers", "4", "--experts", "8", "--scale", "8", "--shards", "3"])
-        .output()
-        .unwrap();
-    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let (_work, models, checkpoint) =
+        sparse_checkpoint(&["--layers", "4", "--experts", "8", "--scale", "8", "--shards", "3"]);
     // `ztserve digest` writes what `sha256sum -c` checks.
     let digest = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
         .args(["digest", checkpoint.to_str().unwrap()])

@@ -121,19 +121,34 @@ fn parse_line(line: &str) -> Option<(FileIdentity, [u8; 32])> {
     Some(parsed)
 }
 
-/// The SHA-256 of every byte of `body`, hashed on the blocking pool while the body is read;
-/// `hashed` counts the bytes hashed so far.
-pub(crate) async fn sha256_of(mut body: ByteStream, hashed: Arc<AtomicU64>) -> Result<[u8; 32], ServiceError> {
+/// The SHA-256 of every byte of `body` (of `model`), hashed on the blocking pool while the
+/// body is read; `hashed` counts the bytes hashed so far. A piece that is a slice of a file's
+/// mapping (a stored tensor of a built view file, meant to be sent with `sendfile`) is read
+/// with `pread`, never loaded from the mapping: a file truncated in place fails the hashing
+/// as changed on disk instead of raising SIGBUS.
+pub(crate) async fn sha256_of(
+    mut body: ByteStream,
+    hashed: Arc<AtomicU64>,
+    model: &str,
+) -> Result<[u8; 32], ServiceError> {
     let (pieces, mut received) = tokio::sync::mpsc::channel::<Bytes>(4);
     let hashing = tokio::task::spawn_blocking(move || {
         let mut hasher = sha2::Sha256::new();
+        let mut copy = Vec::new();
         while let Some(piece) = received.blocking_recv() {
-            hasher.update(&piece);
+            match crate::storage::mapped::file_behind(&piece) {
+                Some((file, offset)) => {
+                    copy.resize(piece.len(), 0);
+                    crate::storage::local::pread_exact_into(&file, offset, &mut copy, "", "")?;
+                    hasher.update(&copy);
+                }
+                None => hasher.update(&piece),
+            }
             hashed.fetch_add(piece.len() as u64, Ordering::Relaxed);
             metrics::counter!(names::FILE_DIGEST_BYTES).increment(piece.len() as u64);
             metrics::gauge!(names::DIGEST_PENDING_BYTES).decrement(piece.len() as f64);
         }
-        <[u8; 32]>::from(hasher.finalize())
+        Ok::<_, crate::storage::StorageError>(<[u8; 32]>::from(hasher.finalize()))
     });
     while let Some(piece) = body.next().await {
         if pieces.send(piece?).await.is_err() {
@@ -141,7 +156,11 @@ pub(crate) async fn sha256_of(mut body: ByteStream, hashed: Arc<AtomicU64>) -> R
         }
     }
     drop(pieces);
-    hashing.await.map_err(|e| ServiceError::Internal(format!("hashing a file failed: {e}")))
+    match hashing.await {
+        Ok(Ok(digest)) => Ok(digest),
+        Ok(Err(_)) => Err(ServiceError::ChangedOnDisk { model: model.to_owned() }),
+        Err(e) => Err(ServiceError::Internal(format!("hashing a file failed: {e}"))),
+    }
 }
 
 #[cfg(test)]
@@ -156,7 +175,7 @@ mod tests {
     #[tokio::test]
     async fn a_digest_is_the_sha256_of_every_piece_in_order() {
         let hashed = Arc::new(AtomicU64::new(0));
-        let digest = sha256_of(body(&[b"hello ", b"", b"world"]), Arc::clone(&hashed)).await.unwrap();
+        let digest = sha256_of(body(&[b"hello ", b"", b"world"]), Arc::clone(&hashed), "m").await.unwrap();
         assert_eq!(hashed.load(Ordering::Relaxed), 11);
         assert_eq!(hex::encode(digest), "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9");
     }

@@ -520,7 +520,7 @@ impl Service {
         }
         let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
         tracing::debug!(model = %model.id, file = %file.path, size = file.size, "hashing a published file");
-        sha256_of(bytes.source.open(0..bytes.source.len()), hashed).await
+        sha256_of(bytes.source.open(0..bytes.source.len()), hashed, &model.id).await
     }
 
     /// How long a request waits for digests being computed: `digests.file_wait_ms` for one
