@@ -140,7 +140,10 @@ impl Service {
     /// What identifies the bytes of `file` for their digest: the stored object behind it when
     /// it is served as stored (so a new model version that leaves a shard alone keeps that
     /// shard's digest, and a 700 GB model is not hashed again for a changed config), else the
-    /// file of this model version.
+    /// file built from the model's stored files (its name, size and layout, and every stored
+    /// file's version). Versions are taken as the storage names content
+    /// ([`crate::storage::Storage::content_version`]), so a digest store kept on a volume still
+    /// serves a new container, whose overlay is a new device.
     pub(crate) fn digest_identity(
         &self,
         catalog: &Catalog,
@@ -149,8 +152,25 @@ impl Service {
         file: &PublishedFile,
     ) -> FileIdentity {
         match self.object_behind(catalog, model, manifest, file) {
-            Some(object) => file_identity(&model.source.name, "\0stored object", &object.key, &object.version),
-            None => file_identity(&model.source.name, &model.id, &file.path, &file.etag),
+            Some(object) => {
+                let version = object.storage.content_version(&object.version);
+                file_identity(&model.source.name, "\0stored object", &object.key, version)
+            }
+            None => {
+                let layout = match &file.what {
+                    Published::View(name) => match self.view(model, manifest).file(name).map(|f| f.bytes.clone()) {
+                        Some(ViewBytes::Built { layout, .. }) => layout,
+                        _ => String::new(),
+                    },
+                    _ => String::new(),
+                };
+                let mut built = format!("{}\0{layout}", file.size);
+                for stored in &model.files {
+                    built.push('\0');
+                    built.push_str(stored.object.storage.content_version(&stored.object.version));
+                }
+                file_identity(&model.source.name, &model.id, &file.path, &built)
+            }
         }
     }
 

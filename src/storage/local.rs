@@ -167,6 +167,12 @@ impl super::Storage for LocalStorage {
         "local"
     }
 
+    /// The version without its device: a container's overlay is a new device at every start,
+    /// while the inode, size and modification time of an image's file stay what they were.
+    fn content_version<'v>(&self, version: &'v str) -> &'v str {
+        version.split_once('-').map_or(version, |(_device, rest)| rest)
+    }
+
     fn list(&self) -> futures_util::future::BoxFuture<'_, Result<Vec<super::Listed>, super::StorageError>> {
         use futures_util::FutureExt as _;
         let root = self.root.clone();
@@ -260,5 +266,16 @@ mod tests {
             pread_gather(&file, std::slice::from_ref(&((12 << 20) - 1..(12 << 20) + 1)), "test", "f"),
             Err(crate::storage::StorageError::Changed { .. })
         ));
+    }
+
+    #[test]
+    fn a_files_content_is_named_without_its_device_which_a_remount_changes() {
+        use crate::storage::Storage as _;
+        let storage = LocalStorage::new("src", std::path::Path::new("/nowhere"));
+        let identity = |device| super::super::scan::FileIdentity { device, inode: 7, size: 9, mtime_ns: 11 };
+        let (here, remounted) = (version_of(&identity(1)), version_of(&identity(2)));
+        assert_ne!(here, remounted);
+        assert_eq!(storage.content_version(&here), storage.content_version(&remounted));
+        assert_eq!(storage.content_version(&here), "7-9-b");
     }
 }

@@ -190,6 +190,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Keeps these objects (key and version) in the disk cache: eviction never takes their
     /// blocks. Replaces the objects pinned before.
     fn pin(&self, _objects: &[(String, String)]) {}
+    /// What of `version` names the object's bytes wherever the storage is mounted: what a
+    /// content digest is kept by, so that it outlives a remount (a container's new overlay).
+    fn content_version<'v>(&self, version: &'v str) -> &'v str {
+        version
+    }
     /// The SHA-256 of the whole object at `version`, when the source says it (a Hub file's LFS
     /// id is its content's SHA-256); `None` when it does not.
     fn content_sha256(&self, _key: &str, _version: &str) -> Option<[u8; 32]> {
