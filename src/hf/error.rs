@@ -41,9 +41,23 @@ pub(crate) enum HubError {
     Service(#[from] ServiceError),
 }
 
+/// The status of an error of the service, whether a handler or a body's source met it.
+fn service_status(error: &ServiceError) -> StatusCode {
+    use ServiceError as S;
+    match error {
+        S::NotReady
+        | S::ChangedOnDisk { .. }
+        | S::DecodersBusy
+        | S::Storage { .. }
+        | S::NotCached { .. }
+        | S::DigestPending { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        S::BrokenModel { .. } | S::InvalidComponent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl HubError {
     fn status_and_code(&self) -> (StatusCode, Option<&'static str>) {
-        use ServiceError as S;
         match self {
             HubError::RepoNotFound { anonymous: true, .. } => (StatusCode::UNAUTHORIZED, Some("RepoNotFound")),
             HubError::RepoNotFound { .. } => (StatusCode::NOT_FOUND, Some("RepoNotFound")),
@@ -57,30 +71,9 @@ impl HubError {
             HubError::Bytes(ByteRefusal::RangeNotSatisfiable { .. } | ByteRefusal::TooManyRanges { .. }) => {
                 (StatusCode::RANGE_NOT_SATISFIABLE, None)
             }
-            HubError::RequestTimeout
-            | HubError::Service(
-                S::NotReady
-                | S::ChangedOnDisk { .. }
-                | S::DecodersBusy
-                | S::Storage { .. }
-                | S::NotCached { .. }
-                | S::DigestPending { .. },
-            )
-            | HubError::Bytes(ByteRefusal::Source(
-                S::NotReady
-                | S::ChangedOnDisk { .. }
-                | S::DecodersBusy
-                | S::Storage { .. }
-                | S::NotCached { .. }
-                | S::DigestPending { .. },
-            )) => (StatusCode::SERVICE_UNAVAILABLE, None),
-            HubError::Service(S::BrokenModel { .. } | S::InvalidComponent { .. })
-            | HubError::Bytes(ByteRefusal::Source(S::BrokenModel { .. } | S::InvalidComponent { .. })) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, None)
-            }
-            HubError::Internal(_) | HubError::Service(_) | HubError::Bytes(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, None)
-            }
+            HubError::RequestTimeout => (StatusCode::SERVICE_UNAVAILABLE, None),
+            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => (service_status(error), None),
+            HubError::Internal(_) | HubError::Bytes(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
         }
     }
 }
