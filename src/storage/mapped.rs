@@ -66,7 +66,7 @@ impl MappedFile {
         // We chose this over a SIGBUS handler (async-signal-safe recovery that remaps zero pages
         // under a running thread, and must not misfire on other faults) and over size checks
         // before each load (always racy): it needs no signal code and has no window.
-        // `tests/faults.rs` truncates mapped files under every route. The CLI reads a file once
+        // `tests/it/faults.rs` truncates mapped files under every route. The CLI reads a file once
         // and exits, so there a concurrent truncation ends the command, as it would for `cat`.
         let map = unsafe { Mmap::map(&file)? };
         #[cfg(unix)]

@@ -11,7 +11,7 @@
                                        and the tree of a repository of more than 1,000 files,
                                        which pages)
 
-PLAN.json (written by tests/hf_hub.rs) names the endpoint (HF_ENDPOINT), a cache directory,
+PLAN.json (written by tests/it/hf_hub.rs) names the endpoint (HF_ENDPOINT), a cache directory,
 and for each repository its files beside the model (a local copy of each) and each tensor's
 bytes as the official reader returned them from the source file (a .bin). Every tensor of every
 downloaded safetensors file is compared with its .bin, byte for byte; every file beside the

@@ -5,7 +5,7 @@
     oci_clients.py denied PLAN.json  (oras venv) pull the plan's `denied` repository with the
         plan's token: the error oras raises
 
-PLAN.json (written by tests/oci_registry.rs) names the registry (HOST:PORT), an output
+PLAN.json (written by tests/it/oci_registry.rs) names the registry (HOST:PORT), an output
 directory, an optional token (then `oras login` first, with it as the password), and for each
 repository its version tag, its files beside the model (a local copy of each) and each
 tensor's bytes as the official reader returned them from the source file (a .bin). Each pulled

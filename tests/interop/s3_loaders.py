@@ -3,7 +3,7 @@
     s3_loaders.py check PLAN.json   (the client venv: boto3, s3fs, runai-model-streamer(-s3),
                                      safetensors, torch)
 
-PLAN.json (written by tests/s3_endpoint.rs) names the endpoint, the bucket, every key the
+PLAN.json (written by tests/it/s3_endpoint.rs) names the endpoint, the bucket, every key the
 bucket must list, and for each model its view's files and, for each tensor, a .bin of the bytes
 the official reader returned from the local file. Each loader reads each model unchanged and
 every tensor is compared with its .bin:

@@ -1,4 +1,4 @@
-"""Server-side slices against numpy slicing of what the official readers return (tests/slices.rs).
+"""Server-side slices against numpy slicing of what the official readers return (tests/it/slices.rs).
 
     slices.py write DIR       with the ztensor release of this venv, write DIR/<kind>.zt: under
                               2.x raw.zt and seekable.zt (1 MiB zstd frames), under 1.2.x zstd.zt

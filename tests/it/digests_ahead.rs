@@ -8,7 +8,7 @@
 //! store answers the tree without hashing a byte; a replaced file is hashed again and answered
 //! with its new digest, never its old one.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

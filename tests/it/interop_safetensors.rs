@@ -5,7 +5,7 @@
 //! and from S3, and every tensor ztserve sends is the bytes `safetensors.safe_open` returns,
 //! which `ztensor==2.1.2`'s `ztensor.open` returns too.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -3,7 +3,7 @@
 //! `openapi.yaml`. The server requires a bearer token, as a production one would: schemathesis
 //! sends it, and its `ignored_auth` check makes sure requests without it are refused.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! reads split into ranged GETs, decoding from streamed bytes, and the store failing, refusing
 //! or changing underneath a running server. Every test runs a real moto S3 server on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::io::{Read as _, Write as _};
 use std::time::{Duration, Instant};

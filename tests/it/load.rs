@@ -8,7 +8,7 @@
 //! recover without a restart). It fails on any unexpected answer, and unless the server's
 //! anonymous memory stays flat after warm-up. Then SIGTERM must stop it cleanly.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

@@ -3,7 +3,7 @@
 //! response, every route answers 503 for that model; during one, the response ends short.
 //! Whatever happens to one model, the others keep serving byte-exact.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read as _, Write as _};

@@ -7,7 +7,7 @@
 //! (tokens as S3 keys, object_store as the signing client) and the key space's rules are
 //! checked here too.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

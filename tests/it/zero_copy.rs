@@ -5,7 +5,7 @@
 //! body is being sent ends that response short (never complete), and the server goes on
 //! serving.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read as _, Write as _};
@@ -108,7 +108,7 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
 async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_serving_goes_on() {
     let raw = noise(32 * MIB, 4);
     let (dir, path) = common::victim_and_other("raw", &raw, false);
-    // `never`: the digest check would read the file too (by pread, safely: tests/faults.rs).
+    // `never`: the digest check would read the file too (by pread, safely: tests/it/faults.rs).
     let config = Config {
         sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
         serving: ztserve::config::Serving { verify: VerifyPolicy::Never, ..Default::default() },

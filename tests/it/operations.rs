@@ -1,7 +1,7 @@
 //! Operating the binary: the Docker image's exact command, graceful shutdown on signals, and
 //! configuration errors at start.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

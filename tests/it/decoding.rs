@@ -1,7 +1,7 @@
 //! Lazy zstd decoding, the decode cache, zstd pass-through, digest checks and metrics, against
 //! the real binary. Each test runs its own server process, so the metrics it reads are its own.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

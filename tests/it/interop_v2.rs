@@ -4,7 +4,7 @@
 //! a local directory and from S3, and every component ztserve sends is the bytes
 //! `ztensor.open` returns for it.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! close the connection; none of it stops other clients being served. Ids are looked up in
 //! the catalog, never joined onto a filesystem path, and these tests hold that in place.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read as _, Write as _};

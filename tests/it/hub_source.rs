@@ -9,7 +9,7 @@
 //! rest refuses the source with the Hub's own code and message; when `main` moves, the model
 //! version changes only if a file did, and a source pinned to a commit keeps its bytes.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

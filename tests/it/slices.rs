@@ -5,7 +5,7 @@
 //! code; and how each source is cut (sent from the file, gathered, one shared decode, only the
 //! seekable frames touched).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

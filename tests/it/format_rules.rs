@@ -1,6 +1,6 @@
 //! One test per validation, decoding and digest rule of the format, each on a hand-built file.
 
-mod common;
+use crate::common;
 
 use common::*;
 use ztserve::format::decode::{decode_component, stored_bytes, verify_digest};

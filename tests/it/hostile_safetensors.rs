@@ -3,7 +3,7 @@
 //! nothing panics, hangs or allocates what a header merely claims. The fuzz target's seeds,
 //! corpus and regressions replay through its wrapper.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

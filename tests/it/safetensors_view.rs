@@ -6,7 +6,7 @@
 //! the whole body's bytes; HEAD, conditionals and the model version hold; a larger model's
 //! view is an index and shards; a model stored as safetensors is its own files.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -3,7 +3,7 @@
 //! connections, the connection limit, waiting for a decoder, the request timeout, ranges
 //! per request (and overlapping ones), decoded size and manifest size.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read as _, Write as _};

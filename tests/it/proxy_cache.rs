@@ -6,7 +6,7 @@
 //! far beyond any load, so clients that wait for a tensor being fetched never go to the origin
 //! on their own, however slow the machine.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

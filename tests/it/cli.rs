@@ -1,6 +1,6 @@
 //! The `ztserve` binary's file subcommands, run as a user would.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fs;

@@ -3,7 +3,7 @@
 //! restart while it is down (from the listing and manifests the cache kept); a block damaged on disk is fetched again, never served; the cache stays under its
 //! bound; a start removes what is not a block.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

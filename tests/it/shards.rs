@@ -6,7 +6,7 @@
 //! renamed, by size and digest; a missing, resized or altered shard makes the model broken with
 //! its own reason; and the model's version covers every file.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! by hand: a deterministic-CBOR manifest in a v2 container (`format::v2::file_around`), and
 //! seekable streams of real zstd frames with hand-made seek tables.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -9,7 +9,7 @@
 //! every tensor is compared with what the official reader returned from the source file. The
 //! Hub's statuses and error codes, paging, revisions and access are checked over plain HTTP.
 
-mod common;
+use crate::common;
 
 use std::fs;
 

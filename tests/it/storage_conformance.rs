@@ -2,7 +2,7 @@
 //! real S3-protocol server (moto) on 127.0.0.1, and that prefix read through the node's disk
 //! cache.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! exactly as for a model that does not exist, a token file re-read when it changes, and
 //! tokens that never reach the log.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! Every test runs twice: against a local directory and against an S3 prefix on a moto server
 //! started on 127.0.0.1 (see `both_sources!` at the end).
 
-mod common;
+use crate::common;
 
 use common::ModelSource;
 

@@ -8,7 +8,7 @@
 //! ztserve's: manifest bytes, digests and headers. Manifests keep their digest across a
 //! restart. Access goes through the token flow; statuses and error codes over plain HTTP.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! Interop of pulled files with the official ztensor==1.2.3 reader is in the Python client's
 //! tests (clients/python/tests), which run in the same `scripts/test`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

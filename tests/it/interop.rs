@@ -1,7 +1,7 @@
 //! Interop with the official `ztensor` packages, both directions: their files decode to the
 //! exact bytes their writers were given, and our files read back identically through 1.2.3.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs;

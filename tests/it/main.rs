@@ -1,0 +1,39 @@
+//! The integration tests, one module per subject, in one test binary: each used to be a binary
+//! of its own, and each linked the whole crate. nextest still runs every test in its own process,
+//! so process-wide state (the metrics recorder, environment, signals) stays per test.
+
+mod common;
+
+mod access;
+mod cli;
+mod decoding;
+mod digests_ahead;
+mod disk_cache;
+mod faults;
+mod format_rules;
+mod hf_hub;
+mod hostile_files;
+mod hostile_requests;
+mod hostile_safetensors;
+mod hostile_v2;
+mod http_contract;
+mod hub_source;
+mod interop;
+mod interop_safetensors;
+mod interop_v2;
+mod limits;
+mod load;
+mod oci_registry;
+mod openapi_conformance;
+mod operations;
+mod proxy_cache;
+mod pull;
+mod roundtrip;
+mod s3;
+mod s3_endpoint;
+mod safetensors_view;
+mod shards;
+mod slice_plans;
+mod slices;
+mod storage_conformance;
+mod zero_copy;
