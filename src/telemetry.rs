@@ -1,8 +1,8 @@
 //! What the service tells operators: one tracing subscriber (human-readable text or JSON lines,
-//! filtered by `RUST_LOG`, default `info`) and the Prometheus recorder behind `/metrics`. Each
-//! request is one span (method, route, path, model, object, cache, status, bytes, duration_ms)
-//! closed by one `response` event; see `transport::layers`. Every metric name is declared
-//! here, with its help text, so the set is visible in one place.
+//! filtered by `RUST_LOG`, default `info` less s3s's own error lines) and the Prometheus
+//! recorder behind `/metrics`. Each request is one span (method, route, path, model, object,
+//! cache, status, bytes, duration_ms) closed by one `response` event; see `transport::layers`.
+//! Every metric name is declared here, with its help text, so the set is visible in one place.
 
 use std::sync::OnceLock;
 
@@ -11,9 +11,14 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+/// The filter when `RUST_LOG` is unset. s3s logs every error an S3 operation returns at ERROR,
+/// a missing key's 404 included; the endpoint logs what a client is not told itself, and each
+/// request's line has its status, so s3s's operation log is left out.
+const DEFAULT_FILTER: &str = "info,s3s::ops=off";
+
 /// Installs the global subscriber, writing `format`.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     // Colour only on a terminal: escape codes in a log file or a pipe garble it for readers.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);

@@ -1,13 +1,13 @@
 //! `HubError` and the only place the Hub API chooses statuses and error codes. Each answers as
 //! the Hub does, so `huggingface_hub` raises the same exception it would against the Hub:
 //! `X-Error-Code` (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound` with `X-Repo-Commit`),
-//! `X-Error-Message`, and a JSON body `{"error": "..."}`. 5xx bodies stay generic; details go to
-//! the log.
+//! `X-Error-Message`, and a JSON body `{"error": "..."}`. Service failures are placed by their
+//! kind; an internal error's body stays generic and its detail goes to the log, once.
 
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::service::ServiceError;
+use crate::service::{ErrorKind, INTERNAL_MESSAGE, ServiceError};
 use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +18,9 @@ pub(crate) enum HubError {
     RepoNotFound { repo: String, anonymous: bool },
     #[error("Invalid credentials in Authorization header")]
     InvalidCredentials,
+    /// A listing asked without a token, where tokens are needed.
+    #[error("a token is required to list repositories (Authorization: Bearer <token>)")]
+    TokenRequired,
     #[error("Invalid rev id: {revision}")]
     RevisionNotFound { repo: String, revision: String },
     #[error("Entry not found: {path:?} in {repo:?} at {commit}")]
@@ -26,7 +29,11 @@ pub(crate) enum HubError {
     BadRequest(String),
     #[error("no Hub API route {0}")]
     RouteNotFound(String),
-    #[error("{0} is not served by ztserve's Hub API (it serves model info, trees, paths-info and resolve)")]
+    /// A route of the Hub's API that ztserve does not serve (writes, discussions, …): the
+    /// Hub's answer for what it does not have, not a failure of ours.
+    #[error(
+        "{0} is not served by ztserve's Hub API (it serves model listings and info, trees, paths-info and resolve)"
+    )]
     NotServed(String),
     #[error("method {method} is not allowed here; {allowed} is")]
     MethodNotAllowed { method: String, allowed: &'static str },
@@ -41,18 +48,16 @@ pub(crate) enum HubError {
     Service(#[from] ServiceError),
 }
 
-/// The status of an error of the service, whether a handler or a body's source met it.
-fn service_status(error: &ServiceError) -> StatusCode {
-    use ServiceError as S;
-    match error {
-        S::NotReady
-        | S::ChangedOnDisk { .. }
-        | S::DecodersBusy
-        | S::Storage { .. }
-        | S::NotCached { .. }
-        | S::DigestPending { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        S::BrokenModel { .. } | S::InvalidComponent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+/// The Hub's status for each kind of service failure, whether a handler or a body's source
+/// met it.
+fn service_status(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::BadInput => StatusCode::BAD_REQUEST,
+        ErrorKind::Refused => StatusCode::UNPROCESSABLE_ENTITY,
+        // huggingface_hub retries a 503 (2.x after Retry-After plus a second); it sees no 429.
+        ErrorKind::Busy { .. } | ErrorKind::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -61,19 +66,23 @@ impl HubError {
         match self {
             HubError::RepoNotFound { anonymous: true, .. } => (StatusCode::UNAUTHORIZED, Some("RepoNotFound")),
             HubError::RepoNotFound { .. } => (StatusCode::NOT_FOUND, Some("RepoNotFound")),
-            HubError::InvalidCredentials => (StatusCode::UNAUTHORIZED, None),
+            HubError::InvalidCredentials | HubError::TokenRequired => (StatusCode::UNAUTHORIZED, None),
             HubError::RevisionNotFound { .. } => (StatusCode::NOT_FOUND, Some("RevisionNotFound")),
             HubError::EntryNotFound { .. } => (StatusCode::NOT_FOUND, Some("EntryNotFound")),
             HubError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
             HubError::RouteNotFound(_) => (StatusCode::NOT_FOUND, None),
-            HubError::NotServed(_) => (StatusCode::NOT_IMPLEMENTED, None),
+            HubError::NotServed(_) => (StatusCode::NOT_FOUND, None),
             HubError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, None),
             HubError::Bytes(ByteRefusal::RangeNotSatisfiable { .. } | ByteRefusal::TooManyRanges { .. }) => {
                 (StatusCode::RANGE_NOT_SATISFIABLE, None)
             }
             HubError::RequestTimeout => (StatusCode::SERVICE_UNAVAILABLE, None),
-            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => (service_status(error), None),
-            HubError::Internal(_) | HubError::Bytes(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
+            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => {
+                (service_status(error.kind()), None)
+            }
+            HubError::Internal(_) | HubError::Bytes(ByteRefusal::Internal(_)) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, None)
+            }
         }
     }
 }
@@ -81,20 +90,13 @@ impl HubError {
 impl IntoResponse for HubError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
-            tracing::error!(error = %self, "Hub API request failed");
-            "internal error; see the server log".to_owned()
-        } else {
-            if let HubError::Service(ServiceError::Storage { .. }) = &self {
-                tracing::warn!(error = %self, "storage failed");
+        let message = match &self {
+            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => error.message_for_client(),
+            HubError::Internal(_) | HubError::Bytes(ByteRefusal::Internal(_)) => {
+                tracing::error!(error = %self, "Hub API request failed");
+                INTERNAL_MESSAGE.to_owned()
             }
-            match &self {
-                // The store's own words (endpoints, request ids) go to the log only.
-                HubError::Service(ServiceError::Storage { model, .. }) => {
-                    format!("the source of model {model:?} is unavailable; retry later")
-                }
-                _ => self.to_string(),
-            }
+            _ => self.to_string(),
         };
         let mut response = (status, axum::Json(serde_json::json!({ "error": message }))).into_response();
         let headers = response.headers_mut();
@@ -104,13 +106,14 @@ impl IntoResponse for HubError {
         if let Some(code) = code {
             headers.insert(HeaderName::from_static("x-error-code"), HeaderValue::from_static(code));
         }
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        let retry_after = match &self {
+            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
+            HubError::RequestTimeout => Some(1),
+            _ => None,
+        };
+        if let Some(after) = retry_after {
             // huggingface_hub 2.x waits Retry-After (plus 1 s) before each of its retries.
-            let after = match &self {
-                HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
-                _ => None,
-            };
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(after.unwrap_or(1)));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
         }
         match self {
             HubError::EntryNotFound { commit, .. } => {
@@ -125,7 +128,7 @@ impl IntoResponse for HubError {
             HubError::MethodNotAllowed { allowed, .. } => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
             }
-            HubError::RepoNotFound { anonymous: true, .. } | HubError::InvalidCredentials => {
+            HubError::RepoNotFound { anonymous: true, .. } | HubError::InvalidCredentials | HubError::TokenRequired => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(r#"Bearer realm="ztserve""#));
             }
             _ => {}

@@ -145,6 +145,16 @@ async fn answer(
             let at = state.repo_at(&caller, &repo, Some(&revision))?;
             resolve(state, &at, &path, method == Method::HEAD, headers).await
         }
+        HubRoute::ListModels => {
+            only("GET")?;
+            list_models(state, &caller, &query, uri, headers).await
+        }
+        HubRoute::AgentHarnesses => {
+            only("GET")?;
+            // What a Hub that knows no harnesses answers: the client then detects no agent,
+            // and keeps the answer a day.
+            Ok(axum::Json(json!({ "standardEnvVars": [], "harnesses": {} })).into_response())
+        }
         HubRoute::OtherRepoType { repo } => Err(HubError::RepoNotFound { repo, anonymous: caller.is_anonymous() }),
         HubRoute::NotServed(what) => Err(HubError::NotServed(what)),
         HubRoute::Unknown => Err(HubError::RouteNotFound(uri.path().to_owned())),
@@ -307,7 +317,7 @@ async fn model_info(state: &HubState, at: &RepoAt, blobs: bool) -> Result<Respon
         "disabled": false,
         "downloads": 0,
         "likes": 0,
-        "tags": ["safetensors"],
+        "tags": REPO_TAGS,
         "library_name": Value::Null,
         "siblings": siblings,
         "usedStorage": at.files.iter().map(|f| f.size).sum::<u64>(),
@@ -401,16 +411,116 @@ async fn tree(
     let listed = entries_json(state, at, page, query.flag("expand")).await?;
     let mut response = json_response(&Value::Array(listed), &at.commit);
     if end < entries.len() {
-        let mut next = form_urlencoded::Serializer::new(String::new());
-        for (key, value) in query.0.iter().filter(|(k, _)| k != "cursor") {
-            next.append_pair(key, value);
-        }
-        next.append_pair("cursor", &format!("{}.{end}", at.commit));
-        let link = format!("<{}{}?{}>; rel=\"next\"", origin(headers), original_path(uri), next.finish());
-        response.headers_mut().insert(header::LINK, header_value(&link));
+        let link = next_page_link(headers, uri, query, &format!("{}.{end}", at.commit));
+        response.headers_mut().insert(header::LINK, link);
     }
     Ok(response)
 }
+
+/// The `Link` header of a listing's next page: the same request with `cursor` set, as an
+/// absolute URL (clients follow it as it is).
+fn next_page_link(headers: &HeaderMap, uri: &Uri, query: &Query, cursor: &str) -> HeaderValue {
+    let mut next = form_urlencoded::Serializer::new(String::new());
+    for (key, value) in query.0.iter().filter(|(k, _)| k != "cursor") {
+        next.append_pair(key, value);
+    }
+    next.append_pair("cursor", cursor);
+    header_value(&format!("<{}{}?{}>; rel=\"next\"", origin(headers), original_path(uri), next.finish()))
+}
+
+/// Repositories per page of the model list, the Hub's largest `limit`.
+const MODELS_PAGE: usize = 1000;
+
+/// `GET /api/models`: every repository the caller may read, as `HfApi.list_models` asks:
+/// `author` (the namespace), `search` (a substring of the repo id, any case), `filter` (tags,
+/// all of which must match), `sort` (`lastModified` or `createdAt` by date; the Hub's counts,
+/// `downloads`, `likes` and `trendingScore`, are 0 here, so by id) with `direction=-1` for
+/// descending, `limit` per page (at most [`MODELS_PAGE`]) and `cursor` from the previous page's
+/// `Link`. `full` (or `expand`) adds each repository's files and commit.
+async fn list_models(
+    state: &HubState,
+    caller: &Caller,
+    query: &Query,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Response, HubError> {
+    let Caller::Allowed(access) = caller else {
+        metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
+        return Err(HubError::TokenRequired);
+    };
+    if !state.service.is_ready() {
+        return Err(crate::service::ServiceError::NotReady.into());
+    }
+    let limit = match query.get("limit") {
+        None | Some("") => MODELS_PAGE,
+        Some(limit) => limit
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(|n| n.min(MODELS_PAGE))
+            .ok_or_else(|| HubError::BadRequest(format!("limit {limit:?} is not a positive whole number")))?,
+    };
+    let start = match query.get("cursor") {
+        None | Some("") => 0,
+        Some(cursor) => cursor
+            .parse::<usize>()
+            .map_err(|_| HubError::BadRequest(format!("cursor {cursor:?} is not one this listing gave")))?,
+    };
+    let author = query.get("author");
+    let search = query.get("search").map(str::to_lowercase);
+    let tags: Vec<&str> = query.0.iter().filter(|(k, _)| k == "filter").map(|(_, v)| v.as_str()).collect();
+    let catalog = state.service.catalog();
+    let mut listed: Vec<(String, Arc<Model>)> = catalog
+        .models()
+        .filter(|m| m.state.is_ok() && access.allows(&m.id))
+        .filter_map(|m| Some((repos::repo_id_of(&m.id)?, Arc::clone(m))))
+        .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
+        .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
+        .filter(|_| tags.iter().all(|t| REPO_TAGS.contains(t)))
+        .collect();
+    match query.get("sort") {
+        Some("lastModified" | "last_modified" | "createdAt" | "created_at") => {
+            listed.sort_by(|a, b| a.1.found_at.cmp(&b.1.found_at).then_with(|| a.0.cmp(&b.0)))
+        }
+        _ => listed.sort_by(|a, b| a.0.cmp(&b.0)),
+    }
+    if query.get("direction") == Some("-1") {
+        listed.reverse();
+    }
+    let full = query.flag("full") || query.get("expand").is_some();
+    let end = (start + limit).min(listed.len());
+    let mut page = Vec::with_capacity(end.saturating_sub(start));
+    for (repo, model) in listed.get(start..end).unwrap_or_default() {
+        let date = hub_date(model.found_at);
+        let mut entry = json!({
+            "_id": repo,
+            "id": repo,
+            "modelId": repo,
+            "author": repo.split_once('/').map(|(namespace, _)| namespace),
+            "private": state.tokens.required(),
+            "downloads": 0,
+            "likes": 0,
+            "tags": REPO_TAGS,
+            "library_name": Value::Null,
+            "createdAt": date,
+            "lastModified": date,
+        });
+        if full {
+            let at = state.repo_at(caller, repo, None)?;
+            entry["sha"] = json!(at.commit);
+            entry["siblings"] = at.files.iter().map(|f| json!({ "rfilename": f.path })).collect();
+        }
+        page.push(entry);
+    }
+    let mut response = axum::Json(Value::Array(page)).into_response();
+    if end < listed.len() {
+        response.headers_mut().insert(header::LINK, next_page_link(headers, uri, query, &end.to_string()));
+    }
+    Ok(response)
+}
+
+/// The tags of every repository: each holds safetensors weights.
+const REPO_TAGS: [&str; 1] = ["safetensors"];
 
 /// Where the next page starts, from a cursor this listing gave (`{commit}.{offset}`) for the
 /// same commit.

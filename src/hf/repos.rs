@@ -69,6 +69,11 @@ pub(crate) enum HubRoute {
     PathsInfo { repo: String, revision: String },
     /// `GET|HEAD /{repo}/resolve/{revision}/{path}`.
     Resolve { repo: String, revision: String, path: String },
+    /// `GET /api/models`: the repositories, filtered, sorted and paged.
+    ListModels,
+    /// `GET /api/agent-harnesses`: the registry `huggingface_hub` 2.x reads once a day to tell
+    /// whether a coding agent runs it.
+    AgentHarnesses,
     /// A route of another repository type (datasets, spaces): no such repository here.
     OtherRepoType { repo: String },
     /// A route of the Hub API that is not served (writes, listings, discussions…).
@@ -95,7 +100,8 @@ pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubR
     let tail = |rest: &[String]| rest.join("/");
     match segments.first().map(String::as_str) {
         Some("api") => match segments.get(1).map(String::as_str) {
-            Some("models") if segments.len() == 2 => HubRoute::NotServed("listing models".into()),
+            Some("models") if segments.len() == 2 => HubRoute::ListModels,
+            Some("agent-harnesses") if segments.len() == 2 => HubRoute::AgentHarnesses,
             Some("models") => {
                 let rest = &segments[2..];
                 let Some((repo, at)) = operation_after(rest, &["revision", "tree", "paths-info"]) else {

@@ -1,13 +1,14 @@
-//! `ApiError` and the only place HTTP statuses are chosen for errors, the request timeout and
-//! `/readyz` (byte responses' 200, 206 and 304 follow from ranges and conditionals in
-//! `transport::respond`, whose refusals become errors here). Every error answers `{"error": {"code", "message"}}`; 5xx bodies stay
-//! generic and their details go to the log.
+//! `ApiError` and the only place the HTTP contract chooses statuses: for its own refusals, for
+//! each kind of service failure, for the request timeout and for `/readyz` (byte responses'
+//! 200, 206 and 304 follow from ranges and conditionals in `transport::respond`, whose refusals
+//! become errors here). Every error answers `{"error": {"code", "message"}}`; an internal
+//! error's body stays generic and its detail goes to the log, once.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::service::ServiceError;
+use crate::service::{ErrorKind, INTERNAL_MESSAGE, ServiceError};
 use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +49,19 @@ impl From<ByteRefusal> for ApiError {
     }
 }
 
+/// The HTTP contract's status for each kind of service failure.
+fn service_status(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::BadInput => StatusCode::BAD_REQUEST,
+        ErrorKind::Refused => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Busy { .. } | ErrorKind::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
-        use ServiceError as S;
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ApiError::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
@@ -59,41 +70,16 @@ impl ApiError {
             ApiError::RangeNotSatisfiable { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable"),
             ApiError::TooManyRanges { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, "too_many_ranges"),
             ApiError::RequestTimeout => (StatusCode::SERVICE_UNAVAILABLE, "request_timeout"),
-            ApiError::Internal(_) | ApiError::Service(S::Internal(_)) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
-            }
-            ApiError::Service(S::ModelNotFound(_)) => (StatusCode::NOT_FOUND, "model_not_found"),
-            ApiError::Service(S::ObjectNotFound { .. }) => (StatusCode::NOT_FOUND, "object_not_found"),
-            ApiError::Service(S::ComponentNotFound { .. }) => (StatusCode::NOT_FOUND, "component_not_found"),
-            ApiError::Service(S::FileNotFound { .. }) => (StatusCode::NOT_FOUND, "file_not_found"),
-            ApiError::Service(S::VersionGone { .. }) => (StatusCode::NOT_FOUND, "version_gone"),
-            ApiError::Service(S::ViewFileNotFound { .. }) => (StatusCode::NOT_FOUND, "view_file_not_found"),
-            ApiError::Service(S::SeveralFiles { .. }) => (StatusCode::NOT_FOUND, "several_files"),
-            ApiError::Service(S::BrokenModel { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "broken_model"),
-            ApiError::Service(S::InvalidComponent { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component"),
-            ApiError::Service(S::BadSlice { source, .. }) => (StatusCode::BAD_REQUEST, source.code()),
-            ApiError::Service(S::NotReady) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
-            ApiError::Service(S::ChangedOnDisk { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "changed_on_disk"),
-            ApiError::Service(S::NotCached { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "not_cached"),
-            ApiError::Service(S::DecodersBusy) => (StatusCode::SERVICE_UNAVAILABLE, "decoders_busy"),
-            ApiError::Service(S::DigestPending { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "digest_pending"),
-            ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => {
-                (StatusCode::SERVICE_UNAVAILABLE, "changed_in_source")
-            }
-            ApiError::Service(S::Storage { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "source_unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ApiError::Service(error) => (service_status(error.kind()), error.code()),
         }
     }
 
     /// Seconds a client should wait before trying again, for a refusal that passes.
     fn retry_after(&self) -> Option<u64> {
-        use ServiceError as S;
         match self {
-            ApiError::RequestTimeout | ApiError::Service(S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy) => {
-                Some(1)
-            }
-            ApiError::Service(S::Storage { source, .. }) if source.is_about_the_object() => Some(1),
-            ApiError::Service(S::Storage { .. } | S::NotCached { .. }) => Some(5),
-            ApiError::Service(error @ S::DigestPending { .. }) => error.retry_after_secs(),
+            ApiError::RequestTimeout => Some(1),
+            ApiError::Service(error) => error.retry_after_secs(),
             _ => None,
         }
     }
@@ -101,36 +87,22 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        use ServiceError as S;
         let (status, code) = self.status_and_code();
         let message = match &self {
-            ApiError::RequestTimeout
-            | ApiError::Service(
-                S::NotReady | S::ChangedOnDisk { .. } | S::DecodersBusy | S::NotCached { .. } | S::DigestPending { .. },
-            ) => self.to_string(),
-            // The store's own words (endpoints, request ids) go to the log only.
-            ApiError::Service(S::Storage { model, source }) => {
-                tracing::warn!(error = %self, "storage failed");
-                if source.is_about_the_object() {
-                    format!("model {model:?} changed in its source; it is served again after the next rescan")
-                } else {
-                    format!("the source of model {model:?} is unavailable; retry later")
-                }
-            }
-            _ if status.is_server_error() => {
+            ApiError::Service(error) => error.message_for_client(),
+            ApiError::Internal(_) => {
                 tracing::error!(error = %self, "request failed");
-                "internal error; see the server log".to_owned()
+                INTERNAL_MESSAGE.to_owned()
             }
             _ => self.to_string(),
         };
-        let detail = match &self {
-            ApiError::Service(S::BrokenModel { source, .. }) => Some(source.code()),
-            ApiError::Service(S::InvalidComponent { source, .. }) => Some(source.code()),
+        let reason = match &self {
+            ApiError::Service(error) => error.reason(),
             _ => None,
         };
         let mut body = json!({ "error": { "code": code, "message": message } });
-        if let Some(detail) = detail {
-            body["error"]["reason"] = json!(detail);
+        if let Some(reason) = reason {
+            body["error"]["reason"] = json!(reason);
         }
         let retry_after = self.retry_after();
         let mut response = (status, axum::Json(body)).into_response();

@@ -6,7 +6,8 @@
 //! is taken as it is, so the `%2F` form always means exactly its id; otherwise the longest known
 //! id whose rest is a model route wins (with models `org` and `org/llama`,
 //! `/models/org/llama/file` is `org/llama`'s file and `/models/org/file` is `org`'s). Object
-//! names and roles stay one segment each: a `/` in them is written `%2F`.
+//! names and roles stay one segment each: a `/` in them is written `%2F`. A trailing slash is
+//! dropped before the rule applies.
 
 use axum::extract::Request;
 use axum::http::Uri;
@@ -41,16 +42,26 @@ pub(super) fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<Str
     Some(crate::api::encoded_model_url(&id) + &rest[id_end(split)..])
 }
 
-/// Rewrites `request`'s URI as [`rewrite`] says, keeping its query.
+/// Rewrites `request`'s URI as [`rewrite`] says, keeping its query. A trailing slash names the
+/// same thing as the path without it (fsspec's `ls` asks `/models/org/llama/`), so it is dropped
+/// first.
 pub(super) fn rewrite_request(mut request: Request, is_model: impl Fn(&str) -> bool) -> Request {
-    if let Some(path) = rewrite(request.uri().path(), is_model) {
-        let path_and_query = match request.uri().query() {
-            Some(query) => format!("{path}?{query}"),
-            None => path,
-        };
-        if let Ok(uri) = Uri::builder().path_and_query(path_and_query).build() {
-            *request.uri_mut() = uri;
-        }
+    let written = request.uri().path();
+    let trimmed = match written.trim_end_matches('/') {
+        "" => written,
+        trimmed => trimmed,
+    };
+    let path = match rewrite(trimmed, is_model) {
+        Some(path) => path,
+        None if trimmed.len() < written.len() => trimmed.to_owned(),
+        None => return request,
+    };
+    let path_and_query = match request.uri().query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    if let Ok(uri) = Uri::builder().path_and_query(path_and_query).build() {
+        *request.uri_mut() = uri;
     }
     request
 }
@@ -95,5 +106,20 @@ mod tests {
         for (path, expected) in cases {
             assert_eq!(rewrite(path, known).as_deref(), *expected, "{path}");
         }
+    }
+
+    #[test]
+    fn a_trailing_slash_names_what_the_path_without_it_names_and_the_query_is_kept() {
+        let known = |id: &str| id == "org/llama";
+        let rewritten = |uri: &str| {
+            let request = Request::builder().uri(uri).body(axum::body::Body::empty()).unwrap();
+            rewrite_request(request, known).uri().to_string()
+        };
+        assert_eq!(rewritten("/models/org/llama/"), "/models/org%2Fllama");
+        assert_eq!(rewritten("/models/org/llama//?x=1"), "/models/org%2Fllama?x=1");
+        assert_eq!(rewritten("/models/"), "/models");
+        assert_eq!(rewritten("/healthz/"), "/healthz");
+        assert_eq!(rewritten("/"), "/");
+        assert_eq!(rewritten("/models/org%2Fllama"), "/models/org%2Fllama");
     }
 }

@@ -1,11 +1,11 @@
 //! The distribution API's errors: the spec's JSON body `{"errors": [{"code", "message",
-//! "detail"}]}` and status for each code, the bearer challenge on 401, `Allow` on 405. The only
-//! place the registry's statuses and codes are chosen.
+//! "detail"}]}` and status for each code (service failures placed by their kind), the bearer
+//! challenge on 401, `Allow` on 405. The only place the registry's statuses and codes are chosen.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::service::ServiceError;
+use crate::service::{ErrorKind, INTERNAL_MESSAGE, ServiceError};
 use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,19 +41,20 @@ pub(crate) enum OciError {
     Service(#[from] ServiceError),
 }
 
-/// How an error of the service reads to a registry client.
+/// How each kind of service failure reads to a registry client.
 fn service_status(error: &ServiceError) -> (StatusCode, &'static str) {
-    use ServiceError as S;
-    match error {
+    match error.kind() {
+        ErrorKind::NotFound if matches!(error, ServiceError::ModelNotFound(_) | ServiceError::VersionGone { .. }) => {
+            (StatusCode::NOT_FOUND, "NAME_UNKNOWN")
+        }
+        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "BLOB_UNKNOWN"),
+        ErrorKind::BadInput => (StatusCode::BAD_REQUEST, "UNSUPPORTED"),
+        ErrorKind::Refused => (StatusCode::UNPROCESSABLE_ENTITY, "MANIFEST_INVALID"),
         // 429, not 503: containers/image (skopeo, podman, CRI-O) retries a 429 by itself, after
         // its Retry-After (up to 60 s, five tries), and nothing else.
-        S::DecodersBusy | S::DigestPending { .. } => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
-        S::NotReady | S::ChangedOnDisk { .. } | S::Storage { .. } | S::NotCached { .. } => {
-            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
-        }
-        S::ModelNotFound(_) | S::VersionGone { .. } => (StatusCode::NOT_FOUND, "NAME_UNKNOWN"),
-        S::BrokenModel { .. } | S::InvalidComponent { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "MANIFEST_INVALID"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
+        ErrorKind::Busy { .. } => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
+        ErrorKind::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
     }
 }
 
@@ -74,7 +75,9 @@ impl OciError {
                 (StatusCode::RANGE_NOT_SATISFIABLE, "BLOB_UNKNOWN")
             }
             OciError::Bytes(ByteRefusal::Source(error)) | OciError::Service(error) => service_status(error),
-            OciError::Internal(_) | OciError::Bytes(_) => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
+            OciError::Internal(_) | OciError::Bytes(ByteRefusal::Internal(_)) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN")
+            }
         }
     }
 }
@@ -82,23 +85,26 @@ impl OciError {
 impl IntoResponse for OciError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
-            tracing::error!(error = %self, "registry request failed");
-            "internal error; see the server log".to_owned()
-        } else {
-            self.to_string()
+        let message = match &self {
+            OciError::Service(error) | OciError::Bytes(ByteRefusal::Source(error)) => error.message_for_client(),
+            OciError::Internal(_) | OciError::Bytes(ByteRefusal::Internal(_)) => {
+                tracing::error!(error = %self, "registry request failed");
+                INTERNAL_MESSAGE.to_owned()
+            }
+            _ => self.to_string(),
         };
         let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
         let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         // Also on the layers' refusals (a panic, a timeout), which answer without `dispatch`.
         headers.insert(super::API_VERSION.0, HeaderValue::from_static(super::API_VERSION.1));
-        if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
-            let after = match &self {
-                OciError::Service(error) | OciError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
-                _ => None,
-            };
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(after.unwrap_or(1)));
+        let retry_after = match &self {
+            OciError::Service(error) | OciError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
+            OciError::RequestTimeout => Some(1),
+            _ => None,
+        };
+        if let Some(after) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
         }
         match self {
             OciError::Unauthorized { challenge } => {

@@ -28,7 +28,7 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
 use self::keys::{After, Key, Keys, Query};
 use crate::access::{Access, Tokens};
-use crate::service::{PublishedFile, Service, ServiceError, StoredBytes};
+use crate::service::{ErrorKind, PublishedFile, Service, ServiceError, StoredBytes};
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
@@ -257,31 +257,18 @@ fn max_keys(asked: Option<i32>) -> S3Result<usize> {
     }
 }
 
-/// An S3 error for a service error: a missing thing is `NoSuchKey`, a broken model
-/// `InvalidObjectState`, anything passing `ServiceUnavailable` (`SlowDown` for busy decoders),
-/// with the service's message (5xx details only in the log).
+/// An S3 error for each kind of service failure, with the message a client may read (what it
+/// leaves out is logged once).
 fn service_error(error: ServiceError) -> S3Error {
-    use ServiceError as E;
-    let code = match &error {
-        E::ModelNotFound(_)
-        | E::VersionGone { .. }
-        | E::ObjectNotFound { .. }
-        | E::ComponentNotFound { .. }
-        | E::FileNotFound { .. }
-        | E::ViewFileNotFound { .. }
-        | E::SeveralFiles { .. } => S3ErrorCode::NoSuchKey,
-        E::BrokenModel { .. } | E::InvalidComponent { .. } => S3ErrorCode::InvalidObjectState,
-        E::BadSlice { .. } => S3ErrorCode::InvalidArgument,
-        E::DecodersBusy => S3ErrorCode::SlowDown,
-        E::NotReady | E::ChangedOnDisk { .. } | E::Storage { .. } | E::NotCached { .. } | E::DigestPending { .. } => {
-            S3ErrorCode::ServiceUnavailable
-        }
-        E::Internal(reason) => {
-            tracing::error!(reason = %reason, "internal error");
-            return S3Error::with_message(S3ErrorCode::InternalError, "internal error");
-        }
+    let code = match error.kind() {
+        ErrorKind::NotFound => S3ErrorCode::NoSuchKey,
+        ErrorKind::BadInput => S3ErrorCode::InvalidArgument,
+        ErrorKind::Refused => S3ErrorCode::InvalidObjectState,
+        ErrorKind::Busy { .. } => S3ErrorCode::SlowDown,
+        ErrorKind::Unavailable { .. } => S3ErrorCode::ServiceUnavailable,
+        ErrorKind::Internal => S3ErrorCode::InternalError,
     };
-    S3Error::with_message(code, error.to_string())
+    S3Error::with_message(code, error.message_for_client())
 }
 
 /// Our ETag (quoted) as S3's.

@@ -1,6 +1,8 @@
 //! `ServiceError`: why the domain could not give a request what it asked for, each variant
-//! naming the model (and object, component) it concerns and keeping its cause. The wire
-//! protocols choose statuses from it (`http/error.rs`); nothing here knows HTTP.
+//! naming the model (and object, component) it concerns and keeping its cause, and classified
+//! here once ([`ErrorKind`]: not found, bad input, refused, busy, unavailable, internal) with its
+//! code, its retry time and what a client may read of it. Each wire protocol maps the kinds to
+//! its own statuses and codes in one exhaustive match; nothing here knows HTTP.
 
 use crate::catalog::CatalogError;
 use crate::format::FormatError;
@@ -82,12 +84,119 @@ fn human_bytes(bytes: u64) -> String {
     if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
-impl ServiceError {
-    /// Seconds a client should wait before asking again, for a refusal that passes with time.
-    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+/// What kind of failure an error is: the one classification every protocol maps to its own
+/// status and code, each with an exhaustive match, so a new kind is placed in every protocol
+/// before it compiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorKind {
+    /// What the request names does not exist: a model, version, object, component or file.
+    NotFound,
+    /// The request cannot be answered as written (a slice that cannot be cut).
+    BadInput,
+    /// What the request names exists but cannot be served (a broken model, an invalid
+    /// component): asking again gives the same answer until the file changes.
+    Refused,
+    /// The server is working on it or at capacity: ask again after `retry_after_secs`.
+    Busy { retry_after_secs: u64 },
+    /// The catalog or a source cannot answer now: ask again after `retry_after_secs`.
+    Unavailable { retry_after_secs: u64 },
+    /// A defect of ours: its detail goes to the log, never to the client.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Seconds a client should wait before asking again, for a failure that passes with time.
+    pub(crate) fn retry_after_secs(self) -> Option<u64> {
         match self {
-            ServiceError::DigestPending { retry_after_secs, .. } => Some(*retry_after_secs),
+            ErrorKind::Busy { retry_after_secs } | ErrorKind::Unavailable { retry_after_secs } => {
+                Some(retry_after_secs)
+            }
+            ErrorKind::NotFound | ErrorKind::BadInput | ErrorKind::Refused | ErrorKind::Internal => None,
+        }
+    }
+}
+
+impl ServiceError {
+    /// What kind of failure this is.
+    pub(crate) fn kind(&self) -> ErrorKind {
+        use ServiceError as S;
+        match self {
+            S::ModelNotFound(_)
+            | S::VersionGone { .. }
+            | S::ObjectNotFound { .. }
+            | S::ComponentNotFound { .. }
+            | S::FileNotFound { .. }
+            | S::ViewFileNotFound { .. }
+            | S::SeveralFiles { .. } => ErrorKind::NotFound,
+            S::BadSlice { .. } => ErrorKind::BadInput,
+            S::BrokenModel { .. } | S::InvalidComponent { .. } => ErrorKind::Refused,
+            S::DecodersBusy => ErrorKind::Busy { retry_after_secs: 1 },
+            S::DigestPending { retry_after_secs, .. } => ErrorKind::Busy { retry_after_secs: *retry_after_secs },
+            S::NotReady | S::ChangedOnDisk { .. } => ErrorKind::Unavailable { retry_after_secs: 1 },
+            // A changed object is listed again at the next rescan; an unreachable store takes longer.
+            S::Storage { source, .. } if source.is_about_the_object() => ErrorKind::Unavailable { retry_after_secs: 1 },
+            S::Storage { .. } | S::NotCached { .. } => ErrorKind::Unavailable { retry_after_secs: 5 },
+            S::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The machine-readable name of this failure (the HTTP contract's `error.code`).
+    pub(crate) fn code(&self) -> &'static str {
+        use ServiceError as S;
+        match self {
+            S::NotReady => "not_ready",
+            S::ModelNotFound(_) => "model_not_found",
+            S::VersionGone { .. } => "version_gone",
+            S::ObjectNotFound { .. } => "object_not_found",
+            S::ComponentNotFound { .. } => "component_not_found",
+            S::BrokenModel { .. } => "broken_model",
+            S::InvalidComponent { .. } => "invalid_component",
+            S::DecodersBusy => "decoders_busy",
+            S::FileNotFound { .. } => "file_not_found",
+            S::ViewFileNotFound { .. } => "view_file_not_found",
+            S::SeveralFiles { .. } => "several_files",
+            S::ChangedOnDisk { .. } => "changed_on_disk",
+            S::NotCached { .. } => "not_cached",
+            S::Storage { source, .. } if source.is_about_the_object() => "changed_in_source",
+            S::Storage { .. } => "source_unavailable",
+            S::BadSlice { source, .. } => source.code(),
+            S::DigestPending { .. } => "digest_pending",
+            S::Internal(_) => "internal",
+        }
+    }
+
+    /// Why a model's file cannot be served, for a refusal: the format's own reason code.
+    pub(crate) fn reason(&self) -> Option<&'static str> {
+        match self {
+            ServiceError::BrokenModel { source, .. } => Some(source.code()),
+            ServiceError::InvalidComponent { source, .. } => Some(source.code()),
             _ => None,
+        }
+    }
+
+    /// Seconds a client should wait before asking again, for a failure that passes with time.
+    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+        self.kind().retry_after_secs()
+    }
+
+    /// What a client may read of this error, logging once what it leaves out: an internal
+    /// error's detail (at ERROR) and a store's own words (endpoints, request ids; at WARN).
+    /// Everything else the client is told whole, and the request's log line is enough.
+    pub(crate) fn message_for_client(&self) -> String {
+        match self {
+            ServiceError::Internal(_) => {
+                tracing::error!(error = %self, "request failed");
+                INTERNAL_MESSAGE.to_owned()
+            }
+            ServiceError::Storage { model, source } => {
+                tracing::warn!(error = %self, "storage failed");
+                if source.is_about_the_object() {
+                    format!("model {model:?} changed in its source; it is served again after the next rescan")
+                } else {
+                    format!("the source of model {model:?} is unavailable; retry later")
+                }
+            }
+            _ => self.to_string(),
         }
     }
 
@@ -95,6 +204,9 @@ impl ServiceError {
         ServiceError::InvalidComponent { model: model.to_owned(), source: Box::new(source) }
     }
 }
+
+/// What every protocol tells a client about an internal error, whose detail is in the log.
+pub(crate) const INTERNAL_MESSAGE: &str = "internal error; see the server log";
 
 #[cfg(test)]
 mod tests {

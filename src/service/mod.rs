@@ -30,7 +30,7 @@ pub(crate) use self::bytes::{
 };
 pub(crate) use self::view::view_file_etag;
 pub(crate) use components::{ComponentRequest, Cut};
-pub(crate) use error::{ServiceError, SetupError};
+pub(crate) use error::{ErrorKind, INTERNAL_MESSAGE, ServiceError, SetupError};
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
 pub(crate) use slices::{ResolvedSlice, SliceRequest};

@@ -76,14 +76,16 @@ async fn answer_within(
 }
 
 /// One span per request; handlers fill in `model` and `object`, the response fills in
-/// `status`, `bytes` and `duration_ms`.
+/// `status`, `bytes` and `duration_ms`. Its path is the one the client sent, before a nested
+/// router took its prefix (`/hf`, `/v2`) or a natural id was rewritten.
 fn request_span(request: &Request) -> tracing::Span {
     let route = route_of(request);
+    let sent = request.extensions().get::<axum::extract::OriginalUri>().map(|original| original.path());
     tracing::info_span!(
         "request",
         method = %request.method(),
         route,
-        path = %request.uri().path(),
+        path = %sent.unwrap_or(request.uri().path()),
         model = tracing::field::Empty,
         object = tracing::field::Empty,
         cache = tracing::field::Empty,

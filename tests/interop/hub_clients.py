@@ -107,6 +107,12 @@ def check(plan):
 
     summary = snapshot(plan)
     api = HfApi()
+    # The model list: every repository of the plan, sorted by id; and by author.
+    listed_repos = [m.id for m in api.list_models(limit=None, full=True) if m.id in plan["repos"]]
+    assert listed_repos == sorted(plan["repos"]), (listed_repos, sorted(plan["repos"]))
+    for namespace in {repo.split("/")[0] for repo in plan["repos"] if "/" in repo}:
+        mine = sorted(r for r in plan["repos"] if r.startswith(namespace + "/"))
+        assert [m.id for m in api.list_models(author=namespace) if m.id in plan["repos"]] == mine, namespace
     for repo, model in plan["repos"].items():
         info = api.model_info(repo, files_metadata=True)
         commit = info.sha

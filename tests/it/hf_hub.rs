@@ -14,7 +14,7 @@ use crate::common;
 use std::fs;
 
 use common::corpus::{hub_clients, only_viewable, put_hub_corpus};
-use common::{ModelSource, metric, request_async, send, serve};
+use common::{ModelSource, Reply, metric, request_async, send, serve};
 use serde_json::{Value, json};
 use ztserve::config::Config;
 use ztserve::format::DType;
@@ -175,9 +175,11 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
         ("/hf/api/models/team/llama__model/revision/refs%2Fpr%2F1", ok, 404, Some("RevisionNotFound")),
         ("/hf/api/models/team/llama__model/tree/main/missing", ok, 404, Some("EntryNotFound")),
         ("/hf/team/llama__model/resolve/main/missing.json", ok, 404, Some("EntryNotFound")),
-        ("/hf/api/whoami-v2", ok, 501, None),
-        ("/hf/api/models", ok, 501, None),
-        ("/hf/api/models/team/llama__model/discussions", ok, 501, None),
+        ("/hf/api/whoami-v2", ok, 404, None),
+        ("/hf/api/models", None, 401, None),
+        ("/hf/api/models?limit=0", ok, 400, None),
+        ("/hf/api/models?cursor=x", ok, 400, None),
+        ("/hf/api/models/team/llama__model/discussions", ok, 404, None),
         ("/hf/team/llama__model/blob/main/config.json", ok, 404, None),
         ("/hf/", ok, 404, None),
     ] {
@@ -192,6 +194,37 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
         hub(a, "GET", "/hf/api/models/team/llama__model", Some("not-a-valid-token-0123456789"), &[], b"").await;
     assert_eq!(refused.header("x-error-message"), Some("Invalid credentials in Authorization header"));
     assert_eq!(hub(a, "POST", "/hf/team/llama__model/resolve/main/config.json", ok, &[], b"x").await.status, 405);
+
+    // The model list: what the token reaches, filtered, sorted and paged as the Hub's.
+    let ids = |reply: &Reply| -> Vec<String> {
+        reply.json().as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let everything = hub(a, "GET", "/hf/api/models", ok, &[], b"").await;
+    assert_eq!(ids(&everything), ["other/deep__er__model", "team/llama__model"]);
+    assert_eq!(everything.header("link"), None);
+    assert_eq!(ids(&hub(a, "GET", "/hf/api/models", Some(TEAM), &[], b"").await), ["team/llama__model"]);
+    for (query, expected) in [
+        ("author=team", &["team/llama__model"][..]),
+        ("author=tea", &[]),
+        ("search=LLAMA", &["team/llama__model"]),
+        ("filter=safetensors&search=deep", &["other/deep__er__model"]),
+        ("filter=gguf", &[]),
+        ("sort=id&direction=-1", &["team/llama__model", "other/deep__er__model"]),
+    ] {
+        let listed = hub(a, "GET", &format!("/hf/api/models?{query}"), ok, &[], b"").await;
+        assert_eq!(ids(&listed), expected, "{query}");
+    }
+    let first = hub(a, "GET", "/hf/api/models?limit=1&full=True", ok, &[], b"").await;
+    assert_eq!(ids(&first), ["other/deep__er__model"]);
+    assert_eq!(first.json()[0]["siblings"], json!([{ "rfilename": "model.safetensors" }]));
+    let next = first.header("link").expect("a next page");
+    let next = next.strip_prefix('<').and_then(|l| l.split_once(">; rel=\"next\"")).unwrap().0;
+    // An absolute URL at the host the request named.
+    let path = next.strip_prefix("http://x").filter(|p| p.starts_with("/hf/api/models?")).expect(next);
+    let second = hub(a, "GET", path, ok, &[], b"").await;
+    assert_eq!(ids(&second), ["team/llama__model"]);
+    assert_eq!(second.json()[0]["sha"].as_str().map(str::len), Some(40));
+    assert_eq!(second.header("link"), None);
 
     // Info with and without a revision: main and the commit are the same version.
     let info = hub(a, "GET", "/hf/api/models/team/llama__model", Some(TEAM), &[], b"").await.json();

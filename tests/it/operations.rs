@@ -107,6 +107,59 @@ fn a_deployment_with_the_flat_names_of_earlier_releases_starts_and_is_told_the_n
     }
 }
 
+/// What a client asks that is not there, or that a protocol does not serve, is answered as
+/// that protocol's "not found" and logged as a request, never as an error: huggingface_hub asks
+/// `/api/agent-harnesses` in every process, and an operator's 5xx alert must not fire for it.
+/// Each line names the path the client sent, prefix included.
+#[test]
+fn what_is_not_there_is_no_error_in_the_log_and_each_line_names_the_path_sent() {
+    let server = common::start_binary(
+        &["serve", "--listen", "127.0.0.1:0", "--source", "models", "--log-format", "json"],
+        &[("ZTSERVE_S3_ENDPOINT__LISTEN", "127.0.0.1:0")],
+    );
+    let a = server.address.as_str();
+    let harnesses = common::request(a, "/hf/api/agent-harnesses", &[]);
+    assert_eq!(harnesses.status, 200);
+    assert_eq!(harnesses.json(), serde_json::json!({ "standardEnvVars": [], "harnesses": {} }));
+    let asked = [
+        ("/hf/api/whoami-v2", 404),
+        ("/hf/api/models?author=nobody", 200),
+        ("/models/nothing", 404),
+        ("/models/demo/dense/", 200),
+        ("/v2/nothing/manifests/latest", 404),
+    ];
+    for (path, status) in asked {
+        assert_eq!(common::request(a, path, &[]).status, status, "{path}");
+    }
+    let s3 = {
+        let log = server.log.lock().unwrap();
+        let line = log.iter().find(|l| l.contains("S3 endpoint listening")).expect("the S3 endpoint's address");
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        event["fields"]["address"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(common::request(&s3, "/models/nothing/config.json", &[]).status, 404);
+    let sent: Vec<&str> = ["/hf/api/agent-harnesses"]
+        .into_iter()
+        .chain(asked.iter().map(|(p, _)| p.split('?').next().unwrap()))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let logged = |path: &str| {
+        let needle = format!("\"path\":\"{path}\"");
+        server.log.lock().unwrap().iter().any(|l| l.contains(&needle) && l.contains("\"status\":"))
+    };
+    while !sent.iter().chain(["/models/nothing/config.json"].iter()).all(|p| logged(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "not every request was logged with its path:\n{}",
+            server.log.lock().unwrap().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(!log.contains("\"level\":\"ERROR\""), "an ERROR line for what is not there:\n{log}");
+    assert!(!log.contains("\"level\":\"WARN\""), "a WARN line for what is not there:\n{log}");
+}
+
 #[test]
 fn each_request_logs_one_json_line_with_route_model_object_status_bytes_and_duration() {
     let server =

@@ -182,7 +182,8 @@ pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_ztserve"))
         .args(args)
-        .env("RUST_LOG", "info")
+        // The binary's own default filter, which a test may replace through `envs`.
+        .env_remove("RUST_LOG")
         .envs(envs.iter().copied())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stderr(std::process::Stdio::piped())
