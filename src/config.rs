@@ -180,13 +180,24 @@ impl std::fmt::Debug for S3Source {
 pub struct S3Endpoint {
     /// Address of the endpoint's own listener (absent: no endpoint).
     pub listen: Option<SocketAddr>,
-    /// The one bucket it serves.
+    /// The bucket loaders list: each model's companions and safetensors files, what the Hub
+    /// API lists.
     pub bucket: String,
+    /// The bucket of each model's stored files as they are (`.zt` files among them); absent:
+    /// `bucket` followed by `-stored`.
+    pub stored_bucket: Option<String>,
 }
 
 impl Default for S3Endpoint {
     fn default() -> S3Endpoint {
-        S3Endpoint { listen: None, bucket: "models".into() }
+        S3Endpoint { listen: None, bucket: "models".into(), stored_bucket: None }
+    }
+}
+
+impl S3Endpoint {
+    /// The name of the bucket of stored files.
+    pub fn stored_bucket(&self) -> String {
+        self.stored_bucket.clone().unwrap_or_else(|| format!("{}-stored", self.bucket))
     }
 }
 
@@ -753,9 +764,16 @@ impl Config {
                 return Err(fail("hub_source.endpoint", format!("{endpoint:?} is not an http:// or https:// URL")));
             }
         }
+        let message = "must be a bucket name: 3 to 63 of a-z 0-9 . -, starting and ending with a letter or digit";
         if !is_bucket_name(&self.s3_endpoint.bucket) {
-            let message = "must be a bucket name: 3 to 63 of a-z 0-9 . -, starting and ending with a letter or digit";
             return Err(fail("s3_endpoint.bucket", message.into()));
+        }
+        let stored = self.s3_endpoint.stored_bucket();
+        if !is_bucket_name(&stored) {
+            return Err(fail("s3_endpoint.stored_bucket", message.into()));
+        }
+        if stored == self.s3_endpoint.bucket {
+            return Err(fail("s3_endpoint.stored_bucket", "must differ from s3_endpoint.bucket".into()));
         }
         if self.auth.token_file.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("auth.token_file", "must not be empty: leave it out for no token file".into()));

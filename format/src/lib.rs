@@ -146,18 +146,19 @@ impl FileKind {
     }
 
     /// The model id a file of this kind at `key` stands for: the path without its extension,
-    /// or, for an index and for a `model.safetensors`, its directory (with the file's stem
-    /// when that is not `model`, or when the file is at the source's root), as the Hub names
-    /// a repository's single-file and sharded checkpoints.
+    /// or, for an index, a `model.safetensors` and a `model.zt`, its directory (with the
+    /// file's stem when that is not `model`, or when the file is at the source's root), as the
+    /// Hub names a repository's single-file and sharded checkpoints.
     pub fn model_id(self, key: &str) -> String {
+        // The Hub's name for a single-file checkpoint: the model is its directory, as a
+        // `model.safetensors.index.json` there would make it.
+        let directory_or_stem = |suffix: &str| match key.strip_suffix(suffix).and_then(|k| k.strip_suffix("/model")) {
+            Some(dir) if !dir.is_empty() => dir.to_owned(),
+            _ => key.strip_suffix(suffix).unwrap_or(key).to_owned(),
+        };
         match self {
-            FileKind::Zt => key.strip_suffix(".zt").unwrap_or(key).to_owned(),
-            // The Hub's name for a single-file checkpoint: the model is its directory, as a
-            // `model.safetensors.index.json` there would make it.
-            FileKind::Safetensors => match key.strip_suffix("/model.safetensors") {
-                Some(dir) if !dir.is_empty() => dir.to_owned(),
-                _ => key.strip_suffix(".safetensors").unwrap_or(key).to_owned(),
-            },
+            FileKind::Zt => directory_or_stem(".zt"),
+            FileKind::Safetensors => directory_or_stem(".safetensors"),
             FileKind::SafetensorsIndex => {
                 let stem = key.strip_suffix(Self::SAFETENSORS_INDEX_SUFFIX).unwrap_or(key);
                 match stem.rsplit_once('/') {
@@ -735,6 +736,9 @@ mod tests {
             ("model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "model"))),
             ("org/llama/model.safetensors", Some((FileKind::Safetensors, "org/llama"))),
             ("model.safetensors", Some((FileKind::Safetensors, "model"))),
+            ("org/llama/model.zt", Some((FileKind::Zt, "org/llama"))),
+            ("model.zt", Some((FileKind::Zt, "model"))),
+            ("org/llama/mymodel.zt", Some((FileKind::Zt, "org/llama/mymodel"))),
             (
                 "org/llama/model-00001-of-00002.safetensors",
                 Some((FileKind::Safetensors, "org/llama/model-00001-of-00002")),

@@ -354,4 +354,22 @@ mod tests {
         let companions: Vec<&str> = catalog.companions("org/single").iter().map(|c| c.name.as_str()).collect();
         assert_eq!(companions, ["config.json"]);
     }
+
+    #[test]
+    fn a_model_zt_is_its_directorys_model_with_the_files_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("org/tiny/tokenizer")).unwrap();
+        std::fs::write(root.join("org/tiny/model.zt"), zt(&[1, 2])).unwrap();
+        std::fs::write(root.join("org/tiny/config.json"), "{}").unwrap();
+        std::fs::write(root.join("org/tiny/tokenizer/vocab.txt"), "a").unwrap();
+        std::fs::write(root.join("model.zt"), zt(&[3])).unwrap();
+        let catalog = build(&local(&[root]), &Arc::default());
+        let ids: Vec<&str> = catalog.models().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["model", "org/tiny"]);
+        let tiny = catalog.get("org/tiny").unwrap();
+        assert_eq!(tiny.files[0].name, "model.zt");
+        let companions: Vec<&str> = catalog.companions("org/tiny").iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(companions, ["config.json", "tokenizer/vocab.txt"]);
+    }
 }

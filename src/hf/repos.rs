@@ -290,7 +290,8 @@ mod tests {
                 HubRoute::PathsInfo { repo: "org/llama".into(), revision: "abc".into() },
             ),
             ("api/models/org/llama/discussions", HubRoute::NotServed("the \"discussions\" operation on models".into())),
-            ("api/models", HubRoute::NotServed("listing models".into())),
+            ("api/models", HubRoute::ListModels),
+            ("api/agent-harnesses", HubRoute::AgentHarnesses),
             ("api/whoami-v2", HubRoute::NotServed("/api/whoami-v2".into())),
             ("api/datasets/org/data", HubRoute::OtherRepoType { repo: "datasets/org/data".into() }),
             (

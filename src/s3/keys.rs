@@ -1,7 +1,7 @@
-//! The bucket's key space: every key, sorted as S3 sorts them (by UTF-8 bytes), built once per
-//! catalog. A model's keys are `{id}/{path}` for each file the service publishes for it (its
-//! companions, the files of its safetensors view, and its stored files not already in the
-//! view: `service::Published`); only models that serve are listed. Listing pages
+//! A bucket's key space: every key, sorted as S3 sorts them (by UTF-8 bytes), built once per
+//! catalog. A model's keys are `{id}/{path}` for each file the bucket holds of it ([`Holds`]:
+//! what the Hub API lists, companions and safetensors files; or its files as stored);
+//! only models that serve are listed. Listing pages
 //! (prefix, delimiter, start-after, continuation tokens, max-keys) run over the sorted keys,
 //! filtered by what the request may read; a key is found by binary search, so no key can name
 //! anything but a listed file of a listed model.
@@ -11,6 +11,18 @@ use std::sync::Arc;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
 use crate::service::{Published, PublishedFile, Service};
+
+/// Which of a model's files a bucket holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holds {
+    /// What loaders need, as the Hub API lists it: the companions and the safetensors files
+    /// (stored, or the view's). vLLM's Run:ai path fetches every key it does not take for
+    /// weights, so a stored `.zt` here would be a second copy of the weights.
+    Repository,
+    /// The model as its source holds it: the files beside it and each stored file as it is
+    /// (`.zt` files, a checkpoint's shards), for copying a model as stored.
+    Stored,
+}
 
 /// One key of the bucket: a published file of a model, below the model's id.
 pub(super) struct Key {
@@ -37,12 +49,16 @@ pub(super) struct Keys {
 }
 
 impl Keys {
-    /// The keys of every model of `catalog` that serves.
-    pub(super) fn build(service: &Service, catalog: Arc<Catalog>) -> Keys {
+    /// The keys of what the bucket `holds` of every model of `catalog` that serves.
+    pub(super) fn build(service: &Service, catalog: Arc<Catalog>, holds: Holds) -> Keys {
         let mut sorted = Vec::new();
         for model in catalog.models() {
             let Ok(manifest) = &model.state else { continue };
-            for file in service.published_files(&catalog, model, manifest) {
+            let files = match holds {
+                Holds::Repository => service.repository_files(&catalog, model, manifest),
+                Holds::Stored => service.files_as_stored(&catalog, model, manifest),
+            };
+            for file in files {
                 sorted.push(Key {
                     key: format!("{}/{}", model.id, file.path),
                     model: Arc::clone(model),

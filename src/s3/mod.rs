@@ -1,8 +1,10 @@
-//! The S3-compatible read endpoint, on its own listener (`s3_listen`), built on `s3s` (the
-//! protocol: routing, XML, SigV4, errors): one bucket (`s3_endpoint_bucket`), path-style, whose
-//! keys ([`keys`]) are each model's safetensors view, stored files and the files beside it
-//! (config, tokenizer), so loaders that read S3 (vLLM's Run:ai streamer, boto3, s3fs, rclone,
-//! the aws CLI) read any model unchanged. It answers ListObjects (version 1, which rclone, the
+//! The S3-compatible read endpoint, on its own listener (`s3_endpoint.listen`), built on `s3s`
+//! (the protocol: routing, XML, SigV4, errors), path-style, with two buckets ([`keys`]): the
+//! loaders' (`s3_endpoint.bucket`), whose keys are what the Hub API lists of each model (its
+//! safetensors files and the files beside it: config, tokenizer), so loaders that read S3
+//! (vLLM's Run:ai streamer, boto3, s3fs, rclone, the aws CLI) read any model unchanged and
+//! fetch its weights once; and the stored files' (`s3_endpoint.stored_bucket`), each model's
+//! files as stored, for copying them exactly. It answers ListObjects (version 1, which rclone, the
 //! aws CLI's `list-objects` and older Java and Hadoop clients use), ListObjectsV2, HeadObject,
 //! GetObject (ranges, conditionals), HeadBucket and GetBucketLocation from the same service as
 //! the HTTP routes; every other operation is `s3s`'s `NotImplemented`. With no tokens every
@@ -26,7 +28,7 @@ use s3s::dto::{
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
-use self::keys::{After, Key, Keys, Query};
+use self::keys::{After, Holds, Key, Keys, Query};
 use crate::access::{Access, Tokens};
 use crate::service::{ErrorKind, PublishedFile, Service, ServiceError, StoredBytes};
 
@@ -37,9 +39,13 @@ const MAX_KEYS: usize = 1000;
 /// the same panic catching, concurrency limit, tracing and metrics as every listener.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let open = !tokens.required();
-    let bucket = service.config.s3_endpoint.bucket.clone();
     let config = service.config.clone();
-    let endpoint = Endpoint { service, tokens: Arc::clone(&tokens), bucket, keys: Mutex::new(None) };
+    let bucket = |name: String, holds: Holds| Bucket { name, holds, keys: Mutex::new(None) };
+    let buckets = [
+        bucket(config.s3_endpoint.bucket.clone(), Holds::Repository),
+        bucket(config.s3_endpoint.stored_bucket(), Holds::Stored),
+    ];
+    let endpoint = Endpoint { service, tokens: Arc::clone(&tokens), buckets };
     let mut builder = s3s::service::S3ServiceBuilder::new(endpoint);
     if !open {
         builder.set_auth(TokenKeys(tokens));
@@ -115,7 +121,14 @@ impl s3s::auth::S3Auth for TokenKeys {
 struct Endpoint {
     service: Arc<Service>,
     tokens: Arc<Tokens>,
-    bucket: String,
+    /// The loaders' bucket, then the stored files'.
+    buckets: [Bucket; 2],
+}
+
+/// One bucket of the endpoint.
+struct Bucket {
+    name: String,
+    holds: Holds,
     /// The keys of the catalog last listed, rebuilt when the catalog changes.
     keys: Mutex<Option<Arc<Keys>>>,
 }
@@ -136,34 +149,48 @@ impl Endpoint {
         }
     }
 
-    fn check_bucket(&self, bucket: &str) -> S3Result<()> {
-        if bucket != self.bucket {
-            return Err(s3_error!(NoSuchBucket, "this endpoint serves only the bucket {:?}", self.bucket));
-        }
+    /// The bucket named `name`, once the catalog is ready.
+    fn bucket(&self, name: &str) -> S3Result<&Bucket> {
+        let Some(bucket) = self.buckets.iter().find(|b| b.name == name) else {
+            let [loaders, stored] = &self.buckets;
+            return Err(s3_error!(
+                NoSuchBucket,
+                "this endpoint serves the buckets {:?} (what loaders read) and {:?} (the stored files)",
+                loaders.name,
+                stored.name
+            ));
+        };
         if !self.service.is_ready() {
             return Err(service_error(ServiceError::NotReady));
         }
-        Ok(())
+        Ok(bucket)
     }
 
-    /// The current catalog's keys.
-    fn keys(&self) -> Arc<Keys> {
+    /// The current catalog's keys in `bucket`.
+    fn keys(&self, bucket: &Bucket) -> Arc<Keys> {
         let catalog = self.service.catalog();
-        let mut cached = self.keys.lock().expect("never poisoned");
+        let mut cached = bucket.keys.lock().expect("never poisoned");
         match &*cached {
             Some(keys) if keys.are_of(&catalog) => Arc::clone(keys),
             _ => {
-                let keys = Arc::new(Keys::build(&self.service, catalog));
+                let keys = Arc::new(Keys::build(&self.service, catalog, bucket.holds));
                 *cached = Some(Arc::clone(&keys));
                 keys
             }
         }
     }
 
-    /// One page of the keys `access` may read, as both listing operations answer it.
-    fn listing(&self, query: &Query, access: &Access, encoding: Option<&s3s::dto::EncodingType>) -> Listing {
+    /// One page of the keys of `bucket` that `access` may read, as both listing operations
+    /// answer it.
+    fn listing(
+        &self,
+        bucket: &Bucket,
+        query: &Query,
+        access: &Access,
+        encoding: Option<&s3s::dto::EncodingType>,
+    ) -> Listing {
         let url_encoded = encoding.is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
-        let keys = self.keys();
+        let keys = self.keys(bucket);
         let page = keys.list(query, |id| access.allows(id));
         let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
         let contents = page
@@ -182,10 +209,10 @@ impl Endpoint {
         Listing { contents, common_prefixes, next: page.next, url_encoded }
     }
 
-    /// The bytes `key` serves, for a request that may read `access`, and the key's index in
-    /// the keys it was found among.
-    async fn object(&self, key: &str, access: &Access) -> S3Result<(Arc<Keys>, usize, StoredBytes)> {
-        let keys = self.keys();
+    /// The bytes `key` of `bucket` serves, for a request that may read `access`, and the key's
+    /// index in the keys it was found among.
+    async fn object(&self, bucket: &Bucket, key: &str, access: &Access) -> S3Result<(Arc<Keys>, usize, StoredBytes)> {
+        let keys = self.keys(bucket);
         let Some(index) = keys.index_of(key).filter(|&i| access.allows(&keys.at(i).model.id)) else {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
@@ -222,12 +249,13 @@ impl Endpoint {
     /// of the answer.
     async fn settled(
         &self,
+        bucket: &Bucket,
         key: &str,
         access: &Access,
         conditions: Conditions<'_>,
         range: Option<&s3s::dto::Range>,
     ) -> S3Result<(Arc<Keys>, usize, StoredBytes, Answer)> {
-        let (keys, index, bytes) = self.object(key, access).await?;
+        let (keys, index, bytes) = self.object(bucket, key, access).await?;
         let answer = settle(keys.at(index), &bytes.etag, conditions, range, bytes.source.len())?;
         Ok((keys, index, bytes, answer))
     }
@@ -347,7 +375,7 @@ impl S3 for Endpoint {
     async fn list_objects(&self, request: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
         let access = self.access(&request)?;
         let input = request.input;
-        self.check_bucket(&input.bucket)?;
+        let bucket = self.bucket(&input.bucket)?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let delimiter = input.delimiter.clone().unwrap_or_default();
         // A marker that is a common prefix of this listing (a NextMarker we gave) resumes after
@@ -359,14 +387,14 @@ impl S3 for Endpoint {
             if rolled_up { After::Prefix(marker) } else { After::Key(marker) }
         });
         let query = Query { prefix, delimiter, after, max_keys: max_keys(input.max_keys)? };
-        let listing = self.listing(&query, &access, input.encoding_type.as_ref());
+        let listing = self.listing(bucket, &query, &access, input.encoding_type.as_ref());
         // Sent whenever the page is truncated (S3 sends it only with a delimiter; clients take
         // it when present, else the last key).
         let next_marker = listing.next.as_ref().map(|next| match next {
             After::Key(key) | After::Prefix(key) => listing.encode(key),
         });
         let output = ListObjectsOutput {
-            name: Some(self.bucket.clone()),
+            name: Some(bucket.name.clone()),
             prefix: Some(listing.encode(&query.prefix)),
             delimiter: input.delimiter.as_deref().map(|d| listing.encode(d)),
             marker: Some(input.marker.as_deref().map(|m| listing.encode(m)).unwrap_or_default()),
@@ -387,7 +415,7 @@ impl S3 for Endpoint {
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         let access = self.access(&request)?;
         let input = request.input;
-        self.check_bucket(&input.bucket)?;
+        let bucket = self.bucket(&input.bucket)?;
         let after = match &input.continuation_token {
             Some(token) => Some(
                 After::from_token(token)
@@ -401,9 +429,9 @@ impl S3 for Endpoint {
             after,
             max_keys: max_keys(input.max_keys)?,
         };
-        let listing = self.listing(&query, &access, input.encoding_type.as_ref());
+        let listing = self.listing(bucket, &query, &access, input.encoding_type.as_ref());
         let output = ListObjectsV2Output {
-            name: Some(self.bucket.clone()),
+            name: Some(bucket.name.clone()),
             prefix: Some(listing.encode(&query.prefix)),
             delimiter: input.delimiter.as_deref().map(|d| listing.encode(d)),
             start_after: input.start_after.as_deref().map(|s| listing.encode(s)),
@@ -423,9 +451,9 @@ impl S3 for Endpoint {
     async fn head_object(&self, request: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let access = self.access(&request)?;
         let input = request.input;
-        self.check_bucket(&input.bucket)?;
+        let bucket = self.bucket(&input.bucket)?;
         let (keys, index, bytes, answer) =
-            self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
+            self.settled(bucket, &input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
         let checksum = self.checksum(input.checksum_mode.as_ref(), &keys, key, &bytes.etag, &answer);
         let output = HeadObjectOutput {
@@ -445,12 +473,12 @@ impl S3 for Endpoint {
     async fn get_object(&self, request: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let access = self.access(&request)?;
         let input = request.input;
-        self.check_bucket(&input.bucket)?;
+        let bucket = self.bucket(&input.bucket)?;
         if input.part_number.is_some() {
             return Err(s3_error!(NotImplemented, "partNumber is not supported: objects are not multipart uploads"));
         }
         let (keys, index, bytes, answer) =
-            self.settled(&input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
+            self.settled(bucket, &input.key, &access, conditions_of!(input), input.range.as_ref()).await?;
         let key = keys.at(index);
         let range = answer.range.clone().unwrap_or(0..answer.len);
         let checksum = self.checksum(input.checksum_mode.as_ref(), &keys, key, &bytes.etag, &answer);
@@ -472,7 +500,7 @@ impl S3 for Endpoint {
 
     async fn head_bucket(&self, request: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
         self.access(&request)?;
-        self.check_bucket(&request.input.bucket)?;
+        self.bucket(&request.input.bucket)?;
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
@@ -481,7 +509,7 @@ impl S3 for Endpoint {
         request: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
         self.access(&request)?;
-        self.check_bucket(&request.input.bucket)?;
+        self.bucket(&request.input.bucket)?;
         // us-east-1, whose location constraint is empty: the region clients sign for by default.
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::catalog::{Catalog, Model};
+use crate::catalog::{Catalog, Companion, Model};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
 use crate::storage::ObjectVersion;
@@ -46,15 +46,7 @@ impl Service {
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
     ) -> Vec<PublishedFile> {
-        let mut files = Vec::new();
-        for (index, companion) in catalog.companions(&model.id).iter().enumerate() {
-            files.push(PublishedFile {
-                path: companion.name.clone(),
-                what: Published::Companion(index),
-                size: companion.object.size,
-                etag: companion_etag(model, companion),
-            });
-        }
+        let mut files = companion_files(catalog, model);
         let view = self.view(model, manifest);
         let mut in_view = vec![false; model.files.len()];
         for file in &view.files {
@@ -68,15 +60,45 @@ impl Service {
                 etag: view_file_etag(model, file),
             });
         }
-        for (index, stored) in model.files.iter().enumerate().filter(|(i, _)| !in_view[*i]) {
-            files.push(PublishedFile {
-                path: stored.name.clone(),
-                what: Published::Stored(stored.name.clone()),
-                size: model.file_len(manifest, index),
-                etag: stored_file_etag(model, index),
-            });
-        }
+        files.extend((0..model.files.len()).filter(|i| !in_view[*i]).map(|i| stored_file(model, manifest, i)));
         files
+    }
+
+    /// The files of `model` as its source holds them: those beside it and each stored file as
+    /// it is (a `.zt` model's files, a checkpoint's shards), by name, which a copy of the model
+    /// as stored needs.
+    pub(crate) fn files_as_stored(
+        &self,
+        catalog: &Catalog,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+    ) -> Vec<PublishedFile> {
+        let mut files = companion_files(catalog, model);
+        files.extend((0..model.files.len()).map(|index| stored_file(model, manifest, index)));
+        files
+    }
+}
+
+/// The files beside `model`, published as they are.
+fn companion_files(catalog: &Catalog, model: &Model) -> Vec<PublishedFile> {
+    let companions = catalog.companions(&model.id);
+    let file = |(index, companion): (usize, &Companion)| PublishedFile {
+        path: companion.name.clone(),
+        what: Published::Companion(index),
+        size: companion.object.size,
+        etag: companion_etag(model, companion),
+    };
+    companions.iter().enumerate().map(file).collect()
+}
+
+/// Stored file `index` of `model`, published as it is.
+fn stored_file(model: &Model, manifest: &Manifest, index: usize) -> PublishedFile {
+    let name = &model.files[index].name;
+    PublishedFile {
+        path: name.clone(),
+        what: Published::Stored(name.clone()),
+        size: model.file_len(manifest, index),
+        etag: stored_file_etag(model, index),
     }
 }
 

@@ -12,7 +12,7 @@ every tensor is compared with its .bin:
     dtype it has no torch type for must be refused with its own error);
   - the Run:ai streamer's `pull_files`, as vLLM fetches a repository's config and tokenizer:
     the files beside each model, byte for byte;
-  - boto3: the listing, paginated past 1,000 keys, must be exactly the expected keys; every
+  - boto3: the listing, paginated 250 keys a page, must be exactly the expected keys; every
     view file's HEAD and a ranged GET;
   - s3fs: open each view file, read the header, seek to each tensor and read it;
   - `safetensors.safe_open` on each view file downloaded with curl, and
@@ -88,18 +88,40 @@ def run_ai(plan, counts, refused):
         counts["runai"] += len(seen)
 
 
+# What vLLM's Run:ai path leaves out when it pulls a model's files from S3 (it fetches every
+# other key below the model's prefix).
+VLLM_WEIGHT_PATTERNS = ["*.pt", "*.safetensors", "*.bin", "*.tensors", "*.pth"]
+
+
 def pulled(plan, counts):
-    """The files beside each model, fetched as vLLM fetches a repository's config and tokenizer."""
+    """The files beside each model, fetched as vLLM fetches a repository's config and tokenizer:
+    every key below the model's prefix but the weights, so no second copy of them (a stored .zt)."""
+    import fnmatch
+    import urllib.request
+
     from runai_model_streamer import pull_files
 
     for model_id, files in plan["companions"].items():
+        prefix = model_id + "/"
+        wanted = sorted(
+            k[len(prefix):] for k in plan["keys"]
+            if k.startswith(prefix) and not any(fnmatch.fnmatch(k, p) for p in VLLM_WEIGHT_PATTERNS)
+        )
         with tempfile.TemporaryDirectory() as dst:
-            pull_files(f"s3://{plan['bucket']}/{model_id}", dst, ignore_pattern=["*.safetensors", "*.zt", "*.safetensors.index.json"])
+            pull_files(f"s3://{plan['bucket']}/{model_id}", dst, ignore_pattern=VLLM_WEIGHT_PATTERNS)
             got = sorted(os.path.relpath(os.path.join(root, f), dst) for root, _, names in os.walk(dst) for f in names)
-            assert got == sorted(files), f"{model_id}: pull_files gave {got}, not {sorted(files)}"
-            for name, path in files.items():
-                with open(os.path.join(dst, name), "rb") as a, open(path, "rb") as b:
-                    assert a.read() == b.read(), f"{model_id}/{name} differs"
+            assert got == wanted, f"{model_id}: pull_files gave {got}, not {wanted}"
+            assert set(files) <= set(got), f"{model_id}: pull_files missed {sorted(set(files) - set(got))}"
+            assert not [n for n in got if n.endswith(".zt")], f"{model_id}: a stored .zt was pulled: {got}"
+            for name in got:
+                with open(os.path.join(dst, name), "rb") as a:
+                    pulled_bytes = a.read()
+                if name in files:
+                    with open(files[name], "rb") as b:
+                        assert pulled_bytes == b.read(), f"{model_id}/{name} differs"
+                else:
+                    with urllib.request.urlopen(f"{plan['http']}/models/{model_id}/{name}") as r:
+                        assert pulled_bytes == r.read(), f"{model_id}/{name} differs from its HTTP route"
                 counts["pulled"] += 1
 
 
@@ -108,7 +130,8 @@ def boto(plan, counts):
     from botocore.config import Config
 
     s3 = boto3.client("s3", endpoint_url=plan["endpoint"], config=Config(s3={"addressing_style": "path"}))
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=plan["bucket"])
+    # 250 keys a page: the corpus's 600 small models page the listing.
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=plan["bucket"], PaginationConfig={"PageSize": 250})
     keys, page_count = [], 0
     for page in pages:
         page_count += 1

@@ -150,8 +150,9 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     for i in 0..1100 {
         source.put(&format!("team/llama/extra/f{i:04}.txt"), format!("{i}").as_bytes()).await;
     }
-    // Ids deeper than namespace/name are repositories with the rest joined by `__`: a model
-    // file alone in its directory is named by its path (team/llama/model.zt is team/llama/model).
+    // A `model.zt` is its directory's model, as a `model.safetensors` is (team/llama/model.zt is
+    // team/llama, whose repository has the config beside it); ids deeper than namespace/name
+    // are repositories with the rest joined by `__` (other/deep/er is other/deep__er).
     source.put("other/deep/er/model.zt", &common::model(&[("w", DType::U8, b"abc", false)])).await;
     let mut config = source.config(Config::default());
     config.auth.tokens = vec![
@@ -165,22 +166,22 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     // Access: anonymous is 401 RepoNotFound whether or not the repo exists; a token that does
     // not reach a repo is 404 as for a missing one; a bad token is 401 without a code.
     for (path, token, status, code) in [
-        ("/hf/api/models/team/llama__model", None, 401, Some("RepoNotFound")),
+        ("/hf/api/models/team/llama", None, 401, Some("RepoNotFound")),
         ("/hf/api/models/team/missing", None, 401, Some("RepoNotFound")),
-        ("/hf/api/models/other/deep__er__model", Some(TEAM), 404, Some("RepoNotFound")),
+        ("/hf/api/models/other/deep__er", Some(TEAM), 404, Some("RepoNotFound")),
         ("/hf/api/models/team/missing", ok, 404, Some("RepoNotFound")),
-        ("/hf/api/models/team/llama__model", Some("not-a-valid-token-0123456789"), 401, None),
+        ("/hf/api/models/team/llama", Some("not-a-valid-token-0123456789"), 401, None),
         ("/hf/api/datasets/team/llama", ok, 404, Some("RepoNotFound")),
         ("/hf/datasets/team/llama/resolve/main/config.json", ok, 404, Some("RepoNotFound")),
-        ("/hf/api/models/team/llama__model/revision/refs%2Fpr%2F1", ok, 404, Some("RevisionNotFound")),
-        ("/hf/api/models/team/llama__model/tree/main/missing", ok, 404, Some("EntryNotFound")),
-        ("/hf/team/llama__model/resolve/main/missing.json", ok, 404, Some("EntryNotFound")),
+        ("/hf/api/models/team/llama/revision/refs%2Fpr%2F1", ok, 404, Some("RevisionNotFound")),
+        ("/hf/api/models/team/llama/tree/main/missing", ok, 404, Some("EntryNotFound")),
+        ("/hf/team/llama/resolve/main/missing.json", ok, 404, Some("EntryNotFound")),
         ("/hf/api/whoami-v2", ok, 404, None),
         ("/hf/api/models", None, 401, None),
         ("/hf/api/models?limit=0", ok, 400, None),
         ("/hf/api/models?cursor=x", ok, 400, None),
-        ("/hf/api/models/team/llama__model/discussions", ok, 404, None),
-        ("/hf/team/llama__model/blob/main/config.json", ok, 404, None),
+        ("/hf/api/models/team/llama/discussions", ok, 404, None),
+        ("/hf/team/llama/blob/main/config.json", ok, 404, None),
         ("/hf/", ok, 404, None),
     ] {
         let reply = hub(a, "GET", path, token, &[], b"").await;
@@ -190,57 +191,55 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
             assert_eq!(reply.header("x-repo-commit").map(str::len), Some(40), "{path}");
         }
     }
-    let refused =
-        hub(a, "GET", "/hf/api/models/team/llama__model", Some("not-a-valid-token-0123456789"), &[], b"").await;
+    let refused = hub(a, "GET", "/hf/api/models/team/llama", Some("not-a-valid-token-0123456789"), &[], b"").await;
     assert_eq!(refused.header("x-error-message"), Some("Invalid credentials in Authorization header"));
-    assert_eq!(hub(a, "POST", "/hf/team/llama__model/resolve/main/config.json", ok, &[], b"x").await.status, 405);
+    assert_eq!(hub(a, "POST", "/hf/team/llama/resolve/main/config.json", ok, &[], b"x").await.status, 405);
 
     // The model list: what the token reaches, filtered, sorted and paged as the Hub's.
     let ids = |reply: &Reply| -> Vec<String> {
         reply.json().as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
     };
     let everything = hub(a, "GET", "/hf/api/models", ok, &[], b"").await;
-    assert_eq!(ids(&everything), ["other/deep__er__model", "team/llama__model"]);
+    assert_eq!(ids(&everything), ["other/deep__er", "team/llama"]);
     assert_eq!(everything.header("link"), None);
-    assert_eq!(ids(&hub(a, "GET", "/hf/api/models", Some(TEAM), &[], b"").await), ["team/llama__model"]);
+    assert_eq!(ids(&hub(a, "GET", "/hf/api/models", Some(TEAM), &[], b"").await), ["team/llama"]);
     for (query, expected) in [
-        ("author=team", &["team/llama__model"][..]),
+        ("author=team", &["team/llama"][..]),
         ("author=tea", &[]),
-        ("search=LLAMA", &["team/llama__model"]),
-        ("filter=safetensors&search=deep", &["other/deep__er__model"]),
+        ("search=LLAMA", &["team/llama"]),
+        ("filter=safetensors&search=deep", &["other/deep__er"]),
         ("filter=gguf", &[]),
-        ("sort=id&direction=-1", &["team/llama__model", "other/deep__er__model"]),
+        ("sort=id&direction=-1", &["team/llama", "other/deep__er"]),
     ] {
         let listed = hub(a, "GET", &format!("/hf/api/models?{query}"), ok, &[], b"").await;
         assert_eq!(ids(&listed), expected, "{query}");
     }
     let first = hub(a, "GET", "/hf/api/models?limit=1&full=True", ok, &[], b"").await;
-    assert_eq!(ids(&first), ["other/deep__er__model"]);
+    assert_eq!(ids(&first), ["other/deep__er"]);
     assert_eq!(first.json()[0]["siblings"], json!([{ "rfilename": "model.safetensors" }]));
     let next = first.header("link").expect("a next page");
     let next = next.strip_prefix('<').and_then(|l| l.split_once(">; rel=\"next\"")).unwrap().0;
     // An absolute URL at the host the request named.
     let path = next.strip_prefix("http://x").filter(|p| p.starts_with("/hf/api/models?")).expect(next);
     let second = hub(a, "GET", path, ok, &[], b"").await;
-    assert_eq!(ids(&second), ["team/llama__model"]);
+    assert_eq!(ids(&second), ["team/llama"]);
     assert_eq!(second.json()[0]["sha"].as_str().map(str::len), Some(40));
     assert_eq!(second.header("link"), None);
 
     // Info with and without a revision: main and the commit are the same version.
-    let info = hub(a, "GET", "/hf/api/models/team/llama__model", Some(TEAM), &[], b"").await.json();
+    let info = hub(a, "GET", "/hf/api/models/team/llama", Some(TEAM), &[], b"").await.json();
     let commit = info["sha"].as_str().unwrap().to_owned();
     assert_eq!(commit.len(), 40);
     assert_eq!(
         (info["id"].as_str(), info["private"].as_bool(), info["gated"].as_bool()),
-        (Some("team/llama__model"), Some(true), Some(false))
+        (Some("team/llama"), Some(true), Some(false))
     );
     assert_eq!(info["siblings"].as_array().unwrap().len(), 1102, "config, 1,100 extra files and the view");
     for revision in ["main", commit.as_str()] {
-        let at =
-            hub(a, "GET", &format!("/hf/api/models/team/llama__model/revision/{revision}"), ok, &[], b"").await.json();
+        let at = hub(a, "GET", &format!("/hf/api/models/team/llama/revision/{revision}"), ok, &[], b"").await.json();
         assert_eq!(at["sha"], commit.as_str());
     }
-    let deep = hub(a, "GET", "/hf/api/models/other/deep__er__model", ok, &[], b"").await.json();
+    let deep = hub(a, "GET", "/hf/api/models/other/deep__er", ok, &[], b"").await.json();
     assert_eq!(
         deep["siblings"],
         json!([{ "rfilename": "model.safetensors" }]),
@@ -248,8 +247,7 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     );
 
     // The tree pages at 1,000 entries, the Link giving the next page with the same parameters.
-    let first =
-        hub(a, "GET", "/hf/api/models/team/llama__model/tree/main?recursive=true&expand=true", ok, &[], b"").await;
+    let first = hub(a, "GET", "/hf/api/models/team/llama/tree/main?recursive=true&expand=true", ok, &[], b"").await;
     let link = first.header("link").expect("a next page").to_owned();
     let next = link.trim_start_matches('<').split('>').next().unwrap();
     let next = &next[next.find("/hf/").unwrap()..];
@@ -266,7 +264,7 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     assert_eq!(paths.len(), 1103, "1,102 files and the directory extra");
     assert!(paths.contains(&"extra") && paths.contains(&"extra/f1099.txt") && paths.contains(&"model.safetensors"));
     assert!(entries.iter().all(|e| e["lastCommit"]["id"] == commit.as_str()));
-    let top = hub(a, "GET", "/hf/api/models/team/llama__model/tree/main", ok, &[], b"").await.json();
+    let top = hub(a, "GET", "/hf/api/models/team/llama/tree/main", ok, &[], b"").await.json();
     let top: Vec<&str> = top.as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
     assert_eq!(top, ["config.json", "extra", "model.safetensors"]);
 
@@ -274,7 +272,7 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     let form = b"paths=config.json&paths=extra&paths=missing&expand=True";
     let content_type = [("Content-Type", "application/x-www-form-urlencoded")];
     let found =
-        hub(a, "POST", &format!("/hf/api/models/team/llama__model/paths-info/{commit}"), ok, &content_type, form).await;
+        hub(a, "POST", &format!("/hf/api/models/team/llama/paths-info/{commit}"), ok, &content_type, form).await;
     let found = found.json();
     assert_eq!(found.as_array().unwrap().len(), 2, "{found}");
     let config_sha = found[0]["lfs"]["oid"].as_str().unwrap();
@@ -285,7 +283,7 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     let by_json = hub(
         a,
         "POST",
-        "/hf/api/models/team/llama__model/paths-info/main",
+        "/hf/api/models/team/llama/paths-info/main",
         ok,
         &[("Content-Type", "application/json")],
         json_body,
@@ -295,10 +293,10 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
 
     // resolve: main redirects to the commit; the commit answers the bytes, their SHA-256 as
     // the ETag, the size, ranges.
-    let moved = hub(a, "HEAD", "/hf/team/llama__model/resolve/main/config.json", ok, &[], b"").await;
+    let moved = hub(a, "HEAD", "/hf/team/llama/resolve/main/config.json", ok, &[], b"").await;
     assert_eq!(moved.status, 302);
-    assert_eq!(moved.header("location"), Some(format!("/hf/team/llama__model/resolve/{commit}/config.json").as_str()));
-    let at_commit = format!("/hf/team/llama__model/resolve/{commit}/config.json");
+    assert_eq!(moved.header("location"), Some(format!("/hf/team/llama/resolve/{commit}/config.json").as_str()));
+    let at_commit = format!("/hf/team/llama/resolve/{commit}/config.json");
     let head = hub(a, "HEAD", &at_commit, ok, &[], b"").await;
     assert_eq!(head.status, 200);
     assert_eq!(head.header("etag"), Some(format!("\"{expected_sha}\"").as_str()));
@@ -316,7 +314,7 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     // that straddles the change fails rather than mixing versions.
     source.put("team/llama/config.json", b"{\"model_type\": \"llama\", \"v\": 2}").await;
     server.rescan().await;
-    let moved_on = hub(a, "GET", "/hf/api/models/team/llama__model", ok, &[], b"").await.json();
+    let moved_on = hub(a, "GET", "/hf/api/models/team/llama", ok, &[], b"").await.json();
     assert_ne!(moved_on["sha"], commit.as_str());
     let gone = hub(a, "GET", &at_commit, ok, &[], b"").await;
     assert_eq!((gone.status, gone.header("x-error-code")), (404, Some("RevisionNotFound")));
@@ -324,16 +322,16 @@ async fn the_hub_api_answers_with_the_hubs_statuses_codes_paging_and_revisions()
     let plan = json!({
         "endpoint": format!("http://{address}/hf"),
         "cache": tempfile::tempdir().unwrap().path(),
-        "paged": { "repo": "team/llama__model", "token": EVERYTHING },
+        "paged": { "repo": "team/llama", "token": EVERYTHING },
         "errors": {
-            "anonymous": { "repo": "team/llama__model", "raises": "RepositoryNotFoundError" },
-            "not_allowed": { "repo": "other/deep__er__model", "token": TEAM, "raises": "RepositoryNotFoundError" },
+            "anonymous": { "repo": "team/llama", "raises": "RepositoryNotFoundError" },
+            "not_allowed": { "repo": "other/deep__er", "token": TEAM, "raises": "RepositoryNotFoundError" },
             "missing": { "repo": "team/missing", "token": EVERYTHING, "raises": "RepositoryNotFoundError" },
-            "bad_token": { "repo": "team/llama__model", "token": "not-a-valid-token-0123456789", "raises": "HfHubHTTPError" },
-            "old_revision": { "repo": "team/llama__model", "token": EVERYTHING, "revision": commit, "raises": "RevisionNotFoundError" },
-            "missing_file": { "repo": "team/llama__model", "token": EVERYTHING, "file": "missing.json", "raises": "EntryNotFoundError" },
-            "old_revision_file": { "repo": "team/llama__model", "token": EVERYTHING, "file": "config.json", "revision": commit, "raises": "RevisionNotFoundError" },
-            "file_at_commit": { "repo": "team/llama__model", "token": EVERYTHING, "file": "missing.json", "revision": new_commit, "raises": "EntryNotFoundError" },
+            "bad_token": { "repo": "team/llama", "token": "not-a-valid-token-0123456789", "raises": "HfHubHTTPError" },
+            "old_revision": { "repo": "team/llama", "token": EVERYTHING, "revision": commit, "raises": "RevisionNotFoundError" },
+            "missing_file": { "repo": "team/llama", "token": EVERYTHING, "file": "missing.json", "raises": "EntryNotFoundError" },
+            "old_revision_file": { "repo": "team/llama", "token": EVERYTHING, "file": "config.json", "revision": commit, "raises": "RevisionNotFoundError" },
+            "file_at_commit": { "repo": "team/llama", "token": EVERYTHING, "file": "missing.json", "revision": new_commit, "raises": "EntryNotFoundError" },
         },
     });
     let dir = tempfile::tempdir().unwrap();

@@ -376,7 +376,7 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
     let remote_model =
         model(&[("w", DType::U8, &fixture.remote_raw, false), ("z", DType::U8, &fixture.remote_packed, true)]);
     let mut s3 = ModelSource::s3();
-    s3.put("remote/model.zt", &remote_model).await;
+    s3.put("remote/model/model.zt", &remote_model).await;
 
     let mut envs: Vec<(String, String)> =
         s3.envs().into_iter().filter(|(k, _)| k != "ZTSERVE_SOURCES__PATHS").collect();
@@ -498,7 +498,7 @@ async fn mixed_load_with_replacement_truncation_and_an_s3_outage_loses_nothing_a
                     eprintln!("{:.1} s: starting S3", started.elapsed().as_secs_f64());
                     server.start();
                     server.create_bucket("models");
-                    s3.put("remote/model.zt", &remote_model).await;
+                    s3.put("remote/model/model.zt", &remote_model).await;
                     // The outage ends when the server serves the model again (after its next
                     // rescan), however long that takes on this machine; the bound only turns
                     // a server that never recovers into a failure instead of a hang.

@@ -39,12 +39,8 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
             .iter()
             .map(|f| f["name"].as_str().unwrap())
             .collect();
+        // What loaders need, as the Hub API lists it: no stored .zt beside the safetensors.
         keys.extend(view.iter().map(|name| format!("{id}/{name}")));
-        if model["container"] != "safetensors" {
-            keys.extend(
-                manifest["files"].as_array().unwrap().iter().map(|f| format!("{id}/{}", f["name"].as_str().unwrap())),
-            );
-        }
         if let Some(tensors) = expected.get(id) {
             let excluded: Vec<&str> = manifest["safetensors_view"]["excluded"]
                 .as_array()
@@ -72,7 +68,7 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
         keys.extend(files.as_object().unwrap().keys().map(|name| format!("{id}/{name}")));
     }
     keys.sort();
-    assert!(keys.len() > 1200, "{} keys", keys.len());
+    assert!(keys.len() > 600, "{} keys", keys.len());
     assert_eq!(plan_models.len(), expected.len(), "every model the loaders read is listed");
     let plan = json!({
         "endpoint": format!("http://{s3_address}"),
@@ -116,7 +112,8 @@ async fn loaders_read_every_model_through_the_s3_endpoint() {
         assert!(!["zt12/official", "v2/demo-seekable", "hf/llama"].contains(&model), "{entry}");
     }
     assert_eq!(counts["listed"], keys.len() as u64, "{counts}");
-    assert_eq!(counts["pulled"], 4, "every file beside a model, by the streamer's pull_files: {counts}");
+    // Four files beside the models and hf/llama's index, which vLLM's patterns do not leave out.
+    assert_eq!(counts["pulled"], 5, "every file but the weights, by the streamer's pull_files: {counts}");
 }
 
 /// A request written as it is (any method, any path) on a new connection: the status and body.
@@ -157,10 +154,15 @@ fn access_key_id(token: &str) -> String {
 }
 
 fn signed_client(s3_address: &str, key_id: &str, secret: &str) -> object_store::aws::AmazonS3 {
+    signed_bucket_client(s3_address, "models", key_id, secret)
+}
+
+/// [`signed_client`] of bucket `bucket`.
+fn signed_bucket_client(s3_address: &str, bucket: &str, key_id: &str, secret: &str) -> object_store::aws::AmazonS3 {
     object_store::aws::AmazonS3Builder::new()
         .with_endpoint(format!("http://{s3_address}"))
         .with_region("us-east-1")
-        .with_bucket_name("models")
+        .with_bucket_name(bucket)
         .with_allow_http(true)
         .with_access_key_id(key_id)
         .with_secret_access_key(secret)
@@ -198,7 +200,10 @@ async fn signed_requests_read_what_their_token_may() {
 
     let team_a = signed_client(&s3_address, &access_key_id(TOKEN_A), TOKEN_A);
     let listed: Vec<String> = team_a.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
-    assert_eq!(listed, ["team-a/m/m.zt", "team-a/m/model.safetensors"], "only the token's models");
+    assert_eq!(listed, ["team-a/m/model.safetensors"], "only the token's models, as loaders need them");
+    let stored = signed_bucket_client(&s3_address, "models-stored", &access_key_id(TOKEN_A), TOKEN_A);
+    let listed: Vec<String> = stored.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
+    assert_eq!(listed, ["team-a/m/m.zt"], "only the token's models, as stored");
     let view = team_a.get(&"team-a/m/model.safetensors".into()).await.unwrap().bytes().await.unwrap();
     let bearer = format!("Bearer {TOKEN_A}");
     let over_http = request_async(&address, "/models/team-a/m/model.safetensors", &[("authorization", &bearer)]).await;
@@ -210,7 +215,7 @@ async fn signed_requests_read_what_their_token_may() {
 
     let everything = signed_client(&s3_address, &access_key_id(TOKEN_ALL), TOKEN_ALL);
     let listed: Vec<String> = everything.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
-    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert_eq!(listed.len(), 2, "{listed:?}");
 
     for (id, secret, code) in [
         (access_key_id(TOKEN_A), "not-the-token-0123456789", "SignatureDoesNotMatch"),
@@ -256,6 +261,10 @@ async fn hostile_requests_get_precise_s3_errors() {
         ("GET", "/models/org/notes.txt".into(), 404, "NoSuchKey"),
         ("GET", "/models/org/m".into(), 404, "NoSuchKey"),
         ("GET", "/other/org/m/model.safetensors".into(), 404, "NoSuchBucket"),
+        // The stored file is in the stored files' bucket only; the view, in the loaders' only.
+        ("GET", "/models/org/m/m.zt".into(), 404, "NoSuchKey"),
+        ("GET", "/models-stored/org/m/model.safetensors".into(), 404, "NoSuchKey"),
+        ("HEAD", "/models-stored/org/m/m.zt".into(), 200, ""),
         ("GET", "/models?list-type=2&max-keys=-1".into(), 400, "InvalidArgument"),
         ("GET", "/models?list-type=2&max-keys=abc".into(), 400, "InvalidArgument"),
         ("GET", "/models?list-type=2&max-keys=99999999999999999999".into(), 400, "InvalidArgument"),
@@ -304,21 +313,22 @@ async fn the_endpoint_serves_models_stored_on_s3() {
     source.put("org/llama/config.json", b"{\"layers\": 2}").await;
     let (address, s3_address, _state) = serve_with_s3(source.config(Config::default())).await;
 
+    // A `model.zt` is its directory's model: `org/llama`, whose config sits beside it.
     let client = signed_client(&s3_address, "any", "any");
     let listed: Vec<String> = client.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
-    assert_eq!(
-        listed,
-        ["org/llama/model/config.json", "org/llama/model/model.safetensors", "org/llama/model/model.zt"]
-    );
-    for (key, route) in [
-        ("org/llama/model/model.safetensors", "/models/org/llama/model/model.safetensors"),
-        ("org/llama/model/model.zt", "/models/org/llama/model/file"),
+    assert_eq!(listed, ["org/llama/config.json", "org/llama/model.safetensors"], "what loaders need, once");
+    let stored = signed_bucket_client(&s3_address, "models-stored", "any", "any");
+    let listed: Vec<String> = stored.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
+    assert_eq!(listed, ["org/llama/config.json", "org/llama/model.zt"], "the model as stored");
+    for (bucket, key, route) in [
+        (&client, "org/llama/model.safetensors", "/models/org/llama/model.safetensors"),
+        (&stored, "org/llama/model.zt", "/models/org/llama/file"),
     ] {
-        let over_s3 = client.get(&key.into()).await.unwrap().bytes().await.unwrap();
+        let over_s3 = bucket.get(&key.into()).await.unwrap().bytes().await.unwrap();
         let over_http = request_async(&address, route, &[]).await;
         assert!(over_http.status == 200 && over_s3[..] == over_http.body[..], "{key}");
     }
-    let config = client.get(&"org/llama/model/config.json".into()).await.unwrap().bytes().await.unwrap();
+    let config = client.get(&"org/llama/config.json".into()).await.unwrap().bytes().await.unwrap();
     assert_eq!(&config[..], b"{\"layers\": 2}");
 }
 
@@ -350,8 +360,9 @@ async fn run_tool(program: &str, args: Vec<String>, envs: Vec<(String, String)>)
 /// Clients that list with ListObjects version 1 (Debian's rclone with provider `Other` and its
 /// default settings, `aws s3api list-objects`) see exactly the keys ListObjectsV2 lists, page
 /// after page (past 1,000 keys, and one common prefix a page with a delimiter), and rclone
-/// copies the whole bucket: `rclone check` finds every file identical, and each copied file is
-/// the bytes of its source file or of its HTTP route.
+/// copies either bucket whole: `rclone check` finds every file identical; the loaders' bucket
+/// holds each model's companions and safetensors files (the bytes of their HTTP routes), the
+/// stored files' bucket each model's files as stored (the bytes of its source files).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() {
     use futures_util::TryStreamExt as _;
@@ -361,16 +372,19 @@ async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() 
     let models = dir.path().join("models");
     let weights: Vec<u8> = (0..1u32 << 16).flat_map(|i| (i / 5).to_le_bytes()).collect();
     // Each source file, the key it is listed under, and its bytes.
-    let llama = |name: &str| (format!("org/llama/{name}"), format!("org/llama/model/{name}"));
+    // A `model.zt` is its directory's model: `org/llama/model.zt` is `org/llama`.
+    let llama = |name: &str| (format!("org/llama/{name}"), format!("org/llama/{name}"));
     let files: Vec<(String, String, Vec<u8>)> = [
         (llama("model.zt"), common::model(&[("w", DType::U32, &weights, true)])),
         (llama("config.json"), b"{\"layers\": 2}".to_vec()),
         (llama("tokenizer/vocab.txt"), b"a\nb\n".to_vec()),
     ]
     .into_iter()
-    .chain((0..520u32).map(|i| {
-        let names = (format!("many/m{i:03}.zt"), format!("many/m{i:03}/m{i:03}.zt"));
-        (names, common::model(&[("w", DType::U32, &i.to_le_bytes(), false)]))
+    .chain((0..520u32).flat_map(|i| {
+        // A model and its config beside it, named after it: two keys in either bucket.
+        let model = (format!("many/m{i:03}.zt"), format!("many/m{i:03}/m{i:03}.zt"));
+        let config = (format!("many/m{i:03}.config.json"), format!("many/m{i:03}/m{i:03}.config.json"));
+        [(model, common::model(&[("w", DType::U32, &i.to_le_bytes(), false)])), (config, i.to_string().into_bytes())]
     }))
     .map(|((name, key), bytes)| (name, key, bytes))
     .collect();
@@ -421,12 +435,10 @@ async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() 
     assert_eq!(prefixes, ["many/", "org/"], "one common prefix a page, each once: {listing}");
     assert!(listing.get("Contents").is_none_or(Value::is_null), "no key sits at the top: {listing}");
     let listing: Value =
-        serde_json::from_str(&aws(&["--prefix", "org/llama/model/", "--delimiter", "/", "--page-size", "2"]).await)
-            .unwrap();
+        serde_json::from_str(&aws(&["--prefix", "org/llama/", "--delimiter", "/", "--page-size", "2"]).await).unwrap();
     let keys: Vec<&str> = listing["Contents"].as_array().unwrap().iter().map(|o| o["Key"].as_str().unwrap()).collect();
-    let expected = ["org/llama/model/config.json", "org/llama/model/model.safetensors", "org/llama/model/model.zt"];
-    assert_eq!(keys, expected, "{listing}");
-    assert_eq!(listing["CommonPrefixes"], json!([{ "Prefix": "org/llama/model/tokenizer/" }]), "{listing}");
+    assert_eq!(keys, ["org/llama/config.json", "org/llama/model.safetensors"], "{listing}");
+    assert_eq!(listing["CommonPrefixes"], json!([{ "Prefix": "org/llama/tokenizer/" }]), "{listing}");
 
     // rclone with provider Other and nothing else set: anonymous, path-style, ListObjects v1.
     let config_file = dir.path().join("rclone.conf");
@@ -440,17 +452,30 @@ async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() 
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let copy = dir.path().join("copy");
     let args = |words: &[&str]| words.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    run_tool("rclone", args(&["copy", "zt:models", copy.to_str().unwrap()]), rclone_envs.clone()).await;
-    run_tool("rclone", args(&["check", "--download", "zt:models", copy.to_str().unwrap()]), rclone_envs).await;
-    let mut copied = Vec::new();
-    for entry in walk(&copy) {
-        copied.push(entry.strip_prefix(&copy).unwrap().to_str().unwrap().to_owned());
-    }
-    copied.sort();
-    assert_eq!(copied, listed_v2, "rclone copied every key");
+    let rclone_copy = |bucket: &str| {
+        let (copy, envs) = (dir.path().join(format!("copy-{bucket}")), rclone_envs.clone());
+        let (from, to) = (format!("zt:{bucket}"), copy.to_str().unwrap().to_owned());
+        async move {
+            run_tool("rclone", args(&["copy", &from, &to]), envs.clone()).await;
+            run_tool("rclone", args(&["check", "--download", &from, &to]), envs).await;
+            let mut copied: Vec<String> =
+                walk(&copy).iter().map(|e| e.strip_prefix(&copy).unwrap().to_str().unwrap().to_owned()).collect();
+            copied.sort();
+            (copy, copied)
+        }
+    };
+    let (stored, copied) = rclone_copy("models-stored").await;
+    let mut expected: Vec<&str> = files.iter().map(|(_, key, _)| key.as_str()).collect();
+    expected.sort();
+    assert_eq!(copied, expected, "rclone copied every stored file");
     for (name, key, bytes) in &files {
+        assert!(fs::read(stored.join(key)).unwrap() == *bytes, "{key}: rclone's copy differs from the source {name}");
+    }
+    let (copy, copied) = rclone_copy("models").await;
+    assert_eq!(copied, listed_v2, "rclone copied every key");
+    assert!(!copied.iter().any(|k| k.ends_with(".zt")), "no stored .zt among what loaders list");
+    for (name, key, bytes) in files.iter().filter(|(_, key, _)| !key.ends_with(".zt")) {
         assert!(fs::read(copy.join(key)).unwrap() == *bytes, "{key}: rclone's copy differs from the source {name}");
     }
     for key in listed_v2.iter().filter(|k| k.ends_with(".safetensors")) {
@@ -514,7 +539,7 @@ async fn files_beside_several_models_belong_to_the_model_they_are_named_after() 
         .try_collect()
         .await
         .unwrap();
-    keys.retain(|k| !k.ends_with(".safetensors") && !k.ends_with(".zt"));
+    keys.retain(|k| !k.ends_with(".safetensors"));
     assert_eq!(
         keys,
         [
