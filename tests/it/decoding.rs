@@ -457,8 +457,8 @@ fn the_metrics_endpoint_parses_as_prometheus_text_and_counts_what_happened() {
 }
 
 #[test]
-fn every_metric_the_readme_lists_is_exported_from_the_first_scrape() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+fn every_metric_the_manual_lists_is_exported_from_the_first_scrape() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
     // The Metrics table's rows: | `name` (or `name`, `_suffix`) | labels | meaning |
     let mut listed = Vec::new();
     for row in readme.lines().filter(|l| l.starts_with("| `ztserve_")) {
@@ -477,7 +477,7 @@ fn every_metric_the_readme_lists_is_exported_from_the_first_scrape() {
             listed.push(name);
         }
     }
-    assert!(listed.len() >= 20, "the README's metric table was not found: {listed:?}");
+    assert!(listed.len() >= 20, "docs/operations.md's metric table was not found: {listed:?}");
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), "m", &[("w", &payload(1024, 1), zstd(None))]);
     let server = serve(dir.path(), &[]);

@@ -9,6 +9,7 @@ mod cli;
 mod decoding;
 mod digests_ahead;
 mod disk_cache;
+mod docs;
 mod faults;
 mod format_rules;
 mod hf_hub;

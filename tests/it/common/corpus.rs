@@ -135,7 +135,7 @@ pub fn write_hub_corpus(work: &Path, models: &Path) -> BTreeMap<String, BTreeMap
     expected
 }
 
-/// The repo id of model `id`, as README's "Loading with transformers, vLLM and SGLang" says:
+/// The repo id of model `id`, as docs/hub.md says:
 /// the id itself for `name` and `namespace/name`, deeper ids joined after the first segment
 /// with `__`.
 pub fn repo_of(id: &str) -> String {
