@@ -1,6 +1,6 @@
 //! Who may read what, for every protocol: optional tokens, each allowed every model or only
-//! those under some id prefixes. Tokens come from the config (`tokens`, `ZTSERVE_TOKENS`) and
-//! a token file re-read when it changes. Only SHA-256 digests of tokens are kept (unless the S3
+//! those under some id prefixes. Tokens come from the config (`auth.tokens`,
+//! `ZTSERVE_AUTH__TOKENS`) and a token file re-read when it changes. Only SHA-256 digests of tokens are kept (unless the S3
 //! endpoint is on: SigV4 verification needs each token as its key's secret), and a presented
 //! token is compared with every one of them in constant time, so neither the comparison's
 //! timing nor a heap dump gives a token away; no token is ever logged. How a token is presented

@@ -50,9 +50,11 @@
 //! - `http`: the HTTP contract (axum) over the service: routes, conditional requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
 //!   chosen); bearer tokens checked per request; one extractor gives handlers a ready,
 //!   authorised model.
-//! - `s3`: the S3-compatible read endpoint (on its own listener, built on `s3s`): one bucket
-//!   whose keys are each model's safetensors view, stored files and companions, served from
-//!   the same service; tokens as SigV4 keys; S3 error codes chosen here only.
+//! - `s3`: the S3-compatible read endpoint (on its own listener, built on `s3s`): the loaders'
+//!   bucket, whose keys are what the Hub API lists of each model (companions and safetensors
+//!   files), and the stored files' bucket, each model as its source holds it, served from the
+//!   same service; tokens as SigV4 keys; S3 error codes chosen here only, from the service's
+//!   error kinds.
 //! - `hf`: the Hugging Face Hub's read API at `/hf` (`HF_ENDPOINT`): each model a repository
 //!   of its companions and safetensors files, revisions as model versions, every file an LFS
 //!   file whose oid is its SHA-256; the tokens as bearer tokens; Hub error codes chosen here

@@ -1,9 +1,10 @@
 //! The Hugging Face Hub's read API over the service, so `huggingface_hub` (and through it
 //! transformers, vLLM, SGLang, `hf download`) loads models from ztserve with
-//! `HF_ENDPOINT=http://HOST:PORT/hf`: model info, trees, paths-info and `resolve`. Each model
-//! is a repository ([`repos`]: ids map to repo ids without collisions) holding the files it
-//! publishes to every protocol: its companions and its weights as safetensors (stored
-//! `.zt` files are not listed, so a snapshot does not fetch the weights twice). A revision is a
+//! `HF_ENDPOINT=http://HOST:PORT/hf`: the model list, model info, trees, paths-info and
+//! `resolve` (and the empty agent-harness registry clients ask for). Each model is a repository
+//! ([`repos`]: ids map to repo ids without collisions) holding its companions and its weights
+//! as safetensors (stored `.zt` files are not listed, so a snapshot does not fetch the weights
+//! twice). A revision is a
 //! model version: `main` is the current one, its commit id is derived from every file's version,
 //! and a `resolve` of `main` redirects to the commit, so a download never mixes versions. Every
 //! file is an LFS file whose oid and ETag are the SHA-256 of its bytes. Access uses the

@@ -1,6 +1,7 @@
-//! The node's disk cache for remote sources: [`CachedStorage`] wraps a remote backend (S3) so
-//! that every byte read from it is kept on local disk in blocks of `block_bytes`, keyed by the
-//! source, the key, the object's version (an S3 ETag) and the block size, so a replaced object
+//! The node's disk cache for remote sources: [`CachedStorage`] wraps a remote backend (an S3
+//! prefix or a Hub repository) so that every byte read from it is kept on local disk in blocks
+//! of `block_bytes`, keyed by the source, the key, the object's version (an S3 ETag, a Hub
+//! file's content id) and the block size, so a replaced object
 //! never serves old bytes. A block is filled once however many readers want it (one fill task,
 //! shared; a read of many missing blocks fetches them in one request), written to a temporary
 //! file and renamed into place, so a crash or a full disk mid-fill leaves nothing visible. It

@@ -8,7 +8,8 @@
 //! listed fails with [`StorageError::Changed`] rather than mixing two versions.
 //! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
 //! delivers exactly what was asked, and splits long reads into parallel ranged reads under a
-//! shared read-ahead budget. `tests/it/storage_conformance.rs` runs one suite against both.
+//! shared read-ahead budget. `tests/it/storage_conformance.rs` runs one suite against every
+//! backend.
 
 pub mod cache;
 pub mod hub;
