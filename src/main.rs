@@ -197,7 +197,13 @@ fn serve(asked: ServeFlags) -> anyhow::Result<ExitCode> {
         tracing::warn!("{notice}");
     }
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async { ztserve::server::serve(ztserve::server::Server::new(loaded.config)?).await })?;
+    runtime.block_on(async {
+        // First: a SIGTERM before the handler is installed would kill the process undrained.
+        let signals = ztserve::server::shutdown_signals()?;
+        let server = ztserve::server::Server::new(loaded.config)?;
+        let listeners = ztserve::server::Listeners::bind(server.config()).await?;
+        ztserve::server::serve(server, listeners, signals).await
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,8 +1,9 @@
 //! The composition root: builds the service and the tokens from the config, every wire
 //! protocol's router over them (HTTP with the Hub API nested at `/hf` on the main listener, and
-//! the S3 endpoint when `s3_listen` is set), binds their listeners, runs the background tasks
-//! (rescans, the token file watch, metrics upkeep), and on SIGTERM or SIGINT drains every
-//! listener together. The protocols never name each
+//! the S3 endpoint when `s3_endpoint.listen` is set), binds their listeners, runs the
+//! background tasks (rescans, the token file watch, metrics upkeep), and when the shutdown
+//! future it is given completes (SIGTERM or SIGINT, for the binary) drains every listener
+//! together. The protocols never name each
 //! other; only this module knows them all.
 
 use std::sync::Arc;
@@ -69,38 +70,43 @@ impl Server {
     }
 }
 
-/// Binds the configured listeners and serves until SIGTERM or SIGINT, then gives in-flight
-/// requests the drain time to finish.
-pub async fn serve(server: Arc<Server>) -> anyhow::Result<()> {
-    let addr = server.config().server.listen;
-    let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    tracing::info!(address = %listener.local_addr()?, sources = ?server.config().sources.paths, "listening");
-    let s3 = match server.config().s3_endpoint.listen {
-        Some(addr) => {
-            let s3 = TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the S3 endpoint: {e}"))?;
-            let bucket = &server.config().s3_endpoint.bucket;
-            tracing::info!(address = %s3.local_addr()?, bucket = %bucket, "S3 endpoint listening");
-            Some(s3)
-        }
-        None => None,
-    };
-    serve_with_s3(listener, s3, server).await
+/// The sockets a server answers on: the main listener (the HTTP contract, the Hub API, the
+/// registry) and the S3 endpoint's, when it is on.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub s3: Option<TcpListener>,
 }
 
-/// [`serve`] on an already bound listener (tests bind 127.0.0.1:0).
-pub async fn serve_on(listener: TcpListener, server: Arc<Server>) -> anyhow::Result<()> {
-    serve_with_s3(listener, None, server).await
+impl Listeners {
+    /// Binds the addresses `config` names (`server.listen`, and `s3_endpoint.listen` when set),
+    /// and logs each.
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let addr = config.server.listen;
+        let http = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        tracing::info!(address = %http.local_addr()?, sources = ?config.sources.paths, "listening");
+        let s3 = match config.s3_endpoint.listen {
+            Some(addr) => {
+                let s3 = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the S3 endpoint: {e}"))?;
+                let bucket = &config.s3_endpoint.bucket;
+                tracing::info!(address = %s3.local_addr()?, bucket = %bucket, "S3 endpoint listening");
+                Some(s3)
+            }
+            None => None,
+        };
+        Ok(Listeners { http, s3 })
+    }
 }
 
-/// [`serve`] on already bound listeners: the HTTP routes on `listener`, and the S3 endpoint on
-/// `s3` when given. Both drain on the same signal.
-pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, server: Arc<Server>) -> anyhow::Result<()> {
-    // Installed before anything else: until a handler is installed a signal keeps its default
-    // action, and SIGTERM would kill the process outright rather than drain it. (Installing it
-    // when the shutdown future was first polled left a window after the first answers.)
-    let signals = ShutdownSignals::install()?;
+/// Serves `server` on `listeners` until `shutdown` completes, then gives in-flight requests
+/// the drain time (`server.shutdown_drain_secs`) and returns. The one way to run a server: the
+/// binary passes [`shutdown_signals`], a test its own future.
+pub async fn serve(
+    server: Arc<Server>,
+    listeners: Listeners,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let service = &server.service;
     service.rescan().await;
     if server.config().sources.on_unreadable == OnUnreadableSource::Fail {
@@ -125,10 +131,11 @@ pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, serve
     });
     let drain = Duration::from_secs(server.config().server.shutdown_drain_secs);
     let limits = ConnectionLimits::from_config(server.config());
-    let shutdown = futures_util::FutureExt::shared(Box::pin(signals.received()));
-    let s3 = s3
+    let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
+    let s3 = listeners
+        .s3
         .map(|s3| tokio::spawn(crate::transport::serve(s3, server.s3_app(), limits.clone(), shutdown.clone(), drain)));
-    crate::transport::serve(listener, server.http_app(), limits, shutdown, drain).await;
+    crate::transport::serve(listeners.http, server.http_app(), limits, shutdown, drain).await;
     if let Some(s3) = s3 {
         let _ = s3.await;
     }
@@ -136,6 +143,13 @@ pub async fn serve_with_s3(listener: TcpListener, s3: Option<TcpListener>, serve
     upkeep.abort();
     token_file.abort();
     Ok(())
+}
+
+/// A future that completes at the first SIGTERM or SIGINT after this call. Call it first:
+/// until a handler is installed a signal keeps its default action, and SIGTERM would kill the
+/// process outright rather than drain it.
+pub fn shutdown_signals() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    Ok(ShutdownSignals::install()?.received())
 }
 
 /// SIGTERM and SIGINT, listened for from the moment they are installed.

@@ -428,23 +428,7 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str, range: &str) -> (u16, V
 }
 
 async fn start_server(source: &ModelSource) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = Server::new(source.config(Config::default())).unwrap();
-    tokio::spawn(ztserve::server::serve_on(listener, state));
-    for _ in 0..100 {
-        if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
-            let mut r = Vec::new();
-            s.read_to_end(&mut r).await.unwrap();
-            if r.starts_with(b"HTTP/1.1 200") {
-                return addr;
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("server did not become ready");
+    common::serve(source.config(Config::default())).await.0.parse().unwrap()
 }
 
 async fn sixty_four_concurrent_range_requests_return_correct_bytes(source: ModelSource) {

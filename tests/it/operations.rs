@@ -319,3 +319,31 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
     assert_eq!(status, 200);
     assert_eq!(body, std::fs::read(models.join("demo/dense.zt")).unwrap());
 }
+
+/// A server in the test's process runs as the binary does (`ztserve::server::serve`), and its
+/// shutdown future drains it the same way: an answer under way is sent whole, then `serve`
+/// returns and nothing more is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_drains_when_its_shutdown_future_completes() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let source = common::ModelSource::local();
+    let weights: Vec<u8> = (0..8u32 << 20).flat_map(|i| i.to_le_bytes()).collect();
+    source.put("big.zt", &common::model(&[("w", ztserve::format::DType::U32, &weights, false)])).await;
+    let running = common::InProcess::start(source.config(ztserve::config::Config::default()), false).await;
+    let address = running.address.clone();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream.write_all(b"GET /models/big/objects/w HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut first = vec![0; 4096];
+    let got = stream.read(&mut first).await.unwrap();
+    assert!(first[..got].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..got]));
+    // The answer is under way (32 MiB, of which the client has read a page): stop now.
+    let stopped = tokio::spawn(running.stop());
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).await.unwrap();
+    let whole = [&first[..got], &rest[..]].concat();
+    let body_at = whole.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert!(whole[body_at..] == weights[..], "the answer under way was sent whole");
+    stopped.await.unwrap().expect("serve returns Ok once drained");
+    assert!(tokio::net::TcpStream::connect(&address).await.is_err(), "nothing is accepted after the drain");
+}

@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: the official `ztensor` venvs, builders for
 //! hand-made (often hostile) `.zt` files and for test models, a plain HTTP/1.1 client, servers
-//! (the binary, or `serve_on` in the test's process), the Prometheus metrics, and moto.
+//! (the binary, or `InProcess` in the test's process), the Prometheus metrics, and moto.
 // Each test file uses some of these helpers, and reaches them through its private `mod common`.
 #![allow(dead_code, unreachable_pub)]
 
@@ -384,36 +384,69 @@ impl Connection {
     }
 }
 
-/// A server on 127.0.0.1:0 in this process (its metrics are this process's).
-pub async fn serve(config: Config) -> (String, Arc<Server>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let state = Server::new(config).unwrap();
-    tokio::spawn(ztserve::server::serve_on(listener, Arc::clone(&state)));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.is_ready() {
-        assert!(Instant::now() < deadline, "not ready within 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// A server in this process on 127.0.0.1:0 (its metrics are this process's), run by
+/// `ztserve::server::serve` as the binary runs it, until [`InProcess::stop`] completes its
+/// shutdown future.
+pub struct InProcess {
+    pub address: String,
+    /// The S3 endpoint's address, when it is on.
+    pub s3_address: Option<String>,
+    pub server: Arc<Server>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl InProcess {
+    /// Starts a server on `config` (with the S3 endpoint on its own listener when `with_s3`) and
+    /// waits until it is ready.
+    pub async fn start(config: Config, with_s3: bool) -> InProcess {
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = http.local_addr().unwrap().to_string();
+        let mut config = config;
+        let s3 = if with_s3 {
+            let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            // The endpoint is on: tokens are kept as S3 secrets.
+            config.s3_endpoint.listen = Some(s3.local_addr().unwrap());
+            Some(s3)
+        } else {
+            None
+        };
+        let s3_address = s3.as_ref().map(|s3| s3.local_addr().unwrap().to_string());
+        let server = Server::new(config).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // A handle dropped without `stop` leaves the server running until the test ends.
+        let shutdown = async move {
+            if stopped.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let listeners = ztserve::server::Listeners { http, s3 };
+        let task = tokio::spawn(ztserve::server::serve(Arc::clone(&server), listeners, shutdown));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !server.is_ready() {
+            assert!(Instant::now() < deadline, "not ready within 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        InProcess { address, s3_address, server, stop, task }
     }
-    (address, state)
+
+    /// Completes the server's shutdown future and waits for it to drain and return.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        self.task.await.expect("the server's task does not panic")
+    }
+}
+
+/// A server on 127.0.0.1:0 in this process, running until the test ends.
+pub async fn serve(config: Config) -> (String, Arc<Server>) {
+    let running = InProcess::start(config, false).await;
+    (running.address, running.server)
 }
 
 /// [`serve`] with the S3 endpoint on its own 127.0.0.1:0 listener: the HTTP and S3 addresses.
 pub async fn serve_with_s3(config: Config) -> (String, String, Arc<Server>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (address, s3_address) = (listener.local_addr().unwrap().to_string(), s3.local_addr().unwrap().to_string());
-    // The endpoint is on: tokens are kept as S3 secrets.
-    let mut config = config;
-    config.s3_endpoint.listen = Some(s3_address.parse().unwrap());
-    let state = Server::new(config).unwrap();
-    tokio::spawn(ztserve::server::serve_with_s3(listener, Some(s3), Arc::clone(&state)));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.is_ready() {
-        assert!(Instant::now() < deadline, "not ready within 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (address, s3_address, state)
+    let running = InProcess::start(config, true).await;
+    (running.address, running.s3_address.unwrap(), running.server)
 }
 
 /// The sum of a Prometheus series' samples whose labels include every `labels` pair.
