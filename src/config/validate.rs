@@ -1,0 +1,122 @@
+//! Validation: the values a configuration may not hold, each refused with the key and where
+//! its value came from.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+impl Config {
+    pub(super) fn validate(&self, origin: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        let fail = |key: &str, message: String| ConfigError::Invalid {
+            origin: format!("{key} (from {})", origin.get(key).map_or("default", String::as_str)),
+            message,
+        };
+        if self.sources.paths.is_empty() {
+            return Err(fail("sources.paths", "at least one source directory is needed".into()));
+        }
+        if self.sources.manifest_suffix_bytes < crate::format::MAX_TRAILER_LEN {
+            let message = format!("must be at least {} (the longest trailer)", crate::format::MAX_TRAILER_LEN);
+            return Err(fail("sources.manifest_suffix_bytes", message));
+        }
+        let s3 = &self.s3_source;
+        if s3.access_key_id.is_none() != s3.secret_access_key.is_none() {
+            let key =
+                if s3.access_key_id.is_none() { "s3_source.access_key_id" } else { "s3_source.secret_access_key" };
+            return Err(fail(key, "access_key_id and secret_access_key are set together".into()));
+        }
+        for (key, value) in [
+            ("s3_source.endpoint", &s3.endpoint),
+            ("s3_source.region", &s3.region),
+            ("s3_source.access_key_id", &s3.access_key_id),
+            ("s3_source.secret_access_key", &s3.secret_access_key),
+        ] {
+            if value.as_deref() == Some("") {
+                return Err(fail(key, "must not be empty: leave it out for the default".into()));
+            }
+        }
+        for (key, value) in
+            [("hub_source.endpoint", &self.hub_source.endpoint), ("hub_source.token", &self.hub_source.token)]
+        {
+            if value.as_deref() == Some("") {
+                return Err(fail(key, "must not be empty: leave it out for the default".into()));
+            }
+        }
+        if let Some(endpoint) = &self.hub_source.endpoint {
+            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                return Err(fail("hub_source.endpoint", format!("{endpoint:?} is not an http:// or https:// URL")));
+            }
+        }
+        let message = "must be a bucket name: 3 to 63 of a-z 0-9 . -, starting and ending with a letter or digit";
+        if !is_bucket_name(&self.s3_endpoint.bucket) {
+            return Err(fail("s3_endpoint.bucket", message.into()));
+        }
+        let stored = self.s3_endpoint.stored_bucket();
+        if !is_bucket_name(&stored) {
+            return Err(fail("s3_endpoint.stored_bucket", message.into()));
+        }
+        if stored == self.s3_endpoint.bucket {
+            return Err(fail("s3_endpoint.stored_bucket", "must differ from s3_endpoint.bucket".into()));
+        }
+        if self.auth.token_file.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("auth.token_file", "must not be empty: leave it out for no token file".into()));
+        }
+        if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
+        }
+        if !(64 << 10..=256 << 20).contains(&self.digests.read_buffer_bytes) {
+            let message = "must be between 65536 (64 KiB) and 268435456 (256 MiB)";
+            return Err(fail("digests.read_buffer_bytes", message.into()));
+        }
+        if self.cache.dir.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("cache.dir", "must not be empty: leave it out for no disk cache".into()));
+        }
+        if !(64 << 10..=256 << 20).contains(&self.cache.block_bytes) {
+            return Err(fail("cache.block_bytes", "must be between 65536 (64 KiB) and 268435456 (256 MiB)".into()));
+        }
+        if self.cache.max_bytes < 2 * self.cache.block_bytes {
+            return Err(fail("cache.max_bytes", "must hold at least two blocks (2 × cache.block_bytes)".into()));
+        }
+        if self.serving.view_shard_bytes > MAX_HUB_FILE_BYTES {
+            let message = format!(
+                "must be at most {MAX_HUB_FILE_BYTES} (50 GB): huggingface_hub cannot download a larger file over HTTP"
+            );
+            return Err(fail("serving.view_shard_bytes", message));
+        }
+        for (key, value) in [
+            ("s3_source.connect_timeout_secs", Some(s3.connect_timeout_secs)),
+            ("s3_source.read_timeout_secs", Some(s3.read_timeout_secs)),
+            ("s3_source.range_chunk_bytes", Some(s3.range_chunk_bytes)),
+            ("s3_source.range_concurrency", Some(s3.range_concurrency as u64)),
+            ("serving.view_shard_bytes", Some(self.serving.view_shard_bytes)),
+            ("sources.rescan_interval_secs", Some(self.sources.rescan_interval_secs)),
+            ("sources.scan_concurrency", Some(self.sources.scan_concurrency as u64)),
+            ("limits.max_concurrent_requests", Some(self.limits.max_concurrent_requests as u64)),
+            ("limits.max_connections", Some(self.limits.max_connections as u64)),
+            ("limits.header_timeout_secs", Some(self.limits.header_timeout_secs)),
+            ("limits.idle_timeout_secs", Some(self.limits.idle_timeout_secs)),
+            ("limits.max_ranges", Some(self.limits.max_ranges as u64)),
+            ("limits.max_manifest_bytes", Some(self.limits.max_manifest_bytes)),
+            ("limits.request_timeout_secs", self.limits.request_timeout_secs),
+            ("decode.max_concurrent", self.decode.max_concurrent.map(|n| n as u64)),
+            ("digests.hash_concurrency", self.digests.hash_concurrency.map(|n| n as u64)),
+        ] {
+            if value == Some(0) {
+                return Err(fail(key, "must be at least 1".into()));
+            }
+        }
+        if !(1024..=1 << 20).contains(&self.limits.max_header_bytes) {
+            return Err(fail("limits.max_header_bytes", "must be between 1024 and 1048576".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` is a valid S3 bucket name (the rules for new buckets).
+fn is_bucket_name(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (3..=63).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && !name.contains("..")
+}
