@@ -34,8 +34,13 @@ pub struct Loaded {
 /// Keys whose values are secrets: never shown in an error.
 const SECRET_KEYS: &[(&str, &str)] = &[("auth", "tokens"), ("s3_source", "secret_access_key"), ("hub_source", "token")];
 
-/// The flat key of earlier releases, and the section and key it now is. Each still works in
-/// the file and as `ZTSERVE_<FLAT KEY>`, with a deprecation notice.
+/// The release that stops reading the names of earlier releases ([`ALIASES`]).
+pub(super) const ALIASES_REMOVED_IN: &str = "0.2.0";
+
+/// A name of earlier releases (a flat key, or `section.key` for a key that moved), and the
+/// section and key it now is. Each still works in the file and in the environment
+/// (`ZTSERVE_<FLAT KEY>`, `ZTSERVE_<SECTION>__<KEY>`), with a deprecation notice, until
+/// [`ALIASES_REMOVED_IN`].
 const ALIASES: &[(&str, &str, &str)] = &[
     ("listen", "server", "listen"),
     ("log_format", "server", "log_format"),
@@ -54,9 +59,13 @@ const ALIASES: &[(&str, &str, &str)] = &[
     ("s3_connect_timeout_secs", "s3_source", "connect_timeout_secs"),
     ("s3_read_timeout_secs", "s3_source", "read_timeout_secs"),
     ("s3_retries", "s3_source", "retries"),
-    ("s3_range_chunk_bytes", "s3_source", "range_chunk_bytes"),
-    ("s3_range_concurrency", "s3_source", "range_concurrency"),
-    ("s3_readahead_bytes", "s3_source", "readahead_bytes"),
+    ("s3_range_chunk_bytes", "remote", "range_chunk_bytes"),
+    ("s3_range_concurrency", "remote", "range_concurrency"),
+    ("s3_readahead_bytes", "remote", "readahead_bytes"),
+    // Keys that moved between sections: S3 and Hub sources share them.
+    ("s3_source.range_chunk_bytes", "remote", "range_chunk_bytes"),
+    ("s3_source.range_concurrency", "remote", "range_concurrency"),
+    ("s3_source.readahead_bytes", "remote", "readahead_bytes"),
     ("s3_listen", "s3_endpoint", "listen"),
     ("s3_endpoint_bucket", "s3_endpoint", "bucket"),
     ("request_timeout_secs", "limits", "request_timeout_secs"),
@@ -155,7 +164,8 @@ impl Merging {
         now: impl Fn(&str, &str) -> String,
     ) -> Option<(&'static str, &'static str)> {
         let &(_, section, key) = ALIASES.iter().find(|(name, _, _)| *name == flat)?;
-        let notice = format!("{used_as} is deprecated: use {}", now(section, key));
+        let notice =
+            format!("{used_as} is deprecated: use {}; release {ALIASES_REMOVED_IN} removes it", now(section, key));
         if !self.notices.contains(&notice) {
             self.notices.push(notice);
         }
@@ -198,11 +208,19 @@ impl Config {
                 match value {
                     toml::Value::Table(keys) if merging.shape.contains_key(&name) => {
                         for (key, value) in keys {
-                            if !merging.knows(&name, &key) {
-                                return Err(unknown(&format!("{name}.{key}")));
+                            if merging.knows(&name, &key) {
+                                once(format!("{name}.{key}"), format!("{key} in [{name}]"))?;
+                                merging.set(&name, &key, Some(value), from.clone());
+                                continue;
                             }
-                            once(format!("{name}.{key}"), format!("{key} in [{name}]"))?;
-                            merging.set(&name, &key, Some(value), from.clone());
+                            let used_as = format!("config key {key:?} in [{name}] ({from})");
+                            let (section, new_key) = merging
+                                .alias(&format!("{name}.{key}"), used_as, |section, key| {
+                                    format!("{key} in [{section}]")
+                                })
+                                .ok_or_else(|| unknown(&format!("{name}.{key}")))?;
+                            once(format!("{section}.{new_key}"), format!("{key} in [{name}]"))?;
+                            merging.set(section, new_key, Some(value), from.clone());
                         }
                     }
                     value => {
@@ -232,7 +250,10 @@ impl Config {
             };
             let (section, key, flat) = match name.split_once("__") {
                 Some((section, key)) if merging.knows(section, key) => (section.to_owned(), key.to_owned(), None),
-                Some((section, key)) => return Err(env_error(section, key, "no such configuration key".into())),
+                Some((section, key)) => match merging.alias(&format!("{section}.{key}"), var.clone(), env_name) {
+                    Some((section, key)) => (section.to_owned(), key.to_owned(), None),
+                    None => return Err(env_error(section, key, "no such configuration key".into())),
+                },
                 // Other ZTSERVE_ variables (the client's ZTSERVE_TOKEN, the tests' own) are not
                 // configuration, unless they are an earlier release's flat names.
                 None => match merging.alias(&name, var.clone(), env_name) {

@@ -31,6 +31,7 @@ const FORMAT_LIMITS: crate::format::Limits = crate::format::Limits::DEFAULT;
 pub struct Config {
     pub server: Server,
     pub sources: Sources,
+    pub remote: Remote,
     pub s3_source: S3Source,
     pub hub_source: HubSource,
     pub s3_endpoint: S3Endpoint,
@@ -132,12 +133,25 @@ pub struct S3Source {
     pub read_timeout_secs: u64,
     /// Retries of a failed S3 request, with exponential backoff.
     pub retries: usize,
+}
+
+/// How reads of remote sources (S3 prefixes and Hub repositories alike) are split and read
+/// ahead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Remote {
     /// Bytes per ranged GET when a large read is split.
     pub range_chunk_bytes: u64,
     /// Ranged GETs in flight for one response (1: one GET per read, never split).
     pub range_concurrency: usize,
     /// Bytes fetched ahead of clients across all responses.
     pub readahead_bytes: u64,
+}
+
+impl Default for Remote {
+    fn default() -> Remote {
+        Remote { range_chunk_bytes: 8 << 20, range_concurrency: 1, readahead_bytes: 256 << 20 }
+    }
 }
 
 impl Default for S3Source {
@@ -152,9 +166,6 @@ impl Default for S3Source {
             connect_timeout_secs: 5,
             read_timeout_secs: 30,
             retries: 3,
-            range_chunk_bytes: 8 << 20,
-            range_concurrency: 1,
-            readahead_bytes: 256 << 20,
         }
     }
 }
@@ -172,9 +183,6 @@ impl std::fmt::Debug for S3Source {
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("read_timeout_secs", &self.read_timeout_secs)
             .field("retries", &self.retries)
-            .field("range_chunk_bytes", &self.range_chunk_bytes)
-            .field("range_concurrency", &self.range_concurrency)
-            .field("readahead_bytes", &self.readahead_bytes)
             .finish()
     }
 }

@@ -114,6 +114,33 @@ fn the_flat_names_of_earlier_releases_still_work_and_are_each_reported_once() {
 }
 
 #[test]
+fn keys_that_moved_to_remote_are_read_from_their_old_section_and_each_is_told_its_new_name_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[s3_source]\nrange_chunk_bytes = 1048576\nretries = 2\n").unwrap();
+    let loaded =
+        load(Some(&path), &[("ZTSERVE_S3_SOURCE__RANGE_CONCURRENCY", "4"), ("ZTSERVE_S3_READAHEAD_BYTES", "65536")])
+            .unwrap();
+    let c = &loaded.config;
+    assert_eq!((c.remote.range_chunk_bytes, c.remote.range_concurrency, c.remote.readahead_bytes), (1 << 20, 4, 65536));
+    assert_eq!(c.s3_source.retries, 2);
+    let told = |old: &str, new: &str| loaded.notices.iter().filter(|n| n.contains(old) && n.contains(new)).count();
+    assert_eq!(
+        told("\"range_chunk_bytes\" in [s3_source]", "use range_chunk_bytes in [remote]"),
+        1,
+        "{:?}",
+        loaded.notices
+    );
+    assert_eq!(told("ZTSERVE_S3_SOURCE__RANGE_CONCURRENCY", "use ZTSERVE_REMOTE__RANGE_CONCURRENCY"), 1);
+    assert_eq!(told("ZTSERVE_S3_READAHEAD_BYTES", "use ZTSERVE_REMOTE__READAHEAD_BYTES"), 1);
+    assert!(loaded.notices.iter().all(|n| n.ends_with("release 0.2.0 removes it")), "{:?}", loaded.notices);
+    // An old name and its new one together are ambiguous, in the file as in the environment.
+    std::fs::write(&path, "[s3_source]\nrange_chunk_bytes = 1\n[remote]\nrange_chunk_bytes = 2\n").unwrap();
+    let e = load(Some(&path), &[]).unwrap_err().to_string();
+    assert!(e.contains("remote.range_chunk_bytes is set twice"), "{e}");
+}
+
+#[test]
 fn an_old_name_and_its_new_one_together_are_refused_as_ambiguous() {
     let e = load(None, &[("ZTSERVE_SOURCES", "a"), ("ZTSERVE_SOURCES__PATHS", "b")]).unwrap_err().to_string();
     assert!(e.contains("sources.paths is set by ZTSERVE_SOURCES too"), "{e}");

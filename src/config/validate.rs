@@ -85,8 +85,8 @@ impl Config {
         for (key, value) in [
             ("s3_source.connect_timeout_secs", Some(s3.connect_timeout_secs)),
             ("s3_source.read_timeout_secs", Some(s3.read_timeout_secs)),
-            ("s3_source.range_chunk_bytes", Some(s3.range_chunk_bytes)),
-            ("s3_source.range_concurrency", Some(s3.range_concurrency as u64)),
+            ("remote.range_chunk_bytes", Some(self.remote.range_chunk_bytes)),
+            ("remote.range_concurrency", Some(self.remote.range_concurrency as u64)),
             ("serving.view_shard_bytes", Some(self.serving.view_shard_bytes)),
             ("sources.rescan_interval_secs", Some(self.sources.rescan_interval_secs)),
             ("sources.scan_concurrency", Some(self.sources.scan_concurrency as u64)),

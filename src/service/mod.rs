@@ -114,10 +114,10 @@ impl Service {
         };
         let cache = DecodeCache::new(config.decode.cache_bytes, decoders);
         let readahead = Readahead {
-            chunk: config.s3_source.range_chunk_bytes,
-            concurrency: config.s3_source.range_concurrency,
+            chunk: config.remote.range_chunk_bytes,
+            concurrency: config.remote.range_concurrency,
             budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(config.s3_source.readahead_bytes / 1024)
+                usize::try_from(config.remote.readahead_bytes / 1024)
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),

@@ -115,7 +115,7 @@ async fn raw_ranges_read_only_their_bytes_and_long_reads_split_into_parallel_get
     let file = model(&[("raw", DType::U8, &raw, false)]);
     source.put("m.zt", &file).await;
     let config = source.config(Config {
-        s3_source: ztserve::config::S3Source { range_chunk_bytes: 1 << 20, range_concurrency: 4, ..Default::default() },
+        remote: ztserve::config::Remote { range_chunk_bytes: 1 << 20, range_concurrency: 4, ..Default::default() },
         ..Config::default()
     });
     let (address, _state) = serve(config).await;
@@ -285,7 +285,7 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     let new = noise(32 << 20, 5);
     source.put("m.zt", &model(&[("raw", DType::U8, &old, false)])).await;
     let config = source.config(Config {
-        s3_source: ztserve::config::S3Source { range_chunk_bytes: 1 << 20, range_concurrency: 2, ..Default::default() },
+        remote: ztserve::config::Remote { range_chunk_bytes: 1 << 20, range_concurrency: 2, ..Default::default() },
         ..Config::default()
     });
     let (address, state) = serve(config).await;
