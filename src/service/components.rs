@@ -10,7 +10,7 @@ use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
-use super::bytes::{etag, model_bytes, storage_failed};
+use super::bytes::{ModelBytes, etag, model_bytes, storage_failed};
 use super::learnt::{ComponentFacts, Learnt};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::seekable::SeekableSource;
@@ -386,7 +386,9 @@ pub(crate) struct ComponentBytes {
 impl Service {
     /// `object`'s component `component` of `model`, cut as `request` asks: its decoded
     /// little-endian bytes (or its stored zstd frame, whole, for a client that accepts zstd), or
-    /// a slice of them, checked against its digest as the verify policy says.
+    /// a slice of them, checked against its digest as the verify policy says. In three steps:
+    /// the decoded source ([`Service::decoded_source`]), the digest guard ([`digest_guard`]),
+    /// and the cut ([`Service::cut`]).
     pub(crate) async fn component_bytes(
         self: &Arc<Self>,
         model: &Arc<Model>,
@@ -397,27 +399,37 @@ impl Service {
     ) -> Result<ComponentBytes, ServiceError> {
         let learnt = self.learnt.of(model);
         check_content_once(model, &learnt, manifest, object).await?;
-        if let crate::format::Encoding::Unregistered(name) = &component.encoding {
-            // Never decoded by guess: its stored bytes are in the model's file, at the
-            // offsets the manifest gives.
-            let at = crate::format::Location::component(&object.name, &component.role);
-            return Err(ServiceError::invalid(
-                &model.id,
-                FormatError::UnknownEncoding { at, encoding: name.to_string() },
-            ));
-        }
-        let bytes = model_bytes(model, manifest, component.file).await?;
-        let range = component.stored_range();
-        let stored = bytes.stored(range.clone());
-        let facts = learnt.facts(&object.name, &component.role);
+        refuse_unregistered(model, object, component)?;
+        let part = Part {
+            model,
+            object,
+            component,
+            bytes: model_bytes(model, manifest, component.file).await?,
+            facts: learnt.facts(&object.name, &component.role),
+        };
+        let stored = part.bytes.stored(component.stored_range());
+        let decoded = self.decoded_source(&part, &stored);
+        let covered = match (component.digest_scope, &decoded) {
+            (crate::format::DigestScope::Decoded, Some(decoded)) => Covered::Decoded(Arc::clone(decoded)),
+            _ => Covered::Stored(stored),
+        };
+        let checked = digest_guard(self.config.serving.verify, &part, covered, &request).await?;
+        Ok(self.cut(&part, decoded, request, checked))
+    }
+
+    /// The component's decoded bytes as a source of ranges, when it is not stored verbatim:
+    /// a seekable frame decoded by the blocks a range needs, any other encoding by the shared,
+    /// cached decode. Nothing is decoded until a range is opened.
+    fn decoded_source(self: &Arc<Self>, part: &Part<'_>, stored: &Stored) -> Option<Arc<dyn RangeSource>> {
+        let (model, component) = (part.model, part.component);
         let key = ComponentKey {
             model: model.id.clone(),
             version: model.version.clone(),
-            object: object.name.clone(),
+            object: part.object.name.clone(),
             role: component.role.clone(),
             frame: None,
         };
-        let decoded: Option<Arc<dyn RangeSource>> = match component.encoding {
+        match component.encoding {
             _ if component.is_verbatim() => None,
             crate::format::Encoding::ZstdSeekable => Some(Arc::new(SeekableSource {
                 service: Arc::clone(self),
@@ -425,7 +437,7 @@ impl Service {
                 key,
                 component: component.clone(),
                 stored: stored.clone(),
-                facts: Arc::clone(&facts),
+                facts: Arc::clone(&part.facts),
             })),
             _ => Some(Arc::new(DecodedSource {
                 service: Arc::clone(self),
@@ -433,77 +445,129 @@ impl Service {
                 key,
                 component: component.clone(),
                 stored: stored.clone(),
-                sha256: Arc::clone(&facts.decoded_sha256),
+                sha256: Arc::clone(&part.facts.decoded_sha256),
             })),
-        };
-        let covered = match (component.digest_scope, &decoded) {
-            (crate::format::DigestScope::Decoded, Some(decoded)) => Covered::Decoded(Arc::clone(decoded)),
-            _ => Covered::Stored(stored),
-        };
-        let mut digest = None;
-        let wait = (!request.head).then(|| request.cut.digest_wait());
-        let guard = match digest_check(self.config.serving.verify, &facts, object, component, covered, wait) {
-            DigestCheck::Skipped => None,
-            DigestCheck::Known(verdict) => {
-                digest = Some(DigestOutcome::of(&verdict));
-                verdict.map_err(|source| ServiceError::invalid(&model.id, source))?;
-                None
-            }
-            DigestCheck::Running(check) if wait == Some(DigestWait::BeforeAnswering) => {
-                let verdict = check.await;
-                digest = Some(DigestOutcome::of(&verdict));
-                verdict.map_err(|e| e.into_service(model))?;
-                None
-            }
-            DigestCheck::Running(check) => {
-                digest = Some(DigestOutcome::Streamed);
-                Some(guard(check.map(|verdict| {
-                    verdict.map_err(|e| match e {
-                        CheckError::Mismatch(e) => e.to_string(),
-                        CheckError::Storage(e) => e.to_string(),
-                        CheckError::Decode(e) => e.to_string(),
-                        CheckError::Crashed(reason) => reason,
-                    })
-                })))
-            }
-        };
-        let part = format!("{}\0{}", object.name, component.role);
+        }
+    }
+
+    /// The bytes the request asked for: a slice of the decoded (or verbatim) bytes; the stored
+    /// zstd frame as it is, for a whole read by a client that accepts zstd; or the whole
+    /// decoded bytes or a range of them, each with its ETag and, where known, its SHA-256.
+    fn cut(
+        &self,
+        part: &Part<'_>,
+        decoded: Option<Arc<dyn RangeSource>>,
+        request: ComponentRequest<'_>,
+        checked: Checked,
+    ) -> ComponentBytes {
+        let (model, component) = (part.model, part.component);
+        let Checked { guard, digest } = checked;
+        let range = component.stored_range();
+        let name = format!("{}\0{}", part.object.name, component.role);
         let declared_sha256 = match &component.digest {
             Some(Digest::Sha256(sha256)) => Some(*sha256),
             _ => None,
         };
+        let stored_bytes = || part.bytes.served(&self.readahead, &model.id, range.clone());
         if let Cut::Slice(slice) = request.cut {
-            let whole = match decoded {
-                Some(decoded) => decoded,
-                None => bytes.served(&self.readahead, &model.id, range),
-            };
-            return Ok(ComponentBytes {
-                source: slice.source(model, component, &bytes, whole),
-                etag: etag(model, &format!("{part}\0slice\0{}", slice.slice)),
+            let whole = decoded.unwrap_or_else(stored_bytes);
+            return ComponentBytes {
+                source: slice.source(model, component, &part.bytes, whole),
+                etag: etag(model, &format!("{name}\0slice\0{}", slice.slice)),
                 sha256: None,
                 zstd_passthrough: false,
                 varies_with_encoding: false,
                 guard,
                 digest,
                 cache: None,
-            });
+            };
         }
         let varies_with_encoding = component.is_zstd_of_served_bytes();
         let zstd_passthrough = varies_with_encoding && matches!(request.cut, Cut::Whole) && request.accepts_zstd;
-        let (source, etag, sha256, cache): (Arc<dyn RangeSource>, String, Option<[u8; 32]>, _) = if zstd_passthrough {
+        let declared_for = |scope| declared_sha256.filter(|_| component.digest_scope == scope);
+        let (source, etag, sha256, cache) = match decoded {
             // The stored frame as it is: its digest, when SHA-256, is the representation's.
-            let source = bytes.served(&self.readahead, &model.id, range);
-            let of_stored = declared_sha256.filter(|_| component.digest_scope == crate::format::DigestScope::Stored);
-            (source, etag(model, &format!("{part}\0zstd")), of_stored, Some(CacheOutcome::Passthrough))
-        } else if component.is_verbatim() {
-            (bytes.served(&self.readahead, &model.id, range), etag(model, &part), declared_sha256, None)
-        } else {
-            let decoded = decoded.expect("a component not stored verbatim is decoded");
+            Some(_) if zstd_passthrough => (
+                stored_bytes(),
+                etag(model, &format!("{name}\0zstd")),
+                declared_for(crate::format::DigestScope::Stored),
+                Some(CacheOutcome::Passthrough),
+            ),
             // SHA-256 of decoded bytes: declared (v2), or learnt by a whole decode of a frame.
-            let of_decoded = declared_sha256.filter(|_| component.digest_scope == crate::format::DigestScope::Decoded);
-            let sha256 = facts.decoded_sha256.get().copied().or(of_decoded);
-            (decoded, etag(model, &part), sha256, None)
+            Some(decoded) => {
+                let sha256 =
+                    part.facts.decoded_sha256.get().copied().or(declared_for(crate::format::DigestScope::Decoded));
+                (decoded, etag(model, &name), sha256, None)
+            }
+            None => (stored_bytes(), etag(model, &name), declared_sha256, None),
         };
-        Ok(ComponentBytes { source, etag, sha256, zstd_passthrough, varies_with_encoding, guard, digest, cache })
+        ComponentBytes { source, etag, sha256, zstd_passthrough, varies_with_encoding, guard, digest, cache }
     }
+}
+
+/// What the steps of [`Service::component_bytes`] share: the component and where it is.
+struct Part<'a> {
+    model: &'a Arc<Model>,
+    object: &'a Object,
+    component: &'a Component,
+    /// The bytes of the model file that holds the component.
+    bytes: ModelBytes,
+    /// What is learnt about the component in this model version.
+    facts: Arc<ComponentFacts>,
+}
+
+/// A component whose encoding is not registered is never decoded by guess: its stored bytes
+/// are in the model's file, at the offsets the manifest gives.
+fn refuse_unregistered(model: &Model, object: &Object, component: &Component) -> Result<(), ServiceError> {
+    match &component.encoding {
+        crate::format::Encoding::Unregistered(name) => {
+            let at = crate::format::Location::component(&object.name, &component.role);
+            Err(ServiceError::invalid(&model.id, FormatError::UnknownEncoding { at, encoding: name.to_string() }))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What the digest guard decided for a request: the guard holding the body's last piece back
+/// while a check runs, and how the verify policy decided.
+struct Checked {
+    guard: Option<Guard>,
+    digest: Option<DigestOutcome>,
+}
+
+/// Checks the component against its digest as `policy` says: a known verdict answers at once
+/// (a mismatch refuses the request); a running check is awaited when the request wants the
+/// verdict before its answer, or else guards the body, which is cut short if the check fails.
+async fn digest_guard(
+    policy: VerifyPolicy,
+    part: &Part<'_>,
+    covered: Covered,
+    request: &ComponentRequest<'_>,
+) -> Result<Checked, ServiceError> {
+    let model = part.model;
+    let wait = (!request.head).then(|| request.cut.digest_wait());
+    Ok(match digest_check(policy, &part.facts, part.object, part.component, covered, wait) {
+        DigestCheck::Skipped => Checked { guard: None, digest: None },
+        DigestCheck::Known(verdict) => {
+            let digest = Some(DigestOutcome::of(&verdict));
+            verdict.map_err(|source| ServiceError::invalid(&model.id, source))?;
+            Checked { guard: None, digest }
+        }
+        DigestCheck::Running(check) if wait == Some(DigestWait::BeforeAnswering) => {
+            let verdict = check.await;
+            let digest = Some(DigestOutcome::of(&verdict));
+            verdict.map_err(|e| e.into_service(model))?;
+            Checked { guard: None, digest }
+        }
+        DigestCheck::Running(check) => {
+            let failed = |e: CheckError| match e {
+                CheckError::Mismatch(e) => e.to_string(),
+                CheckError::Storage(e) => e.to_string(),
+                CheckError::Decode(e) => e.to_string(),
+                CheckError::Crashed(reason) => reason,
+            };
+            let guard = guard(check.map(move |verdict| verdict.map_err(failed)));
+            Checked { guard: Some(guard), digest: Some(DigestOutcome::Streamed) }
+        }
+    })
 }
