@@ -15,7 +15,7 @@
 //! modification times. Eviction unlinks a block's file (a read that already opened it keeps
 //! its bytes), and never takes a pinned object's blocks.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -27,6 +27,9 @@ use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 use sha2::Digest as _;
 
+mod index;
+
+use self::index::{BlockId, Eviction, Index, Stamp};
 use super::mapped::MappedFile;
 use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
 use crate::telemetry::names;
@@ -44,84 +47,6 @@ const TRAILER: u64 = 8;
 /// tensor (moto copies the whole object for every ranged GET: a 1 GiB model read as 8 tensors
 /// took 8.3 s cold, one fill per tensor).
 const MAX_FILL_BYTES: u64 = 1 << 30;
-
-/// One block of one object version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct BlockId {
-    object: [u8; 16],
-    index: u64,
-}
-
-impl BlockId {
-    fn file_name(&self) -> String {
-        format!("{}-{:x}", hex::encode(self.object), self.index)
-    }
-
-    fn parse(name: &str) -> Option<BlockId> {
-        let (object, index) = name.split_once('-')?;
-        let mut id = BlockId { object: [0; 16], index: u64::from_str_radix(index, 16).ok()? };
-        hex::decode_to_slice(object, &mut id.object).ok()?;
-        (id.file_name() == name).then_some(id)
-    }
-}
-
-/// A block on disk: its size (with its trailer) and when it was last used.
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    bytes: u64,
-    used: u64,
-    /// The file's identity and change time when its CRC last matched (or when this process
-    /// wrote it): while they stay the same, the bytes are the ones checked.
-    checked: Option<Stamp>,
-}
-
-/// What changes whenever a file's bytes are written: its inode and its change time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    inode: u64,
-    changed_s: i64,
-    changed_ns: i64,
-}
-
-impl Stamp {
-    fn of(metadata: &std::fs::Metadata) -> Stamp {
-        use std::os::unix::fs::MetadataExt as _;
-        Stamp { inode: metadata.ino(), changed_s: metadata.ctime(), changed_ns: metadata.ctime_nsec() }
-    }
-}
-
-/// What is on disk, in eviction order.
-#[derive(Debug, Default)]
-struct Index {
-    blocks: HashMap<BlockId, Held>,
-    /// By last use, oldest first.
-    order: BTreeMap<u64, BlockId>,
-    held: u64,
-}
-
-impl Index {
-    fn insert(&mut self, id: BlockId, bytes: u64, used: u64, checked: Option<Stamp>) {
-        self.remove(id);
-        self.blocks.insert(id, Held { bytes, used, checked });
-        self.order.insert(used, id);
-        self.held += bytes;
-    }
-
-    fn remove(&mut self, id: BlockId) -> Option<Held> {
-        let held = self.blocks.remove(&id)?;
-        self.order.remove(&held.used);
-        self.held -= held.bytes;
-        Some(held)
-    }
-
-    fn touch(&mut self, id: BlockId, now: u64) {
-        if let Some(held) = self.blocks.get_mut(&id) {
-            self.order.remove(&held.used);
-            held.used = now;
-            self.order.insert(now, id);
-        }
-    }
-}
 
 /// A block being fetched: its bytes, for the readers waiting on it (kept on disk as well when
 /// the disk takes them).
@@ -203,7 +128,7 @@ impl DiskCache {
             index.insert(id, bytes, tick as u64, None);
         }
         let cache = DiskCache {
-            clock: AtomicU64::new(index.blocks.len() as u64),
+            clock: AtomicU64::new(index.len() as u64),
             blocks_dir,
             temporary_dir,
             listings_dir,
@@ -247,7 +172,7 @@ impl DiskCache {
 
     /// Bytes on disk in blocks.
     pub fn held(&self) -> u64 {
-        self.index.lock().expect("never poisoned").held
+        self.index.lock().expect("never poisoned").held()
     }
 
     /// A temporary file's suffix, unique to this process and file.
@@ -282,18 +207,11 @@ impl DiskCache {
     /// The bytes of block `id`, `len` long, from disk (blocking); `None` when it is not there,
     /// or is damaged (then it is removed).
     fn read_block(&self, id: BlockId, len: u64) -> Option<Bytes> {
-        if !self.index.lock().expect("never poisoned").blocks.contains_key(&id) {
-            return None;
-        }
+        let checked = self.index.lock().expect("never poisoned").get(id)?.checked;
         let path = self.path(id);
-        let checked = self.index.lock().expect("never poisoned").blocks.get(&id).and_then(|held| held.checked);
         match checked_block(&path, len, checked) {
             Ok(Some((mapping, stamp))) => {
-                let mut index = self.index.lock().expect("never poisoned");
-                index.touch(id, self.now());
-                if let Some(held) = index.blocks.get_mut(&id) {
-                    held.checked = Some(stamp);
-                }
+                self.index.lock().expect("never poisoned").used(id, self.now(), stamp);
                 Some(Bytes::from_owner(mapping).slice(0..len as usize))
             }
             Ok(None) => {
@@ -345,24 +263,25 @@ impl DiskCache {
     fn evict(&self, keep: Option<BlockId>) {
         let pinned: HashSet<[u8; 16]> =
             self.pinned.lock().expect("never poisoned").values().flatten().copied().collect();
+        let evictable = |id: &BlockId| Some(*id) != keep && !pinned.contains(&id.object);
         loop {
             let victim = {
                 let mut index = self.index.lock().expect("never poisoned");
-                if index.held <= self.max_bytes {
-                    break;
+                match index.evict_next(self.max_bytes, evictable) {
+                    Eviction::WithinBound => break,
+                    Eviction::OnlyUnevictable => {
+                        tracing::warn!(
+                            held = index.held(),
+                            max_bytes = self.max_bytes,
+                            "pinned models fill the disk cache past its bound"
+                        );
+                        break;
+                    }
+                    Eviction::Evicted(victim) => {
+                        metrics::gauge!(names::DISK_CACHE_BYTES).set(index.held() as f64);
+                        victim
+                    }
                 }
-                let evictable = |id: &BlockId| Some(*id) != keep && !pinned.contains(&id.object);
-                let Some(victim) = index.order.values().copied().find(evictable) else {
-                    tracing::warn!(
-                        held = index.held,
-                        max_bytes = self.max_bytes,
-                        "pinned models fill the disk cache past its bound"
-                    );
-                    break;
-                };
-                index.remove(victim);
-                metrics::gauge!(names::DISK_CACHE_BYTES).set(index.held as f64);
-                victim
             };
             // Unlinked: a reader that opened it still reads its bytes.
             let _ = std::fs::remove_file(self.path(victim));
@@ -374,11 +293,7 @@ impl DiskCache {
     /// How many of the blocks of `key` at `version` (`size` bytes) are on disk, in bytes.
     fn held_of(&self, source: &str, key: &str, version: &str, size: u64) -> u64 {
         let object = self.object_id(source, key, version);
-        let index = self.index.lock().expect("never poisoned");
-        (0..size.div_ceil(self.block_bytes))
-            .filter(|&i| index.blocks.contains_key(&BlockId { object, index: i }))
-            .map(|i| ((i + 1) * self.block_bytes).min(size) - i * self.block_bytes)
-            .sum()
+        self.index.lock().expect("never poisoned").held_of(object, size, self.block_bytes)
     }
 
     fn listing_path(&self, source: &str) -> PathBuf {
@@ -678,14 +593,14 @@ impl Reading {
         if let Some(fill) = fills.get(&self.id(index)) {
             return Some(fill.clone());
         }
-        if !even_if_kept && cache.index.lock().expect("never poisoned").blocks.contains_key(&self.id(index)) {
+        if !even_if_kept && cache.index.lock().expect("never poisoned").contains(self.id(index)) {
             return None;
         }
         let mut blocks = Vec::new();
         let mut end = index;
         while end <= self.fill_last && (end - index) * cache.block_bytes < MAX_FILL_BYTES {
             let id = self.id(end);
-            let busy = fills.contains_key(&id) || cache.index.lock().expect("never poisoned").blocks.contains_key(&id);
+            let busy = fills.contains_key(&id) || cache.index.lock().expect("never poisoned").contains(id);
             if end > index && busy {
                 break;
             }
