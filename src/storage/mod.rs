@@ -2,9 +2,9 @@
 //! server uses: a local directory (`local.rs`, whose reads are regions of files mapped whole,
 //! sent with `sendfile` and read by the server only with `pread`), an S3 bucket prefix
 //! (`s3.rs`, through `object_store`) and a Hub repository (`hub.rs`, by the Hub's read API),
-//! the remote ones read through the node's disk cache (`cache.rs`) when one is configured. A backend lists every file under its root but hidden ones
-//! (a path part starting with `.`), model files and the files beside them alike, and
-//! reads byte ranges of one object *version*: a read of an object that changed since it was
+//! the remote ones read through the node's disk cache (`cache/`) when one is configured. A
+//! backend lists every file under its root but hidden ones (a path part starting with `.`),
+//! model files and the files beside them alike, and reads byte ranges of one object *version*: a read of an object that changed since it was
 //! listed fails with [`StorageError::Changed`] rather than mixing two versions.
 //! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
 //! delivers exactly what was asked, and splits long reads into parallel ranged reads under a
@@ -174,7 +174,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn maps_files(&self) -> bool {
         false
     }
-    /// Whether reads go through the node's disk cache (`cache.rs`).
+    /// Whether reads go through the node's disk cache (`cache/`).
     fn is_cached(&self) -> bool {
         false
     }
