@@ -4,8 +4,9 @@
 //! (`s3.rs`, through `object_store`) and a Hub repository (`hub.rs`, by the Hub's read API),
 //! the remote ones read through the node's disk cache (`cache/`) when one is configured. A
 //! backend lists every file under its root but hidden ones (a path part starting with `.`),
-//! model files and the files beside them alike, and reads byte ranges of one object *version*: a read of an object that changed since it was
-//! listed fails with [`StorageError::Changed`] rather than mixing two versions.
+//! model files and the files beside them alike, and reads byte ranges of one object
+//! *version*: a read of an object that changed since it was listed fails with
+//! [`StorageError::Changed`] rather than mixing two versions.
 //! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
 //! delivers exactly what was asked, and splits long reads into parallel ranged reads under a
 //! shared read-ahead budget. `tests/it/storage_conformance.rs` runs one suite against every
