@@ -1,10 +1,9 @@
 //! The composition root: builds the service and the tokens from the config, every wire
-//! protocol's router over them (HTTP with the Hub API nested at `/hf` on the main listener, and
-//! the S3 endpoint when `s3_endpoint.listen` is set), binds their listeners, runs the
-//! background tasks (rescans, the token file watch, metrics upkeep), and when the shutdown
-//! future it is given completes (SIGTERM or SIGINT, for the binary) drains every listener
-//! together. The protocols never name each
-//! other; only this module knows them all.
+//! protocol's router over them (HTTP with the Hub API at `/hf` and the registry at `/v2` on the
+//! main listener, and the S3 endpoint when `s3_endpoint.listen` is set), binds their listeners,
+//! runs the background tasks (rescans, the token file watch, metrics upkeep), and when the
+//! shutdown future it is given completes (SIGTERM or SIGINT, for the binary) drains every
+//! listener together. The protocols never name each other; only this module knows them all.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,8 +88,8 @@ impl Listeners {
                 let s3 = TcpListener::bind(addr)
                     .await
                     .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for the S3 endpoint: {e}"))?;
-                let bucket = &config.s3_endpoint.bucket;
-                tracing::info!(address = %s3.local_addr()?, bucket = %bucket, "S3 endpoint listening");
+                let (bucket, stored_bucket) = (&config.s3_endpoint.bucket, config.s3_endpoint.stored_bucket());
+                tracing::info!(address = %s3.local_addr()?, bucket = %bucket, stored_bucket = %stored_bucket, "S3 endpoint listening");
                 Some(s3)
             }
             None => None,
