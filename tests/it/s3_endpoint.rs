@@ -484,6 +484,32 @@ async fn rclone_and_the_aws_cli_list_and_copy_the_bucket_with_list_objects_v1() 
         assert_eq!(served.status, 200, "{key}");
         assert!(fs::read(copy.join(key)).unwrap() == served.body, "{key}: rclone's copy differs from the view");
     }
+
+    // `aws s3 sync` of one model from either bucket: as stored, and as loaders read it.
+    for (bucket, expected) in [
+        ("models-stored", vec!["config.json", "model.zt", "tokenizer/vocab.txt"]),
+        ("models", vec!["config.json", "model.safetensors", "tokenizer/vocab.txt"]),
+    ] {
+        let synced = dir.path().join(format!("sync-{bucket}"));
+        let args: Vec<String> = ["s3", "sync", &format!("s3://{bucket}/org/llama/"), synced.to_str().unwrap()]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(["--no-sign-request".to_owned(), "--endpoint-url".to_owned(), endpoint.clone()])
+            .collect();
+        run_tool("/usr/bin/aws", args, aws_envs.clone()).await;
+        let mut got: Vec<String> =
+            walk(&synced).iter().map(|p| p.strip_prefix(&synced).unwrap().to_str().unwrap().to_owned()).collect();
+        got.sort();
+        assert_eq!(got, expected, "aws s3 sync of {bucket}");
+        for name in expected {
+            let copied = if bucket == "models" {
+                copy.join("org/llama").join(name)
+            } else {
+                stored.join("org/llama").join(name)
+            };
+            assert!(fs::read(synced.join(name)).unwrap() == fs::read(copied).unwrap(), "{bucket}: {name} differs");
+        }
+    }
 }
 
 /// Every file below `dir`, recursively.
