@@ -156,7 +156,8 @@ impl Merging {
         self.origin.insert(format!("{section}.{key}"), origin);
     }
 
-    /// The section and key a deprecated flat name stands for, noting its use once.
+    /// The section and key a deprecated name (a flat key, or `section.key` of a key that moved)
+    /// stands for, noting its use once.
     fn alias(
         &mut self,
         flat: &str,
