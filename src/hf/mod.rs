@@ -27,7 +27,7 @@ use crate::access::{Access, Tokens};
 use crate::api::routes;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
-use crate::service::{PublishedFile, Service};
+use crate::service::{DigestOf, PublishedFile, Service};
 use crate::telemetry::names;
 use crate::transport::Refusals;
 use crate::transport::respond::{Representation, bytes_response};
@@ -231,7 +231,7 @@ impl HubState {
     /// `digests.listing_wait_secs` at most.
     async fn sha256s(&self, at: &RepoAt, files: &[&PublishedFile]) -> Result<Vec<[u8; 32]>, HubError> {
         let wait = self.service.digest_wait(true);
-        Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, files, wait).await?)
+        Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, files, DigestOf::File, wait).await?)
     }
 }
 

@@ -1,17 +1,20 @@
 //! The OCI distribution API's read side at `/v2`, so registries' clients (`oras`, `skopeo`,
-//! Dragonfly, Kubernetes image volumes, KServe's modelcars) pull models as ModelPack artifacts.
-//! Each model is a repository ([`names`]: ids map to lowercase repository names without
-//! collisions) tagged `latest` and with its model version; its manifest
-//! ([`artifact`]) has one raw layer per file the model publishes to every protocol (its
-//! companions and its weights as safetensors, the same files the Hub API lists), each layer's
-//! digest the file's SHA-256 from the content-digest store, and its config a ModelPack config.
-//! Blobs are served by digest with ranges. Access takes the existing tokens as bearer tokens,
-//! or as the password of HTTP basic credentials, and through the token flow registry clients
-//! implement (a `WWW-Authenticate: Bearer realm=…` challenge answered by `/v2/_token`).
-//! Pushes and deletes are refused; errors are [`error`]'s.
+//! `podman`, Dragonfly, registry mirrors, Kubernetes image volumes, KServe's `oci://`) pull
+//! models. Each model is a repository ([`names`]: ids map to lowercase repository names
+//! without collisions) with two things under its tags: `latest` and its version token name a
+//! ModelPack artifact ([`artifact`]: one raw layer per file the model publishes to every
+//! protocol, the same files the Hub API lists, each layer's digest the file's SHA-256), and
+//! `latest-image` and `VERSION-image` name an image index for linux/amd64 and linux/arm64
+//! ([`image`]: the same files under `/models/`, one uncompressed tar layer each, their digests
+//! computed in the same read as the files' own). Blobs are served by digest with ranges.
+//! Access takes the existing tokens as bearer tokens, or as the password of HTTP basic
+//! credentials, and through the token flow registry clients implement (a
+//! `WWW-Authenticate: Bearer realm=…` challenge answered by `/v2/_token`). Pushes and deletes
+//! are refused; errors are [`error`]'s.
 
 mod artifact;
 mod error;
+mod image;
 mod names;
 
 use std::sync::Arc;
@@ -25,12 +28,13 @@ use serde_json::{Value, json};
 
 use self::artifact::{Artifact, LayerFile};
 pub(crate) use self::error::OciError;
+use self::image::{IMAGE_TAG_SUFFIX, Image, ImageLayer};
 use self::names::OciRoute;
 use crate::access::{Access, Tokens};
 use crate::api::routes;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
-use crate::service::{PublishedFile, Service, version_token};
+use crate::service::{DigestOf, LayerFraming, PublishedFile, Service, TarLayer, version_token};
 use crate::telemetry::names as metric_names;
 use crate::transport::Refusals;
 use crate::transport::respond::{Representation, bytes_response};
@@ -129,7 +133,13 @@ async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMa
         OciRoute::Tags { name } => {
             only(method, "GET")?;
             let at = state.repository(&access, &name)?;
-            let tags = vec!["latest".to_owned(), version_token(&at.model)];
+            let version = version_token(&at.model);
+            let tags = vec![
+                "latest".to_owned(),
+                format!("latest{IMAGE_TAG_SUFFIX}"),
+                format!("{version}{IMAGE_TAG_SUFFIX}"),
+                version,
+            ];
             let (page, next) = page(tags, &query)?;
             let mut response = json_response(&json!({ "name": name, "tags": page }), false);
             link_next(&mut response, &format!("/{name}/tags/list"), next);
@@ -138,12 +148,32 @@ async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMa
         OciRoute::Manifest { name, reference } => {
             only(method, "GET, HEAD")?;
             let at = state.repository(&access, &name)?;
-            let artifact = state.artifact(&at).await?;
-            let named = reference == "latest" || reference == version_token(&at.model);
-            if !named && reference != artifact.manifest_digest {
+            let version = version_token(&at.model);
+            let head = method == Method::HEAD;
+            let image_tag = reference.strip_suffix(IMAGE_TAG_SUFFIX);
+            if reference == "latest" || reference == version {
+                let artifact = state.artifact(&at).await?;
+                return manifest_response(headers, Served::artifact(&artifact), head, &name);
+            }
+            if image_tag == Some("latest") || image_tag == Some(version.as_str()) {
+                let image = state.image(&at).await?;
+                return manifest_response(headers, Served::index(&image), head, &name);
+            }
+            if names::sha256_hex(&reference).is_none() {
                 return Err(OciError::ManifestUnknown { name, reference });
             }
-            manifest_response(headers, &artifact, method == Method::HEAD, &name)
+            let artifact = state.artifact(&at).await?;
+            if reference == artifact.manifest_digest {
+                return manifest_response(headers, Served::artifact(&artifact), head, &name);
+            }
+            let image = state.image(&at).await?;
+            if reference == image.index_digest {
+                return manifest_response(headers, Served::index(&image), head, &name);
+            }
+            match image.manifest(&reference) {
+                Some(platform) => manifest_response(headers, Served::platform(platform), head, &name),
+                None => Err(OciError::ManifestUnknown { name, reference }),
+            }
         }
         OciRoute::Blob { name, digest } => {
             only(method, "GET, HEAD")?;
@@ -341,7 +371,8 @@ impl OciState {
     async fn artifact_and_layers(&self, at: &RepositoryAt) -> Result<(Artifact, Vec<LayerFile>), OciError> {
         let files: Vec<&PublishedFile> = at.files.iter().collect();
         let wait = self.service.digest_wait(true);
-        let digests = self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, wait).await?;
+        let digests =
+            self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, DigestOf::File, wait).await?;
         let layers: Vec<LayerFile> = at
             .files
             .iter()
@@ -350,39 +381,92 @@ impl OciState {
             .collect();
         Ok((artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers), layers))
     }
+
+    /// The repository's image.
+    async fn image(&self, at: &RepositoryAt) -> Result<Image, OciError> {
+        Ok(self.image_and_layers(at).await?.0)
+    }
+
+    /// The image, and its layers (in the order of `at.files`), whose digests are computed with
+    /// the files' own, once per file version.
+    async fn image_and_layers(&self, at: &RepositoryAt) -> Result<(Image, Vec<ImageLayer>), OciError> {
+        let files: Vec<&PublishedFile> = at.files.iter().collect();
+        let wait = self.service.digest_wait(true);
+        let digests =
+            self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, DigestOf::ImageLayer, wait);
+        let layers: Vec<ImageLayer> = at
+            .files
+            .iter()
+            .zip(digests.await?)
+            .map(|(file, sha256)| {
+                let framing = LayerFraming::of(&file.path, file.size).expect("framed when its digest was computed");
+                ImageLayer { path: file.path.clone(), size: framing.len(), sha256 }
+            })
+            .collect();
+        Ok((image::build(&at.model.id, &version_token(&at.model), &layers), layers))
+    }
 }
 
-/// Whether `accept` (absent: anything) takes an OCI image manifest.
-fn accepts_manifest(accept: Option<&str>) -> bool {
+/// A manifest or index as served: its bytes, digest and media type.
+struct Served<'a> {
+    bytes: &'a [u8],
+    digest: &'a str,
+    media_type: &'static str,
+}
+
+impl<'a> Served<'a> {
+    fn artifact(artifact: &'a Artifact) -> Served<'a> {
+        Served {
+            bytes: &artifact.manifest,
+            digest: &artifact.manifest_digest,
+            media_type: artifact::MANIFEST_MEDIA_TYPE,
+        }
+    }
+
+    fn index(image: &'a Image) -> Served<'a> {
+        Served { bytes: &image.index, digest: &image.index_digest, media_type: artifact::INDEX_MEDIA_TYPE }
+    }
+
+    fn platform(platform: &'a image::PlatformImage) -> Served<'a> {
+        Served {
+            bytes: &platform.manifest,
+            digest: &platform.manifest_digest,
+            media_type: artifact::MANIFEST_MEDIA_TYPE,
+        }
+    }
+}
+
+/// Whether `accept` (absent: anything) takes `media_type`.
+fn accepts(accept: Option<&str>, media_type: &str) -> bool {
     let Some(accept) = accept else { return true };
     accept
         .split(',')
         .map(|t| t.split(';').next().unwrap_or("").trim())
-        .any(|t| t.is_empty() || t == "*/*" || t == "application/*" || t == artifact::MANIFEST_MEDIA_TYPE)
+        .any(|t| t.is_empty() || t == "*/*" || t == "application/*" || t == media_type)
 }
 
-fn manifest_response(headers: &HeaderMap, artifact: &Artifact, head: bool, name: &str) -> Result<Response, OciError> {
+fn manifest_response(headers: &HeaderMap, served: Served<'_>, head: bool, name: &str) -> Result<Response, OciError> {
     let accept: Option<String> = {
         let values: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
         (!values.is_empty()).then(|| values.join(","))
     };
-    if !accepts_manifest(accept.as_deref()) {
+    if !accepts(accept.as_deref(), served.media_type) {
         return Err(OciError::ManifestUnknown {
             name: name.to_owned(),
-            reference: format!("as {} (the manifest is {})", accept.unwrap_or_default(), artifact::MANIFEST_MEDIA_TYPE),
+            reference: format!("as {} (the manifest is {})", accept.unwrap_or_default(), served.media_type),
         });
     }
-    let digest = HeaderValue::from_str(&artifact.manifest_digest).expect("sha256 digests are ASCII");
-    let etag = HeaderValue::from_str(&format!("\"{}\"", artifact.manifest_digest)).expect("ASCII");
+    let digest = HeaderValue::from_str(served.digest).expect("sha256 digests are ASCII");
+    let etag = HeaderValue::from_str(&format!("\"{}\"", served.digest)).expect("ASCII");
     let mut response = if head || headers.get(header::IF_NONE_MATCH) == Some(&etag) {
         let status = if head { StatusCode::OK } else { StatusCode::NOT_MODIFIED };
         status.into_response()
     } else {
-        (StatusCode::OK, artifact.manifest.clone()).into_response()
+        (StatusCode::OK, served.bytes.to_vec()).into_response()
     };
     let out = response.headers_mut();
-    out.insert(header::CONTENT_TYPE, HeaderValue::from_static(artifact::MANIFEST_MEDIA_TYPE));
-    out.insert(header::CONTENT_LENGTH, HeaderValue::from(artifact.manifest.len()));
+    out.insert(header::CONTENT_TYPE, HeaderValue::from_static(served.media_type));
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(served.bytes.len()));
     out.insert(HeaderName::from_static("docker-content-digest"), digest);
     out.insert(header::ETAG, etag);
     out.insert(header::CACHE_CONTROL, crate::transport::respond::REVALIDATE);
@@ -403,28 +487,32 @@ async fn blob(
     let digest_header = (HeaderName::from_static("docker-content-digest"), HeaderValue::from_str(digest).expect("hex"));
     let immutable = (header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=31536000, immutable"));
     let etag = format!("\"{digest}\"");
-    let representation = if digest == artifact.config_digest {
-        Representation {
-            source: Arc::new(bytes::Bytes::from(artifact.config)),
-            etag,
-            content_type: artifact::CONFIG_MEDIA_TYPE,
-            headers: vec![digest_header, immutable],
-            guard: None,
-        }
+    let hex = names::sha256_hex(digest).expect("checked by the caller");
+    let (source, content_type): (Arc<dyn crate::service::RangeSource>, _) = if digest == artifact.config_digest {
+        (Arc::new(bytes::Bytes::from(artifact.config)), artifact::CONFIG_MEDIA_TYPE)
+    } else if let Some(index) = layers.iter().position(|layer| hex::encode(layer.sha256) == hex) {
+        let file = &at.files[index];
+        (
+            state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?.source,
+            "application/octet-stream",
+        )
     } else {
-        let hex = names::sha256_hex(digest).expect("checked by the caller");
-        let layer = layers.iter().position(|layer| hex::encode(layer.sha256) == hex);
-        let file = layer
-            .map(|index| &at.files[index])
-            .ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
-        let bytes = state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
-        Representation {
-            source: bytes.source,
-            etag,
-            content_type: "application/octet-stream",
-            headers: vec![digest_header, immutable],
-            guard: None,
+        // Not the artifact's: the image's config or one of its layers.
+        let (image, image_layers) = state.image_and_layers(at).await?;
+        if let Some(config) = image.config(digest) {
+            (Arc::new(bytes::Bytes::copy_from_slice(config)), image::IMAGE_CONFIG_MEDIA_TYPE)
+        } else {
+            let index = image_layers
+                .iter()
+                .position(|layer| hex::encode(layer.sha256) == hex)
+                .ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
+            let file = &at.files[index];
+            let bytes = state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
+            let framing = LayerFraming::of(&file.path, file.size).expect("framed when its digest was computed");
+            (Arc::new(TarLayer { framing, file: bytes.source }), image::LAYER_MEDIA_TYPE)
         }
     };
+    let representation =
+        Representation { source, etag, content_type, headers: vec![digest_header, immutable], guard: None };
     Ok(bytes_response(headers, head, representation, state.service.config.limits.max_ranges).await?)
 }

@@ -2,8 +2,10 @@
 //! bytes as served (the Hub API's ETag and LFS oid, the OCI blob digest, the S3 endpoint's
 //! checksum), kept in memory by the file's identity (its source, model, path and strong ETag,
 //! which its version determines) and, when `digests.store` is set, appended to a small file
-//! read back at start, so a restart reads no file again. How they come to be known is
-//! [`super::hashing`]'s; [`sha256_of`] hashes a stream of bytes on the blocking pool.
+//! read back at start, so a restart reads no file again; and, the same way, the SHA-256 of
+//! each file's image layer ([`super::image_layer`]), computed in the same read. How they come
+//! to be known is [`super::hashing`]'s; [`sha256_of`] hashes a stream of bytes on the
+//! blocking pool.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -16,6 +18,7 @@ use futures_util::StreamExt as _;
 use sha2::Digest as _;
 
 use super::ServiceError;
+use super::image_layer::LayerFraming;
 use super::representation::ByteStream;
 use crate::telemetry::names;
 
@@ -121,19 +124,61 @@ fn parse_line(line: &str) -> Option<(FileIdentity, [u8; 32])> {
     Some(parsed)
 }
 
-/// The SHA-256 of every byte of `body` (of `model`), hashed on the blocking pool while the
-/// body is read; `hashed` counts the bytes hashed so far. A piece that is a slice of a file's
-/// mapping (a stored tensor of a built view file, meant to be sent with `sendfile`) is read
-/// with `pread`, never loaded from the mapping: a file truncated in place fails the hashing
-/// as changed on disk instead of raising SIGBUS.
+/// What one read of a file gives: its SHA-256, and its image layer's when it was framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileSha256s {
+    pub(crate) file: [u8; 32],
+    pub(crate) layer: Option<[u8; 32]>,
+}
+
+/// Hashes a file's bytes as they are read, and the same bytes inside their image layer's
+/// framing, so one read gives both digests.
+pub(crate) struct FileHasher {
+    file: sha2::Sha256,
+    layer: Option<(sha2::Sha256, &'static [u8])>,
+}
+
+impl FileHasher {
+    pub(crate) fn new(framing: Option<&LayerFraming>) -> FileHasher {
+        let layer = framing.map(|framing| {
+            let mut layer = sha2::Sha256::new();
+            layer.update(&framing.head);
+            (layer, framing.tail())
+        });
+        FileHasher { file: sha2::Sha256::new(), layer }
+    }
+
+    pub(crate) fn update(&mut self, piece: &[u8]) {
+        self.file.update(piece);
+        if let Some((layer, _)) = &mut self.layer {
+            layer.update(piece);
+        }
+    }
+
+    pub(crate) fn finish(self) -> FileSha256s {
+        let layer = self.layer.map(|(mut layer, tail)| {
+            layer.update(tail);
+            layer.finalize().into()
+        });
+        FileSha256s { file: self.file.finalize().into(), layer }
+    }
+}
+
+/// The SHA-256 of every byte of `body` (of `model`), and of its image layer when `framing`
+/// is given, hashed on the blocking pool while the body is read; `hashed` counts the bytes
+/// hashed so far. A piece that is a slice of a file's mapping (a stored tensor of a built view
+/// file, meant to be sent with `sendfile`) is read with `pread`, never loaded from the
+/// mapping: a file truncated in place fails the hashing as changed on disk instead of raising
+/// SIGBUS.
 pub(crate) async fn sha256_of(
     mut body: ByteStream,
+    framing: Option<LayerFraming>,
     hashed: Arc<AtomicU64>,
     model: &str,
-) -> Result<[u8; 32], ServiceError> {
+) -> Result<FileSha256s, ServiceError> {
     let (pieces, mut received) = tokio::sync::mpsc::channel::<Bytes>(4);
     let hashing = tokio::task::spawn_blocking(move || {
-        let mut hasher = sha2::Sha256::new();
+        let mut hasher = FileHasher::new(framing.as_ref());
         let mut copy = Vec::new();
         while let Some(piece) = received.blocking_recv() {
             match crate::storage::mapped::file_behind(&piece) {
@@ -148,7 +193,7 @@ pub(crate) async fn sha256_of(
             metrics::counter!(names::FILE_DIGEST_BYTES).increment(piece.len() as u64);
             metrics::gauge!(names::DIGEST_PENDING_BYTES).decrement(piece.len() as f64);
         }
-        Ok::<_, crate::storage::StorageError>(<[u8; 32]>::from(hasher.finalize()))
+        Ok::<_, crate::storage::StorageError>(hasher.finish())
     });
     while let Some(piece) = body.next().await {
         if pieces.send(piece?).await.is_err() {
@@ -157,7 +202,7 @@ pub(crate) async fn sha256_of(
     }
     drop(pieces);
     match hashing.await {
-        Ok(Ok(digest)) => Ok(digest),
+        Ok(Ok(digests)) => Ok(digests),
         Ok(Err(_)) => Err(ServiceError::ChangedOnDisk { model: model.to_owned() }),
         Err(e) => Err(ServiceError::Internal(format!("hashing a file failed: {e}"))),
     }
@@ -175,9 +220,22 @@ mod tests {
     #[tokio::test]
     async fn a_digest_is_the_sha256_of_every_piece_in_order() {
         let hashed = Arc::new(AtomicU64::new(0));
-        let digest = sha256_of(body(&[b"hello ", b"", b"world"]), Arc::clone(&hashed), "m").await.unwrap();
+        let digest = sha256_of(body(&[b"hello ", b"", b"world"]), None, Arc::clone(&hashed), "m").await.unwrap();
         assert_eq!(hashed.load(Ordering::Relaxed), 11);
-        assert_eq!(hex::encode(digest), "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9");
+        assert_eq!(hex::encode(digest.file), "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9");
+        assert_eq!(digest.layer, None);
+    }
+
+    #[tokio::test]
+    async fn one_read_gives_the_layer_digest_of_the_layer_served() {
+        use super::super::image_layer::TarLayer;
+        use super::super::representation::RangeSource as _;
+        let framing = LayerFraming::of("dir/model.safetensors", 11).unwrap();
+        let hashed = Arc::new(AtomicU64::new(0));
+        let digest = sha256_of(body(&[b"hello ", b"world"]), Some(framing.clone()), hashed, "m").await.unwrap();
+        let layer = TarLayer { framing, file: Arc::new(Bytes::from_static(b"hello world")) };
+        let served: Vec<Bytes> = layer.open(0..layer.len()).map(|p| p.unwrap()).collect().await;
+        assert_eq!(digest.layer, Some(<[u8; 32]>::from(sha2::Sha256::digest(served.concat()))));
     }
 
     #[test]

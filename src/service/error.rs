@@ -68,6 +68,9 @@ pub(crate) enum ServiceError {
         human_bytes(*hashed), human_bytes(*total)
     )]
     DigestPending { model: String, hashed: u64, total: u64, retry_after_secs: u64 },
+    /// A published file that no tar layer can hold (its path is no plain relative name).
+    #[error("model {model:?} cannot be an image: {reason}")]
+    NoImageLayer { model: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -129,7 +132,7 @@ impl ServiceError {
             | S::ViewFileNotFound { .. }
             | S::SeveralFiles { .. } => ErrorKind::NotFound,
             S::BadSlice { .. } => ErrorKind::BadInput,
-            S::BrokenModel { .. } | S::InvalidComponent { .. } => ErrorKind::Refused,
+            S::BrokenModel { .. } | S::InvalidComponent { .. } | S::NoImageLayer { .. } => ErrorKind::Refused,
             S::DecodersBusy => ErrorKind::Busy { retry_after_secs: 1 },
             S::DigestPending { retry_after_secs, .. } => ErrorKind::Busy { retry_after_secs: *retry_after_secs },
             S::NotReady | S::ChangedOnDisk { .. } => ErrorKind::Unavailable { retry_after_secs: 1 },
@@ -161,6 +164,7 @@ impl ServiceError {
             S::Storage { .. } => "source_unavailable",
             S::BadSlice { source, .. } => source.code(),
             S::DigestPending { .. } => "digest_pending",
+            S::NoImageLayer { .. } => "no_image_layer",
             S::Internal(_) => "internal",
         }
     }

@@ -17,10 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::Digest as _;
-
 use super::bytes::{ModelBytes, StoredBytes, model_bytes};
-use super::digests::{FileIdentity, sha256_of};
+use super::digests::{FileHasher, FileIdentity, FileSha256s, sha256_of};
+use super::image_layer::{LayerFraming, layer_identity};
 use super::representation::{ByteStream, Guard, RangeSource, guard, guarded};
 use super::{Published, PublishedFile, Service, ServiceError};
 use crate::catalog::{Catalog, Model};
@@ -37,6 +36,15 @@ const RATE_SAMPLE_MIN: u64 = 64 << 20;
 
 /// The longest wait a refused asker is told to make, in seconds.
 const MAX_RETRY_AFTER_SECS: u64 = 3600;
+
+/// Which digest of a published file is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DigestOf {
+    /// Of the file's bytes.
+    File,
+    /// Of the file's image layer ([`super::image_layer`]).
+    ImageLayer,
+}
 
 /// Where a file is in the queue: by urgency, then in order of arrival.
 type Place = (Urgency, u64);
@@ -65,7 +73,8 @@ struct Input {
 #[derive(Clone)]
 enum Outcome {
     Running,
-    Known([u8; 32]),
+    /// Its digests are kept in the store.
+    Known,
     Failed(ServiceError),
 }
 
@@ -84,7 +93,7 @@ struct Job {
 
 impl Job {
     fn new(input: Input, built: bool, outcome: Outcome) -> Job {
-        let hashed = if matches!(outcome, Outcome::Known(_)) { input.file.size } else { 0 };
+        let hashed = if matches!(outcome, Outcome::Known) { input.file.size } else { 0 };
         Job {
             model: input.model.id.clone(),
             size: input.file.size,
@@ -285,7 +294,7 @@ impl Service {
             for file in files {
                 let identity = self.digest_identity(catalog, model, manifest, &file);
                 listed.push((identity, file.size));
-                if self.digests.known(identity).is_some() {
+                if self.digests_known(identity, &file) {
                     continue;
                 }
                 if let Some(digest) = self.source_sha256(catalog, model, manifest, &file) {
@@ -343,7 +352,7 @@ impl Service {
             }
             for (identity, input, built) in wanted {
                 // Known since the scan looked (a request had it hashed meanwhile): kept as is.
-                if self.digests.known(identity).is_some() {
+                if self.digests_known(identity, &input.file) {
                     continue;
                 }
                 match queue.entries.get(&identity) {
@@ -449,38 +458,39 @@ impl Service {
 
     /// Computes `job`'s digest, keeps it, and tells its askers.
     async fn hash(self: &Arc<Self>, identity: FileIdentity, job: &Arc<Job>) {
+        let input = job.input.lock().expect("never poisoned").clone();
         // Stated (a SHA256SUMS read by a scan) or computed since the file was queued.
-        if let Some(digest) = self.digests.known(identity) {
+        if self.digests_known(identity, &input.file) {
             let mut queue = self.hashing.lock();
             queue.entries.remove(&identity);
-            job.outcome.send_replace(Outcome::Known(digest));
+            job.outcome.send_replace(Outcome::Known);
             publish_gauges(&queue);
             return;
         }
-        let input = job.input.lock().expect("never poisoned").clone();
         job.hashed.store(0, Ordering::Relaxed);
         let started = Instant::now();
         // In a task of its own, so a panic in it fails this file, not the worker.
         let service = Arc::clone(self);
         let hashed = Arc::clone(&job.hashed);
         let computed = tokio::spawn(async move {
-            let digest = service.compute_sha256(&input, hashed).await?;
+            let digests = service.compute_sha256(&input, hashed).await?;
             // Kept (and appended to the store, a blocking write) before the job leaves the
             // queue: an ask between the two finds the digest, never a file to hash again.
-            tokio::task::spawn_blocking(move || service.digests.insert(identity, digest))
+            let path = input.file.path.clone();
+            tokio::task::spawn_blocking(move || service.keep(identity, &path, digests))
                 .await
                 .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))?;
-            Ok(digest)
+            Ok(())
         })
         .await
         .unwrap_or_else(|e| Err(ServiceError::Internal(format!("hashing a file failed: {e}"))));
         let mut queue = self.hashing.lock();
         match computed {
-            Ok(digest) => {
+            Ok(()) => {
                 self.hashing.learn_rate(job.size, started.elapsed());
                 queue.entries.remove(&identity);
                 queue.known_files += 1;
-                job.outcome.send_replace(Outcome::Known(digest));
+                job.outcome.send_replace(Outcome::Known);
             }
             Err(e) => {
                 tracing::warn!(model = %job.model, error = %e, "cannot compute a file's digest; it is tried again after the next scan or when asked");
@@ -493,9 +503,16 @@ impl Service {
         publish_gauges(&queue);
     }
 
-    /// The SHA-256 of `input`'s file, read through; `hashed` counts its bytes as they are.
-    async fn compute_sha256(self: &Arc<Self>, input: &Input, hashed: Arc<AtomicU64>) -> Result<[u8; 32], ServiceError> {
+    /// The SHA-256 of `input`'s file and of its image layer, in one read; `hashed` counts its
+    /// bytes as they are.
+    async fn compute_sha256(
+        self: &Arc<Self>,
+        input: &Input,
+        hashed: Arc<AtomicU64>,
+    ) -> Result<FileSha256s, ServiceError> {
         let Input { catalog, model, manifest, file } = input;
+        // A path no tar can name has no layer; an image of its model is refused as it is asked.
+        let framing = LayerFraming::of(&file.path, file.size).ok();
         let stored = match &file.what {
             Published::View(name) => match self.view(model, manifest).file(name).map(|f| f.bytes.clone()) {
                 Some(ViewBytes::Stored { file }) => Some(file),
@@ -511,7 +528,8 @@ impl Service {
                 let (buffer, spare) = (self.hashing.read_buffer, self.hashing.spare_page_cache);
                 let model_id = model.id.clone();
                 return tokio::task::spawn_blocking(move || {
-                    hash_local_file(&open, len, buffer, spare, &hashed, (&source_name, &key))
+                    let hasher = FileHasher::new(framing.as_ref());
+                    hash_local_file(hasher, &open, len, buffer, spare, &hashed, (&source_name, &key))
                         .map_err(|source| ServiceError::Storage { model: model_id, source })
                 })
                 .await
@@ -520,7 +538,7 @@ impl Service {
         }
         let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
         tracing::debug!(model = %model.id, file = %file.path, size = file.size, "hashing a published file");
-        sha256_of(bytes.source.open(0..bytes.source.len()), hashed, &model.id).await
+        sha256_of(bytes.source.open(0..bytes.source.len()), framing, hashed, &model.id).await
     }
 
     /// How long a request waits for digests being computed: `digests.file_wait_ms` for one
@@ -540,6 +558,28 @@ impl Service {
         }
     }
 
+    /// The digest of `identity` (file `file`) when nothing more is to be learnt by reading it:
+    /// its own and its image layer's are both known (or it can have no layer).
+    fn digests_known(&self, identity: FileIdentity, file: &PublishedFile) -> bool {
+        self.digests.known(identity).is_some()
+            && (LayerFraming::of(&file.path, file.size).is_err()
+                || self.digests.known(layer_identity(identity, &file.path)).is_some())
+    }
+
+    /// Keeps what one read of `identity` (at `path`) gave: its digest, and its layer's
+    /// (blocking: both may be appended to the store). A computed digest that differs from one
+    /// its `SHA256SUMS` stated is reported as the stated check reports it.
+    fn keep(&self, identity: FileIdentity, path: &str, digests: FileSha256s) {
+        if let Some(stated) = self.digests.unverified(identity).filter(|stated| *stated != digests.file) {
+            metrics::counter!(names::DIGEST_FAILURES).increment(1);
+            tracing::error!(file = %path, stated = %hex::encode(stated), computed = %hex::encode(digests.file), "a stated digest does not match the file; its computed digest is served from now on");
+        }
+        self.digests.insert(identity, digests.file);
+        if let Some(layer) = digests.layer {
+            self.digests.insert(layer_identity(identity, path), layer);
+        }
+    }
+
     /// The digest of `file` of `model`: known, stated by its source, or computed in the
     /// background, this file first. Waits at most `wait` for a computation, then refuses with
     /// how far the model's hashing is and when to ask again.
@@ -551,58 +591,75 @@ impl Service {
         file: &PublishedFile,
         wait: Duration,
     ) -> Result<[u8; 32], ServiceError> {
-        Ok(self.published_sha256s(catalog, model, manifest, &[file], wait).await?.remove(0))
+        Ok(self.published_sha256s(catalog, model, manifest, &[file], DigestOf::File, wait).await?.remove(0))
     }
 
-    /// The digests of `files` of `model`, as [`Service::published_sha256`] gives one, waiting
-    /// at most `wait` for them all.
+    /// The digests of `files` of `model` (or of their image layers), as
+    /// [`Service::published_sha256`] gives one, waiting at most `wait` for them all. A layer's
+    /// digest is computed in the same read as its file's: a file whose own digest its source
+    /// states is read once when its layer is first asked for.
     pub(crate) async fn published_sha256s(
         self: &Arc<Self>,
         catalog: &Arc<Catalog>,
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
         files: &[&PublishedFile],
+        of: DigestOf,
         wait: Duration,
     ) -> Result<Vec<[u8; 32]>, ServiceError> {
         let identities: Vec<FileIdentity> =
             files.iter().map(|f| self.digest_identity(catalog, model, manifest, f)).collect();
-        let mut digests: Vec<Option<[u8; 32]>> = identities.iter().map(|id| self.digests.known(*id)).collect();
-        let mut waiting = Vec::new();
-        for ((identity, file), digest) in identities.iter().zip(files).zip(&mut digests) {
-            if digest.is_some() {
-                continue;
-            }
-            if let Some(stated) = self.source_sha256(catalog, model, manifest, file) {
-                self.digests.insert(*identity, stated);
-                *digest = Some(stated);
-                continue;
-            }
-            let urgency = if files.len() == 1 { Urgency::FileAsked } else { Urgency::ListingAsked };
-            waiting.push(self.ask(*identity, catalog, model, manifest, file, urgency));
-        }
-        if waiting.is_empty() {
-            return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
-        }
-        self.start_hashing();
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut pending = Vec::new();
-        for (identity, job) in waiting {
-            let mut outcome = job.outcome.subscribe();
-            let settled = tokio::time::timeout_at(deadline, outcome.wait_for(|o| !matches!(o, Outcome::Running))).await;
-            match settled.map(|o| o.map(|o| o.clone())) {
-                Ok(Ok(Outcome::Known(digest))) => {
-                    let at = identities.iter().position(|id| *id == identity).expect("asked for");
-                    digests[at] = Some(digest);
+        let wanted: Vec<FileIdentity> = match of {
+            DigestOf::File => identities.clone(),
+            DigestOf::ImageLayer => {
+                for file in files {
+                    LayerFraming::of(&file.path, file.size)
+                        .map_err(|reason| ServiceError::NoImageLayer { model: model.id.clone(), reason })?;
                 }
-                Ok(Ok(Outcome::Failed(e))) => return Err(e),
-                // Timed out (or the job was replaced by a newer scan): still running.
-                _ => pending.push((identity, job)),
+                identities.iter().zip(files).map(|(id, f)| layer_identity(*id, &f.path)).collect()
+            }
+        };
+        let mut digests: Vec<Option<[u8; 32]>> = wanted.iter().map(|id| self.digests.known(*id)).collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let mut waiting = Vec::new();
+            for (((identity, file), digest), wanted) in identities.iter().zip(files).zip(&mut digests).zip(&wanted) {
+                if digest.is_some() {
+                    continue;
+                }
+                if let Some(known) = self.digests.known(*wanted) {
+                    *digest = Some(known);
+                    continue;
+                }
+                if let (DigestOf::File, Some(stated)) = (of, self.source_sha256(catalog, model, manifest, file)) {
+                    self.digests.insert(*identity, stated);
+                    *digest = Some(stated);
+                    continue;
+                }
+                let urgency = if files.len() == 1 { Urgency::FileAsked } else { Urgency::ListingAsked };
+                waiting.push(self.ask(*identity, catalog, model, manifest, file, urgency));
+            }
+            if waiting.is_empty() {
+                return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
+            }
+            self.start_hashing();
+            let mut pending = Vec::new();
+            for (identity, job) in waiting {
+                let mut outcome = job.outcome.subscribe();
+                let settled =
+                    tokio::time::timeout_at(deadline, outcome.wait_for(|o| !matches!(o, Outcome::Running))).await;
+                match settled.map(|o| o.map(|o| o.clone())) {
+                    // Its digests are kept: the next round takes them.
+                    Ok(Ok(Outcome::Known)) => {}
+                    Ok(Ok(Outcome::Failed(e))) => return Err(e),
+                    // Timed out (or the job was replaced by a newer scan): still running.
+                    _ => pending.push((identity, job)),
+                }
+            }
+            if !pending.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Err(self.digest_pending(model, &pending));
             }
         }
-        if pending.is_empty() {
-            return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
-        }
-        Err(self.digest_pending(model, &pending))
     }
 
     /// The job computing `identity`'s digest, moved up the queue to `urgency` (or made, for a
@@ -627,8 +684,8 @@ impl Service {
         // Checked again under the queue's lock. A finished computation keeps its digest before
         // its job leaves the queue, so an ask that races its end finds one or the other, and
         // a file is never hashed twice.
-        if let Some(digest) = self.digests.known(identity) {
-            return (identity, Arc::new(Job::new(input(), false, Outcome::Known(digest))));
+        if self.digests_known(identity, file) {
+            return (identity, Arc::new(Job::new(input(), false, Outcome::Known)));
         }
         queue.entries.entry(identity).or_insert_with(|| Entry {
             job: Arc::new(Job::new(input(), built, Outcome::Running)),
@@ -758,9 +815,10 @@ impl Service {
             let computed = service.compute_sha256(&input, Arc::new(AtomicU64::new(0))).await;
             if let Ok(actual) = computed {
                 // Computed, it is the file's digest from now on (a blocking append to the store).
-                let keeping = Arc::clone(&service);
-                let _ = tokio::task::spawn_blocking(move || keeping.digests.insert(identity, actual)).await;
+                let (keeping, path) = (Arc::clone(&service), path.clone());
+                let _ = tokio::task::spawn_blocking(move || keeping.keep(identity, &path, actual)).await;
             }
+            let computed = computed.map(|digests| digests.file);
             let result = match computed {
                 Ok(actual) if actual == stated => {
                     metrics::counter!(names::DIGEST_CHECKS, "outcome" => "ok").increment(1);
@@ -822,14 +880,14 @@ impl RangeSource for StatedCheck {
 /// page cache behind the reads, so hashing a model larger than memory does not evict what is
 /// being served.
 fn hash_local_file(
+    mut hasher: FileHasher,
     file: &std::fs::File,
     len: u64,
     buffer: usize,
     spare_page_cache: bool,
     hashed: &AtomicU64,
     (source_name, key): (&str, &str),
-) -> Result<[u8; 32], crate::storage::StorageError> {
-    let mut hasher = sha2::Sha256::new();
+) -> Result<FileSha256s, crate::storage::StorageError> {
     let mut piece = vec![0u8; buffer.max(4096)];
     let counter = metrics::counter!(names::FILE_DIGEST_BYTES);
     let pending = metrics::gauge!(names::DIGEST_PENDING_BYTES);
@@ -846,5 +904,5 @@ fn hash_local_file(
         counter.increment(n as u64);
         pending.decrement(n as f64);
     }
-    Ok(hasher.finalize().into())
+    Ok(hasher.finish())
 }

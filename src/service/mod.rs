@@ -13,6 +13,7 @@ mod components;
 mod digests;
 mod error;
 mod hashing;
+mod image_layer;
 mod learnt;
 mod prefetch;
 mod published;
@@ -31,6 +32,8 @@ pub(crate) use self::bytes::{
 pub(crate) use self::view::view_file_etag;
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::{ErrorKind, INTERNAL_MESSAGE, ServiceError, SetupError};
+pub(crate) use hashing::DigestOf;
+pub(crate) use image_layer::{LayerFraming, MODELS_DIR, TarLayer};
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
