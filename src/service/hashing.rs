@@ -477,6 +477,12 @@ impl Service {
             // Kept (and appended to the store, a blocking write) before the job leaves the
             // queue: an ask between the two finds the digest, never a file to hash again.
             let path = input.file.path.clone();
+            // A file whose SHA256SUMS line was wrong, read for its layer before any whole read
+            // checked the line: reported as that check reports it.
+            if let Some(stated) = service.digests.unverified(identity).filter(|stated| *stated != digests.file) {
+                metrics::counter!(names::DIGEST_FAILURES).increment(1);
+                tracing::error!(model = %input.model.id, file = %path, stated = %hex::encode(stated), computed = %hex::encode(digests.file), "a stated digest does not match the file; its computed digest is served from now on");
+            }
             tokio::task::spawn_blocking(move || service.keep(identity, &path, digests))
                 .await
                 .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))?;
@@ -567,13 +573,8 @@ impl Service {
     }
 
     /// Keeps what one read of `identity` (at `path`) gave: its digest, and its layer's
-    /// (blocking: both may be appended to the store). A computed digest that differs from one
-    /// its `SHA256SUMS` stated is reported as the stated check reports it.
+    /// (blocking: both may be appended to the store).
     fn keep(&self, identity: FileIdentity, path: &str, digests: FileSha256s) {
-        if let Some(stated) = self.digests.unverified(identity).filter(|stated| *stated != digests.file) {
-            metrics::counter!(names::DIGEST_FAILURES).increment(1);
-            tracing::error!(file = %path, stated = %hex::encode(stated), computed = %hex::encode(digests.file), "a stated digest does not match the file; its computed digest is served from now on");
-        }
         self.digests.insert(identity, digests.file);
         if let Some(layer) = digests.layer {
             self.digests.insert(layer_identity(identity, path), layer);

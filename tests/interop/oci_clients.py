@@ -1,7 +1,11 @@
-"""Pull models from ztserve's OCI registry API (/v2) with the oras Python SDK.
+"""Pull models from ztserve's OCI registry API (/v2) with the oras Python SDK, and as images
+with KServe's storage downloader.
 
     oci_clients.py pull PLAN.json    (oras venv) pull every repository at `latest` and at its
         version tag into directories of their own, and compare them with the plan
+    oci_clients.py kserve PLAN.json  (oras venv) download every repository's image
+        (`oci://HOST/NAME:latest-image`) as a KServe storage initializer does, into
+        OUT/kserve/NAME, and compare it with the plan
     oci_clients.py denied PLAN.json  (oras venv) pull the plan's `denied` repository with the
         plan's token: the error oras raises
 
@@ -50,6 +54,23 @@ def pull(plan):
     return summary
 
 
+def kserve(plan):
+    # What KServe's webhook sets for a registry without TLS (storageInitializer.ociInsecureRegistry).
+    os.environ["KSERVE_OCI_INSECURE_REGISTRY"] = "true"
+    from kserve_storage import Storage
+
+    summary = {"repos": 0, "tensors": 0, "files": 0}
+    for name, repo in plan["repos"].items():
+        outdir = os.path.join(plan["out"], "kserve", name)
+        written = Storage.download(f"oci://{plan['registry']}/{name}:latest-image", outdir)
+        assert written == outdir, f"{name}: written to {written}, not {outdir}"
+        tensors, files = check_snapshot(name, repo, outdir)
+        summary["repos"] += 1
+        summary["tensors"] += tensors
+        summary["files"] += files
+    return summary
+
+
 def denied(plan):
     registry = client(plan)
     try:
@@ -63,7 +84,7 @@ def main():
     mode, path = sys.argv[1], sys.argv[2]
     with open(path) as f:
         plan = json.load(f)
-    print(json.dumps({"pull": pull, "denied": denied}[mode](plan)))
+    print(json.dumps({"pull": pull, "kserve": kserve, "denied": denied}[mode](plan)))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,18 @@
 //! SDK) pulls every model of the loader corpus (an official 1.2.3 file with zstd, official
 //! 2.1.2 files, seekable among them, the safetensors peers' checkpoints, one sharded with its
 //! config and tokenizer) by `latest` and by version, from a local directory and from S3, each
-//! tensor compared with what the official reader returned; `skopeo` inspects each manifest and
-//! copies each artifact into an OCI layout and into the reference registry (`docker-registry`,
-//! the distribution project's), whose answers for the copied artifact are compared with
-//! ztserve's: manifest bytes, digests and headers. Manifests keep their digest across a
-//! restart. Access goes through the token flow; statuses and error codes over plain HTTP.
+//! tensor compared with what the official reader returned; KServe's storage downloader
+//! (`oci://…:latest-image`) and `podman pull` with `podman image mount` (what a kubelet's image
+//! volume reads) write each model's image as the same files, byte for byte; `skopeo` inspects
+//! each manifest and copies each artifact and each image (its index and both platforms) into an
+//! OCI layout and into the reference registry (`docker-registry`, the distribution project's),
+//! whose answers for the copies are compared with ztserve's: manifest bytes, digests and
+//! headers. Manifests and images keep their digests across a restart, without a file read
+//! again. Access goes through the token flow; statuses and error codes over plain HTTP.
 
 use crate::common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -97,6 +101,64 @@ async fn start_reference_registry(dir: &Path) -> ReferenceRegistry {
     panic!("docker-registry did not answer on {}", registry.address);
 }
 
+/// Every file under `dir`, by its path below it.
+fn files_under(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, files);
+            } else {
+                let name = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
+}
+
+/// podman with an image store of its own under `root` (the `vfs` driver: an image mount is a
+/// directory, so nothing is left mounted), so a test touches no store of the machine's.
+struct Podman {
+    root: PathBuf,
+}
+
+impl Podman {
+    fn run(&self, args: &[&str]) -> String {
+        let (storage, run) = (self.root.join("storage"), self.root.join("run"));
+        let out = Command::new("podman")
+            .args(["--root", storage.to_str().unwrap(), "--runroot", run.to_str().unwrap()])
+            .args(["--storage-driver", "vfs", "--events-backend", "none"])
+            .args(args)
+            .output()
+            .expect("podman (apt) is installed by scripts/test");
+        assert!(out.status.success(), "podman {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Pulls `reference` over plain HTTP and gives the files under its `/models/`, as an image
+    /// volume of it shows them.
+    fn models_of(&self, reference: &str) -> BTreeMap<String, Vec<u8>> {
+        self.run(&["pull", "--quiet", "--tls-verify=false", reference]);
+        let mounted = self.run(&["image", "mount", reference]);
+        let files = files_under(&Path::new(mounted.trim()).join("models"));
+        self.run(&["image", "unmount", reference]);
+        files
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(["--root", self.root.join("storage").to_str().unwrap()])
+            .args(["--runroot", self.root.join("run").to_str().unwrap(), "--storage-driver", "vfs"])
+            .args(["rmi", "--all", "--force"])
+            .output();
+    }
+}
+
 /// A policy that lets skopeo copy anything (the machine's own policy is not assumed).
 fn skopeo_policy(dir: &Path) -> PathBuf {
     let path = dir.join("policy.json");
@@ -118,8 +180,11 @@ async fn registry_clients_pull_every_model(source: ModelSource) {
         let name = repo["id"].as_str().unwrap().to_owned();
         let tags = oci(&address, "GET", &format!("/v2/{name}/tags/list"), &[]).await.json();
         let tags: Vec<&str> = tags["tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
-        assert_eq!(tags.len(), 2, "{name}: {tags:?}");
-        let version = tags.iter().find(|t| **t != "latest").unwrap().to_string();
+        let version = tags.iter().find(|t| **t != "latest" && !t.ends_with("-image")).unwrap().to_string();
+        let mut expected =
+            vec!["latest".to_owned(), "latest-image".into(), format!("{version}-image"), version.clone()];
+        expected.sort();
+        assert_eq!(tags, expected, "{name}");
         let mut entry = repo.clone();
         entry["version"] = json!(version);
         repos.insert(name, entry);
@@ -136,11 +201,28 @@ async fn registry_clients_pull_every_model(source: ModelSource) {
     let pulled = oci_clients("pull", &plan_path).await;
     assert_eq!((pulled["tensors"].as_u64(), pulled["pulls"].as_u64()), (Some(tensors), Some(2 * repos.len() as u64)));
 
+    // Each model's image holds the same files under /models/, byte for byte: as KServe's
+    // downloader writes them, and as podman's image store holds them for an image volume.
+    let kserve = oci_clients("kserve", &plan_path).await;
+    assert_eq!(kserve["tensors"].as_u64(), Some(tensors));
+    let podman = Podman { root: dir.path().join("podman") };
+    for name in repos.keys() {
+        let pulled = files_under(&dir.path().join("pulled/latest").join(name));
+        assert!(!pulled.is_empty(), "{name}");
+        let written = files_under(&dir.path().join("pulled/kserve").join(name));
+        assert!(written == pulled, "{name}: KServe wrote {:?}, oras {:?}", written.keys(), pulled.keys());
+        let reference = format!("{address}/{name}:latest-image");
+        let mounted = tokio::task::block_in_place(|| podman.models_of(&reference));
+        assert!(mounted == pulled, "{name}: the image holds {:?}, oras pulled {:?}", mounted.keys(), pulled.keys());
+    }
+    drop(podman);
+
     // skopeo: the raw manifest is the served one; a copy into an OCI layout checks every digest;
     // a copy into the reference registry serves the same manifest, digests and headers.
     let policy = skopeo_policy(dir.path());
     let reference = start_reference_registry(dir.path()).await;
     let mut digests = Vec::new();
+    let mut images = Vec::new();
     for name in repos.keys() {
         let ours = oci(&address, "GET", &format!("/v2/{name}/manifests/latest"), &[]).await;
         assert_eq!(ours.status, 200, "{name}: {}", ours.head);
@@ -190,17 +272,94 @@ async fn registry_clients_pull_every_model(source: ModelSource) {
             assert_eq!(ours.header("content-length"), Some(blob["size"].to_string().as_str()));
         }
         digests.push((name.clone(), ours.header("docker-content-digest").unwrap().to_owned()));
+
+        // The image: its index and both platforms' manifests, configs and layers, copied
+        // whole (every digest checked), served the same by the reference registry.
+        let image = format!("docker://{address}/{name}:latest-image");
+        skopeo(&[
+            &policy_arg,
+            "copy",
+            "--all",
+            "--preserve-digests",
+            "--src-tls-verify=false",
+            &image,
+            &format!("oci:{}:image", layout.display()),
+        ]);
+        skopeo(&[
+            &policy_arg,
+            "copy",
+            "--all",
+            "--preserve-digests",
+            "--src-tls-verify=false",
+            "--dest-tls-verify=false",
+            &image,
+            &format!("docker://{}/{name}:latest-image", reference.address),
+        ]);
+        let index_type = [("Accept", "application/vnd.oci.image.index.v1+json")];
+        let path = format!("/v2/{name}/manifests/latest-image");
+        let (ours, theirs) =
+            (oci(&address, "GET", &path, &index_type).await, oci(&reference.address, "GET", &path, &index_type).await);
+        assert_eq!((ours.status, theirs.status), (200, 200), "{name}");
+        assert!(theirs.body == ours.body, "{name}: the reference registry serves another index");
+        for header in ["docker-content-digest", "content-type", "content-length"] {
+            assert_eq!(ours.header(header), theirs.header(header), "{name} index: {header}");
+        }
+        let index: Value = serde_json::from_slice(&ours.body).unwrap();
+        let platforms: Vec<&str> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["platform"]["architecture"].as_str().unwrap())
+            .collect();
+        assert_eq!(platforms, ["amd64", "arm64"], "{name}");
+        for platform in index["manifests"].as_array().unwrap() {
+            let path = format!("/v2/{name}/manifests/{}", platform["digest"].as_str().unwrap());
+            let manifest_type = [("Accept", "application/vnd.oci.image.manifest.v1+json")];
+            let (ours, theirs) = (
+                oci(&address, "GET", &path, &manifest_type).await,
+                oci(&reference.address, "GET", &path, &manifest_type).await,
+            );
+            assert!(ours.status == 200 && theirs.body == ours.body, "{name}: {path}");
+            let manifest: Value = serde_json::from_slice(&ours.body).unwrap();
+            let config = oci(
+                &address,
+                "GET",
+                &format!("/v2/{name}/blobs/{}", manifest["config"]["digest"].as_str().unwrap()),
+                &[],
+            )
+            .await
+            .json();
+            let layers: Vec<&Value> = manifest["layers"].as_array().unwrap().iter().map(|l| &l["digest"]).collect();
+            let diff_ids: Vec<&Value> = config["rootfs"]["diff_ids"].as_array().unwrap().iter().collect();
+            assert_eq!(layers, diff_ids, "{name}: uncompressed layers are their own diff ids");
+            for layer in manifest["layers"].as_array().unwrap() {
+                assert_eq!(layer["mediaType"], "application/vnd.oci.image.layer.v1.tar");
+                let path = format!("/v2/{name}/blobs/{}", layer["digest"].as_str().unwrap());
+                let (ours, theirs) =
+                    (oci(&address, "HEAD", &path, &[]).await, oci(&reference.address, "HEAD", &path, &[]).await);
+                assert_eq!((ours.status, theirs.status), (200, 200), "{name} {path}");
+                for header in ["docker-content-digest", "content-length"] {
+                    assert_eq!(ours.header(header), theirs.header(header), "{name} {path}: {header}");
+                }
+            }
+        }
+        images.push((name.clone(), ours.header("docker-content-digest").unwrap().to_owned()));
     }
     drop(reference);
 
-    // The same versions give the same manifests after a restart (over the digest store).
+    // The same versions give the same manifests and images after a restart, from the digest
+    // store: no file is read to know them.
     let (again, _restarted) = serve(config).await;
-    for (name, digest) in digests {
+    let hashed_before = common::metric("ztserve_file_digest_bytes_total", &[]);
+    for ((name, digest), (_, image)) in digests.into_iter().zip(images) {
         let head = oci(&again, "HEAD", &format!("/v2/{name}/manifests/latest"), &[]).await;
         assert_eq!(head.header("docker-content-digest"), Some(digest.as_str()), "{name}");
         let by_digest = oci(&again, "GET", &format!("/v2/{name}/manifests/{digest}"), &[]).await;
         assert_eq!(by_digest.status, 200, "{name}");
+        let head = oci(&again, "HEAD", &format!("/v2/{name}/manifests/latest-image"), &[]).await;
+        assert_eq!(head.header("docker-content-digest"), Some(image.as_str()), "{name}");
     }
+    assert_eq!(common::metric("ztserve_file_digest_bytes_total", &[]), hashed_before, "a file was hashed again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,7 +448,13 @@ async fn tokens_gate_the_registry_through_the_token_flow() {
     // oras logs in and pulls what the token may read, and is refused the rest.
     let bin = dir.path().join("w.bin");
     std::fs::write(&bin, &weights).unwrap();
-    let version = direct.json()["tags"].as_array().unwrap().iter().find(|t| *t != "latest").unwrap().clone();
+    let version = direct.json()["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| *t != "latest" && !t.as_str().unwrap().ends_with("-image"))
+        .unwrap()
+        .clone();
     let plan = json!({
         "registry": address, "out": dir.path().join("pulled"), "token": TEAM_A, "denied": "team-b/m",
         "repos": { "team-a/m": { "version": version, "tensors": { "w": bin }, "companions": {} } },
@@ -380,8 +545,10 @@ async fn the_registry_answers_as_the_distribution_spec_says() {
     let first_tag = oci(&address, "GET", "/v2/org/m/tags/list?n=1", &[]).await;
     assert_eq!(first_tag.json(), json!({ "name": "org/m", "tags": [version] }));
     assert_eq!(first_tag.header("link"), Some(&*format!(r#"</v2/org/m/tags/list?n=1&last={version}>; rel="next""#)));
-    let last_tag = oci(&address, "GET", &format!("/v2/org/m/tags/list?n=1&last={version}"), &[]).await;
-    assert_eq!((last_tag.json()["tags"].clone(), last_tag.header("link")), (json!(["latest"]), None));
+    let last_tag = oci(&address, "GET", "/v2/org/m/tags/list?n=1&last=latest", &[]).await;
+    assert_eq!((last_tag.json()["tags"].clone(), last_tag.header("link")), (json!(["latest-image"]), None));
+    let tags = oci(&address, "GET", "/v2/org/m/tags/list", &[]).await.json();
+    assert_eq!(tags["tags"], json!([version, format!("{version}-image"), "latest", "latest-image"]));
     for reference in [version.as_str(), digest.as_str()] {
         let by = oci(&address, "GET", &format!("/v2/org/m/manifests/{reference}"), &[]).await;
         assert!(by.status == 200 && by.body == reply.body, "{reference}");
@@ -394,10 +561,62 @@ async fn the_registry_answers_as_the_distribution_spec_says() {
     let etag = reply.header("etag").unwrap().to_owned();
     assert_eq!(oci(&address, "GET", "/v2/org/m/manifests/latest", &[("If-None-Match", &etag)]).await.status, 304);
 
+    // The image: an index by its tags (for clients that take one), each platform's manifest
+    // and config by digest, and each layer a tar of one file under models/, with ranges.
+    let index_type = ("Accept", "application/vnd.oci.image.index.v1+json");
+    let index = oci(&address, "GET", &format!("/v2/org/m/manifests/{version}-image"), &[index_type]).await;
+    assert_eq!((index.status, index.header("content-type")), (200, Some(index_type.1)));
+    let index_digest = index.header("docker-content-digest").unwrap().to_owned();
+    let latest = oci(&address, "GET", "/v2/org/m/manifests/latest-image", &[index_type]).await;
+    assert!(latest.body == index.body);
+    let by_digest = oci(&address, "GET", &format!("/v2/org/m/manifests/{index_digest}"), &[]).await;
+    assert!(by_digest.body == index.body, "an index by its digest");
+    let platform = index.json()["manifests"][0]["digest"].as_str().unwrap().to_owned();
+    let image = oci(&address, "GET", &format!("/v2/org/m/manifests/{platform}"), &[]).await;
+    assert_eq!(image.header("content-type"), Some("application/vnd.oci.image.manifest.v1+json"));
+    let image = image.json();
+    let image_config = image["config"]["digest"].as_str().unwrap();
+    let image_config = oci(&address, "GET", &format!("/v2/org/m/blobs/{image_config}"), &[]).await;
+    assert_eq!(image_config.header("content-type"), Some("application/vnd.oci.image.config.v1+json"));
+    assert_eq!(image_config.json()["os"], "linux");
+    let image_layers = image["layers"].as_array().unwrap();
+    assert_eq!(image_layers.len(), 2, "one layer per published file");
+    let weights_layer = format!("/v2/org/m/blobs/{}", image_layers[1]["digest"].as_str().unwrap());
+    let tar = oci(&address, "GET", &weights_layer, &[]).await;
+    assert_eq!(tar.header("content-type"), Some("application/vnd.oci.image.layer.v1.tar"));
+    assert_eq!(tar.body.len().to_string(), image_layers[1]["size"].to_string());
+    let mut archive = tar::Archive::new(tar.body.as_slice());
+    let entries: Vec<(String, Vec<u8>)> = archive
+        .entries()
+        .unwrap()
+        .map(|entry| {
+            let mut entry = entry.unwrap();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+            (entry.path().unwrap().to_string_lossy().into_owned(), data)
+        })
+        .collect();
+    assert_eq!(entries, [("models/".to_owned(), vec![]), ("models/model.safetensors".to_owned(), view.clone())]);
+    let within = tar.body.len() - 1500..tar.body.len() - 3;
+    let range = format!("bytes={}-{}", within.start, within.end - 1);
+    let ranged = oci(&address, "GET", &weights_layer, &[("Range", &range)]).await;
+    assert_eq!((ranged.status, ranged.body.as_slice()), (206, &tar.body[within]));
+    let tag = tar.header("etag").unwrap().to_owned();
+    assert_eq!(oci(&address, "GET", &weights_layer, &[("If-None-Match", &tag)]).await.status, 304);
+
     // Errors, each the spec's code.
     let zeros = format!("sha256:{}", "0".repeat(64));
     for (method, path, headers, status, expected) in [
         ("GET", "/v2/org/m/manifests/other", vec![], 404, "MANIFEST_UNKNOWN"),
+        ("GET", "/v2/org/m/manifests/other-image", vec![], 404, "MANIFEST_UNKNOWN"),
+        // An index is not served to a client that takes only manifests.
+        (
+            "GET",
+            "/v2/org/m/manifests/latest-image",
+            vec![("Accept", "application/vnd.oci.image.manifest.v1+json")],
+            404,
+            "MANIFEST_UNKNOWN",
+        ),
         ("GET", &*format!("/v2/org/m/manifests/{zeros}"), vec![], 404, "MANIFEST_UNKNOWN"),
         (
             "GET",
