@@ -6,6 +6,9 @@ with KServe's storage downloader.
     oci_clients.py kserve PLAN.json  (oras venv) download every repository's image
         (`oci://HOST/NAME:latest-image`) as a KServe storage initializer does, into
         OUT/kserve/NAME, and compare it with the plan
+    oci_clients.py clients PLAN.json (oras venv) the plan's `clients` pulls at once, each of
+        every repository at `latest` into OUT/CLIENT/NAME, each compared with the plan (pulls
+        through a registry mirror or an HTTP cache)
     oci_clients.py denied PLAN.json  (oras venv) pull the plan's `denied` repository with the
         plan's token: the error oras raises
 
@@ -71,6 +74,26 @@ def kserve(plan):
     return summary
 
 
+def clients(plan):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(client):
+        registry = oras.client.OrasClient(hostname=plan["registry"], insecure=True)
+        tensors = 0
+        for name, repo in plan["repos"].items():
+            outdir = os.path.join(plan["out"], str(client), name)
+            pulled = registry.pull(target=f"{plan['registry']}/{name}:latest", outdir=outdir)
+            assert pulled, f"client {client}, {name}: nothing pulled"
+            tensors += check_snapshot(name, repo, outdir)[0]
+        return tensors
+
+    import oras.client
+
+    with ThreadPoolExecutor(plan["clients"]) as pool:
+        tensors = list(pool.map(one, range(plan["clients"])))
+    return {"clients": len(tensors), "tensors": sum(tensors)}
+
+
 def denied(plan):
     registry = client(plan)
     try:
@@ -84,7 +107,7 @@ def main():
     mode, path = sys.argv[1], sys.argv[2]
     with open(path) as f:
         plan = json.load(f)
-    print(json.dumps({"pull": pull, "kserve": kserve, "denied": denied}[mode](plan)))
+    print(json.dumps({"pull": pull, "kserve": kserve, "clients": clients, "denied": denied}[mode](plan)))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ mod decoding;
 mod digests_ahead;
 mod disk_cache;
 mod docs;
+mod fan_out;
 mod faults;
 mod format_rules;
 mod hf_hub;

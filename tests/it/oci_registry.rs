@@ -18,22 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::corpus::{only_viewable, put_hub_corpus};
-use common::{ModelSource, Reply, request_async, run_interop_script, send, serve, stop_gracefully};
+use common::registry::{oci, start_reference_registry};
+use common::{ModelSource, Reply, request_async, run_interop_script, serve};
 use serde_json::{Value, json};
 use ztserve::config::{Config, TokenEntry};
 use ztserve::format::DType;
-
-/// `METHOD path` to the server at `address`, off the test's runtime.
-async fn oci(address: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let (address, method, path) = (address.to_owned(), method.to_owned(), path.to_owned());
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    tokio::task::spawn_blocking(move || {
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        send(&address, &method, &path, &headers, b"")
-    })
-    .await
-    .unwrap()
-}
 
 /// The error code of a registry error body.
 fn code(reply: &Reply) -> String {
@@ -55,50 +44,6 @@ async fn oci_clients(mode: &'static str, plan: &Path) -> Value {
             .await
             .unwrap();
     serde_json::from_str(out.trim().lines().last().unwrap()).unwrap()
-}
-
-/// The distribution project's registry on 127.0.0.1, storing under `dir`; stopped when dropped.
-struct ReferenceRegistry {
-    child: std::process::Child,
-    address: String,
-}
-
-impl Drop for ReferenceRegistry {
-    fn drop(&mut self) {
-        stop_gracefully(&mut self.child);
-    }
-}
-
-async fn start_reference_registry(dir: &Path) -> ReferenceRegistry {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let address = format!("127.0.0.1:{port}");
-    let config = dir.join("registry.yml");
-    let storage = dir.join("registry-data");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {address}\n",
-            storage.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new("docker-registry")
-        .args(["serve", config.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("docker-registry (apt) is installed by scripts/test");
-    let registry = ReferenceRegistry { child, address };
-    // Up once it answers its version check (bounded: a registry that never starts fails here).
-    for _ in 0..600 {
-        if std::net::TcpStream::connect(&registry.address).is_ok()
-            && oci(&registry.address, "GET", "/v2/", &[]).await.status == 200
-        {
-            return registry;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("docker-registry did not answer on {}", registry.address);
 }
 
 /// Every file under `dir`, by its path below it.
@@ -220,7 +165,7 @@ async fn registry_clients_pull_every_model(source: ModelSource) {
     // skopeo: the raw manifest is the served one; a copy into an OCI layout checks every digest;
     // a copy into the reference registry serves the same manifest, digests and headers.
     let policy = skopeo_policy(dir.path());
-    let reference = start_reference_registry(dir.path()).await;
+    let reference = start_reference_registry(dir.path(), "").await;
     let mut digests = Vec::new();
     let mut images = Vec::new();
     for name in repos.keys() {

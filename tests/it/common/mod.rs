@@ -5,6 +5,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod corpus;
+pub mod nginx;
+pub mod registry;
 
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
