@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use crate::access::Tokens;
 use crate::config::{Config, OnUnreadableSource};
 use crate::service::Service;
-use crate::transport::ConnectionLimits;
+use crate::transport::ConnectionSettings;
 
 /// What every protocol serves from: the domain, and the tokens every protocol checks.
 pub struct Server {
@@ -129,7 +129,7 @@ pub async fn serve(
         }
     });
     let drain = Duration::from_secs(server.config().server.shutdown_drain_secs);
-    let limits = ConnectionLimits::from_config(server.config());
+    let limits = ConnectionSettings::from_config(server.config());
     let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
     let s3 = listeners
         .s3

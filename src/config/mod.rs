@@ -60,6 +60,9 @@ pub struct Server {
     pub log_format: LogFormat,
     /// Seconds in-flight requests get to finish after SIGTERM or SIGINT.
     pub shutdown_drain_secs: u64,
+    /// Whether bytes of mapped files leave with `sendfile` (no copy at the sender) rather than
+    /// `writev` from the mapping (one copy, by the kernel).
+    pub sendfile: bool,
 }
 
 impl Default for Server {
@@ -68,6 +71,7 @@ impl Default for Server {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             log_format: LogFormat::Text,
             shutdown_drain_secs: 30,
+            sendfile: false,
         }
     }
 }

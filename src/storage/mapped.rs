@@ -1,7 +1,7 @@
 //! Files mapped whole, read-only: the only module with `unsafe`. Every live mapping is
 //! registered with the file behind it, so a socket can send a slice of one from the file
-//! (`sendfile`) instead of copying it (see `transport::zero_copy`); nothing in the process loads
-//! from a mapping itself (see the SAFETY note in [`MappedFile::open`]).
+//! (`sendfile`, when on) or hand it to `writev` (see `transport::zero_copy`); nothing in the
+//! process loads from a mapping itself (see the SAFETY note in [`MappedFile::open`]).
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -75,7 +75,7 @@ impl MappedFile {
     }
 
     /// A copy of `bytes` in an unlinked temporary file, mapped: responses send its slices
-    /// with `sendfile`, as they do a model file's, instead of copying them. A regular file,
+    /// from the mapping, as they do a model file's, instead of copying them. A regular file,
     /// not a memfd: the kernel splices a memfd's pages one lookup at a time and a page-cache
     /// file's in batches (bench/README.md: "Design choices measured").
     pub fn temporary(bytes: &[u8]) -> io::Result<MappedFile> {

@@ -26,9 +26,9 @@ use tokio::time::{Instant, Sleep};
 use super::zero_copy::ZeroCopyStream;
 use crate::telemetry::names;
 
-/// The limits on connections, from the config.
+/// How connections are served, and their limits, from the config.
 #[derive(Debug, Clone)]
-pub(crate) struct ConnectionLimits {
+pub(crate) struct ConnectionSettings {
     pub max_connections: usize,
     /// Largest request line plus headers; more is answered 431 and the connection closed.
     pub max_header_bytes: usize,
@@ -38,15 +38,18 @@ pub(crate) struct ConnectionLimits {
     /// Longest time a connection may wait on its client: for the next request, or for the
     /// client to take more of a response. Time the server spends answering is not counted.
     pub idle_timeout: Duration,
+    /// Whether mapped bytes leave with `sendfile` (`server.sendfile`).
+    pub sendfile: bool,
 }
 
-impl ConnectionLimits {
-    pub(crate) fn from_config(config: &crate::config::Config) -> ConnectionLimits {
-        ConnectionLimits {
+impl ConnectionSettings {
+    pub(crate) fn from_config(config: &crate::config::Config) -> ConnectionSettings {
+        ConnectionSettings {
             max_connections: config.limits.max_connections,
             max_header_bytes: config.limits.max_header_bytes,
             header_timeout: Duration::from_secs(config.limits.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.limits.idle_timeout_secs),
+            sendfile: config.server.sendfile,
         }
     }
 }
@@ -56,18 +59,18 @@ impl ConnectionLimits {
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
-    limits: ConnectionLimits,
+    settings: ConnectionSettings,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Arc::new(Semaphore::new(settings.max_connections));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
+        .header_read_timeout(settings.header_timeout)
         // Not `max_buf_size`: it bounds the write queue too, and would split responses into
         // more writes; hyper's default (~400 KiB) already bounds what one connection reads.
-        .max_header_size(limits.max_header_bytes);
+        .max_header_size(settings.max_header_bytes);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let slot = tokio::select! {
@@ -84,9 +87,9 @@ pub(crate) async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let stream = ZeroCopyStream::new(stream);
+        let stream = ZeroCopyStream::new(stream, settings.sendfile);
         let answering = Arc::new(AtomicUsize::new(0));
-        let io = TokioIo::new(IdleTimeout::new(stream, limits.idle_timeout, Arc::clone(&answering)));
+        let io = TokioIo::new(IdleTimeout::new(stream, settings.idle_timeout, Arc::clone(&answering)));
         let service = TowerToHyperService::new(Answering { inner: router.clone(), answering });
         let connection = graceful.watch(http.serve_connection(io, service));
         tokio::spawn(async move {
@@ -349,11 +352,12 @@ mod tests {
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let limits = ConnectionLimits {
+        let limits = ConnectionSettings {
             max_connections: 4,
             max_header_bytes: 16 << 10,
             header_timeout: Duration::from_secs(30),
             idle_timeout: idle,
+            sendfile: false,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(serve(listener, router, limits, async { stopped.await.unwrap_or(()) }, Duration::from_secs(1)));

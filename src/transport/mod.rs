@@ -12,5 +12,5 @@ pub(crate) mod range;
 pub(crate) mod respond;
 mod zero_copy;
 
-pub(crate) use connections::{ConnectionLimits, serve};
+pub(crate) use connections::{ConnectionSettings, serve};
 pub(crate) use layers::{Refusals, with_common_layers};

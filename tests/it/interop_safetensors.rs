@@ -61,7 +61,10 @@ async fn every_tensor_is_served_as_the_peers_read_it(source: ModelSource) {
             source.put(file, &fs::read(dir.path().join(file)).unwrap()).await;
         }
     }
-    let (address, _state) = serve(source.config(Config::default())).await;
+    // With sendfile on, its counter shows a tensor leave without a copy through the process.
+    let mut config = source.config(Config::default());
+    config.server.sendfile = true;
+    let (address, _state) = serve(config).await;
     let kind = source.kind();
 
     let listing = request_async(&address, "/models", &[]).await.json();

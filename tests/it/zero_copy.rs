@@ -1,9 +1,9 @@
-//! Bodies of mapped files leave by `sendfile` (src/http/zero_copy.rs): large raw components,
-//! ranges, multipart parts, the stored file and large manifests arrive byte-exact over one
-//! real keep-alive connection, between bodies that are copied (decoded zstd, small JSON),
-//! and the sendfile counter shows they were not copied. A file truncated in place while its
-//! body is being sent ends that response short (never complete), and the server goes on
-//! serving.
+//! Bodies of mapped files leave by `writev` from the mapping, or by `sendfile` with
+//! `server.sendfile` on (src/transport/zero_copy.rs): either way large raw components, ranges,
+//! multipart parts, the stored file and large manifests arrive byte-exact over one real
+//! keep-alive connection, between bodies that are copied (decoded zstd, small JSON), and the
+//! sendfile counter shows which way they left. A file truncated in place while its body is
+//! being sent ends that response short (never complete), and the server goes on serving.
 
 use crate::common;
 
@@ -39,7 +39,16 @@ fn parts(body: &[u8]) -> Vec<&[u8]> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mapped_bodies_are_sent_by_writev_byte_exact_between_copied_ones() {
+    mapped_bodies_are_sent_byte_exact_between_copied_ones(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
+    mapped_bodies_are_sent_byte_exact_between_copied_ones(true).await;
+}
+
+async fn mapped_bodies_are_sent_byte_exact_between_copied_ones(sendfile: bool) {
     let dir = tempfile::tempdir().unwrap();
     let raw = noise(12 * MIB + 5, 1);
     let packed = noise(6 * MIB, 2);
@@ -54,7 +63,8 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
     let tiny: Vec<(&str, DType, &[u8], bool)> =
         names.iter().map(|n| (n.as_str(), DType::U8, &small[..16], false)).collect();
     fs::write(dir.path().join("many.zt"), model(&tiny)).unwrap();
-    let config = Config::serving(vec![SourceSpec::local(dir.path())]);
+    let mut config = Config::serving(vec![SourceSpec::local(dir.path())]);
+    config.server.sendfile = sendfile;
     let (address, _state) = serve(config).await;
 
     let before = sent_by_sendfile();
@@ -101,17 +111,31 @@ async fn mapped_bodies_are_sent_by_sendfile_byte_exact_between_copied_ones() {
     // Pieces under 64 KiB are copied (a partial sendfile can leave one at a slice's end), so
     // nearly, not exactly, every byte from a file is sent by sendfile.
     let sent = sent_by_sendfile() - before;
-    assert!(sent >= 0.9 * expected, "{sent} of {expected} bytes from files were sent by sendfile");
+    if sendfile {
+        assert!(sent >= 0.9 * expected, "{sent} of {expected} bytes from files were sent by sendfile");
+    } else {
+        assert_eq!(sent, 0.0, "sendfile is off");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_serving_goes_on() {
+async fn a_file_truncated_while_its_body_is_written_ends_that_response_short_and_serving_goes_on() {
+    a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_serving_goes_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_while_its_body_is_sent_by_sendfile_ends_that_response_short_and_serving_goes_on() {
+    a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_serving_goes_on(true).await;
+}
+
+async fn a_file_truncated_while_its_body_is_sent_ends_that_response_short_and_serving_goes_on(sendfile: bool) {
     let raw = noise(32 * MIB, 4);
     let (dir, path) = common::victim_and_other("raw", &raw, false);
     // `never`: the digest check would read the file too (by pread, safely: tests/it/faults.rs).
     let config = Config {
         sources: ztserve::config::Sources { paths: vec![SourceSpec::local(dir.path())], ..Default::default() },
         serving: ztserve::config::Serving { verify: VerifyPolicy::Never, ..Default::default() },
+        server: ztserve::config::Server { sendfile, ..Default::default() },
         ..Config::default()
     };
     let (address, _state) = serve(config).await;
