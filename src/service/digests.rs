@@ -124,32 +124,41 @@ fn parse_line(line: &str) -> Option<(FileIdentity, [u8; 32])> {
     Some(parsed)
 }
 
-/// What one read of a file gives: its SHA-256, and its image layer's when it was framed.
+/// What one read of a file gives: its SHA-256, its image layer's, or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FileSha256s {
-    pub(crate) file: [u8; 32],
+    pub(crate) file: Option<[u8; 32]>,
     pub(crate) layer: Option<[u8; 32]>,
 }
 
-/// Hashes a file's bytes as they are read, and the same bytes inside their image layer's
+/// Hashes a file's bytes as they are read, and (or) the same bytes inside their image layer's
 /// framing, so one read gives both digests.
 pub(crate) struct FileHasher {
-    file: sha2::Sha256,
+    file: Option<sha2::Sha256>,
     layer: Option<(sha2::Sha256, &'static [u8])>,
 }
 
 impl FileHasher {
-    pub(crate) fn new(framing: Option<&LayerFraming>) -> FileHasher {
+    /// A hasher of the file's own digest when `own`, and of its layer's when `framing`.
+    pub(crate) fn new(own: bool, framing: Option<&LayerFraming>) -> FileHasher {
         let layer = framing.map(|framing| {
             let mut layer = sha2::Sha256::new();
             layer.update(&framing.head);
             (layer, framing.tail())
         });
-        FileHasher { file: sha2::Sha256::new(), layer }
+        FileHasher { file: own.then(sha2::Sha256::new), layer }
+    }
+
+    /// What its reads are counted as (`ztserve_file_digest_bytes_total{digest}`): a read for
+    /// an image layer, or for the file's own digest alone.
+    pub(crate) fn purpose(&self) -> &'static str {
+        if self.layer.is_some() { "image_layer" } else { "file" }
     }
 
     pub(crate) fn update(&mut self, piece: &[u8]) {
-        self.file.update(piece);
+        if let Some(file) = &mut self.file {
+            file.update(piece);
+        }
         if let Some((layer, _)) = &mut self.layer {
             layer.update(piece);
         }
@@ -160,25 +169,25 @@ impl FileHasher {
             layer.update(tail);
             layer.finalize().into()
         });
-        FileSha256s { file: self.file.finalize().into(), layer }
+        FileSha256s { file: self.file.map(|file| file.finalize().into()), layer }
     }
 }
 
-/// The SHA-256 of every byte of `body` (of `model`), and of its image layer when `framing`
-/// is given, hashed on the blocking pool while the body is read; `hashed` counts the bytes
+/// The digests `hasher` takes of every byte of `body` (of `model`), hashed on the blocking
+/// pool while the body is read; `hashed` counts the bytes
 /// hashed so far. A piece that is a slice of a file's mapping (a stored tensor of a built view
 /// file, meant to be sent with `sendfile`) is read with `pread`, never loaded from the
 /// mapping: a file truncated in place fails the hashing as changed on disk instead of raising
 /// SIGBUS.
 pub(crate) async fn sha256_of(
     mut body: ByteStream,
-    framing: Option<LayerFraming>,
+    mut hasher: FileHasher,
     hashed: Arc<AtomicU64>,
     model: &str,
 ) -> Result<FileSha256s, ServiceError> {
     let (pieces, mut received) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let counter = metrics::counter!(names::FILE_DIGEST_BYTES, "digest" => hasher.purpose());
     let hashing = tokio::task::spawn_blocking(move || {
-        let mut hasher = FileHasher::new(framing.as_ref());
         let mut copy = Vec::new();
         while let Some(piece) = received.blocking_recv() {
             match crate::storage::mapped::file_behind(&piece) {
@@ -190,7 +199,7 @@ pub(crate) async fn sha256_of(
                 None => hasher.update(&piece),
             }
             hashed.fetch_add(piece.len() as u64, Ordering::Relaxed);
-            metrics::counter!(names::FILE_DIGEST_BYTES).increment(piece.len() as u64);
+            counter.increment(piece.len() as u64);
             metrics::gauge!(names::DIGEST_PENDING_BYTES).decrement(piece.len() as f64);
         }
         Ok::<_, crate::storage::StorageError>(hasher.finish())
@@ -220,9 +229,11 @@ mod tests {
     #[tokio::test]
     async fn a_digest_is_the_sha256_of_every_piece_in_order() {
         let hashed = Arc::new(AtomicU64::new(0));
-        let digest = sha256_of(body(&[b"hello ", b"", b"world"]), None, Arc::clone(&hashed), "m").await.unwrap();
+        let hasher = FileHasher::new(true, None);
+        let digest = sha256_of(body(&[b"hello ", b"", b"world"]), hasher, Arc::clone(&hashed), "m").await.unwrap();
         assert_eq!(hashed.load(Ordering::Relaxed), 11);
-        assert_eq!(hex::encode(digest.file), "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9");
+        let expected = "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9";
+        assert_eq!(digest.file.map(hex::encode).as_deref(), Some(expected));
         assert_eq!(digest.layer, None);
     }
 
@@ -232,10 +243,12 @@ mod tests {
         use super::super::representation::RangeSource as _;
         let framing = LayerFraming::of("dir/model.safetensors", 11).unwrap();
         let hashed = Arc::new(AtomicU64::new(0));
-        let digest = sha256_of(body(&[b"hello ", b"world"]), Some(framing.clone()), hashed, "m").await.unwrap();
+        let hasher = FileHasher::new(true, Some(&framing));
+        let digest = sha256_of(body(&[b"hello ", b"world"]), hasher, hashed, "m").await.unwrap();
         let layer = TarLayer { framing, file: Arc::new(Bytes::from_static(b"hello world")) };
         let served: Vec<Bytes> = layer.open(0..layer.len()).map(|p| p.unwrap()).collect().await;
         assert_eq!(digest.layer, Some(<[u8; 32]>::from(sha2::Sha256::digest(served.concat()))));
+        assert_eq!(digest.file, Some(<[u8; 32]>::from(sha2::Sha256::digest(b"hello world"))));
     }
 
     #[test]

@@ -58,6 +58,9 @@ enum Urgency {
     ListingAsked,
     /// A scan.
     Scheduled,
+    /// A scan, for image layers: after every file's own digest, so those are known as soon
+    /// as they were before images (a layer's digest is a second SHA-256 over the same bytes).
+    ScheduledImageLayers,
 }
 
 /// What hashing one file needs: the snapshot it was listed in.
@@ -78,8 +81,13 @@ enum Outcome {
     Failed(ServiceError),
 }
 
-/// One file version whose digest is not known yet: queued, being hashed, or failed.
+/// One digest not known yet (a file version's, or its image layer's): queued, being hashed,
+/// or failed.
 struct Job {
+    /// Which digest of the file this job computes.
+    of: DigestOf,
+    /// The file's own identity (the job's key for [`DigestOf::File`]).
+    file: FileIdentity,
     model: String,
     size: u64,
     /// Whether the file is built rather than stored (a `.zt` model's safetensors view): its
@@ -92,9 +100,11 @@ struct Job {
 }
 
 impl Job {
-    fn new(input: Input, built: bool, outcome: Outcome) -> Job {
+    fn new(of: DigestOf, file: FileIdentity, input: Input, built: bool, outcome: Outcome) -> Job {
         let hashed = if matches!(outcome, Outcome::Known) { input.file.size } else { 0 };
         Job {
+            of,
+            file,
             model: input.model.id.clone(),
             size: input.file.size,
             built,
@@ -169,7 +179,7 @@ impl Queue {
     /// one is being hashed.
     fn pop(&mut self) -> Option<(FileIdentity, Arc<Job>)> {
         let waits = |(place, identity): &(Place, FileIdentity)| {
-            place.0 == Urgency::Scheduled && self.building > 0 && self.entries[identity].job.built
+            place.0 >= Urgency::Scheduled && self.building > 0 && self.entries[identity].job.built
         };
         let next = *self.order.iter().find(|queued| !waits(queued))?;
         self.order.remove(&next);
@@ -283,21 +293,42 @@ impl Service {
     /// gives (a Hub file's LFS id) is kept at once, unread; one a `SHA256SUMS` in the model's
     /// directory states is taken until a whole read checks it. Called after each scan.
     pub(crate) async fn schedule_digests(self: &Arc<Self>, catalog: &Arc<Catalog>) {
-        let mut wanted: Vec<(FileIdentity, Input, bool)> = Vec::new();
+        let mut wanted: Vec<(FileIdentity, Arc<Job>)> = Vec::new();
         let mut models = HashMap::new();
+        let mut layers = std::collections::HashSet::new();
         let mut unknown_files = 0;
         for model in catalog.models() {
             let Ok(manifest) = &model.state else { continue };
             let files = self.repository_files(catalog, model, manifest);
             let mut listed = Vec::with_capacity(files.len());
             let mut unknown = Vec::new();
+            let mut layer_candidates = Vec::new();
+            let ahead = match self.hashing.ahead {
+                crate::config::HashAhead::All => true,
+                crate::config::HashAhead::Local => model.source.kind() == "local",
+                crate::config::HashAhead::None => false,
+            };
+            let input = |file: &PublishedFile| Input {
+                catalog: Arc::clone(catalog),
+                model: Arc::clone(model),
+                manifest: Arc::clone(manifest),
+                file: file.clone(),
+            };
             for file in files {
                 let identity = self.digest_identity(catalog, model, manifest, &file);
                 listed.push((identity, file.size));
-                if self.digests_known(identity, &file) {
+                let layer = layer_identity(identity, &file.path);
+                layers.insert(layer);
+                let stated = self.source_sha256(catalog, model, manifest, &file);
+                // A file whose own digest its source states is read for its layer only when
+                // its image is asked for.
+                if stated.is_none() && self.digests.known(layer).is_none() {
+                    layer_candidates.push((layer, identity, file.clone()));
+                }
+                if self.digests.known(identity).is_some() {
                     continue;
                 }
-                if let Some(digest) = self.source_sha256(catalog, model, manifest, &file) {
+                if let Some(digest) = stated {
                     self.digests.insert(identity, digest);
                     continue;
                 }
@@ -312,33 +343,34 @@ impl Service {
                         continue;
                     }
                     unknown_files += 1;
-                    let ahead = match self.hashing.ahead {
-                        crate::config::HashAhead::All => true,
-                        crate::config::HashAhead::Local => model.source.kind() == "local",
-                        crate::config::HashAhead::None => false,
-                    };
                     if !ahead {
                         continue;
                     }
-                    let input = Input {
-                        catalog: Arc::clone(catalog),
-                        model: Arc::clone(model),
-                        manifest: Arc::clone(manifest),
-                        file,
-                    };
-                    wanted.push((identity, input, built));
+                    let job = Job::new(DigestOf::File, identity, input(&file), built, Outcome::Running);
+                    wanted.push((identity, Arc::new(job)));
+                }
+            }
+            // Layers ahead too, after every file's own digest; not of files a SHA256SUMS
+            // states, whose reading it spares (their layers are read when asked for).
+            for (layer, identity, file) in layer_candidates {
+                let framed = LayerFraming::of(&file.path, file.size).is_ok();
+                if ahead && framed && self.digests.unverified(identity).is_none() {
+                    let built = self.object_behind(catalog, model, manifest, &file).is_none();
+                    let job = Job::new(DigestOf::ImageLayer, identity, input(&file), built, Outcome::Running);
+                    wanted.push((layer, Arc::new(job)));
                 }
             }
             models.insert(model.id.clone(), ModelFiles { version: model.version.clone(), files: listed });
         }
         // Small files first: every model's config and tokenizer are known within moments.
-        wanted.sort_by_key(|(_, input, _)| input.file.size);
+        wanted.sort_by_key(|(_, job)| job.size);
         let known_files = models.values().flat_map(|m| &m.files).count() - unknown_files;
         {
             let mut queue = self.hashing.lock();
             // What a listed model publishes stays (asked for, when scans queue nothing).
-            let keep: std::collections::HashSet<FileIdentity> =
+            let mut keep: std::collections::HashSet<FileIdentity> =
                 models.values().flat_map(|m: &ModelFiles| m.files.iter().map(|(id, _)| *id)).collect();
+            keep.extend(layers);
             let gone: Vec<FileIdentity> = queue
                 .entries
                 .iter()
@@ -350,21 +382,25 @@ impl Service {
                     queue.order.remove(&(place, identity));
                 }
             }
-            for (identity, input, built) in wanted {
+            for (key, job) in wanted {
                 // Known since the scan looked (a request had it hashed meanwhile): kept as is.
-                if self.digests_known(identity, &input.file) {
+                if self.digests.known(key).is_some() {
                     continue;
                 }
-                match queue.entries.get(&identity) {
-                    Some(entry) => *entry.job.input.lock().expect("never poisoned") = input,
-                    None => {
-                        // Entered as failed, so that `enqueue` queues it like a file to retry.
-                        let job = Arc::new(Job::new(input, built, Outcome::Running));
-                        queue.entries.insert(identity, Entry { job, state: State::Failed });
+                let urgency = match job.of {
+                    DigestOf::File => Urgency::Scheduled,
+                    DigestOf::ImageLayer => Urgency::ScheduledImageLayers,
+                };
+                match queue.entries.get(&key) {
+                    Some(entry) => {
+                        let input = job.input.lock().expect("never poisoned").clone();
+                        *entry.job.input.lock().expect("never poisoned") = input;
                     }
+                    // Entered as failed, so that `enqueue` queues it like a file to retry.
+                    None => drop(queue.entries.insert(key, Entry { job, state: State::Failed })),
                 }
                 // A failed file is tried again after each scan.
-                queue.enqueue(identity, Urgency::Scheduled);
+                queue.enqueue(key, urgency);
             }
             queue.models = models;
             queue.known_files = known_files;
@@ -456,13 +492,13 @@ impl Service {
         }
     }
 
-    /// Computes `job`'s digest, keeps it, and tells its askers.
-    async fn hash(self: &Arc<Self>, identity: FileIdentity, job: &Arc<Job>) {
+    /// Computes `job`'s digest (the one kept under `key`), keeps it, and tells its askers.
+    async fn hash(self: &Arc<Self>, key: FileIdentity, job: &Arc<Job>) {
         let input = job.input.lock().expect("never poisoned").clone();
         // Stated (a SHA256SUMS read by a scan) or computed since the file was queued.
-        if self.digests_known(identity, &input.file) {
+        if self.digests.known(key).is_some() {
             let mut queue = self.hashing.lock();
-            queue.entries.remove(&identity);
+            queue.entries.remove(&key);
             job.outcome.send_replace(Outcome::Known);
             publish_gauges(&queue);
             return;
@@ -472,20 +508,30 @@ impl Service {
         // In a task of its own, so a panic in it fails this file, not the worker.
         let service = Arc::clone(self);
         let hashed = Arc::clone(&job.hashed);
+        let (of, file) = (job.of, job.file);
         let computed = tokio::spawn(async move {
-            let digests = service.compute_sha256(&input, hashed).await?;
+            // A layer's job reads the file once for both digests when its own is not known yet.
+            let (own, layer) = match of {
+                DigestOf::File => (true, None),
+                DigestOf::ImageLayer => {
+                    let framing = LayerFraming::of(&input.file.path, input.file.size)
+                        .map_err(|reason| ServiceError::NoImageLayer { model: input.model.id.clone(), reason })?;
+                    (service.digests.known(file).is_none(), Some(framing))
+                }
+            };
+            let digests = service.compute_sha256(&input, hashed, own, layer).await?;
             // Kept (and appended to the store, a blocking write) before the job leaves the
             // queue: an ask between the two finds the digest, never a file to hash again.
-            let path = input.file.path.clone();
-            // A file whose SHA256SUMS line was wrong, read for its layer before any whole read
-            // checked the line: reported as that check reports it.
-            if let Some(stated) = service.digests.unverified(identity).filter(|stated| *stated != digests.file) {
-                metrics::counter!(names::DIGEST_FAILURES).increment(1);
-                tracing::error!(model = %input.model.id, file = %path, stated = %hex::encode(stated), computed = %hex::encode(digests.file), "a stated digest does not match the file; its computed digest is served from now on");
-            }
-            tokio::task::spawn_blocking(move || service.keep(identity, &path, digests))
-                .await
-                .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))?;
+            tokio::task::spawn_blocking(move || {
+                if let Some(digest) = digests.file {
+                    service.digests.insert(file, digest);
+                }
+                if let Some(digest) = digests.layer {
+                    service.digests.insert(key, digest);
+                }
+            })
+            .await
+            .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))?;
             Ok(())
         })
         .await
@@ -494,13 +540,13 @@ impl Service {
         match computed {
             Ok(()) => {
                 self.hashing.learn_rate(job.size, started.elapsed());
-                queue.entries.remove(&identity);
+                queue.entries.remove(&key);
                 queue.known_files += 1;
                 job.outcome.send_replace(Outcome::Known);
             }
             Err(e) => {
                 tracing::warn!(model = %job.model, error = %e, "cannot compute a file's digest; it is tried again after the next scan or when asked");
-                if let Some(entry) = queue.entries.get_mut(&identity) {
+                if let Some(entry) = queue.entries.get_mut(&key) {
                     entry.state = State::Failed;
                 }
                 job.outcome.send_replace(Outcome::Failed(e));
@@ -509,16 +555,16 @@ impl Service {
         publish_gauges(&queue);
     }
 
-    /// The SHA-256 of `input`'s file and of its image layer, in one read; `hashed` counts its
-    /// bytes as they are.
+    /// The SHA-256 of `input`'s file when `own`, and of its image layer when `layer` frames it,
+    /// in one read; `hashed` counts its bytes as they are.
     async fn compute_sha256(
         self: &Arc<Self>,
         input: &Input,
         hashed: Arc<AtomicU64>,
+        own: bool,
+        layer: Option<LayerFraming>,
     ) -> Result<FileSha256s, ServiceError> {
         let Input { catalog, model, manifest, file } = input;
-        // A path no tar can name has no layer; an image of its model is refused as it is asked.
-        let framing = LayerFraming::of(&file.path, file.size).ok();
         let stored = match &file.what {
             Published::View(name) => match self.view(model, manifest).file(name).map(|f| f.bytes.clone()) {
                 Some(ViewBytes::Stored { file }) => Some(file),
@@ -534,7 +580,7 @@ impl Service {
                 let (buffer, spare) = (self.hashing.read_buffer, self.hashing.spare_page_cache);
                 let model_id = model.id.clone();
                 return tokio::task::spawn_blocking(move || {
-                    let hasher = FileHasher::new(framing.as_ref());
+                    let hasher = FileHasher::new(own, layer.as_ref());
                     hash_local_file(hasher, &open, len, buffer, spare, &hashed, (&source_name, &key))
                         .map_err(|source| ServiceError::Storage { model: model_id, source })
                 })
@@ -544,7 +590,8 @@ impl Service {
         }
         let bytes = self.published_bytes(catalog, model, manifest, &file.what).await?;
         tracing::debug!(model = %model.id, file = %file.path, size = file.size, "hashing a published file");
-        sha256_of(bytes.source.open(0..bytes.source.len()), framing, hashed, &model.id).await
+        sha256_of(bytes.source.open(0..bytes.source.len()), FileHasher::new(own, layer.as_ref()), hashed, &model.id)
+            .await
     }
 
     /// How long a request waits for digests being computed: `digests.file_wait_ms` for one
@@ -561,23 +608,6 @@ impl Service {
         match self.config.limits.request_timeout_secs {
             Some(limit) => wait.min(Duration::from_secs(limit).saturating_sub(Duration::from_secs(1))),
             None => wait,
-        }
-    }
-
-    /// The digest of `identity` (file `file`) when nothing more is to be learnt by reading it:
-    /// its own and its image layer's are both known (or it can have no layer).
-    fn digests_known(&self, identity: FileIdentity, file: &PublishedFile) -> bool {
-        self.digests.known(identity).is_some()
-            && (LayerFraming::of(&file.path, file.size).is_err()
-                || self.digests.known(layer_identity(identity, &file.path)).is_some())
-    }
-
-    /// Keeps what one read of `identity` (at `path`) gave: its digest, and its layer's
-    /// (blocking: both may be appended to the store).
-    fn keep(&self, identity: FileIdentity, path: &str, digests: FileSha256s) {
-        self.digests.insert(identity, digests.file);
-        if let Some(layer) = digests.layer {
-            self.digests.insert(layer_identity(identity, path), layer);
         }
     }
 
@@ -621,53 +651,52 @@ impl Service {
             }
         };
         let mut digests: Vec<Option<[u8; 32]>> = wanted.iter().map(|id| self.digests.known(*id)).collect();
+        let mut waiting = Vec::new();
+        for (((identity, key), file), digest) in identities.iter().zip(&wanted).zip(files).zip(&mut digests) {
+            if digest.is_some() {
+                continue;
+            }
+            if let (DigestOf::File, Some(stated)) = (of, self.source_sha256(catalog, model, manifest, file)) {
+                self.digests.insert(*identity, stated);
+                *digest = Some(stated);
+                continue;
+            }
+            let urgency = if files.len() == 1 { Urgency::FileAsked } else { Urgency::ListingAsked };
+            waiting.push(self.ask((*key, of, *identity), catalog, model, manifest, file, urgency));
+        }
+        if waiting.is_empty() {
+            return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
+        }
+        self.start_hashing();
         let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let mut waiting = Vec::new();
-            for (((identity, file), digest), wanted) in identities.iter().zip(files).zip(&mut digests).zip(&wanted) {
-                if digest.is_some() {
-                    continue;
+        let mut pending = Vec::new();
+        for (key, job) in waiting {
+            let mut outcome = job.outcome.subscribe();
+            let settled = tokio::time::timeout_at(deadline, outcome.wait_for(|o| !matches!(o, Outcome::Running))).await;
+            match settled.map(|o| o.map(|o| o.clone())) {
+                Ok(Ok(Outcome::Known)) => {
+                    let at = wanted.iter().position(|id| *id == key).expect("asked for");
+                    // Kept before its job said so.
+                    let known = self.digests.known(key);
+                    digests[at] =
+                        Some(known.ok_or_else(|| ServiceError::Internal("a digest said known is not".into()))?);
                 }
-                if let Some(known) = self.digests.known(*wanted) {
-                    *digest = Some(known);
-                    continue;
-                }
-                if let (DigestOf::File, Some(stated)) = (of, self.source_sha256(catalog, model, manifest, file)) {
-                    self.digests.insert(*identity, stated);
-                    *digest = Some(stated);
-                    continue;
-                }
-                let urgency = if files.len() == 1 { Urgency::FileAsked } else { Urgency::ListingAsked };
-                waiting.push(self.ask(*identity, catalog, model, manifest, file, urgency));
-            }
-            if waiting.is_empty() {
-                return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
-            }
-            self.start_hashing();
-            let mut pending = Vec::new();
-            for (identity, job) in waiting {
-                let mut outcome = job.outcome.subscribe();
-                let settled =
-                    tokio::time::timeout_at(deadline, outcome.wait_for(|o| !matches!(o, Outcome::Running))).await;
-                match settled.map(|o| o.map(|o| o.clone())) {
-                    // Its digests are kept: the next round takes them.
-                    Ok(Ok(Outcome::Known)) => {}
-                    Ok(Ok(Outcome::Failed(e))) => return Err(e),
-                    // Timed out (or the job was replaced by a newer scan): still running.
-                    _ => pending.push((identity, job)),
-                }
-            }
-            if !pending.is_empty() || tokio::time::Instant::now() >= deadline {
-                return Err(self.digest_pending(model, &pending));
+                Ok(Ok(Outcome::Failed(e))) => return Err(e),
+                // Timed out (or the job was replaced by a newer scan): still running.
+                _ => pending.push((key, job)),
             }
         }
+        if pending.is_empty() {
+            return Ok(digests.into_iter().map(|d| d.expect("every digest known")).collect());
+        }
+        Err(self.digest_pending(model, &pending))
     }
 
-    /// The job computing `identity`'s digest, moved up the queue to `urgency` (or made, for a
-    /// file no scan scheduled yet).
+    /// The job computing the digest kept under `key` (`of` the file whose identity is `file`),
+    /// moved up the queue to `urgency` (or made, for a digest no scan scheduled yet).
     fn ask(
         &self,
-        identity: FileIdentity,
+        (key, of, identity): (FileIdentity, DigestOf, FileIdentity),
         catalog: &Arc<Catalog>,
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
@@ -685,15 +714,15 @@ impl Service {
         // Checked again under the queue's lock. A finished computation keeps its digest before
         // its job leaves the queue, so an ask that races its end finds one or the other, and
         // a file is never hashed twice.
-        if self.digests_known(identity, file) {
-            return (identity, Arc::new(Job::new(input(), false, Outcome::Known)));
+        if self.digests.known(key).is_some() {
+            return (key, Arc::new(Job::new(of, identity, input(), false, Outcome::Known)));
         }
-        queue.entries.entry(identity).or_insert_with(|| Entry {
-            job: Arc::new(Job::new(input(), built, Outcome::Running)),
+        queue.entries.entry(key).or_insert_with(|| Entry {
+            job: Arc::new(Job::new(of, identity, input(), built, Outcome::Running)),
             state: State::Failed,
         });
-        queue.enqueue(identity, urgency);
-        (identity, Arc::clone(&queue.entries[&identity].job))
+        queue.enqueue(key, urgency);
+        (key, Arc::clone(&queue.entries[&key].job))
     }
 
     /// The refusal of a request whose digests of `model` are still being computed: how far
@@ -813,13 +842,15 @@ impl Service {
         // A task of its own: the check runs while the body streams, not when its end is polled.
         tokio::spawn(async move {
             let (model, path) = (&input.model.id, &input.file.path);
-            let computed = service.compute_sha256(&input, Arc::new(AtomicU64::new(0))).await;
+            let computed = service.compute_sha256(&input, Arc::new(AtomicU64::new(0)), true, None).await;
+            let computed = computed.and_then(|digests| {
+                digests.file.ok_or_else(|| ServiceError::Internal("a file's digest was not computed".into()))
+            });
             if let Ok(actual) = computed {
                 // Computed, it is the file's digest from now on (a blocking append to the store).
-                let (keeping, path) = (Arc::clone(&service), path.clone());
-                let _ = tokio::task::spawn_blocking(move || keeping.keep(identity, &path, actual)).await;
+                let keeping = Arc::clone(&service);
+                let _ = tokio::task::spawn_blocking(move || keeping.digests.insert(identity, actual)).await;
             }
-            let computed = computed.map(|digests| digests.file);
             let result = match computed {
                 Ok(actual) if actual == stated => {
                     metrics::counter!(names::DIGEST_CHECKS, "outcome" => "ok").increment(1);
@@ -890,7 +921,7 @@ fn hash_local_file(
     (source_name, key): (&str, &str),
 ) -> Result<FileSha256s, crate::storage::StorageError> {
     let mut piece = vec![0u8; buffer.max(4096)];
-    let counter = metrics::counter!(names::FILE_DIGEST_BYTES);
+    let counter = metrics::counter!(names::FILE_DIGEST_BYTES, "digest" => hasher.purpose());
     let pending = metrics::gauge!(names::DIGEST_PENDING_BYTES);
     let mut at = 0u64;
     while at < len {
