@@ -35,6 +35,17 @@ bench_stop() {  # name
   rm -f "$file"
 }
 
+# Fails when something already listens on 127.0.0.1:PORT: a leftover server there would be
+# measured in place of the one the script starts.
+bench_port_free() {  # port ...
+  for port in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "bench: 127.0.0.1:$port is already in use; stop what listens there first" >&2
+      return 1
+    fi
+  done
+}
+
 # Waits until URL answers 2xx, for at most 10 s.
 bench_wait() {  # url
   for _ in $(seq 500); do curl -sf -o /dev/null "$1" && return 0; sleep 0.02; done

@@ -367,16 +367,20 @@ impl OciState {
         Ok(self.artifact_and_layers(at).await?.0)
     }
 
-    /// The artifact, and its layers (in the order of `at.files`).
-    async fn artifact_and_layers(&self, at: &RepositoryAt) -> Result<(Artifact, Vec<LayerFile>), OciError> {
+    /// The digests `of` every file of the repository (in the order of `at.files`), waiting for
+    /// those being computed as a listing does.
+    async fn digests(&self, at: &RepositoryAt, of: DigestOf) -> Result<Vec<[u8; 32]>, OciError> {
         let files: Vec<&PublishedFile> = at.files.iter().collect();
         let wait = self.service.digest_wait(true);
-        let digests =
-            self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, DigestOf::File, wait).await?;
+        Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, of, wait).await?)
+    }
+
+    /// The artifact, and its layers (in the order of `at.files`).
+    async fn artifact_and_layers(&self, at: &RepositoryAt) -> Result<(Artifact, Vec<LayerFile>), OciError> {
         let layers: Vec<LayerFile> = at
             .files
             .iter()
-            .zip(digests)
+            .zip(self.digests(at, DigestOf::File).await?)
             .map(|(file, sha256)| LayerFile { path: file.path.clone(), size: file.size, sha256 })
             .collect();
         Ok((artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers), layers))
@@ -387,17 +391,13 @@ impl OciState {
         Ok(self.image_and_layers(at).await?.0)
     }
 
-    /// The image, and its layers (in the order of `at.files`), whose digests are computed with
-    /// the files' own, once per file version.
+    /// The image, and its layers (in the order of `at.files`), whose digests are computed once
+    /// per file version, as the files' own are.
     async fn image_and_layers(&self, at: &RepositoryAt) -> Result<(Image, Vec<ImageLayer>), OciError> {
-        let files: Vec<&PublishedFile> = at.files.iter().collect();
-        let wait = self.service.digest_wait(true);
-        let digests =
-            self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, DigestOf::ImageLayer, wait);
         let layers: Vec<ImageLayer> = at
             .files
             .iter()
-            .zip(digests.await?)
+            .zip(self.digests(at, DigestOf::ImageLayer).await?)
             .map(|(file, sha256)| {
                 let framing = LayerFraming::of(&file.path, file.size).expect("framed when its digest was computed");
                 ImageLayer { path: file.path.clone(), size: framing.len(), sha256 }

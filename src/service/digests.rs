@@ -150,9 +150,9 @@ impl FileHasher {
     }
 
     /// What its reads are counted as (`ztserve_file_digest_bytes_total{digest}`): a read for
-    /// an image layer, or for the file's own digest alone.
+    /// the file's own digest (its layer's too, perhaps), or for an image layer alone.
     pub(crate) fn purpose(&self) -> &'static str {
-        if self.layer.is_some() { "image_layer" } else { "file" }
+        if self.file.is_some() { "file" } else { "image_layer" }
     }
 
     pub(crate) fn update(&mut self, piece: &[u8]) {

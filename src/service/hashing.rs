@@ -88,6 +88,8 @@ struct Job {
     of: DigestOf,
     /// The file's own identity (the job's key for [`DigestOf::File`]).
     file: FileIdentity,
+    /// Whether a job for the file's own digest hashes its image layer in the same read.
+    with_layer: bool,
     model: String,
     size: u64,
     /// Whether the file is built rather than stored (a `.zt` model's safetensors view): its
@@ -105,6 +107,7 @@ impl Job {
         Job {
             of,
             file,
+            with_layer: false,
             model: input.model.id.clone(),
             size: input.file.size,
             built,
@@ -303,6 +306,7 @@ impl Service {
             let mut listed = Vec::with_capacity(files.len());
             let mut unknown = Vec::new();
             let mut layer_candidates = Vec::new();
+            let mut with_layer = std::collections::HashSet::new();
             let ahead = match self.hashing.ahead {
                 crate::config::HashAhead::All => true,
                 crate::config::HashAhead::Local => model.source.kind() == "local",
@@ -346,7 +350,11 @@ impl Service {
                     if !ahead {
                         continue;
                     }
-                    let job = Job::new(DigestOf::File, identity, input(&file), built, Outcome::Running);
+                    let mut job = Job::new(DigestOf::File, identity, input(&file), built, Outcome::Running);
+                    // A built file (a `.zt` model's view) may need decoding to be read: its
+                    // layer is hashed in the same read rather than decoded again.
+                    job.with_layer = built && LayerFraming::of(&file.path, file.size).is_ok();
+                    with_layer.extend(job.with_layer.then_some(identity));
                     wanted.push((identity, Arc::new(job)));
                 }
             }
@@ -354,7 +362,7 @@ impl Service {
             // states, whose reading it spares (their layers are read when asked for).
             for (layer, identity, file) in layer_candidates {
                 let framed = LayerFraming::of(&file.path, file.size).is_ok();
-                if ahead && framed && self.digests.unverified(identity).is_none() {
+                if ahead && framed && self.digests.unverified(identity).is_none() && !with_layer.contains(&identity) {
                     let built = self.object_behind(catalog, model, manifest, &file).is_none();
                     let job = Job::new(DigestOf::ImageLayer, identity, input(&file), built, Outcome::Running);
                     wanted.push((layer, Arc::new(job)));
@@ -508,17 +516,24 @@ impl Service {
         // In a task of its own, so a panic in it fails this file, not the worker.
         let service = Arc::clone(self);
         let hashed = Arc::clone(&job.hashed);
-        let (of, file) = (job.of, job.file);
+        let (of, file, with_layer) = (job.of, job.file, job.with_layer);
         let computed = tokio::spawn(async move {
             // A layer's job reads the file once for both digests when its own is not known yet.
+            let framing = || {
+                LayerFraming::of(&input.file.path, input.file.size)
+                    .map_err(|reason| ServiceError::NoImageLayer { model: input.model.id.clone(), reason })
+            };
             let (own, layer) = match of {
+                DigestOf::File if with_layer => (true, Some(framing()?)),
                 DigestOf::File => (true, None),
+                // Its own digest too, unless it is known or a job of its own computes it.
                 DigestOf::ImageLayer => {
-                    let framing = LayerFraming::of(&input.file.path, input.file.size)
-                        .map_err(|reason| ServiceError::NoImageLayer { model: input.model.id.clone(), reason })?;
-                    (service.digests.known(file).is_none(), Some(framing))
+                    let own =
+                        service.digests.known(file).is_none() && !service.hashing.lock().entries.contains_key(&file);
+                    (own, Some(framing()?))
                 }
             };
+            let layer_key = layer_identity(file, &input.file.path);
             let digests = service.compute_sha256(&input, hashed, own, layer).await?;
             // Kept (and appended to the store, a blocking write) before the job leaves the
             // queue: an ask between the two finds the digest, never a file to hash again.
@@ -527,7 +542,7 @@ impl Service {
                     service.digests.insert(file, digest);
                 }
                 if let Some(digest) = digests.layer {
-                    service.digests.insert(key, digest);
+                    service.digests.insert(layer_key, digest);
                 }
             })
             .await
@@ -541,7 +556,8 @@ impl Service {
             Ok(()) => {
                 self.hashing.learn_rate(job.size, started.elapsed());
                 queue.entries.remove(&key);
-                queue.known_files += 1;
+                // The gauge counts files; a layer is a second digest of one.
+                queue.known_files += usize::from(job.of == DigestOf::File);
                 job.outcome.send_replace(Outcome::Known);
             }
             Err(e) => {

@@ -219,27 +219,16 @@ async fn registry_clients_pull_every_model(source: ModelSource) {
         digests.push((name.clone(), ours.header("docker-content-digest").unwrap().to_owned()));
 
         // The image: its index and both platforms' manifests, configs and layers, copied
-        // whole (every digest checked), served the same by the reference registry.
+        // whole (every digest checked), served the same by the reference registry. Without
+        // `--preserve-digests`, skopeo gzips uncompressed layers on their way to a registry.
         let image = format!("docker://{address}/{name}:latest-image");
-        skopeo(&[
-            &policy_arg,
-            "copy",
-            "--all",
-            "--preserve-digests",
-            "--src-tls-verify=false",
-            &image,
-            &format!("oci:{}:image", layout.display()),
-        ]);
-        skopeo(&[
-            &policy_arg,
-            "copy",
-            "--all",
-            "--preserve-digests",
-            "--src-tls-verify=false",
-            "--dest-tls-verify=false",
-            &image,
-            &format!("docker://{}/{name}:latest-image", reference.address),
-        ]);
+        let into_layout = format!("oci:{}:image", layout.display());
+        let into_registry = format!("docker://{}/{name}:latest-image", reference.address);
+        for destination in [into_layout, into_registry] {
+            let (copy, all) = ("copy", "--all");
+            let tls = ["--src-tls-verify=false", "--dest-tls-verify=false"];
+            skopeo(&[&policy_arg, copy, all, "--preserve-digests", tls[0], tls[1], &image, &destination]);
+        }
         let index_type = [("Accept", "application/vnd.oci.image.index.v1+json")];
         let path = format!("/v2/{name}/manifests/latest-image");
         let (ours, theirs) =
