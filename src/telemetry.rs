@@ -173,7 +173,6 @@ fn register_at_zero() {
         CACHE_MISSES,
         CACHE_EVICTIONS,
         DIGEST_FAILURES,
-        FILE_DIGEST_BYTES,
         DISK_CACHE_HITS,
         DISK_CACHE_MISSES,
         DISK_CACHE_ORIGIN_BYTES,
@@ -193,6 +192,9 @@ fn register_at_zero() {
     }
     for outcome in ["ok", "mismatch"] {
         counter!(DIGEST_CHECKS, "outcome" => outcome).absolute(0);
+    }
+    for digest in ["file", "image_layer"] {
+        counter!(FILE_DIGEST_BYTES, "digest" => digest).absolute(0);
     }
     for reason in ["missing", "invalid"] {
         counter!(AUTH_FAILURES, "reason" => reason).absolute(0);
