@@ -1,4 +1,4 @@
-//! ztserve: serve tensors stored in zTensor (`.zt`) files and safetensors checkpoints.
+//! ztserve: serve tensors stored in zTensor (`.zt`) files, safetensors checkpoints and GGUF files.
 //!
 //! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} -> service ->
 //! {catalog, decode} -> storage -> format, with `api`, `config` and `telemetry` beside them; no
@@ -11,7 +11,7 @@
 //!   deprecated aliases.
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, read safetensors headers and checkpoint
-//!   indexes into the same manifest, plan a manifest's safetensors view (`format::view`) and
+//!   indexes, and GGUF headers and split models (`format::gguf`), into the same manifest, plan a manifest's safetensors view (`format::view`) and
 //!   slices of dense tensors as byte runs (`format::slice`), and render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files), S3 prefixes (`object_store`) and Hub repositories (the Hub's
@@ -21,8 +21,8 @@
 //!   last listing kept); the only `unsafe`, in `storage::mapped` (the crate denies it
 //!   everywhere else).
 //! - `catalog`: what the files say: the sources and their health, which models exist under
-//!   them (a `.zt` file with any v2 shards, a safetensors file, or a checkpoint's index and
-//!   shards) and the files beside each (config, tokenizer), their parsed manifests (cached by
+//!   them (a `.zt` file with any v2 shards, a safetensors file, a checkpoint's index and
+//!   shards, a GGUF file or a split GGUF model's parts) and the files beside each (config, tokenizer), their parsed manifests (cached by
 //!   file identity or ETag), and broken files.
 //! - `decode`: shared, cached decoding of components not stored verbatim, one concern per
 //!   file (stored-byte sources read with `pread` or streamed from S3, never loaded from a
@@ -56,7 +56,8 @@
 //!   same service; tokens as SigV4 keys; S3 error codes chosen here only, from the service's
 //!   error kinds.
 //! - `hf`: the Hugging Face Hub's read API at `/hf` (`HF_ENDPOINT`): each model a repository
-//!   of its companions and safetensors files, revisions as model versions, every file an LFS
+//!   of its companions and safetensors files (a directory's GGUF models one repository of
+//!   their GGUF files), revisions as model versions, every file an LFS
 //!   file whose oid is its SHA-256; the tokens as bearer tokens; Hub error codes chosen here
 //!   only.
 //! - `oci`: the OCI distribution API's read side at `/v2`: each model a repository (ids mapped

@@ -192,6 +192,8 @@ pub enum FormatError {
     TensorNotIndexed { tensor: String, shard: String },
     #[error("shard {shard:?}: {error}")]
     InShard { shard: String, error: Box<FormatError> },
+    #[error("GGUF header, at byte {at}: {detail}")]
+    Gguf { code: &'static str, at: u64, detail: String },
 }
 
 impl FormatError {
@@ -271,6 +273,7 @@ impl FormatError {
             TensorInWrongShard { .. } => "tensor_in_wrong_shard",
             TensorNotIndexed { .. } => "tensor_not_indexed",
             InShard { error, .. } => error.code(),
+            Gguf { code, .. } => code,
         }
     }
 }

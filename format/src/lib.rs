@@ -14,6 +14,7 @@
 mod cbor;
 pub mod decode;
 mod error;
+pub mod gguf;
 pub mod json;
 mod legacy;
 pub mod safetensors;
@@ -59,6 +60,8 @@ pub enum Container {
     /// A safetensors file, or a checkpoint of several under a `.safetensors.index.json`
     /// ([`safetensors`]): no magic, found by its name.
     Safetensors,
+    /// A GGUF file, or a split model of several ([`gguf`]): found by its name.
+    Gguf,
 }
 
 impl Container {
@@ -80,7 +83,7 @@ impl Container {
             Container::Legacy01 => 8,
             Container::V1 => 16,
             Container::V2 => v2::FOOTER_LEN,
-            Container::Safetensors => 0,
+            Container::Safetensors | Container::Gguf => 0,
         }
     }
 
@@ -92,6 +95,8 @@ impl Container {
             // Header and footer: a data shard holds nothing else.
             Container::V2 => HEADER_LEN + v2::FOOTER_LEN,
             Container::Safetensors => safetensors::LENGTH_FIELD,
+            // The magic, the version and the two counts.
+            Container::Gguf => 24,
         }
     }
 
@@ -102,6 +107,7 @@ impl Container {
             Container::V1 => "zt-1",
             Container::V2 => "zt-2",
             Container::Safetensors => "safetensors",
+            Container::Gguf => "gguf",
         }
     }
 }
@@ -113,6 +119,7 @@ impl fmt::Display for Container {
             Container::V1 => "ZTEN1000 (1.x)",
             Container::V2 => "zTensor v2",
             Container::Safetensors => "safetensors",
+            Container::Gguf => "GGUF",
         })
     }
 }
@@ -126,6 +133,8 @@ pub enum FileKind {
     Safetensors,
     /// `*.safetensors.index.json`: a sharded safetensors checkpoint's index.
     SafetensorsIndex,
+    /// `*.gguf`: a GGUF file, or a part of a split model (`name-00001-of-00003.gguf`).
+    Gguf,
 }
 
 impl FileKind {
@@ -140,25 +149,33 @@ impl FileKind {
             Some(FileKind::Safetensors)
         } else if name.len() > ".zt".len() && name.ends_with(".zt") {
             Some(FileKind::Zt)
+        } else if name.len() > ".gguf".len() && name.ends_with(".gguf") {
+            Some(FileKind::Gguf)
         } else {
             None
         }
     }
 
     /// The model id a file of this kind at `key` stands for: the path without its extension,
-    /// or, for an index, a `model.safetensors` and a `model.zt`, its directory (with the
-    /// file's stem when that is not `model`, or when the file is at the source's root), as the
-    /// Hub names a repository's single-file and sharded checkpoints.
+    /// or, for an index, a `model.safetensors`, a `model.zt` and a `model.gguf`, its directory
+    /// (with the file's stem when that is not `model`, or when the file is at the source's
+    /// root), as the Hub names a repository's single-file and sharded checkpoints. Every part
+    /// of a split GGUF model (`name-00001-of-00003.gguf`) names the model its prefix (`name`)
+    /// would.
     pub fn model_id(self, key: &str) -> String {
         // The Hub's name for a single-file checkpoint: the model is its directory, as a
         // `model.safetensors.index.json` there would make it.
-        let directory_or_stem = |suffix: &str| match key.strip_suffix(suffix).and_then(|k| k.strip_suffix("/model")) {
-            Some(dir) if !dir.is_empty() => dir.to_owned(),
-            _ => key.strip_suffix(suffix).unwrap_or(key).to_owned(),
-        };
+        let directory_or_stem = |suffix: &str| directory_or_stem_of(key, suffix);
         match self {
             FileKind::Zt => directory_or_stem(".zt"),
             FileKind::Safetensors => directory_or_stem(".safetensors"),
+            FileKind::Gguf => {
+                let name_at = key.rfind('/').map_or(0, |slash| slash + 1);
+                match gguf::split_name(&key[name_at..]) {
+                    Some((prefix, _, _)) => directory_or_stem_of(&format!("{}{prefix}.gguf", &key[..name_at]), ".gguf"),
+                    None => directory_or_stem(".gguf"),
+                }
+            }
             FileKind::SafetensorsIndex => {
                 let stem = key.strip_suffix(Self::SAFETENSORS_INDEX_SUFFIX).unwrap_or(key);
                 match stem.rsplit_once('/') {
@@ -167,6 +184,14 @@ impl FileKind {
                 }
             }
         }
+    }
+}
+
+/// `key` without `suffix`, or its directory when its name is `model` and it has one.
+fn directory_or_stem_of(key: &str, suffix: &str) -> String {
+    match key.strip_suffix(suffix).and_then(|k| k.strip_suffix("/model")) {
+        Some(dir) if !dir.is_empty() => dir.to_owned(),
+        _ => key.strip_suffix(suffix).unwrap_or(key).to_owned(),
     }
 }
 
@@ -747,6 +772,12 @@ mod tests {
             ("org/.safetensors", None),
             ("org/.zt", None),
             ("org/llama.zt.partial", None),
+            ("org/tiny-gguf/model.gguf", Some((FileKind::Gguf, "org/tiny-gguf"))),
+            ("org/tiny/tiny-Q4_K_M.gguf", Some((FileKind::Gguf, "org/tiny/tiny-Q4_K_M"))),
+            ("org/tiny/tiny-Q8_0-00002-of-00003.gguf", Some((FileKind::Gguf, "org/tiny/tiny-Q8_0"))),
+            ("org/tiny/model-00001-of-00002.gguf", Some((FileKind::Gguf, "org/tiny"))),
+            ("tiny-00001-of-00002.gguf", Some((FileKind::Gguf, "tiny"))),
+            ("org/.gguf", None),
         ];
         for (key, expected) in cases {
             let found = FileKind::of(key).map(|kind| (kind, kind.model_id(key)));

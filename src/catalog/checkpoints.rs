@@ -60,7 +60,7 @@ pub(super) fn resolve(
     let index = match &index_file.state {
         Ok(Parsed::Index(index)) => index,
         // Files are read by their kind, so an index never holds a manifest.
-        Ok(Parsed::Manifest(_)) => {
+        Ok(Parsed::Manifest(_) | Parsed::GgufPart(_)) => {
             return (files, Err(FormatError::SafetensorsIndex { detail: "not an index".into() }.into()));
         }
         Err(e) => return (files, Err(e.clone())),

@@ -6,8 +6,10 @@
 //! model has all of them. Where it holds several, a file belongs to the model whose file stem
 //! its path starts with, followed by `.`, `-`, `_` or `/` (the longest such stem:
 //! `llama.config.json`, `llama-tokenizer.json` and `llama/vocab.txt` are `llama.zt`'s), and to
-//! none when no stem fits, since nothing says which model it describes. A file with no model
-//! directory above it belongs to none.
+//! none when no stem fits, since nothing says which model it describes, unless every model
+//! there is a GGUF file: a directory of GGUF files is one repository's quantizations of one
+//! model, so such a file belongs to all of them. A file with no model directory above it
+//! belongs to none.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -34,9 +36,11 @@ pub(super) fn assign(
         listed.iter().filter(|l| FileKind::of(&l.key).is_some()).map(|l| directory(&l.key)).collect();
     // The models of each directory, by the stem of their first file.
     let mut stems_by_dir: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+    let mut all_gguf: BTreeMap<&str, bool> = BTreeMap::new();
     for model in models {
         let key = model.files[0].object.key.as_str();
         stems_by_dir.entry(directory(key)).or_default().push((stem(&key[directory(key).len()..]), &model.id));
+        *all_gguf.entry(directory(key)).or_insert(true) &= FileKind::of(key) == Some(FileKind::Gguf);
     }
     let mut by_model: BTreeMap<&str, Vec<Companion>> = BTreeMap::new();
     for file in listed.iter().filter(|l| FileKind::of(&l.key).is_none()) {
@@ -58,7 +62,13 @@ pub(super) fn assign(
             Some(several) => {
                 let named: Vec<&(&str, &str)> = several.iter().filter(|(stem, _)| names_stem(name, stem)).collect();
                 let longest = named.iter().map(|(stem, _)| stem.len()).max();
-                named.iter().filter(|(stem, _)| Some(stem.len()) == longest).map(|(_, id)| *id).collect()
+                if named.is_empty() && all_gguf.get(owner) == Some(&true) {
+                    // GGUF files of one directory are one repository's quantizations of one
+                    // model: what no stem names describes all of them.
+                    several.iter().map(|(_, id)| *id).collect()
+                } else {
+                    named.iter().filter(|(stem, _)| Some(stem.len()) == longest).map(|(_, id)| *id).collect()
+                }
             }
             None => Vec::new(),
         };
@@ -76,6 +86,10 @@ fn stem(name: &str) -> &str {
         Some(FileKind::SafetensorsIndex) => FileKind::SAFETENSORS_INDEX_SUFFIX,
         Some(FileKind::Safetensors) => ".safetensors",
         Some(FileKind::Zt) => ".zt",
+        Some(FileKind::Gguf) => match crate::format::gguf::split_name(name) {
+            Some((prefix, _, _)) => return prefix,
+            None => ".gguf",
+        },
         None => "",
     };
     &name[..name.len() - suffix.len()]
@@ -95,6 +109,8 @@ mod tests {
         assert_eq!(stem("llama.zt"), "llama");
         assert_eq!(stem("model.safetensors.index.json"), "model");
         assert_eq!(stem("m.v1.safetensors"), "m.v1");
+        assert_eq!(stem("tiny-Q4_K_M.gguf"), "tiny-Q4_K_M");
+        assert_eq!(stem("tiny-Q8_0-00002-of-00003.gguf"), "tiny-Q8_0");
         assert!(names_stem("llama.config.json", "llama"));
         assert!(names_stem("llama-tokenizer.json", "llama"));
         assert!(names_stem("llama_notes.txt", "llama"));

@@ -14,6 +14,7 @@
 
 mod checkpoints;
 mod companions;
+mod gguf_splits;
 mod model;
 mod read;
 mod scan;

@@ -1,13 +1,14 @@
 //! Reading what a listed file holds, by its kind: a `.zt` manifest (its header and tail
-//! first, then the one read a large manifest may need), a safetensors header, or a
-//! checkpoint's index; parsing runs off the async runtime.
+//! first, then the one read a large manifest may need), a safetensors header, a checkpoint's
+//! index, or a GGUF header (a prefix, grown while the header runs past it); parsing runs off
+//! the async runtime.
 
 use std::sync::Arc;
 
 use super::CatalogError;
 use super::scan::{Parsed, ScanOptions};
-use crate::format::safetensors;
 use crate::format::{FileKind, FormatError, Manifest, ManifestReads};
+use crate::format::{gguf, safetensors};
 use crate::storage::{ObjectVersion, StorageError};
 
 /// Reads what a listed file holds, by its kind.
@@ -31,7 +32,36 @@ pub(super) async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -
             let manifest = blocking(object, move || reads.parse(&first, &missing)?.into_manifest(size)).await?;
             Ok(Parsed::Manifest(Arc::new(manifest)))
         }
+        Some(FileKind::Gguf) => {
+            let header = read_gguf_header(object, options).await?;
+            let name = object.key.rsplit('/').next().unwrap_or(&object.key);
+            if gguf::split_name(name).is_some() {
+                return Ok(Parsed::GgufPart(Arc::new(header)));
+            }
+            let size = object.size;
+            Ok(Parsed::Manifest(Arc::new(blocking(object, move || header.into_manifest(size)).await?)))
+        }
         _ => Ok(Parsed::Manifest(Arc::new(read_remote_manifest(object, options).await?))),
+    }
+}
+
+/// Reads a GGUF file's header: a prefix of `manifest_suffix_bytes`, then, while the header
+/// runs past what was read, the bytes after it (each read at least tripling what is held).
+async fn read_gguf_header(object: &ObjectVersion, options: &ScanOptions) -> Result<gguf::Header, CatalogError> {
+    let reads = gguf::HeaderReads { file_len: object.size };
+    let mut held = object.fetch(reads.first(options.manifest_suffix_bytes), "manifest").await?;
+    loop {
+        let prefix = held.clone();
+        let size = object.size;
+        match blocking(object, move || Ok(gguf::parse_header(&prefix, size))).await? {
+            Ok(header) => return Ok(header),
+            Err(gguf::HeaderRead::Invalid(e)) => return Err(e.into()),
+            Err(gguf::HeaderRead::NeedMore { needed }) => {
+                let next = reads.next(held.len() as u64, needed);
+                let more = object.fetch(held.len() as u64..next.end, "manifest").await?;
+                held = [held.as_ref(), more.as_ref()].concat().into();
+            }
+        }
     }
 }
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use futures_util::StreamExt as _;
 
 use super::read::read_listed;
-use super::{Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, shards};
+use super::{
+    Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, gguf_splits, shards,
+};
 use crate::format::safetensors::Index;
 use crate::format::{FileKind, FormatError, Limits, Manifest};
 use crate::storage::{Listed, ObjectVersion, StorageError};
@@ -41,6 +43,9 @@ pub(super) enum Parsed {
     Manifest(Arc<Manifest>),
     /// A sharded safetensors checkpoint's index.
     Index(Arc<Index>),
+    /// A part of a split GGUF model (`name-00001-of-00003.gguf`): its header, read with the
+    /// other parts' into the model's manifest.
+    GgufPart(Arc<crate::format::gguf::Header>),
 }
 
 impl ParsedFile {
@@ -51,6 +56,12 @@ impl ParsedFile {
             Ok(Parsed::Index(_)) => {
                 Err(FormatError::SafetensorsIndex { detail: "an index, where a tensor file belongs".into() }.into())
             }
+            Ok(Parsed::GgufPart(_)) => Err(FormatError::Gguf {
+                code: "gguf_split",
+                at: 0,
+                detail: "a part of a split model, read with its other parts".into(),
+            }
+            .into()),
             Err(e) => Err(e.clone()),
         }
     }
@@ -122,6 +133,15 @@ pub(super) async fn models_of(
                 (files, checkpoint.and_then(|c| c.assemble()), Some(crate::format::Container::Safetensors))
             }
             FileKind::Safetensors if claimed.contains(object.key.as_str()) => continue,
+            FileKind::Gguf if gguf_splits::is_part(&object.key) => {
+                // The first part listed stands for the model; the others are its files.
+                let Some((files, assembled)) = gguf_splits::resolve(source, object, &parsed) else { continue };
+                if let Some(model) = previous.get(&id).filter(|m| m.still_valid_for(source, &files)) {
+                    models.push(Arc::clone(model));
+                    continue;
+                }
+                (files, assembled, Some(crate::format::Container::Gguf))
+            }
             _ if matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))) => continue,
             _ => {
                 let root = || StoredFile::new(version_of(source, object));

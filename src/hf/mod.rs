@@ -4,7 +4,8 @@
 //! `resolve` (and the empty agent-harness registry clients ask for). Each model is a repository
 //! ([`repos`]: ids map to repo ids without collisions) holding its companions and its weights
 //! as safetensors (stored `.zt` files are not listed, so a snapshot does not fetch the weights
-//! twice). A revision is a model version: `main` is the current one, its commit id is derived
+//! twice), except GGUF models: a directory's GGUF files are one repository of their directory
+//! ([`repository_of`]), as the Hub holds a model's quantizations. A revision is a model version: `main` is the current one, its commit id is derived
 //! from every file's version, and a `resolve` of `main` redirects to the commit, so a download
 //! never mixes versions. Every file is an LFS file whose oid and ETag are the SHA-256 of its
 //! bytes. Access uses the existing tokens as bearer tokens, with the Hub's 401/404 meanings;
@@ -115,7 +116,9 @@ async fn answer(
         .collect::<Result<Vec<String>, _>>()
         .map_err(|e| HubError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
     let catalog = state.service.catalog();
-    let route = repos::route(&segments, |repo| repos::model_id_of(repo).is_some_and(|id| catalog.get(&id).is_some()));
+    let route = repos::route(&segments, |repo| {
+        repos::model_id_of(repo).is_some_and(|id| !members_of(&catalog, &id, |_| true).is_empty())
+    });
     let query = Query::of(uri);
     let caller = Caller::of(&state.tokens, headers)?;
     let only = |allowed: &'static str| {
@@ -172,26 +175,61 @@ impl Caller {
 struct RepoAt {
     repo: String,
     catalog: Arc<Catalog>,
-    model: Arc<Model>,
-    manifest: Arc<Manifest>,
+    /// The models whose files it holds ([`repository_of`]): one, or a directory's GGUF models.
+    members: Vec<(Arc<Model>, Arc<Manifest>)>,
     /// Its files, sorted by path.
     files: Vec<PublishedFile>,
+    /// The member each file is of.
+    owners: Vec<usize>,
     commit: String,
     /// Whether the request named the commit (rather than `main`).
     pinned: bool,
 }
 
 impl RepoAt {
-    fn file(&self, path: &str) -> Result<&PublishedFile, HubError> {
-        match self.files.binary_search_by(|f| f.path.as_str().cmp(path)) {
-            Ok(index) => Ok(&self.files[index]),
-            Err(_) => Err(HubError::EntryNotFound {
-                repo: self.repo.clone(),
-                path: path.to_owned(),
-                commit: self.commit.clone(),
-            }),
+    /// The index of the file at `path`.
+    fn file(&self, path: &str) -> Result<usize, HubError> {
+        self.files.binary_search_by(|f| f.path.as_str().cmp(path)).map_err(|_| HubError::EntryNotFound {
+            repo: self.repo.clone(),
+            path: path.to_owned(),
+            commit: self.commit.clone(),
+        })
+    }
+
+    /// The model the repository is named after, or its first GGUF model.
+    fn model(&self) -> &Arc<Model> {
+        &self.members[0].0
+    }
+}
+
+/// The id of the repository `model` is published in: a GGUF model's directory (every GGUF
+/// model of a directory is one repository, as the Hub holds a model's quantizations, which
+/// `llama.cpp -hf org/repo:Q4_K_M` picks among), unless a model of another format has that id;
+/// any other model's own id.
+fn repository_of(catalog: &Catalog, model: &Model) -> String {
+    if model.container == Some(crate::format::Container::Gguf) {
+        let key = &model.files[0].object.key;
+        if let Some((dir, _)) = key.rsplit_once('/') {
+            let taken = catalog.get(dir).is_some_and(|m| m.container != Some(crate::format::Container::Gguf));
+            if !taken {
+                return dir.to_owned();
+            }
         }
     }
+    model.id.clone()
+}
+
+/// The models of repository `id` (their ids, sorted), among those `allows` lets through: the
+/// model of that id, and the valid GGUF models of that directory.
+fn members_of(catalog: &Catalog, id: &str, allows: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut members: Vec<String> = catalog
+        .models()
+        .filter(|m| allows(&m.id) && (m.id == id || (m.id.starts_with(id) && m.state.is_ok())))
+        .filter(|m| repository_of(catalog, m) == id)
+        .map(|m| m.id.clone())
+        .collect();
+    members.sort();
+    members
 }
 
 impl HubState {
@@ -202,14 +240,29 @@ impl HubState {
             metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
             return Err(missing());
         };
-        let id = repos::model_id_of(repo).filter(|id| access.allows(id)).ok_or_else(missing)?;
+        let id = repos::model_id_of(repo).ok_or_else(missing)?;
         let catalog = self.service.catalog();
-        if self.service.is_ready() && catalog.get(&id).is_none() {
-            return Err(missing());
+        let mut ids = members_of(&catalog, &id, |m| access.allows(m));
+        if ids.is_empty() {
+            if self.service.is_ready() || !access.allows(&id) {
+                return Err(missing());
+            }
+            // Not ready yet: the model named answers why.
+            ids.push(id.clone());
         }
         tracing::Span::current().record("model", id.as_str());
-        let (model, manifest) = self.service.model(&id)?;
-        let files = self.service.repository_files(&catalog, &model, &manifest);
+        let mut members = Vec::with_capacity(ids.len());
+        let mut listed: Vec<(PublishedFile, usize)> = Vec::new();
+        for member in &ids {
+            let (model, manifest) = self.service.model(member)?;
+            let files = self.service.repository_files(&catalog, &model, &manifest);
+            listed.extend(files.into_iter().map(|f| (f, members.len())));
+            members.push((model, manifest));
+        }
+        // A file beside several GGUF models (a README) is listed once.
+        listed.sort_by(|a, b| a.0.path.cmp(&b.0.path));
+        listed.dedup_by(|later, first| later.0.path == first.0.path);
+        let (files, owners): (Vec<PublishedFile>, Vec<usize>) = listed.into_iter().unzip();
         let commit = repos::commit_of(files.iter().map(|f| (f.path.as_str(), f.etag.as_str())));
         let pinned = match revision {
             None | Some("main") => false,
@@ -218,20 +271,34 @@ impl HubState {
                 return Err(HubError::RevisionNotFound { repo: repo.to_owned(), revision: other.to_owned() });
             }
         };
-        Ok(RepoAt { repo: repo.to_owned(), catalog, model, manifest, files, commit, pinned })
+        Ok(RepoAt { repo: repo.to_owned(), catalog, members, files, owners, commit, pinned })
     }
 
-    /// The SHA-256 of `file` of `at`, waiting `digests.file_wait_ms` at most.
-    async fn sha256(&self, at: &RepoAt, file: &PublishedFile) -> Result<[u8; 32], HubError> {
+    /// The SHA-256 of file `index` of `at`, waiting `digests.file_wait_ms` at most.
+    async fn sha256(&self, at: &RepoAt, index: usize) -> Result<[u8; 32], HubError> {
         let wait = self.service.digest_wait(false);
-        Ok(self.service.published_sha256(&at.catalog, &at.model, &at.manifest, file, wait).await?)
+        let (model, manifest) = &at.members[at.owners[index]];
+        Ok(self.service.published_sha256(&at.catalog, model, manifest, &at.files[index], wait).await?)
     }
 
-    /// The SHA-256 of each of `files` of `at`, for a listing: waiting
+    /// The SHA-256 of each of the files `indices` of `at`, for a listing: waiting
     /// `digests.listing_wait_secs` at most.
-    async fn sha256s(&self, at: &RepoAt, files: &[&PublishedFile]) -> Result<Vec<[u8; 32]>, HubError> {
+    async fn sha256s(&self, at: &RepoAt, indices: &[usize]) -> Result<Vec<[u8; 32]>, HubError> {
         let wait = self.service.digest_wait(true);
-        Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, files, DigestOf::File, wait).await?)
+        let mut digests = vec![[0u8; 32]; indices.len()];
+        for (member, (model, manifest)) in at.members.iter().enumerate() {
+            let mine: Vec<usize> = (0..indices.len()).filter(|&i| at.owners[indices[i]] == member).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let files: Vec<&PublishedFile> = mine.iter().map(|&i| &at.files[indices[i]]).collect();
+            let found =
+                self.service.published_sha256s(&at.catalog, model, manifest, &files, DigestOf::File, wait).await?;
+            for (i, digest) in mine.into_iter().zip(found) {
+                digests[i] = digest;
+            }
+        }
+        Ok(digests)
     }
 }
 
@@ -285,10 +352,10 @@ fn header_value(text: &str) -> HeaderValue {
 /// `GET /api/models/{repo}[/revision/{revision}]`: the repository's info; with `blobs`, each
 /// file's size and LFS digest.
 async fn model_info(state: &HubState, at: &RepoAt, blobs: bool) -> Result<Response, HubError> {
-    let date = hub_date(at.model.found_at);
+    let date = hub_date(at.model().found_at);
     let siblings: Vec<Value> = if blobs {
-        let files: Vec<&PublishedFile> = at.files.iter().collect();
-        let digests = state.sha256s(at, &files).await?;
+        let all: Vec<usize> = (0..at.files.len()).collect();
+        let digests = state.sha256s(at, &all).await?;
         at.files
             .iter()
             .zip(digests)
@@ -354,8 +421,8 @@ fn directory_entry(at: &RepoAt, path: &str, expand: bool) -> Value {
 fn last_commit(at: &RepoAt) -> Value {
     json!({
         "id": at.commit,
-        "title": format!("model version {}", crate::service::version_token(&at.model)),
-        "date": hub_date(at.model.found_at),
+        "title": format!("model version {}", crate::service::version_token(at.model())),
+        "date": hub_date(at.model().found_at),
     })
 }
 
@@ -366,10 +433,10 @@ async fn entries_json(
     entries: &[TreeEntry],
     expand: bool,
 ) -> Result<Vec<Value>, HubError> {
-    let files: Vec<&PublishedFile> = entries
+    let files: Vec<usize> = entries
         .iter()
         .filter_map(|e| match e {
-            TreeEntry::File(index) => Some(&at.files[*index]),
+            TreeEntry::File(index) => Some(*index),
             TreeEntry::Directory(_) => None,
         })
         .collect();
@@ -474,11 +541,14 @@ async fn list_models(
     let mut listed: Vec<(String, Arc<Model>)> = catalog
         .models()
         .filter(|m| m.state.is_ok() && access.allows(&m.id))
-        .filter_map(|m| Some((repos::repo_id_of(&m.id)?, Arc::clone(m))))
+        .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m))?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
         .filter(|_| tags.iter().all(|t| REPO_TAGS.contains(t)))
         .collect();
+    // A repository of several GGUF models is listed once, dated by its earliest.
+    listed.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.found_at.cmp(&b.1.found_at)));
+    listed.dedup_by(|later, first| later.0 == first.0);
     match query.get("sort") {
         Some("lastModified" | "last_modified" | "createdAt" | "created_at") => {
             listed.sort_by(|a, b| a.1.found_at.cmp(&b.1.found_at).then_with(|| a.0.cmp(&b.0)))
@@ -594,7 +664,8 @@ async fn resolve(
     head: bool,
     headers: &HeaderMap,
 ) -> Result<Response, HubError> {
-    let file = at.file(path)?;
+    let index = at.file(path)?;
+    let file = &at.files[index];
     let commit = (HeaderName::from_static("x-repo-commit"), header_value(&at.commit));
     if !at.pinned {
         let encoded: Vec<String> = path.split('/').map(crate::api::segment).collect();
@@ -609,8 +680,9 @@ async fn resolve(
         )
             .into_response());
     }
-    let digest = state.sha256(at, file).await?;
-    let bytes = state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
+    let digest = state.sha256(at, index).await?;
+    let (model, manifest) = &at.members[at.owners[index]];
+    let bytes = state.service.published_file_bytes(&at.catalog, model, manifest, file).await?;
     let etag = format!("\"{}\"", hex::encode(digest));
     let representation = Representation {
         source: bytes.source,

@@ -111,6 +111,7 @@ pub(super) async fn transfer(
             FileKind::Zt => format::parse_file(&bytes, &options.limits).map(drop),
             FileKind::Safetensors => format::safetensors::parse_file(&bytes).map(drop),
             FileKind::SafetensorsIndex => format::safetensors::parse_index(&bytes).map(drop),
+            FileKind::Gguf => format::gguf::parse_file(&bytes).map(drop),
         };
         parsed.context("the pulled file does not parse; it was not moved into place")?;
     }

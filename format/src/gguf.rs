@@ -1,0 +1,888 @@
+//! GGUF files (ggml's format: llama.cpp, Ollama, LM Studio), read purely, versions 2 and 3
+//! as ggml's `docs/gguf.md` states them: the `GGUF` magic, the version, the tensor and
+//! key-value counts, the metadata key-values, the tensor infos, padding to `general.alignment`,
+//! then the tensor data. Every rule the specification states is checked, every count, length
+//! and offset bounded before anything is read or allocated ([`MAX_TENSORS`] and the other
+//! limits), so a hostile file gets a precise reason. Tensors become objects: the dense GGML
+//! types (F32, F16, BF16, F64, I8 … I64) as `dense` tensors of the zTensor dtype, the
+//! block-quantized ones as `ggml_quantized` objects whose one `data` component is the raw
+//! blocks (logical type `ggml_<type>`, the block geometry in the object's attributes). Shapes
+//! are written row-major, outermost first, as numpy and the `gguf` reader show them (GGUF lists
+//! `ne[0]`, the innermost, first). A split model (`name-00001-of-00003.gguf`, the `split.*`
+//! keys) is [`assemble`]d into one manifest.
+
+use std::ops::Range;
+
+use crate::{
+    ByteOrder, Component, Container, DType, DigestScope, Encoding, FormatError, Manifest, Object, Result, Value,
+};
+
+/// The magic every GGUF file starts with.
+pub const MAGIC: &[u8; 4] = b"GGUF";
+/// The alignment of tensor data when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Most dimensions a tensor has (ggml's `GGML_MAX_DIMS`).
+pub const MAX_DIMS: usize = 4;
+/// Longest tensor name, in bytes (the specification's 64).
+pub const MAX_TENSOR_NAME: u64 = 64;
+/// Longest metadata key, in bytes (the specification's 65535).
+pub const MAX_KEY: u64 = 65_535;
+/// Longest metadata string value, in bytes (a chat template is tens of KiB).
+pub const MAX_STRING: u64 = 16 << 20;
+/// Most elements of one metadata array (a tokenizer's vocabulary is about 10^5, its merges 10^6).
+pub const MAX_ARRAY: u64 = 1 << 24;
+/// Deepest nesting of metadata arrays (arrays of arrays of …).
+pub const MAX_ARRAY_DEPTH: usize = 4;
+/// Most tensors in one file.
+pub const MAX_TENSORS: u64 = 1 << 20;
+/// Most metadata key-values in one file.
+pub const MAX_KVS: u64 = 1 << 20;
+/// Longest header (everything before the tensor data) read, in bytes.
+pub const MAX_HEADER: u64 = 1 << 30;
+/// Arrays longer than this appear in a manifest's attributes as their type and length only.
+pub const KEPT_ARRAY: u64 = 64;
+
+/// A GGML tensor type: its GGUF id, name and block geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GgmlType {
+    pub id: u32,
+    /// As ggml names it (`Q4_K`).
+    pub name: &'static str,
+    /// Elements per block (1 for the dense types).
+    pub block_elements: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// The zTensor dtype of a dense type's elements; `None` for a block-quantized type.
+    pub dense: Option<DType>,
+}
+
+impl GgmlType {
+    /// The logical type a block-quantized tensor's bytes carry (`ggml_q4_k`).
+    pub fn logical_type(&self) -> String {
+        format!("ggml_{}", self.name.to_ascii_lowercase())
+    }
+
+    /// Bytes `elements` elements take, or `None` when they are not whole blocks or overflow.
+    pub fn bytes_of(&self, elements: u64) -> Option<u64> {
+        (elements % self.block_elements == 0).then(|| (elements / self.block_elements).checked_mul(self.block_bytes))?
+    }
+}
+
+const QK_K: u64 = 256;
+
+const fn dense(id: u32, name: &'static str, dtype: DType, width: u64) -> GgmlType {
+    GgmlType { id, name, block_elements: 1, block_bytes: width, dense: Some(dtype) }
+}
+
+const fn blocks(id: u32, name: &'static str, block_elements: u64, block_bytes: u64) -> GgmlType {
+    GgmlType { id, name, block_elements, block_bytes, dense: None }
+}
+
+/// Every GGML type a GGUF file may hold, with the geometry of ggml's `type_traits` (the `gguf`
+/// package's `GGML_QUANT_SIZES`).
+pub const TYPES: [GgmlType; 34] = [
+    dense(0, "F32", DType::F32, 4),
+    dense(1, "F16", DType::F16, 2),
+    blocks(2, "Q4_0", 32, 2 + 16),
+    blocks(3, "Q4_1", 32, 2 + 2 + 16),
+    blocks(6, "Q5_0", 32, 2 + 4 + 16),
+    blocks(7, "Q5_1", 32, 2 + 2 + 4 + 16),
+    blocks(8, "Q8_0", 32, 2 + 32),
+    blocks(9, "Q8_1", 32, 4 + 4 + 32),
+    blocks(10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
+    blocks(11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),
+    blocks(12, "Q4_K", QK_K, 2 + 2 + QK_K / 2 + 12),
+    blocks(13, "Q5_K", QK_K, 2 + 2 + QK_K / 2 + QK_K / 8 + 12),
+    blocks(14, "Q6_K", QK_K, 2 + QK_K / 2 + QK_K / 4 + QK_K / 16),
+    blocks(15, "Q8_K", QK_K, 4 + QK_K + QK_K / 8),
+    blocks(16, "IQ2_XXS", QK_K, 2 + QK_K / 4),
+    blocks(17, "IQ2_XS", QK_K, 2 + QK_K / 4 + QK_K / 32),
+    blocks(18, "IQ3_XXS", QK_K, 2 + QK_K / 4 + QK_K / 8),
+    blocks(19, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16),
+    blocks(20, "IQ4_NL", 32, 2 + 16),
+    blocks(21, "IQ3_S", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4),
+    blocks(22, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16),
+    blocks(23, "IQ4_XS", QK_K, 2 + 2 + QK_K / 2 + QK_K / 64),
+    dense(24, "I8", DType::I8, 1),
+    dense(25, "I16", DType::I16, 2),
+    dense(26, "I32", DType::I32, 4),
+    dense(27, "I64", DType::I64, 8),
+    dense(28, "F64", DType::F64, 8),
+    blocks(29, "IQ1_M", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32),
+    dense(30, "BF16", DType::BF16, 2),
+    blocks(34, "TQ1_0", QK_K, 2 + 4 * 13),
+    blocks(35, "TQ2_0", QK_K, 2 + 64),
+    blocks(39, "MXFP4", 32, 1 + 16),
+    blocks(40, "NVFP4", 64, 4 + 32),
+    blocks(41, "Q1_0", 128, 2 + 16),
+];
+
+/// The GGML type of GGUF id `id`.
+pub fn ggml_type(id: u32) -> Option<GgmlType> {
+    TYPES.iter().copied().find(|t| t.id == id)
+}
+
+/// The GGML type named `name` (`Q4_K`), any case.
+pub fn ggml_type_named(name: &str) -> Option<GgmlType> {
+    TYPES.iter().copied().find(|t| t.name.eq_ignore_ascii_case(name))
+}
+
+/// The GGML type of a block-quantized tensor's logical type (`ggml_q4_k`).
+pub fn quantized_type(logical_type: &str) -> Option<GgmlType> {
+    logical_type.strip_prefix("ggml_").and_then(ggml_type_named).filter(|t| t.dense.is_none())
+}
+
+/// Types ggml once had and removed from GGUF files: named in the refusal.
+fn removed_type(id: u32) -> Option<&'static str> {
+    match id {
+        4 => Some("Q4_2"),
+        5 => Some("Q4_3"),
+        31 => Some("Q4_0_4_4"),
+        32 => Some("Q4_0_4_8"),
+        33 => Some("Q4_0_8_8"),
+        36 => Some("IQ4_NL_4_4"),
+        37 => Some("IQ4_NL_4_8"),
+        38 => Some("IQ4_NL_8_8"),
+        _ => None,
+    }
+}
+
+/// The object format of block-quantized GGML tensors.
+pub const QUANTIZED_FORMAT: &str = "ggml_quantized";
+
+/// A metadata value's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl ValueType {
+    fn of(id: u32) -> Option<ValueType> {
+        use ValueType::*;
+        Some(match id {
+            0 => U8,
+            1 => I8,
+            2 => U16,
+            3 => I16,
+            4 => U32,
+            5 => I32,
+            6 => F32,
+            7 => Bool,
+            8 => String,
+            9 => Array,
+            10 => U64,
+            11 => I64,
+            12 => F64,
+            _ => return None,
+        })
+    }
+
+    /// As the `gguf` package names it (`UINT32`).
+    pub fn name(self) -> &'static str {
+        use ValueType::*;
+        match self {
+            U8 => "UINT8",
+            I8 => "INT8",
+            U16 => "UINT16",
+            I16 => "INT16",
+            U32 => "UINT32",
+            I32 => "INT32",
+            F32 => "FLOAT32",
+            Bool => "BOOL",
+            String => "STRING",
+            Array => "ARRAY",
+            U64 => "UINT64",
+            I64 => "INT64",
+            F64 => "FLOAT64",
+        }
+    }
+
+    fn fixed_width(self) -> Option<u64> {
+        use ValueType::*;
+        match self {
+            U8 | I8 | Bool => Some(1),
+            U16 | I16 => Some(2),
+            U32 | I32 | F32 => Some(4),
+            U64 | I64 | F64 => Some(8),
+            String | Array => None,
+        }
+    }
+}
+
+/// A metadata value as kept: scalars and short arrays whole, long arrays as their element type
+/// and length ([`KEPT_ARRAY`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    Int(i128),
+    Float(f64),
+    Bool(bool),
+    Text(String),
+    Array(Vec<MetaValue>),
+    /// An array too long to keep: its element type and length.
+    LongArray {
+        of: ValueType,
+        len: u64,
+    },
+}
+
+impl MetaValue {
+    /// As a manifest attribute: a long array as `{"array_of": TYPE, "length": N}`.
+    pub fn to_value(&self) -> Value {
+        match self {
+            MetaValue::Int(i) => match i64::try_from(*i) {
+                Ok(v) => Value::Integer(v.into()),
+                Err(_) => Value::Integer(u64::try_from(*i).unwrap_or(u64::MAX).into()),
+            },
+            MetaValue::Float(f) => Value::Float(*f),
+            MetaValue::Bool(b) => Value::Bool(*b),
+            MetaValue::Text(t) => Value::Text(t.clone()),
+            MetaValue::Array(items) => Value::Array(items.iter().map(MetaValue::to_value).collect()),
+            MetaValue::LongArray { of, len } => Value::Map(vec![
+                (Value::Text("array_of".into()), Value::Text(of.name().into())),
+                (Value::Text("length".into()), Value::Integer((*len).into())),
+            ]),
+        }
+    }
+
+    fn as_u64(&self) -> Option<u64> {
+        match self {
+            MetaValue::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// One metadata key-value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value_type: ValueType,
+    pub value: MetaValue,
+}
+
+/// One tensor info.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Row-major, outermost first (the reverse of GGUF's `ne`).
+    pub shape: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// The data's range in the file (absolute).
+    pub range: Range<u64>,
+}
+
+/// A split model's part: the `split.*` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPart {
+    /// 0-based (`split.no`).
+    pub index: u64,
+    /// `split.count`.
+    pub count: u64,
+    /// `split.tensors.count`: tensors of the whole model.
+    pub tensors: u64,
+}
+
+/// A parsed, validated GGUF header.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    pub version: u32,
+    pub metadata: Vec<KeyValue>,
+    /// In the order of their data in the file.
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    /// Where the tensor data starts (after the infos and their padding).
+    pub data_start: u64,
+    pub split: Option<SplitPart>,
+}
+
+impl Header {
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.iter().find(|kv| kv.key == key).map(|kv| &kv.value)
+    }
+
+    /// The file as a model: its metadata as the attributes, each tensor an object.
+    pub fn into_manifest(self, file_len: u64) -> Result<Manifest> {
+        if let Some(split) = self.split.filter(|s| s.count > 1) {
+            return Err(gguf_error(
+                "gguf_split",
+                0,
+                format!(
+                    "part {} of a {}-part split model, which is read with its other parts",
+                    split.index + 1,
+                    split.count
+                ),
+            ));
+        }
+        let version = self.version;
+        let span = 0..self.data_start;
+        let attributes = attributes(&self.metadata);
+        let objects = self.tensors.into_iter().map(|t| t.into_object(0)).collect();
+        Manifest::new(Container::Gguf, Some(version.to_string()), attributes, objects, span, file_len)
+    }
+}
+
+impl TensorInfo {
+    fn into_object(self, file: usize) -> Object {
+        let t = self.ggml_type;
+        let length = self.range.end - self.range.start;
+        let (dtype, logical_type, format) = match t.dense {
+            Some(dtype) => (dtype, None, "dense"),
+            None => (DType::U8, Some(t.logical_type()), QUANTIZED_FORMAT),
+        };
+        let mut attributes = vec![(Value::Text("ggml_type".into()), Value::Text(t.name.into()))];
+        if t.dense.is_none() {
+            attributes.push((Value::Text("block_elements".into()), Value::Integer(t.block_elements.into())));
+            attributes.push((Value::Text("block_bytes".into()), Value::Integer(t.block_bytes.into())));
+        }
+        let data = Component {
+            role: "data".into(),
+            dtype,
+            logical_type,
+            offset: self.range.start,
+            stored_length: length,
+            encoding: Encoding::Raw,
+            decoded_length: length,
+            digest: None,
+            digest_scope: DigestScope::Stored,
+            byte_order: ByteOrder::Little,
+            file,
+        };
+        Object {
+            name: self.name,
+            shape: self.shape,
+            format: format.into(),
+            attributes: Some(Value::Map(attributes)),
+            components: vec![data],
+        }
+    }
+}
+
+fn attributes(metadata: &[KeyValue]) -> Option<Value> {
+    (!metadata.is_empty())
+        .then(|| Value::Map(metadata.iter().map(|kv| (Value::Text(kv.key.clone()), kv.value.to_value())).collect()))
+}
+
+fn gguf_error(code: &'static str, at: u64, detail: String) -> FormatError {
+    FormatError::Gguf { code, at, detail }
+}
+
+/// Why a header could not be parsed from the bytes given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeaderRead {
+    /// The header runs past the bytes given: read the file's first `needed` bytes at least.
+    NeedMore {
+        needed: u64,
+    },
+    Invalid(FormatError),
+}
+
+impl From<FormatError> for HeaderRead {
+    fn from(e: FormatError) -> Self {
+        HeaderRead::Invalid(e)
+    }
+}
+
+type Parsed<T> = std::result::Result<T, HeaderRead>;
+
+/// Reads little-endian fields from a prefix of a file of `file_len` bytes.
+struct Cursor<'b> {
+    bytes: &'b [u8],
+    at: u64,
+    file_len: u64,
+}
+
+impl<'b> Cursor<'b> {
+    fn take(&mut self, n: u64, what: &str) -> Parsed<&'b [u8]> {
+        let end = self.at.checked_add(n).filter(|&end| end <= self.file_len).ok_or_else(|| {
+            gguf_error(
+                "gguf_truncated",
+                self.at,
+                format!("{what} ({n} bytes) runs past the end of the {}-byte file", self.file_len),
+            )
+        })?;
+        if end > MAX_HEADER {
+            return Err(gguf_error(
+                "gguf_header_too_large",
+                self.at,
+                format!("the header runs past {MAX_HEADER} bytes"),
+            )
+            .into());
+        }
+        if end > self.bytes.len() as u64 {
+            return Err(HeaderRead::NeedMore { needed: end });
+        }
+        let taken = &self.bytes[self.at as usize..end as usize];
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn u32(&mut self, what: &str) -> Parsed<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self, what: &str) -> Parsed<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+    }
+
+    /// A `gguf_string_t` of at most `max` bytes, valid UTF-8.
+    fn string(&mut self, what: &str, max: u64) -> Parsed<String> {
+        let at = self.at;
+        let len = self.u64(what)?;
+        if len > max {
+            return Err(gguf_error(
+                "gguf_string_too_long",
+                at,
+                format!("{what} is {len} bytes, over the {max}-byte limit"),
+            )
+            .into());
+        }
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| gguf_error("gguf_string_utf8", at, format!("{what} is not valid UTF-8")).into())
+    }
+
+    /// A metadata value of type `value_type`, arrays `depth` deep so far.
+    fn value(&mut self, value_type: ValueType, key: &str, depth: usize) -> Parsed<MetaValue> {
+        let at = self.at;
+        let fixed = |c: &mut Self, n: u64| -> Parsed<[u8; 8]> {
+            let mut out = [0u8; 8];
+            out[..n as usize].copy_from_slice(c.take(n, key)?);
+            Ok(out)
+        };
+        Ok(match value_type {
+            ValueType::U8 => MetaValue::Int(fixed(self, 1)?[0].into()),
+            ValueType::I8 => MetaValue::Int((fixed(self, 1)?[0] as i8).into()),
+            ValueType::U16 => MetaValue::Int(u16::from_le_bytes(fixed(self, 2)?[..2].try_into().expect("2")).into()),
+            ValueType::I16 => MetaValue::Int(i16::from_le_bytes(fixed(self, 2)?[..2].try_into().expect("2")).into()),
+            ValueType::U32 => MetaValue::Int(u32::from_le_bytes(fixed(self, 4)?[..4].try_into().expect("4")).into()),
+            ValueType::I32 => MetaValue::Int(i32::from_le_bytes(fixed(self, 4)?[..4].try_into().expect("4")).into()),
+            ValueType::F32 => MetaValue::Float(f32::from_le_bytes(fixed(self, 4)?[..4].try_into().expect("4")).into()),
+            ValueType::U64 => MetaValue::Int(u64::from_le_bytes(fixed(self, 8)?).into()),
+            ValueType::I64 => MetaValue::Int(i64::from_le_bytes(fixed(self, 8)?).into()),
+            ValueType::F64 => MetaValue::Float(f64::from_le_bytes(fixed(self, 8)?)),
+            ValueType::Bool => match fixed(self, 1)?[0] {
+                0 => MetaValue::Bool(false),
+                1 => MetaValue::Bool(true),
+                other => {
+                    return Err(
+                        gguf_error("gguf_bool", at, format!("{key}: a bool is 0 or 1, not {other:#04x}")).into()
+                    );
+                }
+            },
+            ValueType::String => MetaValue::Text(self.string(key, MAX_STRING)?),
+            ValueType::Array => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    let detail = format!("{key}: arrays nest deeper than {MAX_ARRAY_DEPTH} levels");
+                    return Err(gguf_error("gguf_array_too_deep", at, detail).into());
+                }
+                let type_id = self.u32(key)?;
+                let of = ValueType::of(type_id).ok_or_else(|| {
+                    gguf_error("gguf_value_type", at, format!("{key}: array of unknown value type {type_id}"))
+                })?;
+                let len = self.u64(key)?;
+                if len > MAX_ARRAY {
+                    let detail = format!("{key}: an array of {len} elements, over the {MAX_ARRAY}-element limit");
+                    return Err(gguf_error("gguf_array_too_long", at, detail).into());
+                }
+                if let Some(width) = of.fixed_width() {
+                    // Fixed-width elements: read and checked at once (bools must be 0 or 1).
+                    let whole = len * width;
+                    if len > KEPT_ARRAY {
+                        let bytes = self.take(whole, key)?;
+                        if of == ValueType::Bool {
+                            if let Some(bad) = bytes.iter().position(|&b| b > 1) {
+                                let detail = format!("{key}: bool element {bad} is {:#04x}, not 0 or 1", bytes[bad]);
+                                return Err(gguf_error("gguf_bool", at, detail).into());
+                            }
+                        }
+                        return Ok(MetaValue::LongArray { of, len });
+                    }
+                }
+                // Each element takes at least one byte: a count beyond the file is refused
+                // before anything is kept.
+                if len > self.file_len.saturating_sub(self.at) {
+                    let detail = format!("{key}: {len} elements cannot fit in the rest of the file");
+                    return Err(gguf_error("gguf_truncated", at, detail).into());
+                }
+                let keep = len <= KEPT_ARRAY;
+                let mut items = Vec::with_capacity(if keep { len as usize } else { 0 });
+                for _ in 0..len {
+                    let item = self.value(of, key, depth + 1)?;
+                    if keep {
+                        items.push(item);
+                    }
+                }
+                if keep { MetaValue::Array(items) } else { MetaValue::LongArray { of, len } }
+            }
+        })
+    }
+}
+
+/// Whether `key` is what the specification allows: ASCII, `.`-separated segments of
+/// `lower_snake_case` (lowercase letters, digits and `_`), at most [`MAX_KEY`] bytes.
+fn is_valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.split('.').all(|segment| {
+            !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
+}
+
+/// Reads `[u8; 8]` GGUF's way: whether `head` starts a GGUF file.
+pub fn is_gguf(head: &[u8]) -> bool {
+    head.starts_with(MAGIC)
+}
+
+/// Parses and validates the header of a `file_len`-byte file from its first bytes, `prefix`:
+/// [`HeaderRead::NeedMore`] when the header runs past them.
+pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
+    let mut c = Cursor { bytes: prefix, at: 0, file_len };
+    let magic = c.take(4, "the magic")?;
+    if magic != MAGIC {
+        let found = magic.escape_ascii().to_string();
+        return Err(gguf_error("gguf_magic", 0, format!("the magic is {found:?}, not \"GGUF\"")).into());
+    }
+    let raw_version = c.u32("the version")?;
+    let version = match raw_version {
+        2 | 3 => raw_version,
+        // A big-endian file's version reads with its low half zero (the `gguf` reader's test).
+        v if v & 0xFFFF == 0 => {
+            let detail = format!("a big-endian file (version {}): only little-endian GGUF is served", v.swap_bytes());
+            return Err(gguf_error("gguf_big_endian", 4, detail).into());
+        }
+        1 => {
+            return Err(
+                gguf_error("gguf_version", 4, "version 1 (32-bit counts) is not read; only 2 and 3".into()).into()
+            );
+        }
+        v => return Err(gguf_error("gguf_version", 4, format!("version {v} is not 2 or 3")).into()),
+    };
+    let tensor_count = c.u64("the tensor count")?;
+    if tensor_count > MAX_TENSORS {
+        let detail = format!("{tensor_count} tensors, over the {MAX_TENSORS}-tensor limit");
+        return Err(gguf_error("gguf_too_many_tensors", 8, detail).into());
+    }
+    let kv_count = c.u64("the key-value count")?;
+    if kv_count > MAX_KVS {
+        let detail = format!("{kv_count} key-values, over the {MAX_KVS} limit");
+        return Err(gguf_error("gguf_too_many_keys", 16, detail).into());
+    }
+    // Every key-value takes at least 13 bytes and every tensor info 29: counts the file cannot
+    // hold are refused before anything is allocated for them.
+    let room = file_len.saturating_sub(24);
+    if kv_count.saturating_mul(13).saturating_add(tensor_count.saturating_mul(29)) > room {
+        let detail =
+            format!("{kv_count} key-values and {tensor_count} tensor infos cannot fit in a {file_len}-byte file");
+        return Err(gguf_error("gguf_truncated", 8, detail).into());
+    }
+    let mut metadata: Vec<KeyValue> = Vec::with_capacity(kv_count as usize);
+    let mut keys = std::collections::HashSet::with_capacity(kv_count as usize);
+    for _ in 0..kv_count {
+        let at = c.at;
+        let key = c.string("a metadata key", MAX_KEY)?;
+        if !is_valid_key(&key) {
+            let detail = format!("key {key:?} is not dot-separated lower_snake_case ASCII");
+            return Err(gguf_error("gguf_key", at, detail).into());
+        }
+        if !keys.insert(key.clone()) {
+            return Err(gguf_error("gguf_duplicate_key", at, format!("key {key:?} appears twice")).into());
+        }
+        let type_at = c.at;
+        let type_id = c.u32(&key)?;
+        let value_type = ValueType::of(type_id)
+            .ok_or_else(|| gguf_error("gguf_value_type", type_at, format!("{key}: unknown value type {type_id}")))?;
+        let value = c.value(value_type, &key, 0)?;
+        metadata.push(KeyValue { key, value_type, value });
+    }
+    let find = |key: &str| metadata.iter().find(|kv| kv.key == key);
+    let alignment = match find("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(KeyValue { value_type: ValueType::U32, value, .. }) => {
+            let a = value.as_u64().unwrap_or(0);
+            if a == 0 || a % 8 != 0 || !a.is_power_of_two() {
+                let detail = format!("general.alignment is {a}, not a power of two that is a multiple of 8");
+                return Err(gguf_error("gguf_alignment", 0, detail).into());
+            }
+            a
+        }
+        Some(kv) => {
+            let detail = format!("general.alignment is a {}, not a UINT32", kv.value_type.name());
+            return Err(gguf_error("gguf_alignment", 0, detail).into());
+        }
+    };
+    let split = split_part(&metadata)?;
+    let mut infos = Vec::with_capacity(tensor_count as usize);
+    let mut names = std::collections::HashSet::with_capacity(tensor_count as usize);
+    for _ in 0..tensor_count {
+        let at = c.at;
+        let name = c.string("a tensor name", MAX_TENSOR_NAME)?;
+        if !names.insert(name.clone()) {
+            return Err(gguf_error("gguf_duplicate_tensor", at, format!("tensor {name:?} appears twice")).into());
+        }
+        let n_dims = c.u32(&name)?;
+        if n_dims as usize > MAX_DIMS {
+            let detail = format!("tensor {name:?} has {n_dims} dimensions, over ggml's {MAX_DIMS}");
+            return Err(gguf_error("gguf_rank", at, detail).into());
+        }
+        let mut ne = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            ne.push(c.u64(&name)?);
+        }
+        let type_at = c.at;
+        let type_id = c.u32(&name)?;
+        let ggml = ggml_type(type_id).ok_or_else(|| match removed_type(type_id) {
+            Some(old) => gguf_error(
+                "gguf_tensor_type",
+                type_at,
+                format!("tensor {name:?} has type {type_id} ({old}), whose support ggml removed from GGUF files"),
+            ),
+            None => gguf_error("gguf_tensor_type", type_at, format!("tensor {name:?} has unknown GGML type {type_id}")),
+        })?;
+        let offset = c.u64(&name)?;
+        infos.push((at, name, ne, ggml, offset));
+    }
+    let infos_end = c.at;
+    let data_start = infos_end.div_ceil(alignment) * alignment;
+    if data_start > file_len {
+        let detail = format!("the tensor data would start at {data_start}, past the end of the {file_len}-byte file");
+        return Err(gguf_error("gguf_truncated", infos_end, detail).into());
+    }
+    // The padding before the data is 0x00 bytes, as the specification says; it is read with
+    // the header.
+    c.take(data_start - infos_end, "the padding before the tensor data")?;
+    if let Some(bad) = prefix[infos_end as usize..data_start as usize].iter().position(|&b| b != 0) {
+        let detail = format!("the padding before the tensor data holds a non-zero byte at {}", infos_end + bad as u64);
+        return Err(gguf_error("gguf_padding", infos_end + bad as u64, detail).into());
+    }
+    let mut tensors = Vec::with_capacity(infos.len());
+    let mut quantized = false;
+    for (at, name, ne, ggml, offset) in infos {
+        let elements = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|&n| n <= i64::MAX as u64);
+        let Some(elements) = elements else {
+            return Err(gguf_error("gguf_shape", at, format!("tensor {name:?}: its dimensions {ne:?} overflow")).into());
+        };
+        if ne.first().is_some_and(|&inner| inner % ggml.block_elements != 0) {
+            let detail = format!(
+                "tensor {name:?}: its innermost dimension {} is not a whole number of {}-element {} blocks",
+                ne[0], ggml.block_elements, ggml.name
+            );
+            return Err(gguf_error("gguf_block", at, detail).into());
+        }
+        let length = ggml.bytes_of(elements).ok_or_else(|| {
+            gguf_error(
+                "gguf_block",
+                at,
+                format!("tensor {name:?}: {elements} elements are not whole {} blocks", ggml.name),
+            )
+        })?;
+        if offset % alignment != 0 {
+            let detail = format!("tensor {name:?}: its offset {offset} is not a multiple of the alignment {alignment}");
+            return Err(gguf_error("gguf_misaligned", at, detail).into());
+        }
+        let start = data_start.checked_add(offset);
+        let end = start.and_then(|s| s.checked_add(length));
+        let (Some(start), Some(end)) = (start, end) else {
+            return Err(gguf_error(
+                "gguf_out_of_bounds",
+                at,
+                format!("tensor {name:?}: its offset {offset} overflows"),
+            )
+            .into());
+        };
+        if end > file_len {
+            let detail =
+                format!("tensor {name:?}: its data [{start}, {end}) runs past the end of the {file_len}-byte file");
+            return Err(gguf_error("gguf_out_of_bounds", at, detail).into());
+        }
+        quantized |= ggml.dense.is_none();
+        let shape = ne.iter().rev().copied().collect();
+        tensors.push(TensorInfo { name, shape, ggml_type: ggml, range: start..end });
+    }
+    tensors.sort_by_key(|t| (t.range.start, t.range.end));
+    for pair in tensors.windows(2) {
+        if pair[1].range.start < pair[0].range.end {
+            let detail = format!(
+                "tensors {:?} [{}, {}) and {:?} [{}, {}) overlap",
+                pair[0].name,
+                pair[0].range.start,
+                pair[0].range.end,
+                pair[1].name,
+                pair[1].range.start,
+                pair[1].range.end
+            );
+            return Err(gguf_error("gguf_overlap", pair[1].range.start, detail).into());
+        }
+    }
+    let first_part = split.is_none_or(|s| s.index == 0);
+    if first_part {
+        match find("general.architecture") {
+            Some(KeyValue { value: MetaValue::Text(arch), .. })
+                if !arch.is_empty() && arch.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) => {}
+            Some(KeyValue { value: MetaValue::Text(arch), .. }) => {
+                let detail = format!("general.architecture {arch:?} is not lowercase ASCII letters and digits");
+                return Err(gguf_error("gguf_architecture", 0, detail).into());
+            }
+            Some(kv) => {
+                let detail = format!("general.architecture is a {}, not a STRING", kv.value_type.name());
+                return Err(gguf_error("gguf_architecture", 0, detail).into());
+            }
+            None => {
+                return Err(
+                    gguf_error("gguf_architecture", 0, "the required general.architecture is missing".into()).into()
+                );
+            }
+        }
+    }
+    match find("general.quantization_version") {
+        Some(kv) if kv.value_type != ValueType::U32 => {
+            let detail = format!("general.quantization_version is a {}, not a UINT32", kv.value_type.name());
+            return Err(gguf_error("gguf_quantization_version", 0, detail).into());
+        }
+        None if quantized && first_part => {
+            let detail = "quantized tensors without the general.quantization_version they require".to_owned();
+            return Err(gguf_error("gguf_quantization_version", 0, detail).into());
+        }
+        _ => {}
+    }
+    Ok(Header { version, metadata, tensors, alignment, data_start, split })
+}
+
+/// The `split.*` keys, when present: all three, of their types, consistent.
+fn split_part(metadata: &[KeyValue]) -> Parsed<Option<SplitPart>> {
+    let find = |key: &str| metadata.iter().find(|kv| kv.key == key);
+    let (no, count, tensors) = (find("split.no"), find("split.count"), find("split.tensors.count"));
+    if no.is_none() && count.is_none() && tensors.is_none() {
+        return Ok(None);
+    }
+    let number = |kv: Option<&KeyValue>, key: &str, types: &[ValueType]| -> Parsed<u64> {
+        let bad = |detail: String| HeaderRead::Invalid(gguf_error("gguf_split", 0, detail));
+        let kv = kv.ok_or_else(|| bad(format!("{key} is missing beside the other split.* keys")))?;
+        if !types.contains(&kv.value_type) {
+            return Err(bad(format!("{key} is a {}", kv.value_type.name())));
+        }
+        kv.value.as_u64().ok_or_else(|| bad(format!("{key} is negative")))
+    };
+    let index = number(no, "split.no", &[ValueType::U16])?;
+    let count = number(count, "split.count", &[ValueType::U16])?;
+    let tensors = number(tensors, "split.tensors.count", &[ValueType::I32, ValueType::U32, ValueType::U64])?;
+    if count == 0 || index >= count {
+        let detail = format!("split.no {index} is not a part of split.count {count}");
+        return Err(gguf_error("gguf_split", 0, detail).into());
+    }
+    Ok(Some(SplitPart { index, count, tensors }))
+}
+
+/// The header of a whole file held in memory (or mapped).
+pub fn parse_file(file: &[u8]) -> Result<Header> {
+    parse_header(file, file.len() as u64).map_err(|e| match e {
+        HeaderRead::Invalid(e) => e,
+        // The whole file was given, so the header cannot need more of it.
+        HeaderRead::NeedMore { needed } => gguf_error("gguf_truncated", needed, "the header runs past the file".into()),
+    })
+}
+
+/// The reads that find a GGUF header, whoever makes them: a prefix of the file, then, while
+/// the header runs past what was read, a prefix four times longer (or as long as needed).
+#[derive(Debug, Clone)]
+pub struct HeaderReads {
+    pub file_len: u64,
+}
+
+impl HeaderReads {
+    /// The first read, of `prefix` bytes at most.
+    pub fn first(&self, prefix: u64) -> Range<u64> {
+        0..prefix.max(64).min(self.file_len).min(MAX_HEADER)
+    }
+
+    /// The next prefix to read after `read` bytes fell short of `needed`.
+    pub fn next(&self, read: u64, needed: u64) -> Range<u64> {
+        0..needed.max(read.saturating_mul(4)).min(self.file_len).min(MAX_HEADER)
+    }
+}
+
+/// The name parts of a split file: `(prefix, part, count)` of `prefix-00001-of-00003.gguf`
+/// (1-based part, five digits each as the naming convention says).
+pub fn split_name(name: &str) -> Option<(&str, u64, u64)> {
+    let stem = name.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, part) = rest.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if prefix.is_empty() || !digits(part) || !digits(count) {
+        return None;
+    }
+    Some((prefix, part.parse().ok()?, count.parse().ok()?))
+}
+
+/// The file name of part `part` (1-based) of `count` of the split model `prefix`.
+pub fn split_file_name(prefix: &str, part: u64, count: u64) -> String {
+    format!("{prefix}-{part:05}-of-{count:05}.gguf")
+}
+
+/// One manifest of a split model's parts, each `(file name, header, file length)`, in part
+/// order: every part present once, agreeing on the count, and the tensors together as many as
+/// `split.tensors.count` says, each name once. Part 1's metadata is the model's.
+pub fn assemble(parts: Vec<(String, Header, u64)>) -> Result<Manifest> {
+    let count = parts.len() as u64;
+    let mut objects = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    let mut declared = None;
+    let split_error = |detail: String| gguf_error("gguf_split", 0, detail);
+    let mut first = None;
+    for (index, (name, header, file_len)) in parts.into_iter().enumerate() {
+        let in_part = |e: FormatError| FormatError::InShard { shard: name.clone(), error: Box::new(e) };
+        let Some(split) = header.split else {
+            return Err(in_part(split_error("a part of a split model without split.* keys".into())));
+        };
+        if split.index != index as u64 || split.count != count {
+            let detail = format!(
+                "split.no {} of split.count {}, where part {} of {count} belongs",
+                split.index,
+                split.count,
+                index + 1
+            );
+            return Err(in_part(split_error(detail)));
+        }
+        if *declared.get_or_insert(split.tensors) != split.tensors {
+            return Err(in_part(split_error(format!("split.tensors.count {} differs from part 1's", split.tensors))));
+        }
+        for tensor in header.tensors.iter() {
+            if !names.insert(tensor.name.clone()) {
+                return Err(in_part(gguf_error(
+                    "gguf_duplicate_tensor",
+                    0,
+                    format!("tensor {:?} is in two parts", tensor.name),
+                )));
+            }
+        }
+        objects.extend(header.tensors.clone().into_iter().map(|t| t.into_object(index)));
+        if index == 0 {
+            first = Some((header, file_len));
+        }
+    }
+    if declared != Some(objects.len() as u64) {
+        let detail =
+            format!("split.tensors.count is {}, the parts hold {} tensors", declared.unwrap_or(0), objects.len());
+        return Err(split_error(detail));
+    }
+    let (header, file_len) = first.ok_or_else(|| split_error("no parts".into()))?;
+    let attributes = attributes(&header.metadata);
+    Manifest::new(
+        Container::Gguf,
+        Some(header.version.to_string()),
+        attributes,
+        objects,
+        0..header.data_start,
+        file_len,
+    )
+}

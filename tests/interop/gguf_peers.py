@@ -1,0 +1,189 @@
+"""GGUF files written by the `gguf` package (ggml's own Python writer), and read back by its
+reader, for the GGUF interop tests (run in the `gguf` venv).
+
+  write DIR            writes the models below DIR and DIR/expect.json: per model id its files
+                       and per tensor its GGML type, numpy shape, and its bytes as the `gguf`
+                       reader returns them (a .bin file beside it)
+  hub ENDPOINT DIR     picks the Q4_0 file of org/tiny-quants from the file list, as
+                       llama-cpp-python's `Llama.from_pretrained` does (HfFileSystem.ls, then
+                       fnmatch), downloads it with hf_hub_download, downloads the split model's
+                       repository whole with snapshot_download, and checks every tensor of
+                       every file downloaded against the files written
+"""
+
+import fnmatch
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+# The types the gguf package quantizes to: each written from its own quantizer's blocks.
+QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.TQ1_0, Q.TQ2_0, Q.MXFP4]
+# Types it has no quantizer for (the K-quants, IQ types): written as blocks of arbitrary bytes
+# of the type's geometry, which the writer and the reader take as they are.
+RAW_BLOCKS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_K, Q.IQ2_XXS, Q.IQ4_XS, Q.IQ1_M]
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def writer(path, split_max_tensors=0):
+    w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
+    w.add_name("tiny")
+    # The specification requires it of a file with quantized tensors; llama.cpp's converters
+    # write it, the writer alone does not.
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(64)
+    w.add_embedding_length(256)
+    w.add_block_count(1)
+    w.add_head_count(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    # A vocabulary long enough to be summarised in a manifest.
+    w.add_token_list([f"tok{i}" for i in range(300)])
+    w.add_token_scores([float(i) for i in range(300)])
+    w.add_bool("tiny.flag", True)
+    w.add_array("tiny.small", [1, 2, 3])
+    return w
+
+
+def dense_tensors(w, seed):
+    r = rng(seed)
+    w.add_tensor("dense.f32", r.standard_normal((3, 5)).astype(np.float32))
+    w.add_tensor("dense.f16", r.standard_normal((2, 4, 6)).astype(np.float16))
+    w.add_tensor("dense.f64", r.standard_normal((7,)).astype(np.float64))
+    w.add_tensor("dense.i8", r.integers(-128, 127, (4, 4)).astype(np.int8))
+    w.add_tensor("dense.i16", r.integers(-3000, 3000, (5,)).astype(np.int16))
+    w.add_tensor("dense.i32", r.integers(-(2**31), 2**31 - 1, (2, 3)).astype(np.int32))
+    w.add_tensor("dense.i64", r.integers(-(2**40), 2**40, (3,)).astype(np.int64))
+    bf16 = gguf.quants.quantize(r.standard_normal((8, 16)).astype(np.float32), Q.BF16)
+    w.add_tensor("dense.bf16", bf16, raw_dtype=Q.BF16)
+
+
+def quantized_tensor(w, name, qtype, rows, seed):
+    if qtype in RAW_BLOCKS:
+        block_elements, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        blocks = rng(seed).integers(0, 256, (rows, 512 // block_elements * block_bytes)).astype(np.uint8)
+        w.add_tensor(name, blocks, raw_dtype=qtype)
+        return
+    data = rng(seed).standard_normal((rows, 512)).astype(np.float32)
+    w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+def finish(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def describe(paths):
+    """Every tensor of the files at `paths` (one model), as the gguf reader sees it."""
+    tensors = {}
+    for path in paths:
+        reader = gguf.GGUFReader(path)
+        for t in reader.tensors:
+            bin_path = ROOT / "bins" / f"{path.name}.{t.name}.bin"
+            bin_path.parent.mkdir(exist_ok=True)
+            bin_path.write_bytes(np.ascontiguousarray(t.data).tobytes())
+            tensors[t.name] = {
+                "type": t.tensor_type.name,
+                "shape": [int(d) for d in reversed(t.shape.tolist())],
+                "bytes": int(t.n_bytes),
+                "bin": str(bin_path.relative_to(ROOT)),
+            }
+    return tensors
+
+
+def write(root):
+    global ROOT
+    ROOT = root
+    expect = {}
+    # One file named model.gguf: the directory is the model.
+    single = root / "org/tiny-gguf/model.gguf"
+    single.parent.mkdir(parents=True, exist_ok=True)
+    w = writer(single)
+    dense_tensors(w, 1)
+    quantized_tensor(w, "blk.0.attn_q.weight", Q.Q8_0, 8, 2)
+    finish(w)
+    expect["org/tiny-gguf"] = {"files": ["org/tiny-gguf/model.gguf"], "tensors": describe([single])}
+    # A repository of quantizations: one file per type, and a README they share.
+    quants = root / "org/tiny-quants"
+    quants.mkdir(parents=True, exist_ok=True)
+    (quants / "README.md").write_text("# tiny\nQuantizations of tiny.\n")
+    for i, qtype in enumerate(QUANTIZED + RAW_BLOCKS):
+        path = quants / f"tiny-{qtype.name}.gguf"
+        w = writer(path)
+        quantized_tensor(w, "blk.0.ffn_up.weight", qtype, 6, 10 + i)
+        quantized_tensor(w, "blk.0.ffn_down.weight", qtype, 4, 30 + i)
+        w.add_tensor("output_norm.weight", rng(50 + i).standard_normal((512,)).astype(np.float32))
+        finish(w)
+        expect[f"org/tiny-quants/tiny-{qtype.name}"] = {
+            "files": [str(path.relative_to(root))],
+            "tensors": describe([path]),
+        }
+    # A split model: three parts of two tensors each, as gguf-split names them.
+    split_dir = root / "org/tiny-split"
+    split_dir.mkdir(parents=True, exist_ok=True)
+    w = writer(split_dir / "tiny-Q8_0.gguf", split_max_tensors=2)
+    for n in range(6):
+        quantized_tensor(w, f"blk.{n}.attn_k.weight", Q.Q8_0, 2 + n, 70 + n)
+    finish(w)
+    parts = sorted(split_dir.glob("tiny-Q8_0-*-of-*.gguf"))
+    assert len(parts) == 3, parts
+    expect["org/tiny-split/tiny-Q8_0"] = {
+        "files": [str(p.relative_to(root)) for p in parts],
+        "tensors": describe(parts),
+    }
+    (root / "expect.json").write_text(json.dumps(expect, indent=1, sort_keys=True))
+    print(json.dumps({"models": len(expect)}))
+
+
+def same_tensors(downloaded, written):
+    a, b = gguf.GGUFReader(downloaded), gguf.GGUFReader(written)
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors], downloaded
+    for x, y in zip(a.tensors, b.tensors):
+        assert x.tensor_type == y.tensor_type and list(x.shape) == list(y.shape), x.name
+        assert np.ascontiguousarray(x.data).tobytes() == np.ascontiguousarray(y.data).tobytes(), x.name
+    assert Path(downloaded).read_bytes() == Path(written).read_bytes(), downloaded
+    return len(a.tensors)
+
+
+def hub(endpoint, root):
+    os.environ["HF_ENDPOINT"] = endpoint
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    from huggingface_hub import HfFileSystem, hf_hub_download, snapshot_download
+
+    checked = {}
+    # llama-cpp-python's Llama.from_pretrained(repo_id, filename="*Q4_0.gguf"): list the
+    # repository's files, match the pattern, download the one match.
+    repo = "org/tiny-quants"
+    files = [f["name"] if isinstance(f, dict) else f for f in HfFileSystem().ls(repo, detail=True)]
+    names = [str(Path(f).relative_to(repo)) for f in files]
+    matching = [n for n in names if fnmatch.fnmatch(n, "*Q4_0.gguf")]
+    assert matching == ["tiny-Q4_0.gguf"], names
+    assert "README.md" in names, names
+    local = hf_hub_download(repo, matching[0], local_dir=str(root / "download"))
+    checked[matching[0]] = same_tensors(local, root / repo / matching[0])
+    # A split model's repository, whole.
+    snapshot = Path(snapshot_download("org/tiny-split", local_dir=str(root / "snapshot")))
+    parts = sorted(p.name for p in snapshot.glob("*.gguf"))
+    assert parts == [f"tiny-Q8_0-0000{n}-of-00003.gguf" for n in (1, 2, 3)], parts
+    for name in parts:
+        checked[name] = same_tensors(snapshot / name, root / "org/tiny-split" / name)
+    print(json.dumps({"checked": checked}))
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "write":
+        write(Path(sys.argv[2]))
+    elif mode == "hub":
+        hub(sys.argv[2], Path(sys.argv[3]))
+    else:
+        sys.exit(f"unknown mode {mode}")
