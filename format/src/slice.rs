@@ -37,6 +37,9 @@ pub enum SliceError {
     SubByte { logical_type: String },
     /// Its logical type is not one this server knows the element size of.
     UnknownType { logical_type: String },
+    /// A GGML block-quantized tensor cut inside a block: its innermost dimension is cut only
+    /// at whole blocks.
+    PartialBlock { ggml_type: String, block: u64, start: u64, stop: u64 },
 }
 
 impl SliceError {
@@ -51,6 +54,7 @@ impl SliceError {
             SliceError::NotDense { .. } => "slice_not_dense",
             SliceError::SubByte { .. } => "slice_sub_byte",
             SliceError::UnknownType { .. } => "slice_unknown_type",
+            SliceError::PartialBlock { .. } => "slice_partial_block",
         }
     }
 }
@@ -76,6 +80,11 @@ impl fmt::Display for SliceError {
             SliceError::UnknownType { logical_type } => {
                 write!(f, "the logical type {logical_type:?} is not registered, so the size of its elements is unknown")
             }
+            SliceError::PartialBlock { ggml_type, block, start, stop } => write!(
+                f,
+                "{ggml_type} stores its innermost dimension in blocks of {block} elements, so it is cut only at \
+                 multiples of {block}, not at {start}:{stop}"
+            ),
         }
     }
 }
@@ -164,6 +173,72 @@ pub fn element_bytes(object: &Object) -> Result<u64, SliceError> {
         return Err(not_dense(detail));
     }
     Ok(element)
+}
+
+/// How slices of an object are cut from its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Geometry {
+    /// The shape its bytes are laid out in: the object's own, with a GGML block-quantized
+    /// tensor's innermost dimension counted in blocks.
+    pub shape: Vec<u64>,
+    /// Bytes of one element of that shape (a whole block of a block-quantized tensor).
+    pub element: u64,
+    /// The object's innermost elements per element of `shape` (1 unless block-quantized).
+    pub block: u64,
+    /// The GGML type of a block-quantized tensor (`Q4_K`).
+    pub ggml_type: Option<&'static str>,
+}
+
+/// How `object` is cut, when it can be: a dense tensor of whole-byte elements
+/// ([`element_bytes`]), or a GGML block-quantized tensor, whose rows are whole blocks.
+pub fn geometry(object: &Object) -> Result<Geometry, SliceError> {
+    if object.format != crate::gguf::QUANTIZED_FORMAT {
+        let element = element_bytes(object)?;
+        return Ok(Geometry { shape: object.shape.clone(), element, block: 1, ggml_type: None });
+    }
+    let not_cut = |detail: String| SliceError::NotDense { detail };
+    let [data] = &object.components[..] else {
+        return Err(not_cut(format!("{} has {} components, not one", object.name, object.components.len())));
+    };
+    let logical = data.logical_type.as_deref().unwrap_or("");
+    let Some(ggml) = crate::gguf::quantized_type(logical) else {
+        return Err(SliceError::UnknownType { logical_type: logical.to_owned() });
+    };
+    let mut shape = object.shape.clone();
+    let inner = shape.last_mut().filter(|d| **d % ggml.block_elements == 0);
+    let Some(inner) = inner else {
+        return Err(not_cut(format!("{}: its rows are not whole {} blocks", object.name, ggml.name)));
+    };
+    *inner /= ggml.block_elements;
+    let whole = shape.iter().try_fold(ggml.block_bytes, |n, &d| n.checked_mul(d));
+    if whole != Some(data.decoded_length) {
+        let detail =
+            format!("{}: its {} bytes are not its shape's {} blocks", object.name, data.decoded_length, ggml.name);
+        return Err(not_cut(detail));
+    }
+    Ok(Geometry { shape, element: ggml.block_bytes, block: ggml.block_elements, ggml_type: Some(ggml.name) })
+}
+
+impl Geometry {
+    /// `slice`, of the object's shape, in this geometry's units: a block-quantized tensor's
+    /// innermost range must start and stop at whole blocks.
+    pub fn cut(&self, slice: &Slice) -> Result<Slice, SliceError> {
+        let mut cut = slice.clone();
+        if self.block > 1 {
+            let last = cut.ranges.last_mut().expect("a block-quantized tensor has a dimension");
+            if last.start % self.block != 0 || last.end % self.block != 0 {
+                let ggml_type = self.ggml_type.unwrap_or_default().to_owned();
+                return Err(SliceError::PartialBlock {
+                    ggml_type,
+                    block: self.block,
+                    start: last.start,
+                    stop: last.end,
+                });
+            }
+            *last = last.start / self.block..last.end / self.block;
+        }
+        Ok(cut)
+    }
 }
 
 /// The `shard=RANK/WORLD` and `dim=D` of a request (a negative dimension counts from the

@@ -114,6 +114,14 @@ fn holdable(object: &Object) -> Result<Mapped, String> {
     if object.name == "__metadata__" {
         return Err("the name __metadata__ is reserved by safetensors for the file's metadata".into());
     }
+    if object.format == crate::gguf::QUANTIZED_FORMAT {
+        let ggml =
+            object.components.first().and_then(|c| c.logical_type.as_deref()).and_then(crate::gguf::quantized_type);
+        let name = ggml.map_or("block-quantized", |t| t.name);
+        return Err(format!(
+            "safetensors has no dtype for GGML {name} blocks; the object's route serves them as stored"
+        ));
+    }
     if object.format != "dense" {
         return Err(format!("safetensors holds only dense tensors, not the {} layout", object.format));
     }

@@ -22,11 +22,7 @@ type SplitModel = (Vec<StoredFile>, Result<Arc<Manifest>, CatalogError>);
 /// The files of the split model `part` belongs to (the parts listed, in order) and its
 /// manifest, or why it cannot be served; `None` when an earlier part of the same model is
 /// listed and stands for it. `parsed` is in key order.
-pub(super) fn resolve(
-    source: &Arc<Source>,
-    part: &Listed,
-    parsed: &[(Listed, ParsedFile)],
-) -> Option<SplitModel> {
+pub(super) fn resolve(source: &Arc<Source>, part: &Listed, parsed: &[(Listed, ParsedFile)]) -> Option<SplitModel> {
     let dir = directory(&part.key);
     let (prefix, number, count) = split_name(&part.key[dir.len()..])?;
     let listed = |n: u64| {

@@ -43,12 +43,12 @@ pub(crate) fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
-/// The ModelPack layer media type of a published file, by its path: safetensors files are
-/// weights; documentation and code have theirs; every other file (configs, tokenizers, a
+/// The ModelPack layer media type of a published file, by its path: safetensors and GGUF files
+/// are weights; documentation and code have theirs; every other file (configs, tokenizers, a
 /// checkpoint's index) configures the weights.
 fn media_type_of(path: &str) -> &'static str {
     let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
-    if name.ends_with(".safetensors") {
+    if name.ends_with(".safetensors") || name.ends_with(".gguf") {
         WEIGHT
     } else if name.ends_with(".md") || name.starts_with("license") || name.starts_with("notice") {
         DOC
@@ -69,21 +69,19 @@ fn param_size(count: u64) -> Option<String> {
 }
 
 /// The precision of the dense tensors `manifest` holds: their dtype when they share one
-/// (`bf16`, `fp32`, `int8`…), `mixed` when not, `None` without any.
+/// (`bf16`, `fp32`, `int8`…), `mixed` when not, `None` without any; of a GGUF model with
+/// block-quantized tensors, their GGML type (`q4_k`; its norms stay f32 whatever the
+/// quantization).
 fn precision(manifest: &Manifest) -> Option<String> {
+    let quantized = |o: &&crate::format::Object| o.format == crate::format::gguf::QUANTIZED_FORMAT;
+    let any_quantized = manifest.objects.iter().any(|o| quantized(&o));
     let mut seen: Option<String> = None;
-    for object in manifest.objects.iter().filter(|o| o.format == "dense") {
+    for object in manifest.objects.iter().filter(|o| if any_quantized { quantized(o) } else { o.format == "dense" }) {
         let Some(data) = object.component("data") else { continue };
-        let name = match data.logical_type.as_deref() {
-            Some(logical) => logical.to_owned(),
-            None => match data.dtype.name() {
-                "f64" => "fp64".to_owned(),
-                "f32" => "fp32".to_owned(),
-                "f16" => "fp16".to_owned(),
-                "i8" => "int8".to_owned(),
-                "u8" => "uint8".to_owned(),
-                other => other.to_owned(),
-            },
+        let logical = data.logical_type.as_deref();
+        let name = match logical.and_then(crate::format::gguf::quantized_type) {
+            Some(ggml) => ggml.name.to_ascii_lowercase(),
+            None => precision_name(logical, data.dtype),
         };
         match &seen {
             None => seen = Some(name),
@@ -94,6 +92,21 @@ fn precision(manifest: &Manifest) -> Option<String> {
     seen
 }
 
+/// The precision name of a dense tensor's elements.
+fn precision_name(logical: Option<&str>, dtype: crate::format::DType) -> String {
+    match logical {
+        Some(logical) => logical.to_owned(),
+        None => match dtype.name() {
+            "f64" => "fp64".to_owned(),
+            "f32" => "fp32".to_owned(),
+            "f16" => "fp16".to_owned(),
+            "i8" => "int8".to_owned(),
+            "u8" => "uint8".to_owned(),
+            other => other.to_owned(),
+        },
+    }
+}
+
 /// The artifact of model `id` at `version` (its version token), whose manifest is
 /// `manifest`, publishing `files` (in the order they become layers).
 pub(crate) fn build(id: &str, version: &str, manifest: &Manifest, files: &[LayerFile]) -> Artifact {
@@ -101,11 +114,12 @@ pub(crate) fn build(id: &str, version: &str, manifest: &Manifest, files: &[Layer
     let parameters: u64 = manifest
         .objects
         .iter()
-        .filter(|o| o.format == "dense")
+        .filter(|o| o.format == "dense" || o.format == crate::format::gguf::QUANTIZED_FORMAT)
         .filter_map(|o| o.element_count())
         .fold(0u64, u64::saturating_add);
     let mut model_config = serde_json::Map::new();
-    model_config.insert("format".into(), json!("safetensors"));
+    let format = if manifest.container == crate::format::Container::Gguf { "gguf" } else { "safetensors" };
+    model_config.insert("format".into(), json!(format));
     if let Some(size) = param_size(parameters) {
         model_config.insert("paramSize".into(), json!(size));
     }
@@ -150,6 +164,7 @@ mod tests {
     #[test]
     fn files_get_modelpack_media_types_by_name() {
         assert_eq!(media_type_of("model-00001-of-00002.safetensors"), WEIGHT);
+        assert_eq!(media_type_of("tiny-Q4_K_M.gguf"), WEIGHT);
         assert_eq!(media_type_of("model.safetensors.index.json"), WEIGHT_CONFIG);
         assert_eq!(media_type_of("tokenizer/vocab.txt"), WEIGHT_CONFIG);
         assert_eq!(media_type_of("README.md"), DOC);

@@ -18,7 +18,7 @@ use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
 use crate::catalog::Model;
 use crate::decode::Stored;
-use crate::format::slice::{RunsWithin, Slice, element_bytes, parse, shard_spec};
+use crate::format::slice::{RunsWithin, Slice, geometry, parse, shard_spec};
 use crate::format::{Component, Object};
 
 /// Runs of a mapped file at least this long are sent from the mapping as they are (by
@@ -54,13 +54,18 @@ pub(crate) enum SliceRequest<'a> {
     Shard { split: &'a str, dim: &'a str },
 }
 
-/// A slice checked against the dense object it cuts.
+/// A slice checked against the object it cuts.
 #[derive(Debug, Clone)]
 pub(crate) struct ResolvedSlice {
+    /// Of the object's shape.
     pub slice: Slice,
-    /// The width of one element as slices cut it (a complex element whole, fp8 as bytes).
+    /// The same slice in the units of `shape` (a block-quantized tensor's innermost dimension
+    /// in blocks).
+    cut: Slice,
+    /// The width of one element as slices cut it (a complex element whole, fp8 as bytes, a
+    /// GGML block whole).
     element: u64,
-    /// The object's shape.
+    /// The shape the object's bytes are laid out in ([`crate::format::slice::Geometry`]).
     shape: Vec<u64>,
 }
 
@@ -83,9 +88,9 @@ impl ResolvedSlice {
             }
             _ => Cutter::Spans(whole),
         };
-        let len = self.slice.len(self.element).expect("a slice is no larger than its object");
+        let len = self.cut.len(self.element).expect("a slice is no larger than its object");
         Arc::new(SliceSource {
-            slice: self.slice.clone(),
+            slice: self.cut.clone(),
             shape: self.shape.clone(),
             element: self.element,
             len,
@@ -97,7 +102,8 @@ impl ResolvedSlice {
 
 impl Service {
     /// `request`'s slice of `object`, checked against it: only a dense object of whole-byte
-    /// elements of a known type can be cut, within its bounds.
+    /// elements of a known type, or a GGML block-quantized tensor at whole blocks, can be cut,
+    /// within its bounds.
     pub(crate) fn resolve_slice(
         &self,
         model: &Model,
@@ -105,13 +111,14 @@ impl Service {
         request: SliceRequest<'_>,
     ) -> Result<ResolvedSlice, ServiceError> {
         let bad = |source| ServiceError::BadSlice { model: model.id.clone(), object: object.name.clone(), source };
-        let element = element_bytes(object).map_err(bad)?;
+        let geometry = geometry(object).map_err(bad)?;
         let slice = match request {
             SliceRequest::Spec(spec) => parse(spec, &object.shape),
             SliceRequest::Shard { split, dim } => shard_spec(split, dim, &object.shape),
         }
         .map_err(bad)?;
-        Ok(ResolvedSlice { slice, element, shape: object.shape.clone() })
+        let cut = geometry.cut(&slice).map_err(bad)?;
+        Ok(ResolvedSlice { slice, cut, element: geometry.element, shape: geometry.shape })
     }
 }
 
