@@ -829,6 +829,23 @@ pub fn split_file_name(prefix: &str, part: u64, count: u64) -> String {
     format!("{prefix}-{part:05}-of-{count:05}.gguf")
 }
 
+/// The manifest of a GGUF model held in memory: one file, or a split model's parts in order
+/// (each with its file name), every part's header parsed and the parts [`assemble`]d.
+pub fn parse_model(parts: &[(&str, &[u8])]) -> Result<Manifest> {
+    match parts {
+        [(name, bytes)] if split_name(name).is_none() => parse_file(bytes)?.into_manifest(bytes.len() as u64),
+        _ => {
+            let mut headers = Vec::with_capacity(parts.len());
+            for (name, bytes) in parts {
+                let header = parse_file(bytes)
+                    .map_err(|e| FormatError::InShard { shard: (*name).to_owned(), error: Box::new(e) })?;
+                headers.push(((*name).to_owned(), header, bytes.len() as u64));
+            }
+            assemble(headers)
+        }
+    }
+}
+
 /// One manifest of a split model's parts, each `(file name, header, file length)`, in part
 /// order: every part present once, agreeing on the count, and the tensors together as many as
 /// `split.tensors.count` says, each name once. Part 1's metadata is the model's.

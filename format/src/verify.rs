@@ -31,6 +31,21 @@ pub fn verify_file(file: &[u8], limits: &Limits) -> VerifyReport {
     verify_model(file, |shard| Err(FormatError::ShardMissing { shard: shard.name.clone() }), limits)
 }
 
+/// Runs every check over a GGUF model's files (one file, or a split model's parts in order,
+/// each with its name): GGUF declares no digests and no encodings, so its rules are its
+/// header's ([`crate::gguf`]).
+pub fn verify_gguf(parts: &[(&str, &[u8])]) -> VerifyReport {
+    let mut report = VerifyReport { objects: 0, components: 0, digests_checked: 0, undecodable: 0, errors: Vec::new() };
+    match crate::gguf::parse_model(parts) {
+        Ok(manifest) => {
+            report.objects = manifest.objects.len();
+            report.components = manifest.objects.iter().map(|o| o.components.len()).sum();
+        }
+        Err(e) => report.errors.push(e),
+    }
+    report
+}
+
 /// Checks a shard file's size against its entry in the root's table.
 pub fn check_shard_size(shard: &Shard, size: u64) -> Result<(), FormatError> {
     if size != shard.size {

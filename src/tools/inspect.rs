@@ -19,6 +19,7 @@ pub fn inspect(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write)
     writeln!(out, "container:  {}", manifest.container)?;
     let unversioned = match manifest.container {
         crate::format::Container::Safetensors => "(none: safetensors files carry no version)",
+        crate::format::Container::Gguf => "(none)",
         _ => "(none: 0.1 files carry no version)",
     };
     writeln!(out, "version:    {}", manifest.version.as_deref().unwrap_or(unversioned))?;

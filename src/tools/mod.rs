@@ -34,8 +34,9 @@ fn map(path: &Path) -> anyhow::Result<MappedFile> {
     MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))
 }
 
-/// Opens a `.zt` file, a `.safetensors` file or a checkpoint's `.safetensors.index.json`
-/// (with the shards it names, in its directory).
+/// Opens a `.zt` file, a `.safetensors` file, a checkpoint's `.safetensors.index.json` (with
+/// the shards it names, in its directory) or a `.gguf` file (with its split model's other
+/// parts).
 pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<Opened> {
     let file = map(path)?;
     let invalid = |what: &str| format!("{} is not a valid {what}", path.display());
@@ -61,11 +62,38 @@ pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<Opened> {
             .0;
             Ok(Opened { manifest, files })
         }
+        Some(FileKind::Gguf) => {
+            let paths = gguf_parts(path);
+            let mut files = Vec::with_capacity(paths.len());
+            for part in &paths {
+                files.push(map(part)?);
+            }
+            let parts = gguf_named(&paths, &files);
+            let manifest = format::gguf::parse_model(&parts).with_context(|| invalid("GGUF model"))?;
+            Ok(Opened { manifest, files })
+        }
         _ => {
             let manifest = format::parse_file(&file, limits).with_context(|| invalid(".zt file"))?;
             Ok(Opened { manifest, files: vec![file] })
         }
     }
+}
+
+/// The files of the GGUF model `path` is a file of: itself, or every part of its split model
+/// (`name-00001-of-00003.gguf` …), in its directory, in order.
+pub(crate) fn gguf_parts(path: &Path) -> Vec<std::path::PathBuf> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    match format::gguf::split_name(name) {
+        Some((prefix, _, count)) => {
+            (1..=count).map(|n| directory_of(path).join(format::gguf::split_file_name(prefix, n, count))).collect()
+        }
+        None => vec![path.to_owned()],
+    }
+}
+
+/// Each of `files` (mapped from `paths`) with its file name, as the GGUF reader takes them.
+pub(crate) fn gguf_named<'f>(paths: &'f [std::path::PathBuf], files: &'f [MappedFile]) -> Vec<(&'f str, &'f [u8])> {
+    paths.iter().zip(files).map(|(p, f)| (p.file_name().and_then(|n| n.to_str()).unwrap_or(""), &f[..])).collect()
 }
 
 /// The kind of the file at `path`, by its name.

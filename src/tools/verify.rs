@@ -11,6 +11,15 @@ use crate::storage::mapped::MappedFile;
 
 /// `verify`: returns whether the file is valid, after printing the report.
 pub fn verify(path: &Path, as_json: bool, limits: &Limits, out: &mut dyn Write) -> anyhow::Result<bool> {
+    if super::kind_of(path) == Some(FileKind::Gguf) {
+        let paths = super::gguf_parts(path);
+        let mut files = Vec::with_capacity(paths.len());
+        for part in &paths {
+            files.push(MappedFile::open(part).with_context(|| format!("cannot open {}", part.display()))?);
+        }
+        let report = format::verify::verify_gguf(&super::gguf_named(&paths, &files));
+        return write_report(path, &report, as_json, out);
+    }
     let file = MappedFile::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     if let kind @ Some(FileKind::Safetensors | FileKind::SafetensorsIndex) = super::kind_of(path) {
         // A checkpoint's shards are the files its index names in its directory.
