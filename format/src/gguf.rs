@@ -5,8 +5,9 @@
 //! and offset bounded before anything is read or allocated ([`MAX_TENSORS`] and the other
 //! limits), so a hostile file gets a precise reason. Tensors become objects: the dense GGML
 //! types (F32, F16, BF16, F64, I8 … I64) as `dense` tensors of the zTensor dtype, the
-//! block-quantized ones as `ggml_quantized` objects whose one `data` component is the raw
-//! blocks (logical type `ggml_<type>`, the block geometry in the object's attributes). Shapes
+//! block-quantized ones as objects of the layout `ztensor` 2.x's GGUF reader names
+//! (`gguf.q4_k/1`) whose one `data` component is the raw blocks (logical type `gguf.q4_k`,
+//! the GGML type and block geometry in the object's attributes). Shapes
 //! are written row-major, outermost first, as numpy and the `gguf` reader show them (GGUF lists
 //! `ne[0]`, the innermost, first). A split model (`name-00001-of-00003.gguf`, the `split.*`
 //! keys) is [`assemble`]d into one manifest.
@@ -57,9 +58,14 @@ pub struct GgmlType {
 }
 
 impl GgmlType {
-    /// The logical type a block-quantized tensor's bytes carry (`ggml_q4_k`).
+    /// The logical type a block-quantized tensor's bytes carry (`gguf.q4_k`).
     pub fn logical_type(&self) -> String {
-        format!("ggml_{}", self.name.to_ascii_lowercase())
+        format!("gguf.{}", self.name.to_ascii_lowercase())
+    }
+
+    /// The object layout of a block-quantized tensor, as `ztensor` 2.x names it (`gguf.q4_k/1`).
+    pub fn layout(&self) -> String {
+        format!("{}/1", self.logical_type())
     }
 
     /// Bytes `elements` elements take, or `None` when they are not whole blocks or overflow.
@@ -127,9 +133,15 @@ pub fn ggml_type_named(name: &str) -> Option<GgmlType> {
     TYPES.iter().copied().find(|t| t.name.eq_ignore_ascii_case(name))
 }
 
-/// The GGML type of a block-quantized tensor's logical type (`ggml_q4_k`).
+/// The GGML type of a block-quantized tensor's logical type (`gguf.q4_k`).
 pub fn quantized_type(logical_type: &str) -> Option<GgmlType> {
-    logical_type.strip_prefix("ggml_").and_then(ggml_type_named).filter(|t| t.dense.is_none())
+    logical_type.strip_prefix("gguf.").and_then(ggml_type_named).filter(|t| t.dense.is_none())
+}
+
+/// The GGML type of `object`, when it is a block-quantized GGUF tensor (its layout `gguf.…/1`).
+pub fn quantized_object(object: &Object) -> Option<GgmlType> {
+    let ggml = object.components.first()?.logical_type.as_deref().and_then(quantized_type)?;
+    (object.format == ggml.layout()).then_some(ggml)
 }
 
 /// Types ggml once had and removed from GGUF files: named in the refusal.
@@ -146,9 +158,6 @@ fn removed_type(id: u32) -> Option<&'static str> {
         _ => None,
     }
 }
-
-/// The object format of block-quantized GGML tensors.
-pub const QUANTIZED_FORMAT: &str = "ggml_quantized";
 
 /// A metadata value's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,8 +347,8 @@ impl TensorInfo {
         let t = self.ggml_type;
         let length = self.range.end - self.range.start;
         let (dtype, logical_type, format) = match t.dense {
-            Some(dtype) => (dtype, None, "dense"),
-            None => (DType::U8, Some(t.logical_type()), QUANTIZED_FORMAT),
+            Some(dtype) => (dtype, None, "dense".to_owned()),
+            None => (DType::U8, Some(t.logical_type()), t.layout()),
         };
         let mut attributes = vec![(Value::Text("ggml_type".into()), Value::Text(t.name.into()))];
         if t.dense.is_none() {
@@ -362,7 +371,7 @@ impl TensorInfo {
         Object {
             name: self.name,
             shape: self.shape,
-            format: format.into(),
+            format,
             attributes: Some(Value::Map(attributes)),
             components: vec![data],
         }
@@ -902,4 +911,406 @@ pub fn assemble(parts: Vec<(String, Header, u64)>) -> Result<Manifest> {
         0..header.data_start,
         file_len,
     )
+}
+
+/// Writes GGUF files by hand, rule-breaking ones included: how the tests and the fuzzer's
+/// seeds build them. Fields are public so a test can break any of them.
+#[derive(Debug, Clone)]
+pub struct FileBuilder {
+    pub magic: [u8; 4],
+    pub version: u32,
+    /// Each key, its value type id and its value's bytes.
+    pub kvs: Vec<(String, u32, Vec<u8>)>,
+    /// Each tensor's name, `ne` (innermost first), GGML type id and offset in the data.
+    pub tensors: Vec<(String, Vec<u64>, u32, u64)>,
+    /// The counts written, when not the true ones.
+    pub counts: Option<(u64, u64)>,
+    /// Where the data starts is padded to this.
+    pub alignment: u64,
+    /// The byte the header is padded with.
+    pub padding: u8,
+    pub data: Vec<u8>,
+}
+
+/// A `gguf_string_t` of `bytes`.
+pub fn string_bytes(bytes: &[u8]) -> Vec<u8> {
+    let mut out = (bytes.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(bytes);
+    out
+}
+
+impl FileBuilder {
+    /// A version 3 file of architecture `arch`, with no tensors yet.
+    pub fn new(arch: &str) -> FileBuilder {
+        FileBuilder {
+            magic: *MAGIC,
+            version: 3,
+            kvs: Vec::new(),
+            tensors: Vec::new(),
+            counts: None,
+            alignment: DEFAULT_ALIGNMENT,
+            padding: 0,
+            data: Vec::new(),
+        }
+        .kv("general.architecture", 8, string_bytes(arch.as_bytes()))
+    }
+
+    /// Adds a key-value of type id `value_type` whose value is `value`'s bytes.
+    pub fn kv(mut self, key: &str, value_type: u32, value: Vec<u8>) -> FileBuilder {
+        self.kvs.push((key.to_owned(), value_type, value));
+        self
+    }
+
+    pub fn kv_u32(self, key: &str, value: u32) -> FileBuilder {
+        self.kv(key, 4, value.to_le_bytes().to_vec())
+    }
+
+    /// Adds a tensor of type `type_id` and dimensions `ne` (innermost first) whose data is
+    /// placed after the data so far, aligned, and filled with a pattern.
+    pub fn tensor(mut self, name: &str, ne: &[u64], type_id: u32) -> FileBuilder {
+        let t = ggml_type(type_id).expect("a known type");
+        let len = t.bytes_of(ne.iter().product()).expect("whole blocks");
+        let offset = (self.data.len() as u64).div_ceil(self.alignment) * self.alignment;
+        self.data.resize(offset as usize, 0);
+        self.data.extend((0..len).map(|i| (i.wrapping_mul(31) % 251) as u8));
+        self.tensors.push((name.to_owned(), ne.to_vec(), type_id, offset));
+        self
+    }
+
+    /// The file's bytes.
+    pub fn build(&self) -> Vec<u8> {
+        let mut out = self.magic.to_vec();
+        out.extend_from_slice(&self.version.to_le_bytes());
+        let (tensors, kvs) = self.counts.unwrap_or((self.tensors.len() as u64, self.kvs.len() as u64));
+        out.extend_from_slice(&tensors.to_le_bytes());
+        out.extend_from_slice(&kvs.to_le_bytes());
+        for (key, value_type, value) in &self.kvs {
+            out.extend(string_bytes(key.as_bytes()));
+            out.extend_from_slice(&value_type.to_le_bytes());
+            out.extend_from_slice(value);
+        }
+        for (name, ne, type_id, offset) in &self.tensors {
+            out.extend(string_bytes(name.as_bytes()));
+            out.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+            for d in ne {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&type_id.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+        }
+        let start = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
+        out.resize(start as usize, self.padding);
+        out.extend_from_slice(&self.data);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(file: &[u8]) -> &'static str {
+        match parse_file(file).and_then(|h| h.into_manifest(file.len() as u64)) {
+            Ok(_) => "ok",
+            Err(e) => e.code(),
+        }
+    }
+
+    fn good() -> FileBuilder {
+        FileBuilder::new("llama")
+            .kv_u32("general.quantization_version", 2)
+            .tensor("token_embd.weight", &[64, 3], 8)
+            .tensor("output_norm.weight", &[64], 0)
+    }
+
+    fn u64s(values: &[u64]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn a_good_file_becomes_a_manifest_with_row_major_shapes_and_block_geometry() {
+        let file = good()
+            .kv(
+                "tokenizer.ggml.tokens",
+                9,
+                [8u32.to_le_bytes().to_vec(), u64s(&[100])]
+                    .concat()
+                    .into_iter()
+                    .chain((0..100).flat_map(|i| string_bytes(format!("t{i}").as_bytes())))
+                    .collect(),
+            )
+            .build();
+        let manifest = parse_file(&file).unwrap().into_manifest(file.len() as u64).unwrap();
+        assert_eq!(manifest.container, Container::Gguf);
+        assert_eq!(manifest.version.as_deref(), Some("3"));
+        let q = manifest.object("token_embd.weight").unwrap();
+        assert_eq!((q.shape.clone(), q.format.as_str()), (vec![3, 64], "gguf.q8_0/1"));
+        assert_eq!(q.components[0].logical_type.as_deref(), Some("gguf.q8_0"));
+        assert_eq!(q.components[0].stored_length, 3 * 2 * 34);
+        let norm = manifest.object("output_norm.weight").unwrap();
+        assert_eq!((norm.format.as_str(), norm.components[0].dtype), ("dense", DType::F32));
+        let json = crate::json::manifest_json(&manifest);
+        assert_eq!(
+            json["attributes"]["tokenizer.ggml.tokens"],
+            serde_json::json!({"array_of": "STRING", "length": 100})
+        );
+        assert_eq!(json["attributes"]["general.architecture"], "llama");
+    }
+
+    #[test]
+    fn a_header_read_in_pieces_asks_for_exactly_what_it_lacks() {
+        let file = good().kv("general.description", 8, string_bytes(&[b'x'; 5000])).build();
+        let reads = HeaderReads { file_len: file.len() as u64 };
+        let mut held = reads.first(64).end;
+        let mut steps = 0;
+        let header = loop {
+            match parse_header(&file[..held as usize], file.len() as u64) {
+                Ok(header) => break header,
+                Err(HeaderRead::NeedMore { needed }) => {
+                    assert!(needed > held && needed <= file.len() as u64);
+                    held = reads.next(held, needed).end;
+                    steps += 1;
+                }
+                Err(HeaderRead::Invalid(e)) => panic!("{e}"),
+            }
+        };
+        assert_eq!(header, parse_file(&file).unwrap());
+        assert!(steps <= 4, "{steps}");
+    }
+
+    #[test]
+    fn every_rule_of_the_specification_is_refused_with_its_own_code() {
+        let mut bad_magic = good();
+        bad_magic.magic = *b"GGML";
+        let mut v1 = good();
+        v1.version = 1;
+        let mut v4 = good();
+        v4.version = 4;
+        let mut big_endian = good();
+        big_endian.version = 3u32.swap_bytes();
+        let mut many_tensors = good();
+        many_tensors.counts = Some((MAX_TENSORS + 1, 3));
+        let mut many_keys = good();
+        many_keys.counts = Some((2, u64::MAX));
+        let mut unfit = good();
+        unfit.counts = Some((100_000, 2));
+        let mut dirty_padding = good();
+        dirty_padding.padding = 0xAA;
+        let mut cut = good().build();
+        cut.truncate(40);
+        let nested = |depth: usize| {
+            let mut value = [4u32.to_le_bytes().to_vec(), u64s(&[0])].concat();
+            for _ in 0..depth {
+                value = [9u32.to_le_bytes().to_vec(), u64s(&[1]), value].concat();
+            }
+            value
+        };
+        let no_arch = {
+            let mut b = good();
+            b.kvs.remove(0);
+            b
+        };
+        let misaligned = {
+            let mut b = good();
+            b.tensors[1].3 += 4;
+            b
+        };
+        let overlapping = {
+            let mut b = good();
+            b.tensors[1].3 = 0;
+            b
+        };
+        let beyond = {
+            let mut b = good();
+            b.tensors[1].3 = 1 << 20;
+            b
+        };
+        let overflowing = {
+            let mut b = good();
+            b.tensors[1].3 = u64::MAX - 31;
+            b
+        };
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("good", good().build(), "ok"),
+            ("magic", bad_magic.build(), "gguf_magic"),
+            ("version 1", v1.build(), "gguf_version"),
+            ("version 4", v4.build(), "gguf_version"),
+            ("big-endian", big_endian.build(), "gguf_big_endian"),
+            ("too many tensors", many_tensors.build(), "gguf_too_many_tensors"),
+            ("too many keys", many_keys.build(), "gguf_too_many_keys"),
+            ("counts beyond the file", unfit.build(), "gguf_truncated"),
+            ("cut in the header", cut, "gguf_truncated"),
+            ("key case", good().kv_u32("General.Alignment", 32).build(), "gguf_key"),
+            ("key segment", good().kv_u32("general..x", 32).build(), "gguf_key"),
+            ("key not ascii", good().kv_u32("général.x", 32).build(), "gguf_key"),
+            ("duplicate key", good().kv_u32("a.b", 1).kv_u32("a.b", 2).build(), "gguf_duplicate_key"),
+            ("value type", good().kv("a.b", 13, vec![0; 8]).build(), "gguf_value_type"),
+            ("bool", good().kv("a.b", 7, vec![2]).build(), "gguf_bool"),
+            (
+                "long bool array",
+                good().kv("a.b", 9, [7u32.to_le_bytes().to_vec(), u64s(&[100]), vec![0; 99], vec![3]].concat()).build(),
+                "gguf_bool",
+            ),
+            ("string length", good().kv("a.b", 8, u64s(&[1 << 62])).build(), "gguf_string_too_long"),
+            ("string utf-8", good().kv("a.b", 8, string_bytes(&[0xff, 0xfe])).build(), "gguf_string_utf8"),
+            (
+                "array length",
+                good().kv("a.b", 9, [8u32.to_le_bytes().to_vec(), u64s(&[u64::MAX])].concat()).build(),
+                "gguf_array_too_long",
+            ),
+            (
+                "array beyond file",
+                good().kv("a.b", 9, [8u32.to_le_bytes().to_vec(), u64s(&[1 << 20])].concat()).build(),
+                "gguf_truncated",
+            ),
+            ("array depth", good().kv("a.b", 9, nested(MAX_ARRAY_DEPTH)).build(), "gguf_array_too_deep"),
+            ("array depth within", good().kv("a.b", 9, nested(MAX_ARRAY_DEPTH - 1)).build(), "ok"),
+            (
+                "array type",
+                good().kv("a.b", 9, [77u32.to_le_bytes().to_vec(), u64s(&[0])].concat()).build(),
+                "gguf_value_type",
+            ),
+            ("alignment 0", good().kv_u32("general.alignment", 0).build(), "gguf_alignment"),
+            ("alignment 12", good().kv_u32("general.alignment", 12).build(), "gguf_alignment"),
+            ("alignment 4", good().kv_u32("general.alignment", 4).build(), "gguf_alignment"),
+            ("alignment type", good().kv("general.alignment", 10, u64s(&[32])).build(), "gguf_alignment"),
+            ("no architecture", no_arch.build(), "gguf_architecture"),
+            ("architecture case", FileBuilder::new("Llama").build(), "gguf_architecture"),
+            (
+                "no quantization version",
+                FileBuilder::new("llama").tensor("q", &[32], 2).build(),
+                "gguf_quantization_version",
+            ),
+            (
+                "quantization version type",
+                FileBuilder::new("llama").kv("general.quantization_version", 10, u64s(&[2])).build(),
+                "gguf_quantization_version",
+            ),
+            ("tensor name", good().tensor(&"n".repeat(65), &[4], 0).build(), "gguf_string_too_long"),
+            ("duplicate tensor", good().tensor("output_norm.weight", &[4], 0).build(), "gguf_duplicate_tensor"),
+            ("rank", good().tensor("r", &[1, 1, 1, 1, 1], 0).build(), "gguf_rank"),
+            (
+                "removed type",
+                {
+                    let mut b = good();
+                    b.tensors[1].2 = 4;
+                    b.build()
+                },
+                "gguf_tensor_type",
+            ),
+            (
+                "unknown type",
+                {
+                    let mut b = good();
+                    b.tensors[1].2 = 99;
+                    b.build()
+                },
+                "gguf_tensor_type",
+            ),
+            (
+                "shape overflow",
+                {
+                    let mut b = good();
+                    b.tensors[1].1 = vec![1 << 32, 1 << 32, 4];
+                    b.build()
+                },
+                "gguf_shape",
+            ),
+            (
+                "partial block",
+                {
+                    let mut b = good();
+                    b.tensors[0].1 = vec![48, 2];
+                    b.build()
+                },
+                "gguf_block",
+            ),
+            ("misaligned", misaligned.build(), "gguf_misaligned"),
+            ("overlap", overlapping.build(), "gguf_overlap"),
+            ("beyond the file", beyond.build(), "gguf_out_of_bounds"),
+            ("offset overflow", overflowing.build(), "gguf_out_of_bounds"),
+            ("padding", dirty_padding.build(), "gguf_padding"),
+            (
+                "split of one",
+                good()
+                    .kv("split.no", 2, vec![0, 0])
+                    .kv("split.count", 2, vec![1, 0])
+                    .kv("split.tensors.count", 5, vec![2, 0, 0, 0])
+                    .build(),
+                "ok",
+            ),
+            (
+                "split of two",
+                good()
+                    .kv("split.no", 2, vec![0, 0])
+                    .kv("split.count", 2, vec![2, 0])
+                    .kv("split.tensors.count", 5, vec![4, 0, 0, 0])
+                    .build(),
+                "gguf_split",
+            ),
+            (
+                "split part",
+                good()
+                    .kv("split.no", 2, vec![2, 0])
+                    .kv("split.count", 2, vec![2, 0])
+                    .kv("split.tensors.count", 5, vec![4, 0, 0, 0])
+                    .build(),
+                "gguf_split",
+            ),
+            ("split keys", good().kv("split.no", 2, vec![0, 0]).build(), "gguf_split"),
+        ];
+        for (name, file, expected) in cases {
+            assert_eq!(code(&file), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn split_parts_are_one_model_only_when_every_part_agrees() {
+        let part = |no: u16, count: u16, total: i32, names: &[&str]| {
+            let mut b = good();
+            b.tensors.clear();
+            b.data.clear();
+            let mut b = b
+                .kv("split.no", 2, no.to_le_bytes().to_vec())
+                .kv("split.count", 2, count.to_le_bytes().to_vec())
+                .kv("split.tensors.count", 5, total.to_le_bytes().to_vec());
+            for name in names {
+                b = b.tensor(name, &[32, 2], 8);
+            }
+            b.build()
+        };
+        let (a, b) = (part(0, 2, 3, &["x", "y"]), part(1, 2, 3, &["z"]));
+        let parts = [("m-00001-of-00002.gguf", &a[..]), ("m-00002-of-00002.gguf", &b[..])];
+        let manifest = parse_model(&parts).unwrap();
+        assert_eq!(
+            manifest.objects.iter().map(|o| (o.name.as_str(), o.components[0].file)).collect::<Vec<_>>(),
+            [("x", 0), ("y", 0), ("z", 1)]
+        );
+        let code_of = |parts: &[(&str, &[u8])]| parse_model(parts).map(drop).map_err(|e| e.code());
+        let wrong_total = part(1, 2, 4, &["z"]);
+        assert_eq!(code_of(&[parts[0], ("m-00002-of-00002.gguf", &wrong_total)]), Err("gguf_split"));
+        let twice = part(1, 2, 3, &["y"]);
+        assert_eq!(code_of(&[parts[0], ("m-00002-of-00002.gguf", &twice)]), Err("gguf_duplicate_tensor"));
+        assert_eq!(code_of(&[parts[1], parts[0]]), Err("gguf_split"));
+        assert_eq!(code_of(&parts[..1]), Err("gguf_split"));
+    }
+
+    #[test]
+    fn split_names_are_five_digit_parts_of_five_digit_counts() {
+        assert_eq!(split_name("Grok-100B-v1.0-Q4_0-00003-of-00009.gguf"), Some(("Grok-100B-v1.0-Q4_0", 3, 9)));
+        assert_eq!(split_name("m-1-of-2.gguf"), None);
+        assert_eq!(split_name("-00001-of-00002.gguf"), None);
+        assert_eq!(split_name("m-00001-of-00002.safetensors"), None);
+        assert_eq!(split_file_name("m", 2, 3), "m-00002-of-00003.gguf");
+    }
+
+    #[test]
+    fn every_type_has_the_geometry_of_ggml_and_a_round_trip_name() {
+        assert_eq!(TYPES.iter().map(|t| t.id).collect::<std::collections::HashSet<_>>().len(), TYPES.len());
+        let q4_k = ggml_type(12).unwrap();
+        assert_eq!((q4_k.block_elements, q4_k.block_bytes), (256, 144));
+        assert_eq!(quantized_type(&q4_k.logical_type()), Some(q4_k));
+        assert_eq!(quantized_type("gguf.f32"), None);
+        assert_eq!(ggml_type(30).unwrap().dense, Some(DType::BF16));
+    }
 }

@@ -192,17 +192,13 @@ pub struct Geometry {
 /// How `object` is cut, when it can be: a dense tensor of whole-byte elements
 /// ([`element_bytes`]), or a GGML block-quantized tensor, whose rows are whole blocks.
 pub fn geometry(object: &Object) -> Result<Geometry, SliceError> {
-    if object.format != crate::gguf::QUANTIZED_FORMAT {
+    let Some(ggml) = crate::gguf::quantized_object(object) else {
         let element = element_bytes(object)?;
         return Ok(Geometry { shape: object.shape.clone(), element, block: 1, ggml_type: None });
-    }
+    };
     let not_cut = |detail: String| SliceError::NotDense { detail };
     let [data] = &object.components[..] else {
         return Err(not_cut(format!("{} has {} components, not one", object.name, object.components.len())));
-    };
-    let logical = data.logical_type.as_deref().unwrap_or("");
-    let Some(ggml) = crate::gguf::quantized_type(logical) else {
-        return Err(SliceError::UnknownType { logical_type: logical.to_owned() });
     };
     let mut shape = object.shape.clone();
     let inner = shape.last_mut().filter(|d| **d % ggml.block_elements == 0);

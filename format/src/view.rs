@@ -114,10 +114,8 @@ fn holdable(object: &Object) -> Result<Mapped, String> {
     if object.name == "__metadata__" {
         return Err("the name __metadata__ is reserved by safetensors for the file's metadata".into());
     }
-    if object.format == crate::gguf::QUANTIZED_FORMAT {
-        let ggml =
-            object.components.first().and_then(|c| c.logical_type.as_deref()).and_then(crate::gguf::quantized_type);
-        let name = ggml.map_or("block-quantized", |t| t.name);
+    if let Some(ggml) = crate::gguf::quantized_object(object) {
+        let name = ggml.name;
         return Err(format!(
             "safetensors has no dtype for GGML {name} blocks; the object's route serves them as stored"
         ));

@@ -73,7 +73,7 @@ fn param_size(count: u64) -> Option<String> {
 /// block-quantized tensors, their GGML type (`q4_k`; its norms stay f32 whatever the
 /// quantization).
 fn precision(manifest: &Manifest) -> Option<String> {
-    let quantized = |o: &&crate::format::Object| o.format == crate::format::gguf::QUANTIZED_FORMAT;
+    let quantized = |o: &&crate::format::Object| crate::format::gguf::quantized_object(o).is_some();
     let any_quantized = manifest.objects.iter().any(|o| quantized(&o));
     let mut seen: Option<String> = None;
     for object in manifest.objects.iter().filter(|o| if any_quantized { quantized(o) } else { o.format == "dense" }) {
@@ -114,7 +114,7 @@ pub(crate) fn build(id: &str, version: &str, manifest: &Manifest, files: &[Layer
     let parameters: u64 = manifest
         .objects
         .iter()
-        .filter(|o| o.format == "dense" || o.format == crate::format::gguf::QUANTIZED_FORMAT)
+        .filter(|o| o.format == "dense" || crate::format::gguf::quantized_object(o).is_some())
         .filter_map(|o| o.element_count())
         .fold(0u64, u64::saturating_add);
     let mut model_config = serde_json::Map::new();

@@ -1,5 +1,5 @@
 """GGUF files written by the `gguf` package (ggml's own Python writer), and read back by its
-reader, for the GGUF interop tests (run in the `gguf` venv).
+reader, for the GGUF interop tests (run in the `gguf` venv; `ztensor` in `ztensor-2.1.2`'s).
 
   write DIR            writes the models below DIR and DIR/expect.json: per model id its files
                        and per tensor its GGML type, numpy shape, and its bytes as the `gguf`
@@ -9,6 +9,9 @@ reader, for the GGUF interop tests (run in the `gguf` venv).
                        fnmatch), downloads it with hf_hub_download, downloads the split model's
                        repository whole with snapshot_download, and checks every tensor of
                        every file downloaded against the files written
+  ztensor DIR          opens every single-file model of DIR/expect.json with ztensor 2.1.2's
+                       GGUF reader: prints, per model, each tensor's layout, having checked its
+                       shape and bytes against the gguf reader's, or why ztensor refuses the file
 """
 
 import fnmatch
@@ -18,14 +21,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import gguf
-from gguf import GGMLQuantizationType as Q
 
-# The types the gguf package quantizes to: each written from its own quantizer's blocks.
-QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.TQ1_0, Q.TQ2_0, Q.MXFP4]
-# Types it has no quantizer for (the K-quants, IQ types): written as blocks of arbitrary bytes
-# of the type's geometry, which the writer and the reader take as they are.
-RAW_BLOCKS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_K, Q.IQ2_XXS, Q.IQ4_XS, Q.IQ1_M]
+try:
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    # The types the gguf package quantizes to: each written from its own quantizer's blocks.
+    QUANTIZED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.TQ1_0, Q.TQ2_0, Q.MXFP4]
+    # Types it has no quantizer for (the K-quants, IQ types): written as blocks of arbitrary
+    # bytes of the type's geometry, which the writer and the reader take as they are.
+    RAW_BLOCKS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_K, Q.IQ2_XXS, Q.IQ4_XS, Q.IQ1_M]
+except ImportError:  # the ztensor venv, which reads only
+    gguf = None
 
 
 def rng(seed):
@@ -179,11 +186,35 @@ def hub(endpoint, root):
     print(json.dumps({"checked": checked}))
 
 
+def with_ztensor(root):
+    import ztensor
+
+    expect = json.loads((root / "expect.json").read_text())
+    layouts, refused = {}, {}
+    for model, entry in expect.items():
+        if len(entry["files"]) != 1:
+            continue
+        try:
+            source = ztensor.open(str(root / entry["files"][0]))
+        except Exception as e:  # a type its reader has no projection for
+            refused[model] = str(e)
+            continue
+        layouts[model] = {}
+        for name, tensor in entry["tensors"].items():
+            t = source[name]
+            assert list(t.shape) == tensor["shape"], (model, name, t.shape)
+            assert t.tobytes() == (root / tensor["bin"]).read_bytes(), (model, name)
+            layouts[model][name] = t.layout
+    print(json.dumps({"layouts": layouts, "refused": refused}))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "write":
         write(Path(sys.argv[2]))
     elif mode == "hub":
         hub(sys.argv[2], Path(sys.argv[3]))
+    elif mode == "ztensor":
+        with_ztensor(Path(sys.argv[2]))
     else:
         sys.exit(f"unknown mode {mode}")

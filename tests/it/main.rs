@@ -13,6 +13,7 @@ mod docs;
 mod fan_out;
 mod faults;
 mod format_rules;
+mod gguf;
 mod hf_hub;
 mod hostile_files;
 mod hostile_requests;

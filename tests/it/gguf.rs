@@ -1,0 +1,197 @@
+//! GGUF models as users have them: files written by ggml's own `gguf` package (dense tensors of
+//! every dense GGML type, blocks from its quantizers, K-quant and IQ blocks, a repository of
+//! one file per quantization beside a README, a model split in three parts), served from a
+//! local directory and from S3. Every tensor is the bytes the `gguf` reader returns, its
+//! layout the one `ztensor` 2.1.2's GGUF reader names; block-quantized tensors split by rows for
+//! tensor-parallel ranks; the safetensors view holds the dense tensors and says why it leaves
+//! the others out; stored files go byte for byte over HTTP and the S3 endpoint; and over the
+//! Hub API a quantization is picked from its repository's file list and downloaded as
+//! llama-cpp-python's `from_pretrained` does, and a split model's repository snapshot-downloaded,
+//! each file then read by the `gguf` reader. A broken GGUF file beside them is listed with its
+//! reason and stops nothing.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use common::{ModelSource, request_async, run_interop_script, serve_with_s3};
+use serde_json::Value;
+use ztserve::api;
+use ztserve::config::Config;
+use ztserve::format::gguf::FileBuilder;
+
+/// What the `gguf` package wrote below `dir`, as its reader reads it, by model id; and each
+/// single-file model's tensor layouts as `ztensor` 2.1.2 reads them (it checked their bytes).
+fn written(dir: &Path) -> (BTreeMap<String, Value>, Value) {
+    run_interop_script("gguf", "gguf_peers.py", &[Path::new("write"), dir]);
+    let expect: BTreeMap<String, Value> = serde_json::from_slice(&fs::read(dir.join("expect.json")).unwrap()).unwrap();
+    let ztensor = run_interop_script("ztensor-2.1.2", "gguf_peers.py", &[Path::new("ztensor"), dir]);
+    let ztensor: Value = serde_json::from_str(&ztensor).unwrap();
+    (expect, ztensor)
+}
+
+/// A file breaking one rule: a tensor offset that is not a multiple of the alignment.
+fn broken_file() -> Vec<u8> {
+    let mut builder = FileBuilder::new("llama").tensor("a", &[8], 0).tensor("b", &[8], 0);
+    builder.tensors[1].3 += 4;
+    builder.build()
+}
+
+async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) {
+    let dir = tempfile::tempdir().unwrap();
+    let (models, ztensor) = written(dir.path());
+    for entry in models.values() {
+        for file in entry["files"].as_array().unwrap() {
+            let file = file.as_str().unwrap();
+            source.put(file, &fs::read(dir.path().join(file)).unwrap()).await;
+        }
+    }
+    source.put("org/tiny-quants/README.md", &fs::read(dir.path().join("org/tiny-quants/README.md")).unwrap()).await;
+    source.put("org/broken/model.gguf", &broken_file()).await;
+    let (address, s3_address, _state) = serve_with_s3(source.config(Config::default())).await;
+    let kind = source.kind();
+
+    let listing = request_async(&address, "/models", &[]).await.json();
+    let listed: BTreeMap<&str, &Value> =
+        listing["models"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m)).collect();
+    let mut ids: Vec<&str> = models.keys().map(String::as_str).collect();
+    ids.push("org/broken");
+    ids.sort();
+    assert_eq!(listed.keys().copied().collect::<Vec<_>>(), ids, "{kind}: one model per file or split set");
+    let broken = request_async(&address, &api::model_url("org/broken"), &[]).await;
+    assert_eq!(broken.status, 422, "{kind}");
+    assert_eq!(broken.json()["error"]["reason"], "gguf_misaligned", "{kind}: {}", broken.json());
+
+    let refused = &ztensor["refused"];
+    let mut compared = 0;
+    for (id, entry) in &models {
+        let model = listed[id.as_str()];
+        assert_eq!((model["status"].as_str(), model["container"].as_str()), (Some("ok"), Some("gguf")), "{kind}: {id}");
+        assert_eq!(model["files"], entry["files"].as_array().unwrap().len(), "{kind}: {id}");
+        let manifest = request_async(&address, &api::model_url(id), &[]).await.json();
+        assert_eq!(manifest["attributes"]["general.architecture"], "llama", "{kind}: {id}");
+        assert_eq!(
+            manifest["attributes"]["tokenizer.ggml.tokens"],
+            serde_json::json!({"array_of": "STRING", "length": 300}),
+            "{kind}: {id}: a vocabulary is summarised"
+        );
+        let objects: BTreeMap<&str, &Value> =
+            manifest["objects"].as_array().unwrap().iter().map(|o| (o["name"].as_str().unwrap(), o)).collect();
+        for (name, tensor) in entry["tensors"].as_object().unwrap() {
+            let expected = fs::read(dir.path().join(tensor["bin"].as_str().unwrap())).unwrap();
+            let reply = request_async(&address, &api::object_url(id, name), &[]).await;
+            assert_eq!(reply.status, 200, "{kind}: {id}/{name}: {}", String::from_utf8_lossy(&reply.body));
+            assert!(reply.body == expected, "{kind}: {id}/{name}: bytes differ from the gguf reader's");
+            let object = objects[name.as_str()];
+            assert_eq!(object["shape"], tensor["shape"], "{kind}: {id}/{name}");
+            let ggml_type = tensor["type"].as_str().unwrap();
+            assert_eq!(object["attributes"]["ggml_type"], ggml_type, "{kind}: {id}/{name}");
+            let dense = ["F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"].contains(&ggml_type);
+            let layout = if dense { "dense".to_owned() } else { format!("gguf.{}/1", ggml_type.to_lowercase()) };
+            assert_eq!(object["format"], layout.as_str(), "{kind}: {id}/{name}");
+            match ztensor["layouts"][id.as_str()][name.as_str()].as_str() {
+                Some(theirs) => assert_eq!(theirs, layout, "{kind}: {id}/{name}: ztensor names it so"),
+                None => assert!(
+                    entry["files"].as_array().unwrap().len() > 1 || refused[id.as_str()].is_string(),
+                    "{kind}: {id}/{name}: ztensor read every other file"
+                ),
+            }
+            if !dense {
+                assert!(object["attributes"]["block_bytes"].as_u64().unwrap() > 0);
+                rows_are_split_at_whole_blocks(&address, id, name, tensor, &expected, kind).await;
+            }
+            compared += 1;
+        }
+        for file in entry["files"].as_array().unwrap() {
+            let file = file.as_str().unwrap();
+            let name = file.rsplit('/').next().unwrap();
+            let reply = request_async(&address, &api::stored_file_url(id, name), &[]).await;
+            assert!(reply.body == fs::read(dir.path().join(file)).unwrap(), "{kind}: {id}: {name} differs");
+        }
+    }
+    assert_eq!(compared, 9 + 17 * 3 + 6, "{kind}: tensors compared");
+    assert_eq!(
+        refused.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["org/tiny-quants/tiny-TQ1_0", "org/tiny-quants/tiny-TQ2_0"]
+    );
+
+    // The safetensors view: the dense tensors, and why the blocks are left out.
+    let manifest = request_async(&address, &api::model_url("org/tiny-gguf"), &[]).await.json();
+    let excluded = &manifest["safetensors_view"]["excluded"];
+    assert_eq!(excluded.as_array().unwrap().len(), 1, "{kind}: {excluded}");
+    assert_eq!(excluded[0]["object"], "blk.0.attn_q.weight");
+    assert!(excluded[0]["reason"].as_str().unwrap().contains("GGML Q8_0 blocks"), "{kind}: {excluded}");
+    let view = request_async(&address, &api::view_file_url("org/tiny-gguf", "model.safetensors"), &[]).await;
+    let view = safetensors::SafeTensors::deserialize(&view.body).unwrap();
+    assert_eq!(view.len(), 8, "{kind}: every dense tensor");
+    let f16 = &models["org/tiny-gguf"]["tensors"]["dense.f16"];
+    let f16_bytes = fs::read(dir.path().join(f16["bin"].as_str().unwrap())).unwrap();
+    assert_eq!(view.tensor("dense.f16").unwrap().data(), &f16_bytes[..], "{kind}");
+
+    // The S3 endpoint: the stored files byte for byte, under each model.
+    stored_files_over_s3(&s3_address, dir.path(), kind).await;
+
+    // The Hub API: a directory of GGUF files is one repository; llama-cpp-python's download
+    // path and a snapshot of the split model, each file read back by the gguf reader.
+    let hub = format!("http://{address}/hf");
+    let checked = run_interop_script("gguf", "gguf_peers.py", &[Path::new("hub"), Path::new(&hub), dir.path()]);
+    assert!(checked.contains("\"tiny-Q4_0.gguf\": 3"), "{kind}: {checked}");
+    let repos = request_async(&address, "/hf/api/models?search=tiny-", &[]).await.json();
+    let repos: Vec<&str> = repos.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(repos, ["org/tiny-gguf", "org/tiny-quants", "org/tiny-split"], "{kind}: one repository per directory");
+    let info = request_async(&address, "/hf/api/models/org/tiny-quants", &[]).await.json();
+    let siblings: Vec<&str> =
+        info["siblings"].as_array().unwrap().iter().map(|s| s["rfilename"].as_str().unwrap()).collect();
+    assert_eq!(siblings.len(), 18, "{kind}: every quantization and the README: {siblings:?}");
+    assert!(siblings.contains(&"README.md") && siblings.contains(&"tiny-Q4_K.gguf"), "{kind}: {siblings:?}");
+}
+
+/// Rank 0 and rank 1 of 2 along the rows of a block-quantized tensor are its first and last
+/// rows' blocks; a cut inside a block is refused with its reason.
+async fn rows_are_split_at_whole_blocks(address: &str, id: &str, name: &str, tensor: &Value, bytes: &[u8], kind: &str) {
+    let rows = tensor["shape"][0].as_u64().unwrap() as usize;
+    let row = bytes.len() / rows;
+    let url = api::object_url(id, name);
+    let first = request_async(address, &format!("{url}?shard=0/2&dim=0"), &[]).await;
+    assert!(first.status == 200 && first.body == bytes[..rows / 2 * row], "{kind}: {id}/{name} rank 0");
+    let second = request_async(address, &format!("{url}?shard=1/2&dim=0"), &[]).await;
+    assert!(second.body == bytes[rows / 2 * row..], "{kind}: {id}/{name} rank 1");
+    let partial = request_async(address, &format!("{url}?slice=:,0:8"), &[]).await;
+    assert_eq!(partial.json()["error"]["code"], "slice_partial_block", "{kind}: {id}/{name}");
+    assert!((400..500).contains(&partial.status), "{kind}: {}", partial.status);
+}
+
+async fn stored_files_over_s3(s3_address: &str, dir: &Path, kind: &str) {
+    use object_store::ObjectStoreExt as _;
+    let stored = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(format!("http://{s3_address}"))
+        .with_region("us-east-1")
+        .with_bucket_name("models-stored")
+        .with_allow_http(true)
+        .with_access_key_id("any")
+        .with_secret_access_key("any")
+        .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
+        .build()
+        .unwrap();
+    for (key, file) in [
+        ("org/tiny-split/tiny-Q8_0/tiny-Q8_0-00002-of-00003.gguf", "org/tiny-split/tiny-Q8_0-00002-of-00003.gguf"),
+        ("org/tiny-quants/tiny-Q4_K/tiny-Q4_K.gguf", "org/tiny-quants/tiny-Q4_K.gguf"),
+        ("org/tiny-quants/tiny-Q4_K/README.md", "org/tiny-quants/README.md"),
+        ("org/tiny-gguf/model.gguf", "org/tiny-gguf/model.gguf"),
+    ] {
+        let over_s3 = stored.get(&key.into()).await.unwrap().bytes().await.unwrap();
+        assert!(over_s3[..] == fs::read(dir.join(file)).unwrap()[..], "{kind}: {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gguf_models_from_a_local_directory_are_served_as_their_readers_read_them() {
+    gguf_models_are_served_as_their_readers_read_them(ModelSource::local()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gguf_models_from_s3_are_served_as_their_readers_read_them() {
+    gguf_models_are_served_as_their_readers_read_them(ModelSource::s3()).await;
+}
