@@ -16,6 +16,7 @@ mod format_rules;
 mod gguf;
 mod hf_hub;
 mod hostile_files;
+mod hostile_gguf;
 mod hostile_requests;
 mod hostile_safetensors;
 mod hostile_v2;
