@@ -22,8 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve every .zt, .safetensors and sharded safetensors checkpoint under the sources over
-    /// HTTP (by default: models/ on 127.0.0.1:8080).
+    /// Serve every .zt, .safetensors, sharded safetensors checkpoint and .gguf model under the
+    /// sources over HTTP (by default: models/ on 127.0.0.1:8080).
     Serve {
         /// A directory of model files, s3://bucket/prefix, or a Hub repository
         /// hf://namespace/name[@revision] (HF_ENDPOINT, HF_TOKEN); repeat for several.
@@ -48,8 +48,8 @@ enum Command {
     },
     /// Write the demo models (every format, zstd, digests, attributes) into DIR.
     WriteDemo { dir: PathBuf },
-    /// Print a file's version, attributes and objects (.zt, .safetensors, or a checkpoint's
-    /// .safetensors.index.json with its shards).
+    /// Print a file's version, attributes and objects (.zt, .safetensors, a checkpoint's
+    /// .safetensors.index.json with its shards, or a .gguf file with its split model's parts).
     Inspect {
         file: PathBuf,
         /// Print the whole manifest as JSON.
@@ -58,8 +58,9 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Check every rule, decode every component and verify every digest (.zt, .safetensors,
-    /// or a checkpoint's index with its shards). Exits 0 when the file is valid, 1 when it is not.
+    /// Check every rule, decode every component and verify every digest (.zt, .safetensors, a
+    /// checkpoint's index with its shards, or a .gguf file with its split model's parts). Exits
+    /// 0 when the file is valid, 1 when it is not.
     Verify {
         file: PathBuf,
         #[arg(long)]
@@ -67,7 +68,8 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// Write an object's decoded little-endian bytes to stdout (.zt, .safetensors, or an index).
+    /// Write an object's decoded little-endian bytes to stdout (.zt, .safetensors, an index, or
+    /// a .gguf file).
     Cat {
         file: PathBuf,
         object: String,
