@@ -385,7 +385,7 @@ async fn model_info(state: &HubState, at: &RepoAt, blobs: bool) -> Result<Respon
         "disabled": false,
         "downloads": 0,
         "likes": 0,
-        "tags": REPO_TAGS,
+        "tags": repo_tags(at.model()),
         "library_name": Value::Null,
         "siblings": siblings,
         "usedStorage": at.files.iter().map(|f| f.size).sum::<u64>(),
@@ -544,7 +544,7 @@ async fn list_models(
         .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m))?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
-        .filter(|_| tags.iter().all(|t| REPO_TAGS.contains(t)))
+        .filter(|(_, model)| tags.iter().all(|t| repo_tags(model).contains(t)))
         .collect();
     // A repository of several GGUF models is listed once, dated by its earliest.
     listed.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.found_at.cmp(&b.1.found_at)));
@@ -571,7 +571,7 @@ async fn list_models(
             "private": state.tokens.required(),
             "downloads": 0,
             "likes": 0,
-            "tags": REPO_TAGS,
+            "tags": repo_tags(model),
             "library_name": Value::Null,
             "createdAt": date,
             "lastModified": date,
@@ -590,8 +590,14 @@ async fn list_models(
     Ok(response)
 }
 
-/// The tags of every repository: each holds safetensors weights.
-const REPO_TAGS: [&str; 1] = ["safetensors"];
+/// The tags of the repository of `model`: the format of the weights it holds (`gguf` for a
+/// directory of GGUF models, as the Hub tags them; every other holds safetensors).
+fn repo_tags(model: &Model) -> [&'static str; 1] {
+    match model.container {
+        Some(crate::format::Container::Gguf) => ["gguf"],
+        _ => ["safetensors"],
+    }
+}
 
 /// Where the next page starts, from a cursor this listing gave (`{commit}.{offset}`) for the
 /// same commit.

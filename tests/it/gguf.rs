@@ -141,7 +141,10 @@ async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) 
     let repos = request_async(&address, "/hf/api/models?search=tiny-", &[]).await.json();
     let repos: Vec<&str> = repos.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(repos, ["org/tiny-gguf", "org/tiny-quants", "org/tiny-split"], "{kind}: one repository per directory");
+    let tagged = request_async(&address, "/hf/api/models?filter=gguf", &[]).await.json();
+    assert_eq!(tagged.as_array().unwrap().len(), 3, "{kind}: the GGUF repositories are tagged gguf: {tagged}");
     let info = request_async(&address, "/hf/api/models/org/tiny-quants", &[]).await.json();
+    assert_eq!(info["tags"], serde_json::json!(["gguf"]), "{kind}");
     let siblings: Vec<&str> =
         info["siblings"].as_array().unwrap().iter().map(|s| s["rfilename"].as_str().unwrap()).collect();
     assert_eq!(siblings.len(), 18, "{kind}: every quantization and the README: {siblings:?}");
