@@ -132,9 +132,13 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
         bail!("--concurrency and --chunk-size must be above 0");
     }
     let model = Remote::new(model_url(&options.url)?, options.token.clone(), options.retry, options.concurrency)?;
-    let (sources, safetensors) = source_files(&model).await?;
+    let (sources, container) = source_files(&model).await?;
+    let safetensors = container == Some(format::Container::Safetensors);
+    let gguf = container == Some(format::Container::Gguf);
     let manifest = if safetensors {
         fetch_checkpoint(&sources).await?
+    } else if gguf {
+        fetch_gguf(&sources).await?
     } else {
         fetch_manifest(&sources[0], &options.limits).await?
     };
@@ -147,10 +151,12 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
             .with_context(|| format!("cannot create the directory {}", options.output.display()))?;
         let mut total = PullReport::default();
         for (index, file) in sources.iter().enumerate() {
-            // A v2 shard is held to the root's shard table; a checkpoint's files are copied
-            // as they are, each then parsed as what its name says it is.
+            // A v2 shard is held to the root's shard table; a checkpoint's files (a split GGUF
+            // model's parts) are copied as they are, each then parsed as what its name says.
             let (layout, check) = match index {
-                _ if safetensors => (raw_layout(&manifest, index, file.len, options)?, FileKind::of(&file.name)),
+                _ if safetensors || gguf => {
+                    (raw_layout(&manifest, index, file.len, options)?, FileKind::of(&file.name))
+                }
                 0 => (raw_layout(&manifest, 0, file.len, options)?, Some(FileKind::Zt)),
                 _ => (shard_layout(&manifest.shards[index - 1], file.len, index), None),
             };
@@ -161,7 +167,10 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
     }
     let (layout, check) = if options.raw {
         (raw_layout(&manifest, 0, sources[0].len, options)?, FileKind::of(&sources[0].name))
-    } else if matches!(manifest.container, format::Container::V2 | format::Container::Safetensors) {
+    } else if matches!(
+        manifest.container,
+        format::Container::V2 | format::Container::Safetensors | format::Container::Gguf
+    ) {
         (rebuilt_v2_layout(&manifest, options)?, Some(FileKind::Zt))
     } else {
         (rebuilt_layout(&manifest, options)?, Some(FileKind::Zt))
@@ -170,10 +179,12 @@ pub async fn pull(options: &PullOptions) -> anyhow::Result<PullReport> {
 }
 
 /// The model's stored files, from its manifest JSON, each probed for its ETag and length, and
-/// whether the model is stored as safetensors.
-async fn source_files(model: &Remote) -> anyhow::Result<(Vec<SourceFile>, bool)> {
+/// the container it is stored in when it is one found by name (safetensors, GGUF).
+async fn source_files(model: &Remote) -> anyhow::Result<(Vec<SourceFile>, Option<format::Container>)> {
     let listing = model.json().await?;
-    let safetensors = listing["container"] == format::Container::Safetensors.id();
+    let container = [format::Container::Safetensors, format::Container::Gguf]
+        .into_iter()
+        .find(|c| listing["container"] == c.to_string().as_str());
     let files = listing["files"].as_array().filter(|files| !files.is_empty()).ok_or_else(|| {
         anyhow::anyhow!("{} answered a manifest without its files: is it a ztserve model URL?", model.url())
     })?;
@@ -192,7 +203,7 @@ async fn source_files(model: &Remote) -> anyhow::Result<(Vec<SourceFile>, bool)>
         let probe = remote.probe(HEADER_LEN).await?;
         sources.push(SourceFile { name: name.to_owned(), remote, etag: probe.etag, len: probe.len, head: probe.head });
     }
-    Ok((sources, safetensors))
+    Ok((sources, container))
 }
 
 /// The root file's parsed manifest, from at most two more ranged GETs (its head came with the
@@ -232,6 +243,36 @@ async fn fetch_checkpoint(sources: &[SourceFile]) -> anyhow::Result<Manifest> {
     }
     let borrowed: Vec<(&str, &Manifest)> = shards.iter().map(|(name, m)| (*name, m)).collect();
     Ok(format::safetensors::assemble(&index, root.len, &borrowed)?)
+}
+
+/// A GGUF model's manifest: each file's header (a prefix, grown while the header runs past
+/// it), assembled as the server does for a split model.
+async fn fetch_gguf(sources: &[SourceFile]) -> anyhow::Result<Manifest> {
+    let mut headers = Vec::with_capacity(sources.len());
+    for file in sources {
+        let invalid = || format!("{} is not a valid GGUF file", file.remote.url());
+        let reads = format::gguf::HeaderReads { file_len: file.len };
+        let mut held = file.remote.range(reads.first(64 << 10), &file.etag).await?;
+        let header = loop {
+            match format::gguf::parse_header(&held, file.len) {
+                Ok(header) => break header,
+                Err(format::gguf::HeaderRead::Invalid(e)) => return Err(e).with_context(invalid),
+                Err(format::gguf::HeaderRead::NeedMore { needed }) => {
+                    let next = reads.next(held.len() as u64, needed);
+                    let more = file.remote.range(held.len() as u64..next.end, &file.etag).await?;
+                    held = [held.as_ref(), more.as_ref()].concat().into();
+                }
+            }
+        };
+        headers.push((file.name.clone(), header, file.len));
+    }
+    match &headers[..] {
+        [(name, _, _)] if format::gguf::split_name(name).is_none() => {
+            let (_, header, len) = headers.pop().expect("one");
+            Ok(header.into_manifest(len)?)
+        }
+        _ => Ok(format::gguf::assemble(headers)?),
+    }
 }
 
 /// A safetensors file's header as a manifest.

@@ -12,6 +12,8 @@ reader, for the GGUF interop tests (run in the `gguf` venv; `ztensor` in `ztenso
   ztensor DIR          opens every single-file model of DIR/expect.json with ztensor 2.1.2's
                        GGUF reader: prints, per model, each tensor's layout, having checked its
                        shape and bytes against the gguf reader's, or why ztensor refuses the file
+  pulled DIR FILE ID   opens FILE, a .zt that `ztserve pull` rebuilt from model ID, with
+                       ztensor 2.1.2 and checks every tensor's layout, shape and bytes
 """
 
 import fnmatch
@@ -208,6 +210,21 @@ def with_ztensor(root):
     print(json.dumps({"layouts": layouts, "refused": refused}))
 
 
+def pulled(root, path, model):
+    import ztensor
+
+    expect = json.loads((root / "expect.json").read_text())[model]
+    source = ztensor.open(str(path))
+    assert sorted(source.keys()) == sorted(expect["tensors"]), (sorted(source.keys()), model)
+    for name, tensor in expect["tensors"].items():
+        t = source[name]
+        dense = tensor["type"] in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")
+        assert t.layout == ("dense" if dense else f"gguf.{tensor['type'].lower()}/1"), (name, t.layout)
+        assert list(t.shape) == tensor["shape"], (name, t.shape)
+        assert t.tobytes() == (root / tensor["bin"]).read_bytes(), name
+    print(json.dumps({"pulled": len(expect["tensors"])}))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "write":
@@ -216,5 +233,7 @@ if __name__ == "__main__":
         hub(sys.argv[2], Path(sys.argv[3]))
     elif mode == "ztensor":
         with_ztensor(Path(sys.argv[2]))
+    elif mode == "pulled":
+        pulled(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
     else:
         sys.exit(f"unknown mode {mode}")

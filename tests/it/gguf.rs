@@ -7,8 +7,9 @@
 //! the others out; stored files go byte for byte over HTTP and the S3 endpoint; and over the
 //! Hub API a quantization is picked from its repository's file list and downloaded as
 //! llama-cpp-python's `from_pretrained` does, and a split model's repository snapshot-downloaded,
-//! each file then read by the `gguf` reader. A broken GGUF file beside them is listed with its
-//! reason and stops nothing.
+//! each file then read by the `gguf` reader; `ztserve pull` copies a split model's parts and
+//! rebuilds a model as zTensor v2, which ztensor 2.1.2 reads with the same layouts. A broken
+//! GGUF file beside them is listed with its reason and stops nothing.
 
 use crate::common;
 
@@ -129,6 +130,29 @@ async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) 
     let f16 = &models["org/tiny-gguf"]["tensors"]["dense.f16"];
     let f16_bytes = fs::read(dir.path().join(f16["bin"].as_str().unwrap())).unwrap();
     assert_eq!(view.tensor("dense.f16").unwrap().data(), &f16_bytes[..], "{kind}");
+
+    // `ztserve pull`: a split model's parts byte for byte, and a model rebuilt as zTensor v2,
+    // which ztensor 2.1.2 reads with the same layouts and bytes.
+    let pulled = tempfile::tempdir().unwrap();
+    let (from, out) = (format!("http://{address}/models/"), pulled.path().to_owned());
+    tokio::task::spawn_blocking(move || {
+        for (id, target, raw) in [("org/tiny-split/tiny-Q8_0", "split", true), ("org/tiny-gguf", "tiny.zt", false)] {
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"));
+            command.args(["pull", "--progress", "none"]).args(raw.then_some("--raw"));
+            let output = command.arg(format!("{from}{id}")).arg(out.join(target)).output().unwrap();
+            assert!(output.status.success(), "pull {id}: {}", String::from_utf8_lossy(&output.stderr));
+        }
+    })
+    .await
+    .unwrap();
+    for file in models["org/tiny-split/tiny-Q8_0"]["files"].as_array().unwrap() {
+        let file = file.as_str().unwrap();
+        let name = file.rsplit('/').next().unwrap();
+        assert!(fs::read(pulled.path().join("split").join(name)).unwrap() == fs::read(dir.path().join(file)).unwrap());
+    }
+    let rebuilt = pulled.path().join("tiny.zt");
+    let args = [Path::new("pulled"), dir.path(), &rebuilt, Path::new("org/tiny-gguf")];
+    assert!(run_interop_script("ztensor-2.1.2", "gguf_peers.py", &args).contains("\"pulled\": 9"), "{kind}");
 
     // The S3 endpoint: the stored files byte for byte, under each model.
     stored_files_over_s3(&s3_address, dir.path(), kind).await;
