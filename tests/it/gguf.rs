@@ -4,7 +4,8 @@
 //! local directory and from S3. Every tensor is the bytes the `gguf` reader returns, its
 //! layout the one `ztensor` 2.1.2's GGUF reader names; block-quantized tensors split by rows for
 //! tensor-parallel ranks; the safetensors view holds the dense tensors and says why it leaves
-//! the others out; stored files go byte for byte over HTTP and the S3 endpoint; and over the
+//! the others out; stored files go byte for byte over HTTP, the S3 endpoint and the OCI
+//! registry (a ModelPack artifact of config format `gguf`); and over the
 //! Hub API a quantization is picked from its repository's file list and downloaded as
 //! llama-cpp-python's `from_pretrained` does, and a split model's repository snapshot-downloaded,
 //! each file then read by the `gguf` reader; `ztserve pull` copies a split model's parts and
@@ -153,6 +154,21 @@ async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) 
     let rebuilt = pulled.path().join("tiny.zt");
     let args = [Path::new("pulled"), dir.path(), &rebuilt, Path::new("org/tiny-gguf")];
     assert!(run_interop_script("ztensor-2.1.2", "gguf_peers.py", &args).contains("\"pulled\": 9"), "{kind}");
+
+    // The OCI registry: a ModelPack artifact whose weight layer is the stored GGUF file.
+    let accept = [("accept", "application/vnd.oci.image.manifest.v1+json")];
+    let artifact = request_async(&address, "/v2/org/tiny-gguf/manifests/latest", &accept).await.json();
+    let layers = artifact["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{kind}: {artifact}");
+    assert_eq!(layers[0]["mediaType"], "application/vnd.cncf.model.weight.v1.raw", "{kind}");
+    assert_eq!(layers[0]["annotations"]["org.cncf.model.filepath"], "model.gguf", "{kind}");
+    let config_url = format!("/v2/org/tiny-gguf/blobs/{}", artifact["config"]["digest"].as_str().unwrap());
+    let config = request_async(&address, &config_url, &[]).await.json();
+    assert_eq!(config["config"]["format"], "gguf", "{kind}: {config}");
+    assert_eq!(config["config"]["precision"], "q8_0", "{kind}: {config}");
+    let layer_url = format!("/v2/org/tiny-gguf/blobs/{}", layers[0]["digest"].as_str().unwrap());
+    let layer = request_async(&address, &layer_url, &[]).await;
+    assert!(layer.body == fs::read(dir.path().join("org/tiny-gguf/model.gguf")).unwrap(), "{kind}");
 
     // The S3 endpoint: the stored files byte for byte, under each model.
     stored_files_over_s3(&s3_address, dir.path(), kind).await;
