@@ -1,6 +1,6 @@
 //! The Hugging Face Hub's read API over the service, so `huggingface_hub` (and through it
 //! transformers, vLLM, SGLang, `hf download`) loads models from ztserve with
-//! `HF_ENDPOINT=http://HOST:PORT/hf`: the model list, model info, trees, paths-info and
+//! `HF_ENDPOINT=http://HOST:PORT/hf`: the model list, model info, refs, trees, paths-info and
 //! `resolve` (and the empty agent-harness registry clients ask for). Each model is a repository
 //! ([`repos`]: ids map to repo ids without collisions) holding its companions and its weights
 //! as safetensors (stored `.zt` files are not listed, so a snapshot does not fetch the weights
@@ -143,6 +143,11 @@ async fn answer(
             only("POST")?;
             let at = state.repo_at(&caller, &repo, Some(&revision))?;
             paths_info(state, &at, headers, body).await
+        }
+        HubRoute::Refs { repo } => {
+            only("GET")?;
+            let at = state.repo_at(&caller, &repo, None)?;
+            Ok(refs(&at, query.flag("include_prs")))
         }
         HubRoute::Resolve { repo, revision, path } => {
             only("GET, HEAD")?;
@@ -520,7 +525,7 @@ async fn list_models(
         return Err(crate::service::ServiceError::NotReady.into());
     }
     let limit = match query.get("limit") {
-        None | Some("") => MODELS_PAGE,
+        None => MODELS_PAGE,
         Some(limit) => limit
             .parse::<usize>()
             .ok()
@@ -657,6 +662,21 @@ async fn paths_info(state: &HubState, at: &RepoAt, headers: &HeaderMap, body: &[
     }
     let listed = entries_json(state, at, &found, expand).await?;
     Ok(json_response(&Value::Array(listed), &at.commit))
+}
+
+/// `GET /api/models/{repo}/refs`: the one branch, `main`, at the repository's commit, and no
+/// tags or conversions (`include_prs` adds the empty list of pull requests). llama.cpp's `-hf`
+/// asks it first, for the commit whose tree it then lists.
+fn refs(at: &RepoAt, include_prs: bool) -> Response {
+    let mut refs = json!({
+        "branches": [{ "name": "main", "ref": "refs/heads/main", "targetCommit": at.commit }],
+        "converts": [],
+        "tags": [],
+    });
+    if include_prs {
+        refs["pullRequests"] = json!([]);
+    }
+    json_response(&refs, &at.commit)
 }
 
 /// `GET|HEAD /{repo}/resolve/{revision}/{path}`: at `main`, a redirect to the same file at the

@@ -67,6 +67,8 @@ pub(crate) enum HubRoute {
     Tree { repo: String, revision: String, path: String },
     /// `POST /api/models/{repo}/paths-info/{revision}`.
     PathsInfo { repo: String, revision: String },
+    /// `GET /api/models/{repo}/refs`: the branches (`main`) and their commits.
+    Refs { repo: String },
     /// `GET|HEAD /{repo}/resolve/{revision}/{path}`.
     Resolve { repo: String, revision: String, path: String },
     /// `GET /api/models`: the repositories, filtered, sorted and paged.
@@ -104,7 +106,7 @@ pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubR
             Some("agent-harnesses") if segments.len() == 2 => HubRoute::AgentHarnesses,
             Some("models") => {
                 let rest = &segments[2..];
-                let Some((repo, at)) = operation_after(rest, &["revision", "tree", "paths-info"]) else {
+                let Some((repo, at)) = operation_after(rest, &["revision", "tree", "paths-info", "refs"]) else {
                     return HubRoute::Unknown;
                 };
                 match &rest[at..] {
@@ -114,6 +116,7 @@ pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubR
                         HubRoute::Tree { repo, revision: revision.clone(), path: tail(path) }
                     }
                     [op, revision] if op == "paths-info" => HubRoute::PathsInfo { repo, revision: revision.clone() },
+                    [op] if op == "refs" => HubRoute::Refs { repo },
                     [op, ..] => HubRoute::NotServed(format!("the {op:?} operation on models")),
                 }
             }
@@ -289,6 +292,8 @@ mod tests {
                 "api/models/org/llama/paths-info/abc",
                 HubRoute::PathsInfo { repo: "org/llama".into(), revision: "abc".into() },
             ),
+            ("api/models/org/llama/refs", HubRoute::Refs { repo: "org/llama".into() }),
+            ("api/models/gpt2/refs", HubRoute::Refs { repo: "gpt2".into() }),
             ("api/models/org/llama/discussions", HubRoute::NotServed("the \"discussions\" operation on models".into())),
             ("api/models", HubRoute::ListModels),
             ("api/agent-harnesses", HubRoute::AgentHarnesses),

@@ -166,9 +166,12 @@ def same_tensors(downloaded, written):
 def hub(endpoint, root):
     os.environ["HF_ENDPOINT"] = endpoint
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    from huggingface_hub import HfFileSystem, hf_hub_download, snapshot_download
+    from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_download
 
     checked = {}
+    refs = HfApi().list_repo_refs("org/tiny-quants", include_pull_requests=True)
+    assert [b.name for b in refs.branches] == ["main"] and refs.tags == [] and refs.pull_requests == [], refs
+    assert refs.branches[0].target_commit == HfApi().model_info("org/tiny-quants").sha, refs
     # llama-cpp-python's Llama.from_pretrained(repo_id, filename="*Q4_0.gguf"): list the
     # repository's files, match the pattern, download the one match.
     repo = "org/tiny-quants"

@@ -7,7 +7,8 @@
 //! the others out; stored files go byte for byte over HTTP, the S3 endpoint and the OCI
 //! registry (a ModelPack artifact of config format `gguf`); and over the
 //! Hub API a quantization is picked from its repository's file list and downloaded as
-//! llama-cpp-python's `from_pretrained` does, and a split model's repository snapshot-downloaded,
+//! llama-cpp-python's `from_pretrained` does and as llama.cpp's `-hf REPO:TAG` does (refs, the
+//! tree at the commit, the file or split parts by tag), a split model's repository snapshot-downloaded,
 //! each file then read by the `gguf` reader; `ztserve pull` copies a split model's parts and
 //! rebuilds a model as zTensor v2, which ztensor 2.1.2 reads with the same layouts. A broken
 //! GGUF file beside them is listed with its reason and stops nothing.
@@ -178,6 +179,24 @@ async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) 
     let hub = format!("http://{address}/hf");
     let checked = run_interop_script("gguf", "gguf_peers.py", &[Path::new("hub"), Path::new(&hub), dir.path()]);
     assert!(checked.contains("\"tiny-Q4_0.gguf\": 3"), "{kind}: {checked}");
+    for (repo, tag, files) in [
+        ("org/tiny-quants", "Q4_K", vec!["org/tiny-quants/tiny-Q4_K.gguf"]),
+        ("org/tiny-quants", "iq4_xs", vec!["org/tiny-quants/tiny-IQ4_XS.gguf"]),
+        (
+            "org/tiny-split",
+            "Q8_0",
+            models["org/tiny-split/tiny-Q8_0"]["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f.as_str().unwrap())
+                .collect(),
+        ),
+    ] {
+        let fetched = llama_cpp_hf_download(&address, repo, tag).await;
+        let expected: Vec<Vec<u8>> = files.iter().map(|f| fs::read(dir.path().join(f)).unwrap()).collect();
+        assert!(fetched == expected, "{kind}: llama.cpp's -hf {repo}:{tag}");
+    }
     let repos = request_async(&address, "/hf/api/models?search=tiny-", &[]).await.json();
     let repos: Vec<&str> = repos.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(repos, ["org/tiny-gguf", "org/tiny-quants", "org/tiny-split"], "{kind}: one repository per directory");
@@ -189,6 +208,54 @@ async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) 
         info["siblings"].as_array().unwrap().iter().map(|s| s["rfilename"].as_str().unwrap()).collect();
     assert_eq!(siblings.len(), 18, "{kind}: every quantization and the README: {siblings:?}");
     assert!(siblings.contains(&"README.md") && siblings.contains(&"tiny-Q4_K.gguf"), "{kind}: {siblings:?}");
+}
+
+/// What llama.cpp's `-hf REPO:TAG` fetches (`common/hf-cache.cpp`, `common/download.cpp`): the
+/// refs for `main`'s commit, the recursive tree at that commit, the first GGUF file whose path
+/// matches `TAG[.-]` (any case; of a split model, its first part, then every part of it), each
+/// resolved at the commit after a HEAD that gives its ETag and length.
+async fn llama_cpp_hf_download(address: &str, repo: &str, tag: &str) -> Vec<Vec<u8>> {
+    let refs = request_async(address, &format!("/hf/api/models/{repo}/refs"), &[]).await.json();
+    let main = &refs["branches"][0];
+    assert_eq!(main["name"], "main", "{refs}");
+    let commit = main["targetCommit"].as_str().unwrap().to_owned();
+    let tree = request_async(address, &format!("/hf/api/models/{repo}/tree/{commit}?recursive=true"), &[]).await.json();
+    let paths: Vec<String> = tree
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "file" && e["lfs"]["oid"].as_str().is_some_and(|oid| oid.len() == 64))
+        .map(|e| e["path"].as_str().unwrap().to_owned())
+        .collect();
+    let split =
+        |path: &str| ztserve::format::gguf::split_name(path).map(|(prefix, _, count)| (prefix.to_owned(), count));
+    let pattern = tag.to_uppercase();
+    let primary = paths
+        .iter()
+        .find(|p| {
+            let upper = p.to_uppercase();
+            p.ends_with(".gguf")
+                && (upper.contains(&format!("{pattern}.")) || upper.contains(&format!("{pattern}-")))
+                && split(p).is_none_or(|_| p.contains("-00001-of-"))
+        })
+        .unwrap_or_else(|| panic!("no {tag} file in {paths:?}"));
+    let parts: Vec<&String> = match split(primary) {
+        Some(of) => paths.iter().filter(|p| split(p).as_ref() == Some(&of)).collect(),
+        None => vec![primary],
+    };
+    let mut files = Vec::new();
+    for path in parts {
+        let url = format!("/hf/{repo}/resolve/{commit}/{path}");
+        let head = {
+            let (address, url) = (address.to_owned(), url.clone());
+            tokio::task::spawn_blocking(move || common::head_request(&address, &url)).await.unwrap()
+        };
+        assert!(head.starts_with("HTTP/1.1 200") && head.to_lowercase().contains("etag: "), "{head}");
+        let reply = request_async(address, &url, &[]).await;
+        assert_eq!(reply.status, 200, "{url}");
+        files.push(reply.body);
+    }
+    files
 }
 
 /// Rank 0 and rank 1 of 2 along the rows of a block-quantized tensor are its first and last
