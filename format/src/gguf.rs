@@ -932,6 +932,26 @@ pub struct FileBuilder {
     pub data: Vec<u8>,
 }
 
+/// `values` as Q8_0 blocks, as ggml's reference quantizer (and the `gguf` package's) makes them:
+/// per 32 values, the scale `d = max|x| / 127` as f16, then each `round(x / d)` as an i8.
+/// `values.len()` must be a multiple of 32.
+pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 34);
+    for block in values.chunks_exact(32) {
+        let max = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = max / 127.0;
+        let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        out.extend(block.iter().map(|x| (x * inverse).round() as i8 as u8));
+    }
+    out
+}
+
+/// `values` as F16 elements (GGML type F16), each rounded to the nearest f16.
+pub fn f16_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()
+}
+
 /// A `gguf_string_t` of `bytes`.
 pub fn string_bytes(bytes: &[u8]) -> Vec<u8> {
     let mut out = (bytes.len() as u64).to_le_bytes().to_vec();
@@ -967,12 +987,17 @@ impl FileBuilder {
 
     /// Adds a tensor of type `type_id` and dimensions `ne` (innermost first) whose data is
     /// placed after the data so far, aligned, and filled with a pattern.
-    pub fn tensor(mut self, name: &str, ne: &[u64], type_id: u32) -> FileBuilder {
+    pub fn tensor(self, name: &str, ne: &[u64], type_id: u32) -> FileBuilder {
         let t = ggml_type(type_id).expect("a known type");
         let len = t.bytes_of(ne.iter().product()).expect("whole blocks");
+        self.tensor_bytes(name, ne, type_id, (0..len).map(|i| (i.wrapping_mul(31) % 251) as u8).collect())
+    }
+
+    /// Adds a tensor as [`tensor`](Self::tensor) does, its data `bytes`.
+    pub fn tensor_bytes(mut self, name: &str, ne: &[u64], type_id: u32, bytes: Vec<u8>) -> FileBuilder {
         let offset = (self.data.len() as u64).div_ceil(self.alignment) * self.alignment;
         self.data.resize(offset as usize, 0);
-        self.data.extend((0..len).map(|i| (i.wrapping_mul(31) % 251) as u8));
+        self.data.extend(bytes);
         self.tensors.push((name.to_owned(), ne.to_vec(), type_id, offset));
         self
     }

@@ -144,6 +144,11 @@ async fn answer(
             let at = state.repo_at(&caller, &repo, Some(&revision))?;
             paths_info(state, &at, headers, body).await
         }
+        HubRoute::GgufManifest { repo, tag } => {
+            only("GET")?;
+            let at = state.repo_at(&caller, &repo, None)?;
+            gguf_manifest(&at, &tag)
+        }
         HubRoute::Refs { repo } => {
             only("GET")?;
             let at = state.repo_at(&caller, &repo, None)?;
@@ -677,6 +682,24 @@ fn refs(at: &RepoAt, include_prs: bool) -> Response {
         refs["pullRequests"] = json!([]);
     }
     json_response(&refs, &at.commit)
+}
+
+/// `GET /v2/{repo}/manifests/{tag}`: the GGUF file of quantization `tag` (`latest`: llama.cpp's
+/// default choice) as `ggufFile`, and the repository's multimodal projector as `mmprojFile`,
+/// which llama.cpp releases before its tree listing ask for (the Hub's answer to the
+/// `llama-cpp` user agent); 404 `EntryNotFound` when no GGUF model file has that tag.
+fn gguf_manifest(at: &RepoAt, tag: &str) -> Result<Response, HubError> {
+    let paths: Vec<&str> = at.files.iter().map(|f| f.path.as_str()).collect();
+    let entry = |index: usize| json!({ "rfilename": at.files[index].path, "size": at.files[index].size });
+    let Some(model) = repos::gguf_of_tag(&paths, tag) else {
+        let path = format!("a GGUF model file of tag {tag}");
+        return Err(HubError::EntryNotFound { repo: at.repo.clone(), path, commit: at.commit.clone() });
+    };
+    let mut manifest = json!({ "ggufFile": entry(model) });
+    if let Some(mmproj) = repos::gguf_mmproj(&paths) {
+        manifest["mmprojFile"] = entry(mmproj);
+    }
+    Ok(json_response(&manifest, &at.commit))
 }
 
 /// `GET|HEAD /{repo}/resolve/{revision}/{path}`: at `main`, a redirect to the same file at the

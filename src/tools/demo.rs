@@ -1,7 +1,8 @@
 //! `ztserve write-demo`: the demo models `serve` shows by default: 1.2 files by our own writer
 //! (`demo/`), v2 files by the official `ztensor` crate's writer (`v2/`): a model with seekable
 //! zstd parts, and one whose root names two data shards; and a safetensors checkpoint sharded
-//! as Hugging Face shards (`hf/tiny-llama/`), by the `safetensors` crate.
+//! as Hugging Face shards (`hf/tiny-llama/`), by the `safetensors` crate; and a directory of two
+//! GGUF quantizations of one tiny model (`gguf/tiny/`), one Hub repository.
 
 use std::path::Path;
 
@@ -157,6 +158,51 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let mut written = vec![dense_path, structured_path];
     written.extend(write_v2_demo(&dir.join("v2"))?);
     written.extend(write_safetensors_demo(&dir.join("hf/tiny-llama"))?);
+    written.extend(write_gguf_demo(&dir.join("gguf/tiny"))?);
+    Ok(written)
+}
+
+/// `gguf/tiny/`: one tiny llama-shaped model as two GGUF files, `tiny-F16.gguf` and
+/// `tiny-Q8_0.gguf` (its weights quantized as ggml's reference quantizer does), each with an
+/// f32 norm and the metadata llama.cpp's converters write: the models `gguf/tiny/tiny-F16` and
+/// `gguf/tiny/tiny-Q8_0`, and together the Hub repository `gguf/tiny`. The values are multiples
+/// of 1/16, which f16 holds exactly.
+fn write_gguf_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use crate::format::gguf::{FileBuilder, f16_bytes, quantize_q8_0, string_bytes};
+    std::fs::create_dir_all(dir)?;
+    let values =
+        |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| ((i * 37 + seed) % 61) as f32 / 16.0 - 1.875).collect() };
+    let embed = values(64 * 32, 0);
+    let attn_q = values(64 * 64, 11);
+    let norm: Vec<u8> = (0..64).flat_map(|i| (1.0 + i as f32 / 64.0).to_le_bytes()).collect();
+    let tokens: Vec<u8> = [8u32.to_le_bytes().to_vec(), 32u64.to_le_bytes().to_vec()]
+        .concat()
+        .into_iter()
+        .chain((0..32).flat_map(|i| string_bytes(format!("t{i}").as_bytes())))
+        .collect();
+    let mut written = Vec::new();
+    /// How a file stores its weights: their GGML type, its `general.file_type`, their bytes.
+    type Weights = (u32, u32, fn(&[f32]) -> Vec<u8>);
+    let files: [(&str, Weights); 2] = [("tiny-F16.gguf", (1, 1, f16_bytes)), ("tiny-Q8_0.gguf", (8, 7, quantize_q8_0))];
+    for (name, (weight_type, file_type, encode)) in files {
+        let file = FileBuilder::new("llama")
+            .kv("general.name", 8, string_bytes(b"tiny"))
+            .kv_u32("general.quantization_version", 2)
+            .kv_u32("general.file_type", file_type)
+            .kv_u32("llama.context_length", 32)
+            .kv_u32("llama.embedding_length", 64)
+            .kv_u32("llama.block_count", 1)
+            .kv("tokenizer.ggml.model", 8, string_bytes(b"llama"))
+            .kv("tokenizer.ggml.tokens", 9, tokens.clone())
+            .tensor_bytes("token_embd.weight", &[64, 32], weight_type, encode(&embed))
+            .tensor_bytes("blk.0.attn_q.weight", &[64, 64], weight_type, encode(&attn_q))
+            .tensor_bytes("output_norm.weight", &[64], 0, norm.clone())
+            .build();
+        crate::format::gguf::parse_file(&file)?;
+        let path = dir.join(name);
+        std::fs::write(&path, file)?;
+        written.push(path);
+    }
     Ok(written)
 }
 

@@ -12,6 +12,10 @@ reader, for the GGUF interop tests (run in the `gguf` venv; `ztensor` in `ztenso
   ztensor DIR          opens every single-file model of DIR/expect.json with ztensor 2.1.2's
                        GGUF reader: prints, per model, each tensor's layout, having checked its
                        shape and bytes against the gguf reader's, or why ztensor refuses the file
+  demo DIR             reads the demo's GGUF files (DIR/tiny-F16.gguf, DIR/tiny-Q8_0.gguf,
+                       written by `ztserve write-demo`) with the gguf reader, and checks that the
+                       Q8_0 file's blocks are what the gguf package's quantizer makes of the
+                       F16 file's values
   pulled DIR FILE ID   opens FILE, a .zt that `ztserve pull` rebuilt from model ID, with
                        ztensor 2.1.2 and checks every tensor's layout, shape and bytes
 """
@@ -213,6 +217,23 @@ def with_ztensor(root):
     print(json.dumps({"layouts": layouts, "refused": refused}))
 
 
+def demo(root):
+    f16 = gguf.GGUFReader(root / "tiny-F16.gguf")
+    q8 = gguf.GGUFReader(root / "tiny-Q8_0.gguf")
+    checked = 0
+    for a, b in zip(f16.tensors, q8.tensors, strict=True):
+        assert a.name == b.name and list(a.shape) == list(b.shape), (a.name, b.name)
+        values = np.asarray(a.data, dtype=np.float32)
+        if b.tensor_type == Q.Q8_0:
+            assert a.tensor_type == Q.F16, a.name
+            assert gguf.quants.quantize(values, Q.Q8_0).tobytes() == np.asarray(b.data).tobytes(), a.name
+            checked += 1
+        else:
+            assert np.array_equal(values, np.asarray(b.data, dtype=np.float32)), a.name
+    assert q8.fields["general.architecture"].contents() == "llama"
+    print(json.dumps({"quantized": checked}))
+
+
 def pulled(root, path, model):
     import ztensor
 
@@ -236,6 +257,8 @@ if __name__ == "__main__":
         hub(sys.argv[2], Path(sys.argv[3]))
     elif mode == "ztensor":
         with_ztensor(Path(sys.argv[2]))
+    elif mode == "demo":
+        demo(Path(sys.argv[2]))
     elif mode == "pulled":
         pulled(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
     else:

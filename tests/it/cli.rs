@@ -274,6 +274,8 @@ fn the_committed_demo_models_are_exactly_what_write_demo_writes() {
         "hf/tiny-llama/model.safetensors.index.json",
         "hf/tiny-llama/model-00001-of-00002.safetensors",
         "hf/tiny-llama/model-00002-of-00002.safetensors",
+        "gguf/tiny/tiny-F16.gguf",
+        "gguf/tiny/tiny-Q8_0.gguf",
     ] {
         let fresh = fs::read(dir.path().join(name)).unwrap();
         assert_eq!(fs::read(committed.join(name)).unwrap(), fresh, "models/{name}: run `ztserve write-demo models`");

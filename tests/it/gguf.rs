@@ -197,6 +197,20 @@ async fn gguf_models_are_served_as_their_readers_read_them(source: ModelSource) 
         let expected: Vec<Vec<u8>> = files.iter().map(|f| fs::read(dir.path().join(f)).unwrap()).collect();
         assert!(fetched == expected, "{kind}: llama.cpp's -hf {repo}:{tag}");
     }
+    // Earlier llama.cpp releases ask the Hub for the file of a tag instead.
+    let llama_cpp = [("accept", "application/json"), ("user-agent", "llama-cpp")];
+    for (repo, tag, file) in [
+        ("org/tiny-quants", "Q5_K", Some("tiny-Q5_K.gguf")),
+        ("org/tiny-quants", "latest", Some("tiny-Q8_0.gguf")),
+        ("org/tiny-split", "q8_0", Some("tiny-Q8_0-00001-of-00003.gguf")),
+        ("org/tiny-quants", "Q4_K_M", None),
+    ] {
+        let reply = request_async(&address, &format!("/hf/v2/{repo}/manifests/{tag}"), &llama_cpp).await;
+        match file {
+            Some(file) => assert_eq!(reply.json()["ggufFile"]["rfilename"], file, "{kind}: {repo}:{tag}"),
+            None => assert_eq!(reply.status, 404, "{kind}: {repo}:{tag}"),
+        }
+    }
     let repos = request_async(&address, "/hf/api/models?search=tiny-", &[]).await.json();
     let repos: Vec<&str> = repos.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(repos, ["org/tiny-gguf", "org/tiny-quants", "org/tiny-split"], "{kind}: one repository per directory");
@@ -294,6 +308,15 @@ async fn stored_files_over_s3(s3_address: &str, dir: &Path, kind: &str) {
         let over_s3 = stored.get(&key.into()).await.unwrap().bytes().await.unwrap();
         assert!(over_s3[..] == fs::read(dir.join(file)).unwrap()[..], "{kind}: {key}");
     }
+}
+
+/// The demo's GGUF files (`ztserve write-demo`, committed in `models/gguf/tiny/`) are what the
+/// `gguf` package reads, and the Q8_0 file's blocks what its quantizer makes of the F16 file.
+#[test]
+fn the_demo_gguf_files_are_what_the_gguf_package_reads_and_quantizes() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/tiny");
+    let checked = run_interop_script("gguf", "gguf_peers.py", &[Path::new("demo"), &demo]);
+    assert!(checked.contains("\"quantized\": 2"), "{checked}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
