@@ -242,10 +242,12 @@ async fn a_sha256sums_beside_a_model_spares_its_hashing_and_a_wrong_line_is_refu
         assert!((body.len() as u64) < expected_len, "the whole body was sent");
     }
     assert_eq!(scraped(&address, "ztserve_digest_failures_total").await, 1.0);
-    assert!(
-        server.log.lock().unwrap().iter().any(|line| line.contains("a stated digest does not match the file")),
-        "the mismatch is logged"
-    );
+    // The log reaches the test through a thread reading the server's stderr: wait for the line.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.log.lock().unwrap().iter().any(|line| line.contains("a stated digest does not match the file")) {
+        assert!(Instant::now() < deadline, "the mismatch is logged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // From then on the file's computed digest is its digest.
     let tree = request_async(&address, &format!("/hf/api/models/{REPO}/tree/main?recursive=true"), &[]).await.json();
     assert_eq!(oid(&tree, bad), sha256_of_file(&checkpoint.join(bad)));

@@ -31,7 +31,15 @@ fn the_dockerfile_command_serves_the_demo_models_and_answers_healthz() {
     assert_eq!(status, 200);
     let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let ids: Vec<&str> = list["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    let expected = ["demo/dense", "demo/structured", "hf/tiny-llama", "v2/seekable", "v2/sharded"];
+    let expected = [
+        "demo/dense",
+        "demo/structured",
+        "gguf/tiny/tiny-F16",
+        "gguf/tiny/tiny-Q8_0",
+        "hf/tiny-llama",
+        "v2/seekable",
+        "v2/sharded",
+    ];
     assert_eq!(ids, expected, "the data shards and the checkpoint's shards are not models");
     assert!(list["models"].as_array().unwrap().iter().all(|m| m["status"] == "ok"), "{list}");
 }
@@ -311,7 +319,15 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
     let ok = |id| (id, "s3://models", "ok");
     assert_eq!(
         served,
-        [ok("demo/dense"), ok("demo/structured"), ok("hf/tiny-llama"), ok("v2/seekable"), ok("v2/sharded")]
+        [
+            ok("demo/dense"),
+            ok("demo/structured"),
+            ok("gguf/tiny/tiny-F16"),
+            ok("gguf/tiny/tiny-Q8_0"),
+            ok("hf/tiny-llama"),
+            ok("v2/seekable"),
+            ok("v2/sharded")
+        ]
     );
     let address = server.address.clone();
     let (status, body) =
