@@ -14,9 +14,7 @@
 
 use std::ops::Range;
 
-use crate::{
-    ByteOrder, Component, Container, DType, DigestScope, Encoding, FormatError, Manifest, Object, Result, Value,
-};
+use crate::{Component, Container, DType, FormatError, Manifest, Object, Result, Value};
 
 /// The magic every GGUF file starts with.
 pub const MAGIC: &[u8; 4] = b"GGUF";
@@ -345,7 +343,6 @@ impl Header {
 impl TensorInfo {
     fn into_object(self, file: usize) -> Object {
         let t = self.ggml_type;
-        let length = self.range.end - self.range.start;
         let (dtype, logical_type, format) = match t.dense {
             Some(dtype) => (dtype, None, "dense".to_owned()),
             None => (DType::U8, Some(t.logical_type()), t.layout()),
@@ -355,19 +352,7 @@ impl TensorInfo {
             attributes.push((Value::Text("block_elements".into()), Value::Integer(t.block_elements.into())));
             attributes.push((Value::Text("block_bytes".into()), Value::Integer(t.block_bytes.into())));
         }
-        let data = Component {
-            role: "data".into(),
-            dtype,
-            logical_type,
-            offset: self.range.start,
-            stored_length: length,
-            encoding: Encoding::Raw,
-            decoded_length: length,
-            digest: None,
-            digest_scope: DigestScope::Stored,
-            byte_order: ByteOrder::Little,
-            file,
-        };
+        let data = Component::stored_as_is("data", dtype, logical_type, self.range, file);
         Object {
             name: self.name,
             shape: self.shape,
@@ -985,6 +970,16 @@ impl FileBuilder {
         self.kv(key, 4, value.to_le_bytes().to_vec())
     }
 
+    /// Makes the file part `no` (0-based) of a split model of `count` parts and `tensors`
+    /// tensors in all, as `gguf-split` writes the `split.*` keys.
+    pub fn split(self, no: u16, count: u16, tensors: i32) -> FileBuilder {
+        self.kv("split.no", 2, no.to_le_bytes().to_vec()).kv("split.count", 2, count.to_le_bytes().to_vec()).kv(
+            "split.tensors.count",
+            5,
+            tensors.to_le_bytes().to_vec(),
+        )
+    }
+
     /// Adds a tensor of type `type_id` and dimensions `ne` (innermost first) whose data is
     /// placed after the data so far, aligned, and filled with a pattern.
     pub fn tensor(self, name: &str, ne: &[u64], type_id: u32) -> FileBuilder {
@@ -1292,17 +1287,8 @@ mod tests {
     #[test]
     fn split_parts_are_one_model_only_when_every_part_agrees() {
         let part = |no: u16, count: u16, total: i32, names: &[&str]| {
-            let mut b = good();
-            b.tensors.clear();
-            b.data.clear();
-            let mut b = b
-                .kv("split.no", 2, no.to_le_bytes().to_vec())
-                .kv("split.count", 2, count.to_le_bytes().to_vec())
-                .kv("split.tensors.count", 5, total.to_le_bytes().to_vec());
-            for name in names {
-                b = b.tensor(name, &[32, 2], 8);
-            }
-            b.build()
+            let builder = FileBuilder::new("llama").kv_u32("general.quantization_version", 2).split(no, count, total);
+            names.iter().fold(builder, |b, name| b.tensor(name, &[32, 2], 8)).build()
         };
         let (a, b) = (part(0, 2, 3, &["x", "y"]), part(1, 2, 3, &["z"]));
         let parts = [("m-00001-of-00002.gguf", &a[..]), ("m-00002-of-00002.gguf", &b[..])];

@@ -473,6 +473,31 @@ pub struct Component {
 }
 
 impl Component {
+    /// A component whose bytes are `range` of file `file` as they are (raw, little-endian, no
+    /// declared digest): how safetensors and GGUF tensors are held.
+    pub fn stored_as_is(
+        role: &str,
+        dtype: DType,
+        logical_type: Option<String>,
+        range: Range<u64>,
+        file: usize,
+    ) -> Component {
+        let length = range.end - range.start;
+        Component {
+            role: role.into(),
+            dtype,
+            logical_type,
+            offset: range.start,
+            stored_length: length,
+            encoding: Encoding::Raw,
+            decoded_length: length,
+            digest: None,
+            digest_scope: DigestScope::Stored,
+            byte_order: ByteOrder::Little,
+            file,
+        }
+    }
+
     /// The stored bytes' range in the file.
     pub fn stored_range(&self) -> Range<u64> {
         self.offset..self.offset + self.stored_length

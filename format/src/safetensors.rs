@@ -15,9 +15,7 @@ use std::ops::Range;
 
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 
-use crate::{
-    Component, Container, DType, DigestScope, Encoding, FormatError, Location, Manifest, Object, Result, Value,
-};
+use crate::{Component, Container, DType, FormatError, Location, Manifest, Object, Result, Value};
 
 /// Bytes of the header-length field that opens the file.
 pub const LENGTH_FIELD: u64 = 8;
@@ -93,20 +91,8 @@ pub struct Header {
 impl Tensor {
     /// The tensor as a dense object whose one `data` component is its bytes in file `file`.
     fn into_object(self, file: usize) -> Object {
-        let length = self.range.end - self.range.start;
-        let data = Component {
-            role: "data".into(),
-            dtype: self.dtype.dtype,
-            logical_type: self.dtype.logical_type.map(str::to_owned),
-            offset: self.range.start,
-            stored_length: length,
-            encoding: Encoding::Raw,
-            decoded_length: length,
-            digest: None,
-            digest_scope: DigestScope::Stored,
-            byte_order: crate::ByteOrder::Little,
-            file,
-        };
+        let logical_type = self.dtype.logical_type.map(str::to_owned);
+        let data = Component::stored_as_is("data", self.dtype.dtype, logical_type, self.range, file);
         Object { name: self.name, shape: self.shape, format: "dense".into(), attributes: None, components: vec![data] }
     }
 }

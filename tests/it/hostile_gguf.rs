@@ -20,15 +20,8 @@ fn good() -> FileBuilder {
 
 /// A part of a split model of `count` parts and `total` tensors, holding `names`.
 fn part(no: u16, count: u16, total: i32, names: &[&str]) -> Vec<u8> {
-    let mut builder = FileBuilder::new("llama")
-        .kv_u32("general.quantization_version", 2)
-        .kv("split.no", 2, no.to_le_bytes().to_vec())
-        .kv("split.count", 2, count.to_le_bytes().to_vec())
-        .kv("split.tensors.count", 5, total.to_le_bytes().to_vec());
-    for name in names {
-        builder = builder.tensor(name, &[32, 2], 8);
-    }
-    builder.build()
+    let builder = FileBuilder::new("llama").kv_u32("general.quantization_version", 2).split(no, count, total);
+    names.iter().fold(builder, |builder, name| builder.tensor(name, &[32, 2], 8)).build()
 }
 
 /// Every hostile single file: its name and the code it must be broken with.
