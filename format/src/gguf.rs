@@ -40,6 +40,10 @@ pub const MAX_KVS: u64 = 1 << 20;
 pub const MAX_HEADER: u64 = 1 << 30;
 /// Arrays longer than this appear in a manifest's attributes as their type and length only.
 pub const KEPT_ARRAY: u64 = 64;
+/// Values kept in a header's attributes in all (scalars, strings, the elements of short arrays):
+/// arrays past it are kept as their type and length only, so arrays of short arrays cannot
+/// make the kept metadata many times larger than the file.
+pub const MAX_KEPT_VALUES: u64 = 1 << 16;
 
 /// A GGML tensor type: its GGUF id, name and block geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,6 +399,8 @@ struct Cursor<'b> {
     bytes: &'b [u8],
     at: u64,
     file_len: u64,
+    /// Metadata values kept so far ([`MAX_KEPT_VALUES`]).
+    kept: u64,
 }
 
 impl<'b> Cursor<'b> {
@@ -432,6 +438,11 @@ impl<'b> Cursor<'b> {
 
     /// A `gguf_string_t` of at most `max` bytes, valid UTF-8.
     fn string(&mut self, what: &str, max: u64) -> Parsed<String> {
+        Ok(self.str(what, max)?.to_owned())
+    }
+
+    /// A `gguf_string_t` of at most `max` bytes, valid UTF-8, as it lies in the bytes read.
+    fn str(&mut self, what: &str, max: u64) -> Parsed<&'b str> {
         let at = self.at;
         let len = self.u64(what)?;
         if len > max {
@@ -443,19 +454,20 @@ impl<'b> Cursor<'b> {
             .into());
         }
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
+        std::str::from_utf8(bytes)
             .map_err(|_| gguf_error("gguf_string_utf8", at, format!("{what} is not valid UTF-8")).into())
     }
 
-    /// A metadata value of type `value_type`, arrays `depth` deep so far.
-    fn value(&mut self, value_type: ValueType, key: &str, depth: usize) -> Parsed<MetaValue> {
+    /// A metadata value of type `value_type`, arrays `depth` deep so far, read and checked;
+    /// returned when it is to be `kept` (an element of a long array is only checked).
+    fn value(&mut self, value_type: ValueType, key: &str, depth: usize, keep: bool) -> Parsed<Option<MetaValue>> {
         let at = self.at;
         let fixed = |c: &mut Self, n: u64| -> Parsed<[u8; 8]> {
             let mut out = [0u8; 8];
             out[..n as usize].copy_from_slice(c.take(n, key)?);
             Ok(out)
         };
-        Ok(match value_type {
+        let value = match value_type {
             ValueType::U8 => MetaValue::Int(fixed(self, 1)?[0].into()),
             ValueType::I8 => MetaValue::Int((fixed(self, 1)?[0] as i8).into()),
             ValueType::U16 => MetaValue::Int(u16::from_le_bytes(fixed(self, 2)?[..2].try_into().expect("2")).into()),
@@ -475,7 +487,13 @@ impl<'b> Cursor<'b> {
                     );
                 }
             },
-            ValueType::String => MetaValue::Text(self.string(key, MAX_STRING)?),
+            ValueType::String => {
+                let text = self.str(key, MAX_STRING)?;
+                if !keep {
+                    return Ok(None);
+                }
+                MetaValue::Text(text.to_owned())
+            }
             ValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
                     let detail = format!("{key}: arrays nest deeper than {MAX_ARRAY_DEPTH} levels");
@@ -501,7 +519,7 @@ impl<'b> Cursor<'b> {
                                 return Err(gguf_error("gguf_bool", at, detail).into());
                             }
                         }
-                        return Ok(MetaValue::LongArray { of, len });
+                        return Ok(keep.then_some(MetaValue::LongArray { of, len }));
                     }
                 }
                 // Each element takes at least one byte: a count beyond the file is refused
@@ -510,17 +528,19 @@ impl<'b> Cursor<'b> {
                     let detail = format!("{key}: {len} elements cannot fit in the rest of the file");
                     return Err(gguf_error("gguf_truncated", at, detail).into());
                 }
-                let keep = len <= KEPT_ARRAY;
-                let mut items = Vec::with_capacity(if keep { len as usize } else { 0 });
+                let keep_items = keep && len <= KEPT_ARRAY && self.kept + len <= MAX_KEPT_VALUES;
+                let mut items = Vec::with_capacity(if keep_items { len as usize } else { 0 });
                 for _ in 0..len {
-                    let item = self.value(of, key, depth + 1)?;
-                    if keep {
-                        items.push(item);
-                    }
+                    items.extend(self.value(of, key, depth + 1, keep_items)?);
                 }
-                if keep { MetaValue::Array(items) } else { MetaValue::LongArray { of, len } }
+                if keep_items { MetaValue::Array(items) } else { MetaValue::LongArray { of, len } }
             }
-        })
+        };
+        if !keep {
+            return Ok(None);
+        }
+        self.kept += 1;
+        Ok(Some(value))
     }
 }
 
@@ -533,15 +553,10 @@ fn is_valid_key(key: &str) -> bool {
         })
 }
 
-/// Reads `[u8; 8]` GGUF's way: whether `head` starts a GGUF file.
-pub fn is_gguf(head: &[u8]) -> bool {
-    head.starts_with(MAGIC)
-}
-
 /// Parses and validates the header of a `file_len`-byte file from its first bytes, `prefix`:
 /// [`HeaderRead::NeedMore`] when the header runs past them.
 pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
-    let mut c = Cursor { bytes: prefix, at: 0, file_len };
+    let mut c = Cursor { bytes: prefix, at: 0, file_len, kept: 0 };
     let magic = c.take(4, "the magic")?;
     if magic != MAGIC {
         let found = magic.escape_ascii().to_string();
@@ -596,7 +611,7 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
         let type_id = c.u32(&key)?;
         let value_type = ValueType::of(type_id)
             .ok_or_else(|| gguf_error("gguf_value_type", type_at, format!("{key}: unknown value type {type_id}")))?;
-        let value = c.value(value_type, &key, 0)?;
+        let value = c.value(value_type, &key, 0, true)?.expect("a value asked to be kept");
         metadata.push(KeyValue { key, value_type, value });
     }
     let find = |key: &str| metadata.iter().find(|kv| kv.key == key);
@@ -1304,6 +1319,26 @@ mod tests {
         assert_eq!(code_of(&[parts[0], ("m-00002-of-00002.gguf", &twice)]), Err("gguf_duplicate_tensor"));
         assert_eq!(code_of(&[parts[1], parts[0]]), Err("gguf_split"));
         assert_eq!(code_of(&parts[..1]), Err("gguf_split"));
+    }
+
+    #[test]
+    fn arrays_of_short_arrays_keep_a_bounded_number_of_values() {
+        // 64 arrays of 64 arrays of 64 bytes: 262,144 values, in about 300 KiB.
+        let bytes_array = [0u32.to_le_bytes().to_vec(), u64s(&[64]), vec![7; 64]].concat();
+        let level = |inner: &[u8]| [9u32.to_le_bytes().to_vec(), u64s(&[64]), inner.repeat(64)].concat();
+        let value = [9u32.to_le_bytes().to_vec(), u64s(&[64]), level(&bytes_array).repeat(64)].concat();
+        let file = good().kv("a.b", 9, value).build();
+        let header = parse_file(&file).unwrap();
+        fn count(value: &MetaValue) -> u64 {
+            match value {
+                MetaValue::Array(items) => 1 + items.iter().map(count).sum::<u64>(),
+                _ => 1,
+            }
+        }
+        let kept: u64 = header.metadata.iter().map(|kv| count(&kv.value)).sum();
+        assert!(kept <= MAX_KEPT_VALUES + 64 * 64, "{kept} values kept");
+        let MetaValue::Array(outer) = &header.get("a.b").unwrap() else { panic!("kept whole at the top") };
+        assert!(outer.iter().any(|inner| matches!(inner, MetaValue::LongArray { len: 64, .. })), "summarised");
     }
 
     #[test]
