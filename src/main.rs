@@ -118,8 +118,9 @@ enum Command {
         #[arg(required = true, value_name = "DIR")]
         dirs: Vec<PathBuf>,
     },
-    /// Convert a .zt file of any generation (a v2 root with its shards), a safetensors file,
-    /// or a sharded checkpoint given by its .safetensors.index.json, to a zTensor 1.2 or v2 file.
+    /// Convert a .zt file of any generation (a v2 root with its shards), a safetensors file, a
+    /// sharded checkpoint given by its .safetensors.index.json, or a .gguf file (with its split
+    /// model's parts), to a zTensor 1.2 or v2 file.
     Convert {
         input: PathBuf,
         output: PathBuf,

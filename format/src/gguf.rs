@@ -140,10 +140,23 @@ pub fn quantized_type(logical_type: &str) -> Option<GgmlType> {
     logical_type.strip_prefix("gguf.").and_then(ggml_type_named).filter(|t| t.dense.is_none())
 }
 
-/// The GGML type of `object`, when it is a block-quantized GGUF tensor (its layout `gguf.…/1`).
+/// The GGML type of `object`, when it is a block-quantized GGUF tensor: its layout
+/// `gguf.<type>/1`, whether read from a GGUF file (its component's logical type `gguf.<type>`)
+/// or from a zTensor copy of one (no logical type: the layout names the bytes).
 pub fn quantized_object(object: &Object) -> Option<GgmlType> {
-    let ggml = object.components.first()?.logical_type.as_deref().and_then(quantized_type)?;
-    (object.format == ggml.layout()).then_some(ggml)
+    let ggml = object.format.strip_prefix("gguf.")?.strip_suffix("/1").and_then(ggml_type_named)?;
+    let logical = object.components.first()?.logical_type.as_deref();
+    (ggml.dense.is_none() && logical.is_none_or(|l| l == ggml.logical_type())).then_some(ggml)
+}
+
+/// The logical type a copy of `component` of `object` written as zTensor declares: none for a
+/// GGUF block-quantized tensor, whose layout (`gguf.q4_k/1`) already names its bytes, as
+/// `ztensor` 2.x's GGUF reader projects them; the component's own for any other.
+pub fn declared_logical_type<'o>(object: &Object, component: &'o Component) -> Option<&'o str> {
+    match quantized_object(object) {
+        Some(_) => None,
+        None => component.logical_type.as_deref(),
+    }
 }
 
 /// Types ggml once had and removed from GGUF files: named in the refusal.

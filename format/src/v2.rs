@@ -167,7 +167,7 @@ pub fn plan(objects: &[&Object], attributes: Option<&Value>, alignment: u64) -> 
             };
             object_offsets.push(offset);
             let mut fields = vec![(text("dtype"), text(c.dtype.name()))];
-            if let Some(logical) = &c.logical_type {
+            if let Some(logical) = crate::gguf::declared_logical_type(object, c) {
                 fields.push((text("type"), text(logical)));
             }
             fields.push((text("blob"), Value::Array(vec![uint(offset), uint(c.stored_length)])));

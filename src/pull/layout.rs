@@ -224,7 +224,7 @@ pub(super) fn rebuilt_layout(manifest: &Manifest, options: &PullOptions) -> anyh
                     StoredComponent {
                         role: &c.role,
                         dtype: c.dtype,
-                        logical_type: c.logical_type.as_deref(),
+                        logical_type: format::gguf::declared_logical_type(object, c),
                         encoding: if swapped { Encoding::Raw } else { c.encoding.clone() },
                         stored_length: if swapped { c.decoded_length } else { c.stored_length },
                         decoded_length: c.decoded_length,

@@ -142,7 +142,7 @@ fn decoded<'a>(object: &'a crate::format::Object, files: &[&'a [u8]]) -> anyhow:
         parts.push(Part {
             role: &component.role,
             dtype: component.dtype,
-            logical_type: component.logical_type.as_deref(),
+            logical_type: crate::format::gguf::declared_logical_type(object, component),
             bytes,
         });
     }

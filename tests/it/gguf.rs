@@ -319,6 +319,43 @@ fn the_demo_gguf_files_are_what_the_gguf_package_reads_and_quantizes() {
     assert!(checked.contains("\"quantized\": 2"), "{checked}");
 }
 
+/// `ztserve convert` writes a GGUF model as zTensor (v2 and 1.2): its block-quantized tensors
+/// keep their layout, which alone names their bytes (as ztensor 2.x reads GGUF), so the
+/// converted files serve the same bytes, cut at the same whole blocks, as the GGUF file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converted_gguf_models_serve_the_same_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/tiny/tiny-Q8_0.gguf");
+    fs::copy(&gguf, dir.path().join("tiny.gguf")).unwrap();
+    for (format, out) in [("v2", "tiny-v2.zt"), ("1.2", "tiny-12.zt")] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
+            .args(["convert", gguf.to_str().unwrap(), dir.path().join(out).to_str().unwrap(), "--format", format])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{format}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let config = Config::serving(vec![ztserve::config::SourceSpec::local(dir.path().to_owned())]);
+    let (address, _state) = common::serve(config).await;
+    for url in
+        ["/objects/token_embd.weight", "/objects/token_embd.weight?shard=1/2&dim=0", "/objects/output_norm.weight"]
+    {
+        let expected = request_async(&address, &format!("/models/tiny{url}"), &[]).await;
+        assert_eq!(expected.status, 200, "{url}");
+        for id in ["tiny-v2", "tiny-12"] {
+            let converted = request_async(&address, &format!("/models/{id}{url}"), &[]).await;
+            assert!(converted.status == 200 && converted.body == expected.body, "{id}{url}");
+        }
+    }
+    let manifest = request_async(&address, &api::model_url("tiny-v2"), &[]).await.json();
+    let embed = manifest["objects"].as_array().unwrap().iter().find(|o| o["name"] == "token_embd.weight").unwrap();
+    assert_eq!(
+        (embed["format"].as_str(), embed["attributes"]["ggml_type"].as_str()),
+        (Some("gguf.q8_0/1"), Some("Q8_0"))
+    );
+    let partial = request_async(&address, "/models/tiny-v2/objects/token_embd.weight?slice=:,0:16", &[]).await;
+    assert_eq!(partial.json()["error"]["code"], "slice_partial_block");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gguf_models_from_a_local_directory_are_served_as_their_readers_read_them() {
     gguf_models_are_served_as_their_readers_read_them(ModelSource::local()).await;
