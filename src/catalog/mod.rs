@@ -8,8 +8,9 @@
 //! (a v2 file with no manifest) is part of some root's model, never a model of its own. A
 //! safetensors file is a model unless a `*.safetensors.index.json` beside it makes it a shard of
 //! a checkpoint ([`checkpoints`]). A GGUF file is a model, and the parts of a split GGUF model
-//! (`name-00001-of-00003.gguf` …) are one ([`gguf_splits`]). The other files listed belong to the models of the nearest
-//! directory above them that holds a model file ([`companions`]). One concern a file: the
+//! (`name-00001-of-00003.gguf` …) are one ([`gguf_splits`]). The other files listed belong to
+//! the models of the nearest directory above them that holds a model file ([`companions`]).
+//! One concern a file: the
 //! sources and their health ([`source`]), a model as its files say ([`model`]), listing a
 //! source into models ([`scan`]), and reading what a listed file holds ([`read`]).
 

@@ -46,7 +46,7 @@ pub(super) async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -
 }
 
 /// Reads a GGUF file's header: a prefix of `manifest_suffix_bytes`, then, while the header
-/// runs past what was read, the bytes after it (each read at least tripling what is held).
+/// runs past what was read, the bytes after it (so that what is held at least quadruples).
 async fn read_gguf_header(object: &ObjectVersion, options: &ScanOptions) -> Result<gguf::Header, CatalogError> {
     let reads = gguf::HeaderReads { file_len: object.size };
     let mut held = object.fetch(reads.first(options.manifest_suffix_bytes), "manifest").await?;

@@ -1,15 +1,16 @@
 //! The Hugging Face Hub's read API over the service, so `huggingface_hub` (and through it
 //! transformers, vLLM, SGLang, `hf download`) loads models from ztserve with
 //! `HF_ENDPOINT=http://HOST:PORT/hf`: the model list, model info, refs, trees, paths-info and
-//! `resolve` (and the empty agent-harness registry clients ask for). Each model is a repository
-//! ([`repos`]: ids map to repo ids without collisions) holding its companions and its weights
-//! as safetensors (stored `.zt` files are not listed, so a snapshot does not fetch the weights
-//! twice), except GGUF models: a directory's GGUF files are one repository of their directory
-//! ([`repository_of`]), as the Hub holds a model's quantizations. A revision is a model version: `main` is the current one, its commit id is derived
-//! from every file's version, and a `resolve` of `main` redirects to the commit, so a download
-//! never mixes versions. Every file is an LFS file whose oid and ETag are the SHA-256 of its
-//! bytes. Access uses the existing tokens as bearer tokens, with the Hub's 401/404 meanings;
-//! errors are [`error`]'s.
+//! `resolve`, the GGUF file of a quantization tag (and the empty agent-harness registry
+//! clients ask for). Each model is a repository ([`repos`]: ids map to repo ids without
+//! collisions) holding its companions and its weights as safetensors (stored `.zt` files are
+//! not listed, so a snapshot does not fetch the weights twice), except GGUF models: a
+//! directory's GGUF files are one repository of their directory ([`repository_of`]), as the
+//! Hub holds a model's quantizations. A revision is a model version: `main` is the current one,
+//! its commit id is derived from every file's version, and a `resolve` of `main` redirects to
+//! the commit, so a download never mixes versions. Every file is an LFS file whose oid and
+//! ETag are the SHA-256 of its bytes. Access uses the existing tokens as bearer tokens, with
+//! the Hub's 401/404 meanings; errors are [`error`]'s.
 
 mod error;
 mod repos;
