@@ -831,6 +831,18 @@ impl HeaderReads {
     pub fn next(&self, read: u64, needed: u64) -> Range<u64> {
         0..needed.max(read.saturating_mul(4)).min(self.file_len).min(MAX_HEADER)
     }
+
+    /// The header, parsed from the file's first bytes `held`, or the bytes to read after them
+    /// when it runs past them: what a reader does with each read, whoever makes it.
+    pub fn step(&self, held: &[u8]) -> Result<std::result::Result<Header, Range<u64>>> {
+        match parse_header(held, self.file_len) {
+            Ok(header) => Ok(Ok(header)),
+            Err(HeaderRead::Invalid(e)) => Err(e),
+            Err(HeaderRead::NeedMore { needed }) => {
+                Ok(Err(held.len() as u64..self.next(held.len() as u64, needed).end))
+            }
+        }
+    }
 }
 
 /// The name parts of a split file: `(prefix, part, count)` of `prefix-00001-of-00003.gguf`
@@ -854,32 +866,42 @@ pub fn split_file_name(prefix: &str, part: u64, count: u64) -> String {
 /// The manifest of a GGUF model held in memory: one file, or a split model's parts in order
 /// (each with its file name), every part's header parsed and the parts [`assemble`]d.
 pub fn parse_model(parts: &[(&str, &[u8])]) -> Result<Manifest> {
-    match parts {
-        [(name, bytes)] if split_name(name).is_none() => parse_file(bytes)?.into_manifest(bytes.len() as u64),
-        _ => {
-            let mut headers = Vec::with_capacity(parts.len());
-            for (name, bytes) in parts {
-                let header = parse_file(bytes)
-                    .map_err(|e| FormatError::InShard { shard: (*name).to_owned(), error: Box::new(e) })?;
-                headers.push(((*name).to_owned(), header, bytes.len() as u64));
+    let mut headers = Vec::with_capacity(parts.len());
+    for (name, bytes) in parts {
+        let header = match parse_file(bytes) {
+            Err(e) if parts.len() > 1 || split_name(name).is_some() => {
+                return Err(FormatError::InShard { shard: (*name).to_owned(), error: Box::new(e) });
             }
-            assemble(headers)
-        }
+            header => header?,
+        };
+        headers.push(((*name).to_owned(), header, bytes.len() as u64));
     }
+    manifest_of(headers)
+}
+
+/// The manifest of a GGUF model from its files' headers, each `(file name, header, file
+/// length)` in part order: a lone file not named as a part is its own model, anything else a
+/// split model's parts, [`assemble`]d.
+pub fn manifest_of(mut parts: Vec<(String, Header, u64)>) -> Result<Manifest> {
+    if parts.len() == 1 && split_name(&parts[0].0).is_none() {
+        let (_, header, file_len) = parts.pop().expect("one part");
+        return header.into_manifest(file_len);
+    }
+    assemble(&parts.iter().map(|(name, header, len)| (name.as_str(), header, *len)).collect::<Vec<_>>())
 }
 
 /// One manifest of a split model's parts, each `(file name, header, file length)`, in part
 /// order: every part present once, agreeing on the count, and the tensors together as many as
 /// `split.tensors.count` says, each name once. Part 1's metadata is the model's.
-pub fn assemble(parts: Vec<(String, Header, u64)>) -> Result<Manifest> {
+pub fn assemble(parts: &[(&str, &Header, u64)]) -> Result<Manifest> {
     let count = parts.len() as u64;
     let mut objects = Vec::new();
     let mut names = std::collections::HashSet::new();
     let mut declared = None;
     let split_error = |detail: String| gguf_error("gguf_split", 0, detail);
     let mut first = None;
-    for (index, (name, header, file_len)) in parts.into_iter().enumerate() {
-        let in_part = |e: FormatError| FormatError::InShard { shard: name.clone(), error: Box::new(e) };
+    for (index, &(name, header, file_len)) in parts.iter().enumerate() {
+        let in_part = |e: FormatError| FormatError::InShard { shard: name.to_owned(), error: Box::new(e) };
         let Some(split) = header.split else {
             return Err(in_part(split_error("a part of a split model without split.* keys".into())));
         };
@@ -904,7 +926,7 @@ pub fn assemble(parts: Vec<(String, Header, u64)>) -> Result<Manifest> {
                 )));
             }
         }
-        objects.extend(header.tensors.clone().into_iter().map(|t| t.into_object(index)));
+        objects.extend(header.tensors.iter().map(|t| t.clone().into_object(index)));
         if index == 0 {
             first = Some((header, file_len));
         }

@@ -43,7 +43,7 @@ pub(super) fn resolve(source: &Arc<Source>, part: &Listed, parsed: &[(Listed, Pa
         };
         files.push(StoredFile::new(version_of(source, object)));
         match &file.state {
-            Ok(Parsed::GgufPart(header)) => headers.push((name, header.as_ref().clone(), object.size)),
+            Ok(Parsed::GgufPart(header)) => headers.push((name, Arc::clone(header), object.size)),
             // A file named as a part is always read as one.
             Ok(_) => {
                 let error = FormatError::Gguf { code: "gguf_split", at: 0, detail: "not read as a split part".into() };
@@ -56,7 +56,11 @@ pub(super) fn resolve(source: &Arc<Source>, part: &Listed, parsed: &[(Listed, Pa
     }
     let state = match failure {
         Some(e) => Err(e),
-        None => assemble(headers).map(Arc::new).map_err(CatalogError::from),
+        None => {
+            let parts: Vec<(&str, &crate::format::gguf::Header, u64)> =
+                headers.iter().map(|(name, header, len)| (name.as_str(), header.as_ref(), *len)).collect();
+            assemble(&parts).map(Arc::new).map_err(CatalogError::from)
+        }
     };
     Some((files, state))
 }

@@ -51,16 +51,10 @@ async fn read_gguf_header(object: &ObjectVersion, options: &ScanOptions) -> Resu
     let reads = gguf::HeaderReads { file_len: object.size };
     let mut held = object.fetch(reads.first(options.manifest_suffix_bytes), "manifest").await?;
     loop {
-        let prefix = held.clone();
-        let size = object.size;
-        match blocking(object, move || Ok(gguf::parse_header(&prefix, size))).await? {
+        let (prefix, step) = (held.clone(), reads.clone());
+        match blocking(object, move || step.step(&prefix)).await? {
             Ok(header) => return Ok(header),
-            Err(gguf::HeaderRead::Invalid(e)) => return Err(e.into()),
-            Err(gguf::HeaderRead::NeedMore { needed }) => {
-                let next = reads.next(held.len() as u64, needed);
-                let more = object.fetch(held.len() as u64..next.end, "manifest").await?;
-                held = [held.as_ref(), more.as_ref()].concat().into();
-            }
+            Err(next) => held = [held.as_ref(), object.fetch(next, "manifest").await?.as_ref()].concat().into(),
         }
     }
 }

@@ -117,8 +117,11 @@ async fn answer(
         .collect::<Result<Vec<String>, _>>()
         .map_err(|e| HubError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
     let catalog = state.service.catalog();
+    // A model of the id is the common case, looked up at once; a directory of GGUF models
+    // otherwise.
     let route = repos::route(&segments, |repo| {
-        repos::model_id_of(repo).is_some_and(|id| !members_of(&catalog, &id, |_| true).is_empty())
+        repos::model_id_of(repo)
+            .is_some_and(|id| catalog.get(&id).is_some() || !members_of(&catalog, &id, |_| true).is_empty())
     });
     let query = Query::of(uri);
     let caller = Caller::of(&state.tokens, headers)?;

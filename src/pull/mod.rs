@@ -254,25 +254,16 @@ async fn fetch_gguf(sources: &[SourceFile]) -> anyhow::Result<Manifest> {
         let reads = format::gguf::HeaderReads { file_len: file.len };
         let mut held = file.remote.range(reads.first(64 << 10), &file.etag).await?;
         let header = loop {
-            match format::gguf::parse_header(&held, file.len) {
+            match reads.step(&held).with_context(invalid)? {
                 Ok(header) => break header,
-                Err(format::gguf::HeaderRead::Invalid(e)) => return Err(e).with_context(invalid),
-                Err(format::gguf::HeaderRead::NeedMore { needed }) => {
-                    let next = reads.next(held.len() as u64, needed);
-                    let more = file.remote.range(held.len() as u64..next.end, &file.etag).await?;
-                    held = [held.as_ref(), more.as_ref()].concat().into();
+                Err(next) => {
+                    held = [held.as_ref(), file.remote.range(next, &file.etag).await?.as_ref()].concat().into()
                 }
             }
         };
         headers.push((file.name.clone(), header, file.len));
     }
-    match &headers[..] {
-        [(name, _, _)] if format::gguf::split_name(name).is_none() => {
-            let (_, header, len) = headers.pop().expect("one");
-            Ok(header.into_manifest(len)?)
-        }
-        _ => Ok(format::gguf::assemble(headers)?),
-    }
+    Ok(format::gguf::manifest_of(headers)?)
 }
 
 /// A safetensors file's header as a manifest.

@@ -65,8 +65,13 @@ pub(crate) fn open(path: &Path, limits: &Limits) -> anyhow::Result<Opened> {
         Some(FileKind::Gguf) => {
             let paths = gguf_parts(path);
             let mut files = Vec::with_capacity(paths.len());
+            let mut given = Some(file);
             for part in &paths {
-                files.push(map(part)?);
+                // The file given is one of them, mapped already.
+                files.push(match given.take_if(|_| part == path) {
+                    Some(file) => file,
+                    None => map(part)?,
+                });
             }
             let parts = gguf_named(&paths, &files);
             let manifest = format::gguf::parse_model(&parts).with_context(|| invalid("GGUF model"))?;
