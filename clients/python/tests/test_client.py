@@ -4,6 +4,7 @@ multi-range transfers, digest checks, typed errors, tokens, and `ztserve pull` i
 
 import fnmatch
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -335,3 +336,71 @@ def test_shard_dims_name_the_split_and_bad_ones_are_refused(server):
         client.load("tp/llama", tp_rank=2, tp_size=2)
     with pytest.raises(ValueError, match="only dense"):
         client.load("demo/structured", names=["adjacency"], tp_rank=0, tp_size=2, shard_dims={"*": 0})
+
+
+def test_a_snapshot_fetches_whole_objects_and_regions_cut_by_the_server(server):
+    client = Client(server.url)
+    whole = client.load("tp/llama")
+    snapshot = client.snapshot("tp/llama")
+    assert snapshot.version and set(snapshot.objects) == set(whole)
+    o_proj, embed = "model.layers.0.self_attn.o_proj.weight", "model.embed_tokens.weight"
+    requests = [(o_proj, ((0, 16), (3, 11))), (embed, ((10, 20),)), (embed, ((7, 7),)), (o_proj, None)]
+    cut, rows, empty, full = snapshot.fetch(requests, framework="numpy")
+    assert cut.tobytes() == np.ascontiguousarray(whole[o_proj][:, 3:11]).tobytes() and cut.shape == (16, 8)
+    assert rows.tobytes() == whole[embed][10:20].tobytes() and empty.shape == (0, 16)
+    assert full.tobytes() == whole[o_proj].tobytes()
+    import torch
+
+    tensors = snapshot.fetch([(embed, ((1, 3),))])
+    assert tensors[0].shape == (2, 16) and tensors[0].view(torch.uint8).numpy().tobytes() == whole[embed][1:3].tobytes()
+    with pytest.raises(ValueError, match="not within dimension 0"):
+        snapshot.fetch([(embed, ((40, 60),))])
+    with pytest.raises(ztserve_client.NotFound):
+        snapshot.fetch([("no such tensor", None)])
+
+
+def test_bytes_that_miss_the_servers_repr_digest_raise_digest_mismatch():
+    """A server that states the SHA-256 of what it sends (`Repr-Digest`) for a tensor whose
+    manifest declares no digest: the client checks the bytes against it."""
+    import base64
+    import hashlib
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    data = bytes(range(64))
+    stated = {"digest": hashlib.sha256(data).digest()}
+    manifest = {"objects": [{"name": "w", "format": "dense", "shape": [16], "components": [
+        {"role": "data", "dtype": "f32", "encoding": "raw", "decoded_length": 64, "stored_length": 64, "digest": None}]}]}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path == "/models/m":
+                body = json.dumps(manifest).encode()
+                self.send_response(200)
+            else:
+                start, end = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
+                body = data[start:end + 1]
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{end}/64")
+                self.send_header("Repr-Digest", "sha-256=:" + base64.b64encode(stated["digest"]).decode() + ":")
+            self.send_header("X-Zt-Model-Version", '"v1"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    stub = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=stub.serve_forever)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{stub.server_address[1]}"
+        assert Client(url, chunk_size=16).load("m")["w"].tobytes() == data
+        stated["digest"] = hashlib.sha256(b"other bytes").digest()
+        with pytest.raises(ztserve_client.DigestMismatch, match="Repr-Digest"):
+            Client(url, chunk_size=16).load("m")
+    finally:
+        stub.shutdown()
+        stub.server_close()
+        thread.join()

@@ -4,7 +4,7 @@
     weights = Client("http://127.0.0.1:8080").load("demo/dense")
 """
 
-from ._client import TRANSFORMER_SHARD_DIMS, Client
+from ._client import TRANSFORMER_SHARD_DIMS, Client, Snapshot
 from ._errors import (
     BrokenModel,
     ClientError,
@@ -22,6 +22,7 @@ from ._errors import (
 
 __all__ = [
     "Client",
+    "Snapshot",
     "TRANSFORMER_SHARD_DIMS",
     "ZtserveError",
     "HTTPError",

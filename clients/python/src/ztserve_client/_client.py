@@ -90,6 +90,8 @@ class _Component:
         self.version = version
         self.pending = 0
         self.lock = threading.Lock()
+        # `Repr-Digest` of the representation the ranges were cut from, when the server sent one.
+        self.repr_digest = None
 
 
 class Client:
@@ -104,6 +106,29 @@ class Client:
         self.chunk_size = chunk_size
         self.retries = retries
         self._connections = _Connections(self.url, timeout)
+        # One pool for the client's life: its threads keep their keep-alive connections from
+        # one load to the next (a loader fetching in batches would otherwise reconnect each time).
+        self._pool = None
+        self._pool_lock = threading.Lock()
+
+    def close(self):
+        """Ends the transfer threads and their connections; the client opens new ones if used again."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _executor(self):
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ztserve-client")
+            return self._pool
 
     # ---------------------------------------------------------------- requests
 
@@ -159,6 +184,13 @@ class Client:
 
     def _error(self, response, path):
         body = response.read(64 << 10)
+        if (response.getheader("Content-Encoding") or "").strip().lower() == "gzip":
+            import gzip
+
+            try:
+                body = gzip.decompress(body)
+            except (OSError, EOFError):
+                pass
         try:
             error = json.loads(body)["error"]
             code, message = error["code"], error["message"]
@@ -167,7 +199,7 @@ class Client:
         return error_for(response.status, code, message, self.url + path)
 
     def _json(self, path):
-        return self._request(path, None, lambda r: json.loads(r.read()))
+        return self._request(path, _JSON_CODING, _read_json)
 
     # ---------------------------------------------------------------- JSON routes
 
@@ -179,6 +211,12 @@ class Client:
         """The model's manifest: version, attributes and every object with its components."""
         return self._json(f"/models/{_segment(model)}")
 
+    def snapshot(self, model):
+        """The model as it is now: its manifest and version. Everything fetched through the
+        snapshot (`Snapshot.fetch`) must come from that version, or `ModelChanged` is raised."""
+        manifest, version = self._versioned_manifest(model)
+        return Snapshot(self, model, manifest, version)
+
     def _versioned_manifest(self, model):
         """The manifest and the version of the stored file it was read from."""
         path = f"/models/{_segment(model)}"
@@ -187,9 +225,9 @@ class Client:
             version = response.getheader(_MODEL_VERSION)
             if not version:
                 raise ZtserveError(f"{self.url}{path} sent no {_MODEL_VERSION} header, so a load could mix versions of the model; is it a ztserve server?")
-            return json.loads(response.read()), version
+            return _read_json(response), version
 
-        return self._request(path, None, read)
+        return self._request(path, _JSON_CODING, read)
 
     # ---------------------------------------------------------------- loading
 
@@ -207,19 +245,7 @@ class Client:
             raise ValueError(f"tp_rank must be an integer in [0, tp_size), and tp_size a positive integer; got {tp_rank} of {tp_size}")
         if shard_dims is not None and tp_size is None:
             raise ValueError("shard_dims needs tp_rank and tp_size")
-        if framework not in ("numpy", "torch"):
-            raise ValueError(f"framework must be 'numpy' or 'torch', not {framework!r}")
-        if framework == "numpy" and device != "cpu":
-            raise ValueError("numpy arrays live on the CPU; use framework='torch' for another device")
-        pinned = False
-        if framework == "torch":
-            import torch
-
-            device = torch.device(device)
-            if device.type == "cuda":
-                if not torch.cuda.is_available():
-                    raise ZtserveError(f"device {device} was asked for, but torch sees no CUDA device")
-                pinned = True
+        device, pinned = _target(framework, device)
         manifest, version = self._versioned_manifest(model)
         objects = manifest["objects"]
         if names is not None:
@@ -233,29 +259,19 @@ class Client:
             rules = TRANSFORMER_SHARD_DIMS if shard_dims is None else shard_dims
             objects = [_rank_share(obj, _shard_dim(obj, rules), tp_rank, tp_size) for obj in objects]
         components = self._fetch(model, objects, pinned, version)
-        result = {}
-        for obj in objects:
-            parts = {c.meta["role"]: c for c in components[obj["name"]]}
-            if framework == "numpy":
-                result[obj["name"]] = _as_numpy(obj, parts)
-            else:
-                result[obj["name"]] = _as_torch(obj, parts, device)
-        if pinned:
-            import torch
-
-            torch.cuda.synchronize(device)
-        return result
+        return {obj["name"]: value for obj, value in zip(objects, _assemble(objects, components, framework, device, pinned))}
 
     def _fetch(self, model, objects, pinned, version):
         """Every component's decoded bytes, each in its own buffer, fetched concurrently, every
-        response from the file `version` the manifest came from."""
-        out = {}
+        response from the file `version` the manifest came from. Objects are keyed by position:
+        one object may be asked for several times (different slices of it)."""
+        out = []
         tasks = []
         for obj in objects:
-            out[obj["name"]] = []
+            out.append([])
             for meta in obj["components"]:
                 component = _Component(obj, meta, _buffer(meta["decoded_length"], pinned), version)
-                out[obj["name"]].append(component)
+                out[-1].append(component)
                 path = f"/models/{_segment(model)}/objects/{_segment(obj['name'])}/components/{_segment(meta['role'])}"
                 if "query" in obj:
                     path += "?" + obj["query"]
@@ -274,15 +290,21 @@ class Client:
                         _check(component, component.buffer)
         # Largest first, so one big component is not left to run alone at the end.
         tasks.sort(key=lambda task: -task[0])
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ztserve-client") as pool:
-            futures = [pool.submit(function, *args) for _, function, args in tasks]
-            try:
-                for future in futures:
+        pool = self._executor()
+        futures = [pool.submit(function, *args) for _, function, args in tasks]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            # Let the transfers already running end before the buffers are dropped.
+            for future in futures:
+                try:
                     future.result()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+                except BaseException:
+                    pass
+            raise
         return out
 
     def _fetch_range(self, component, path, span):
@@ -291,6 +313,7 @@ class Client:
 
         def read_into(response):
             _check_version(component, response, path)
+            component.repr_digest = response.getheader("Repr-Digest") or component.repr_digest
             if response.status != 206 or response.getheader("Content-Range", "").split("/")[0] != f"bytes {start}-{end - 1}":
                 raise ZtserveError(f"asked for bytes {start}-{end - 1} of {path}, got {response.status} {response.getheader('Content-Range')}")
             _read_exactly(response, view)
@@ -335,9 +358,21 @@ def _shard_dim(obj, rules):
 
 def _rank_share(obj, dim, rank, size):
     """`obj` as rank `rank` of `size` loads it: whole when `dim` is None, otherwise its share of
-    dimension `dim`, fetched as the server's slice (`?shard=`), whose bytes the whole object's
-    digest does not cover."""
+    dimension `dim` (an even split, the last rank taking any remainder), cut by the server."""
     if dim is None:
+        return obj
+    shape = obj["shape"]
+    dim %= len(shape)
+    each = shape[dim] // size
+    start = rank * each
+    stop = shape[dim] if rank == size - 1 else start + each
+    return _region_share(obj, tuple((start, stop) if d == dim else (0, n) for d, n in enumerate(shape)))
+
+
+def _region_share(obj, region):
+    """`obj` cut to `region` (one `(start, stop)` per leading dimension, the rest whole), fetched
+    as the server's slice (`?slice=`), whose bytes the whole object's digest does not cover."""
+    if region is None:
         return obj
     if obj["format"] != "dense" or len(obj["components"]) != 1:
         raise ValueError(f"{obj['name']!r} is a {obj['format']} object of {len(obj['components'])} components; only dense tensors are split")
@@ -345,15 +380,88 @@ def _rank_share(obj, dim, rank, size):
     if meta.get("type") == "f4_e2m1":
         raise ValueError(f"{obj['name']!r} packs two f4_e2m1 elements per byte, so it cannot be split")
     shape = list(obj["shape"])
-    dim %= len(shape)
-    each = shape[dim] // size
-    start = rank * each
-    stop = shape[dim] if rank == size - 1 else start + each
-    shape[dim] = stop - start
+    if len(region) > len(shape):
+        raise ValueError(f"{obj['name']!r} (shape {shape}) has no dimension {len(shape)}, which the region {region} cuts")
+    for d, (start, stop) in enumerate(region):
+        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= shape[d]):
+            raise ValueError(f"{obj['name']!r} (shape {shape}): {start}:{stop} is not within dimension {d}")
+        shape[d] = stop - start
     itemsize = _dtypes.numpy_dtype(meta["dtype"], meta.get("type")).itemsize
     length = int(np.prod(shape, dtype=np.int64)) * itemsize
     share = dict(meta, decoded_length=length, digest=None, encoding="raw")
-    return dict(obj, shape=shape, components=[share], query=f"shard={rank}/{size}&dim={dim}")
+    spec = ",".join(f"{start}:{stop}" for start, stop in region)
+    return dict(obj, shape=shape, components=[share], query=f"slice={spec}", region=tuple(region))
+
+
+class Snapshot:
+    """A model at one version: `manifest`, `version`, and `objects` by name. `fetch` loads
+    whole objects or regions of dense ones, every byte from that version."""
+
+    def __init__(self, client, model, manifest, version):
+        self.client = client
+        self.model = model
+        self.manifest = manifest
+        self.version = version
+        self.objects = {o["name"]: o for o in manifest["objects"]}
+
+    def fetch(self, requests, framework="torch", device="cpu"):
+        """One array or tensor per `(name, region)` of `requests`, in order: the whole object
+        when `region` is None, else the sub-tensor of one `(start, stop)` per leading dimension,
+        cut by the server (`?slice=`). Fetched concurrently; raises `ModelChanged` if the model's
+        version is no longer the snapshot's."""
+        device, pinned = _target(framework, device)
+        objects = []
+        for name, region in requests:
+            if name not in self.objects:
+                raise NotFound(404, "object_not_found", f"model {self.model!r} has no object named {name!r}", self.client.url)
+            objects.append(_region_share(self.objects[name], region))
+        components = self.client._fetch(self.model, objects, pinned, self.version)
+        return _assemble(objects, components, framework, device, pinned)
+
+
+def _target(framework, device):
+    """The device to put arrays on, and whether buffers are pinned for a CUDA copy."""
+    if framework not in ("numpy", "torch"):
+        raise ValueError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+    if framework == "numpy":
+        if device != "cpu":
+            raise ValueError("numpy arrays live on the CPU; use framework='torch' for another device")
+        return device, False
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ZtserveError(f"device {device} was asked for, but torch sees no CUDA device")
+    return device, device.type == "cuda"
+
+
+def _assemble(objects, components, framework, device, pinned):
+    """The arrays or tensors of `objects`, from their fetched `components` (same order)."""
+    result = []
+    for obj, fetched in zip(objects, components):
+        parts = {c.meta["role"]: c for c in fetched}
+        result.append(_as_numpy(obj, parts) if framework == "numpy" else _as_torch(obj, parts, device))
+    if pinned:
+        import torch
+
+        torch.cuda.synchronize(device)
+    return result
+
+
+# A manifest of 100,000 tensors is tens of MB of JSON, a tenth of it gzipped.
+_JSON_CODING = {"Accept-Encoding": "gzip"}
+
+
+def _read_json(response):
+    body = response.read()
+    coding = (response.getheader("Content-Encoding") or "identity").strip().lower()
+    if coding == "gzip":
+        import gzip
+
+        body = gzip.decompress(body)
+    elif coding != "identity":
+        raise ZtserveError(f"the server answered JSON in {coding!r}, which was not asked for")
+    return json.loads(body)
 
 
 class _Retry(Exception):
@@ -393,7 +501,9 @@ def _read_exactly(response, view):
 def _check(component, received):
     """Checks the bytes a component's digest covers (its stored frame, or its decoded bytes:
     `digest_covers` says which, and the caller passes those) against the declared digest."""
-    digest = component.meta.get("digest")
+    digest, source = component.meta.get("digest"), "the manifest declares"
+    if not digest:
+        digest, source = _repr_sha256(component), "the server's Repr-Digest states"
     if not digest:
         return
     algorithm, _, expected = digest.partition(":")
@@ -413,7 +523,25 @@ def _check(component, received):
     else:
         raise ZtserveError(f"{component.object['name']!r}.{component.meta['role']!r}: unknown digest algorithm {algorithm!r}")
     if not matches:
-        raise DigestMismatch(f"{component.object['name']!r}.{component.meta['role']!r}: bytes received hash to {algorithm}:{found}, the manifest declares {digest}")
+        raise DigestMismatch(f"{component.object['name']!r}.{component.meta['role']!r}: bytes received hash to {algorithm}:{found}, {source} {digest}")
+
+
+def _repr_sha256(component):
+    """The server's `Repr-Digest` (RFC 9530) of the bytes it sent, as `sha256:HEX`, if any."""
+    header = component.repr_digest
+    if not header:
+        return None
+    for item in header.split(","):
+        key, _, value = item.strip().partition("=")
+        if key.strip().lower() == "sha-256" and value.startswith(":") and value.endswith(":"):
+            import base64
+            import binascii
+
+            try:
+                return "sha256:" + base64.b64decode(value[1:-1], validate=True).hex()
+            except binascii.Error:
+                raise ZtserveError(f"{component.object['name']!r}: the server sent a malformed Repr-Digest {header!r}") from None
+    return None
 
 
 def _decompress(frame, component, path):
