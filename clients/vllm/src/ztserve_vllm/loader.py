@@ -1,0 +1,105 @@
+"""The `ztserve` load format: vLLM's model loader that streams each rank's weights from a
+ztserve server into memory, cut by the server to what that rank's layers read.
+
+It plans the load from the model vLLM built (which layers split which weights, `shares`),
+fetches the planned regions ahead in bounded batches through the Python client (one model
+version for the whole load), and hands vLLM's own `load_weights` a `RemoteTensor` per
+checkpoint tensor, so vLLM's weight loaders cut and place every weight as they would from a
+local file. Nothing is written to disk."""
+
+import os
+import time
+
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+from ztserve_client import Client, ZtserveError
+
+from . import weights
+from .remote import Misses
+
+# A child of vLLM's logger, so its lines go where vLLM's go, formatted alike.
+logger = init_logger(f"vllm.{__name__}")
+
+# --model-loader-extra-config keys, each also an environment variable (ZTSERVE_URL, …).
+_EXTRA = {"url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int}
+
+
+def repo_to_model_id(repo):
+    """The ztserve model id of Hub repository `repo` (its Hub API names a deeper id
+    `namespace/a__b` for `namespace/a/b`)."""
+    namespace, _, name = repo.partition("/")
+    return f"{namespace}/{name.replace('__', '/')}" if name else repo
+
+
+class ZtserveModelLoader(BaseModelLoader):
+    """`--load-format ztserve`: weights from `ZTSERVE_URL` (or the extra config's `url`), the
+    model named by vLLM's model id (its Hub repository id on that server, or `model`)."""
+
+    def __init__(self, load_config):
+        super().__init__(load_config)
+        extra = load_config.model_loader_extra_config or {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"model_loader_extra_config must be a dict for load format ztserve, got {type(extra).__name__}")
+        unknown = set(extra) - set(_EXTRA)
+        if unknown:
+            raise ValueError(f"unexpected extra config keys for load format ztserve: {sorted(unknown)} (known: {sorted(_EXTRA)})")
+        self.settings = {}
+        for key, kind in _EXTRA.items():
+            value = extra.get(key, os.environ.get(f"ZTSERVE_{key.upper()}"))
+            if value is None:
+                continue
+            if kind is int:
+                try:
+                    value = int(value)
+                except (TypeError, ValueError):
+                    raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}") from None
+                if value < 1:
+                    raise ValueError(f"ztserve load format: {key} must be at least 1, got {value}")
+            elif not isinstance(value, str) or not value:
+                raise ValueError(f"ztserve load format: {key} must be a non-empty string, got {value!r}")
+            self.settings[key] = value
+        if "url" not in self.settings:
+            raise ValueError(
+                "--load-format ztserve needs the server's URL: set ZTSERVE_URL=http://HOST:PORT "
+                "or --model-loader-extra-config '{\"url\": \"http://HOST:PORT\"}'"
+            )
+        self.prefetch_bytes = self.settings.get("prefetch_bytes", 512 << 20)
+
+    def _client(self):
+        options = {k: self.settings[k] for k in ("concurrency", "chunk_size") if k in self.settings}
+        return Client(self.settings["url"], self.settings.get("token") or os.environ.get("HF_TOKEN"), **options)
+
+    def model_id(self, model_config):
+        return self.settings.get("model") or repo_to_model_id(model_config.model)
+
+    def download_model(self, model_config):
+        """Nothing is downloaded: the weights stream at load time. Checks the model is there."""
+        with self._client() as client:
+            client.manifest(self.model_id(model_config))
+
+    def load_weights(self, model, model_config):
+        started = time.perf_counter()
+        model_id = self.model_id(model_config)
+        with self._client() as client:
+            snapshot = client.snapshot(model_id)
+            plans = weights.plan_model(model, snapshot)
+            summary = weights.summary(snapshot, plans)
+            logger.info("ztserve: %s", summary.pop("line"))
+            for reason, names in summary.pop("whole").items():
+                logger.warning("ztserve: %d tensor(s) fetched whole because %s: %s", len(names), reason, weights.sample(names))
+            misses = Misses(lambda name, region: logger.warning(
+                "ztserve: %s: the weight loader read %s, not the share planned; fetched on demand", name, list(region)))
+            try:
+                loaded = model.load_weights(weights.stream(snapshot, plans, misses, self.prefetch_bytes))
+            except ZtserveError as e:
+                logger.error("ztserve: loading %s from %s failed, so the model is not loaded: %s", model_id, client.url, e)
+                raise
+        quantized = model_config.quantization is not None
+        if loaded is not None and not quantized:
+            # vLLM's own check that every parameter was filled from the checkpoint.
+            DefaultModelLoader.track_weights_loading(self, model, loaded, quantized=False)
+        logger.info(
+            "ztserve: loaded %s version %s in %.2f s; %d read(s) off the plan fetched on demand (%.1f MB)",
+            model_id, snapshot.version.strip('"'), time.perf_counter() - started, misses.count, misses.bytes / 1e6,
+        )

@@ -1,0 +1,370 @@
+"""The load plan and stream against stand-ins of vLLM's layers: modules named as vLLM's
+classes are, holding one rank's parameters, whose weight loaders narrow the checkpoint tensor
+as vLLM 0.32's do (`parameter.py`'s load_*_weight, the vocabulary's weight_loader), loading
+from a live ztserve server. Each rank must end with the parameters it would have loaded from
+the whole tensors, having fetched its share only."""
+
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from conftest import live
+
+import ztserve_client
+from ztserve_client import Client
+from ztserve_vllm import weights
+from ztserve_vllm.remote import Misses, RemoteTensor
+
+HIDDEN, HEADS, KV_HEADS, HEAD, FFN, VOCAB = 32, 4, 1, 8, 48, 100
+
+
+def pad(n, to=64):
+    return (n + to - 1) // to * to
+
+
+class UnquantizedLinearMethod:
+    pass
+
+
+class UnquantizedEmbeddingMethod:
+    pass
+
+
+def parameter(shape, output_dim=None, input_dim=None, dtype=torch.bfloat16):
+    p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+    if output_dim is not None:
+        p.output_dim = output_dim
+    if input_dim is not None:
+        p.input_dim = input_dim
+    return p
+
+
+class ColumnParallelLinear(torch.nn.Module):
+    def __init__(self, inputs, outputs, rank, size, bias=False):
+        super().__init__()
+        self.tp_rank, self.tp_size = rank, size
+        self.quant_method = UnquantizedLinearMethod()
+        self.output_size_per_partition = outputs // size
+        self.weight = parameter((outputs // size, inputs), 0, 1)
+        if bias:
+            self.bias = parameter((outputs // size,), 0, dtype=torch.float32)
+
+    def weight_loader(self, param, loaded, shard=None):
+        size = param.data.shape[param.output_dim]
+        param.data.copy_(loaded.narrow(param.output_dim, self.tp_rank * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    def __init__(self, inputs, sizes, rank, size):
+        super().__init__(inputs, sum(sizes), rank, size)
+        self.output_sizes = sizes
+
+    def weight_loader(self, param, loaded, shard):
+        offset = sum(self.output_sizes[:shard]) // self.tp_size
+        size = self.output_sizes[shard] // self.tp_size
+        target = param.data.narrow(param.output_dim, offset, size)
+        loaded = loaded.narrow(param.output_dim, self.tp_rank * size, size)
+        assert target.shape == loaded.shape
+        target.copy_(loaded)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    def __init__(self, hidden, head, heads, kv_heads, rank, size):
+        self.num_heads = heads // size
+        if size >= kv_heads:
+            self.num_kv_heads, self.num_kv_head_replicas = 1, size // kv_heads
+        else:
+            self.num_kv_heads, self.num_kv_head_replicas = kv_heads // size, 1
+        self.head_size = self.v_head_size = head
+        total = (self.num_heads + 2 * self.num_kv_heads) * head * size
+        super().__init__(hidden, total, rank, size, bias=True)
+
+    def weight_loader(self, param, loaded, shard):
+        q, kv = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard]
+        at = self.tp_rank if shard == "q" else self.tp_rank // self.num_kv_head_replicas
+        target = param.data.narrow(param.output_dim, offset, size)
+        loaded = loaded.narrow(param.output_dim, at * size, size)
+        assert target.shape == loaded.shape
+        target.copy_(loaded)
+
+
+class RowParallelLinear(torch.nn.Module):
+    def __init__(self, inputs, outputs, rank, size):
+        super().__init__()
+        self.tp_rank, self.tp_size = rank, size
+        self.quant_method = UnquantizedLinearMethod()
+        self.input_size_per_partition = inputs // size
+        self.weight = parameter((outputs, inputs // size), 0, 1)
+
+    def weight_loader(self, param, loaded, shard=None):
+        size = param.data.shape[param.input_dim]
+        loaded = loaded.narrow(param.input_dim, self.tp_rank * size, size)
+        assert param.data.shape == loaded.shape
+        param.data.copy_(loaded)
+
+
+class Indices:
+    def __init__(self, start, stop):
+        self.org_vocab_start_index, self.org_vocab_end_index = start, stop
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    def __init__(self, vocab, hidden, rank, size):
+        super().__init__()
+        self.tp_size = size
+        self.quant_method = UnquantizedEmbeddingMethod()
+        per = pad(vocab) // size
+        self.shard_indices = Indices(min(rank * per, vocab), min((rank + 1) * per, vocab))
+        self.org_vocab_size = vocab
+        self.weight = parameter((per, hidden), 0, 1)
+
+    def weight_loader(self, param, loaded, shard=None):
+        assert loaded.shape[param.output_dim] == self.org_vocab_size
+        start = self.shard_indices.org_vocab_start_index
+        loaded = loaded.narrow(param.output_dim, start, self.shard_indices.org_vocab_end_index - start)
+        param[: loaded.shape[0]].data.copy_(loaded)
+        param[loaded.shape[0]:].data.fill_(0)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    pass
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.weight = parameter((hidden,))
+
+    def weight_loader(self, param, loaded, shard=None):
+        assert param.data.shape == loaded.shape
+        param.data.copy_(loaded)
+
+
+class Mapper:
+    """vLLM's WeightsMapper for Llama: q/k/v into qkv_proj, gate/up into gate_up_proj."""
+
+    stacked = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
+               ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
+
+    def _map_name_with_shard(self, name):
+        if "rotary" in name:
+            return None
+        for old, (new, shard) in self.stacked.items():
+            if old in name:
+                return name.replace(old, new, 1), shard
+        return name, None
+
+
+class Llama(torch.nn.Module):
+    """One Llama layer of one rank, loading as vLLM's AutoWeightsLoader does."""
+
+    hf_to_vllm_mapper = Mapper()
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, rank, size):
+        super().__init__()
+        layer = torch.nn.Module()
+        layer.self_attn = torch.nn.Module()
+        layer.self_attn.qkv_proj = QKVParallelLinear(HIDDEN, HEAD, HEADS, KV_HEADS, rank, size)
+        layer.self_attn.o_proj = RowParallelLinear(HEADS * HEAD, HIDDEN, rank, size)
+        layer.mlp = torch.nn.Module()
+        layer.mlp.gate_up_proj = MergedColumnParallelLinear(HIDDEN, [FFN, FFN], rank, size)
+        layer.mlp.down_proj = RowParallelLinear(FFN, HIDDEN, rank, size)
+        layer.input_layernorm = RMSNorm(HIDDEN)
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(VOCAB, HIDDEN, rank, size)
+        self.model.layers = torch.nn.ModuleList([layer])
+        self.model.norm = RMSNorm(HIDDEN)
+        self.lm_head = ParallelLMHead(VOCAB, HIDDEN, rank, size)
+
+    def load_weights(self, tensors):
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in tensors:
+            mapped = self.hf_to_vllm_mapper._map_name_with_shard(name)
+            if mapped is None:
+                continue
+            target, shard = mapped
+            module = self.get_submodule(target.rpartition(".")[0])
+            module.weight_loader(params[target], tensor, shard)
+            loaded.add(target)
+        return loaded
+
+
+def checkpoint():
+    torch.manual_seed(7)
+    layer = "model.layers.0"
+    return {
+        "model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.self_attn.q_proj.weight": torch.randn(HEADS * HEAD, HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.self_attn.k_proj.weight": torch.randn(KV_HEADS * HEAD, HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.self_attn.v_proj.weight": torch.randn(KV_HEADS * HEAD, HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.self_attn.q_proj.bias": torch.randn(HEADS * HEAD),
+        f"{layer}.self_attn.k_proj.bias": torch.randn(KV_HEADS * HEAD),
+        f"{layer}.self_attn.v_proj.bias": torch.randn(KV_HEADS * HEAD),
+        f"{layer}.self_attn.o_proj.weight": torch.randn(HIDDEN, HEADS * HEAD, dtype=torch.bfloat16),
+        f"{layer}.mlp.gate_proj.weight": torch.randn(FFN, HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.mlp.up_proj.weight": torch.randn(FFN, HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.mlp.down_proj.weight": torch.randn(HIDDEN, FFN, dtype=torch.bfloat16),
+        f"{layer}.input_layernorm.weight": torch.randn(HIDDEN, dtype=torch.bfloat16),
+        f"{layer}.self_attn.rotary_emb.inv_freq": torch.randn(4),
+        "model.norm.weight": torch.randn(HIDDEN, dtype=torch.bfloat16),
+        "lm_head.weight": torch.randn(VOCAB, HIDDEN, dtype=torch.bfloat16),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    models = tmp_path_factory.mktemp("vllm") / "models"
+    (models / "org" / "llama").mkdir(parents=True)
+    save_file(checkpoint(), models / "org" / "llama" / "model.safetensors", metadata={"format": "pt"})
+    server = live.Server(models)
+    yield server
+    server.stop()
+
+
+def sent_bytes(url):
+    """The bytes of tensors the server has sent (its component routes)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    prefix = 'ztserve_http_response_body_bytes_total{route="/models/{model}/objects/{object}/components/{role}"}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def load(url, rank, size, prefetch_bytes=1 << 20, client=None, plan=None):
+    model = Llama(rank, size)
+    client = client or Client(url, chunk_size=4096)
+    snapshot = client.snapshot("org/llama")
+    plans = weights.plan_model(model, snapshot) if plan is None else plan(model, snapshot)
+    misses = Misses()
+    loaded = model.load_weights(weights.stream(snapshot, plans, misses, prefetch_bytes))
+    return model, plans, misses, loaded
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_every_rank_loads_what_the_whole_tensors_give_from_its_share_alone(server, size):
+    whole = checkpoint()
+    total = sum(t.numel() * t.element_size() for t in whole.values())
+    before = sent_bytes(server.url)
+    for rank in range(size):
+        expected = Llama(rank, size)
+        expected.load_weights(whole.items())
+        model, plans, misses, loaded = load(server.url, rank, size)
+        assert misses.count == 0, misses.names
+        assert loaded == {name for name, _ in model.named_parameters()}
+        for (name, got), (_, want) in zip(model.named_parameters(), expected.named_parameters()):
+            assert torch.equal(got, want), (name, rank, size)
+        cut = {p.name for p in plans if p.regions is not None}
+        if size > 1:
+            assert "model.layers.0.self_attn.q_proj.weight" in cut and "lm_head.weight" in cut
+            assert "model.layers.0.self_attn.o_proj.weight" in cut and "model.layers.0.mlp.up_proj.weight" in cut
+        # One key/value head for every rank: k and v are whole, and no plan says why (nothing lost).
+        assert all(p.reason == "" for p in plans)
+    sent = sent_bytes(server.url) - before
+    # Each rank's share of the split weights and the replicated ones (norms, k, v) once per
+    # rank: the model once, plus the replicas.
+    replicated = sum(whole[n].numel() * whole[n].element_size() for n in whole if "norm" in n or "k_proj" in n or "v_proj" in n or "inv_freq" in n)
+    assert sent == total + (size - 1) * replicated, (sent, total, replicated)
+
+
+def test_a_read_off_the_plan_is_fetched_on_demand_and_still_exact(server):
+    whole = checkpoint()
+
+    def blind(model, snapshot):  # a plan that cuts nothing right: every split weight misses
+        plans = weights.plan_model(model, snapshot)
+        for one in plans:
+            if one.regions is not None:
+                one.regions = [tuple((0, 1) for _ in one.regions[0])]
+        return plans
+
+    model, _, misses, _ = load(server.url, 1, 2, plan=blind)
+    expected = Llama(1, 2)
+    expected.load_weights(whole.items())
+    for (name, got), (_, want) in zip(model.named_parameters(), expected.named_parameters()):
+        assert torch.equal(got, want), name
+    assert misses.count > 0 and "lm_head.weight" in misses.names
+
+
+def test_layers_it_cannot_cut_are_fetched_whole_with_the_reason(server):
+    class Fp8LinearMethod:
+        pass
+
+    model = Llama(0, 2)
+    model.model.layers[0].mlp.down_proj.quant_method = Fp8LinearMethod()
+    plans = {p.name: p for p in weights.plan_model(model, Client(server.url).snapshot("org/llama"))}
+    assert plans["model.layers.0.mlp.down_proj.weight"].regions is None
+    assert plans["model.layers.0.mlp.down_proj.weight"].reason == "its layer is quantized (Fp8LinearMethod)"
+    assert weights.describe(type("FusedMoE", (torch.nn.Module,), {"tp_size": 2})()).reason.startswith("its layer is a FusedMoE")
+    line = weights.summary(Client(server.url).snapshot("org/llama"), list(plans.values()))["whole"]
+    assert line == {"its layer is quantized (Fp8LinearMethod)": ["model.layers.0.mlp.down_proj.weight"]}
+
+
+def test_a_model_replaced_during_a_load_fails_it_with_model_changed(tmp_path):
+    models = tmp_path / "models"
+    (models / "org" / "llama").mkdir(parents=True)
+    path = models / "org" / "llama" / "model.safetensors"
+    save_file(checkpoint(), path, metadata={"format": "pt"})
+    server = live.Server(models, env={"ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS": "1"})
+    try:
+        model = Llama(0, 2)
+        snapshot = Client(server.url).snapshot("org/llama")
+        stream = weights.stream(snapshot, weights.plan_model(model, snapshot), Misses(), prefetch_bytes=1)
+        next(stream)
+        replaced = {k: v + 1 if v.is_floating_point() else v for k, v in checkpoint().items()}
+        save_file(replaced, tmp_path / "next.safetensors", metadata={"format": "pt"})
+        (tmp_path / "next.safetensors").replace(path)
+        while Client(server.url).snapshot("org/llama").version == snapshot.version:
+            time.sleep(0.05)  # until the server has rescanned (the test's own timeout bounds it)
+        with pytest.raises(ztserve_client.ModelChanged, match="changed on the server during the load"):
+            for _ in stream:
+                pass
+    finally:
+        server.stop()
+
+
+def test_a_server_that_disappears_mid_load_fails_it_with_a_transfer_error(tmp_path):
+    models = tmp_path / "models"
+    (models / "org" / "llama").mkdir(parents=True)
+    save_file(checkpoint(), models / "org" / "llama" / "model.safetensors", metadata={"format": "pt"})
+    server = live.Server(models)
+    try:
+        model = Llama(0, 2)
+        snapshot = Client(server.url, retries=1).snapshot("org/llama")
+        stream = weights.stream(snapshot, weights.plan_model(model, snapshot), Misses(), prefetch_bytes=1)
+        next(stream)
+    finally:
+        server.stop()
+    with pytest.raises(ztserve_client.TransferError):
+        for _ in stream:
+            pass
+
+
+def test_remote_tensors_answer_metadata_without_fetching_and_read_exact_regions():
+    full = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
+    fetched = []
+
+    def fetch(region):
+        fetched.append(region)
+        out = full
+        for dim, (start, stop) in enumerate(region):
+            out = out.narrow(dim, start, stop - start)
+        return out.clone()
+
+    misses = Misses()
+    remote = RemoteTensor("w", (6, 4), torch.float32, [(((2, 4), (0, 4)), full[2:4].clone())], fetch, misses)
+    assert remote.shape == (6, 4) and remote.dim() == 2 and remote.numel() == 24 and len(remote) == 6
+    assert remote.dtype == torch.float32 and fetched == []
+    assert torch.equal(remote.narrow(0, 2, 2).narrow(1, 1, 2) + 0, full[2:4, 1:3]) and fetched == []
+    assert torch.equal(remote[2:4] * 1, full[2:4]) and fetched == []
+    assert torch.equal(remote.narrow(0, -2, 2).contiguous(), full[4:6]) and fetched == [((4, 6), (0, 4))]
+    target = torch.empty(6, 4)
+    target.copy_(remote)
+    assert torch.equal(target, full) and misses.count == 2 and misses.bytes == (2 + 6) * 4 * 4
+    assert remote.narrow(1, 4, 0).shape == (6, 0)
+    with pytest.raises(RuntimeError, match="exceeds dimension 0"):
+        remote.narrow(0, 5, 2)
+    with pytest.raises(IndexError):
+        remote.narrow(2, 0, 1)
