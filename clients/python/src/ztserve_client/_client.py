@@ -92,6 +92,8 @@ class _Component:
         self.lock = threading.Lock()
         # `Repr-Digest` of the representation the ranges were cut from, when the server sent one.
         self.repr_digest = None
+        # The declared digest computed span by span as they arrive, when there is one.
+        self.hashing = None
 
 
 class Client:
@@ -285,7 +287,10 @@ class Client:
                     length = meta["decoded_length"]
                     spans = [(start, min(start + self.chunk_size, length)) for start in range(0, length, self.chunk_size)]
                     component.pending = len(spans)
-                    tasks.extend((end - start, self._fetch_range, (component, path, (start, end))) for start, end in spans)
+                    if meta.get("digest") and spans:
+                        # Hashed in order while later spans are still arriving.
+                        component.hashing = _Hashing(_Hash(component, meta["digest"], "the manifest declares"), spans)
+                    tasks.extend((end - start, self._fetch_range, (component, path, index, (start, end))) for index, (start, end) in enumerate(spans))
                     if not spans:
                         _check(component, component.buffer)
         # Largest first, so one big component is not left to run alone at the end.
@@ -307,7 +312,7 @@ class Client:
             raise
         return out
 
-    def _fetch_range(self, component, path, span):
+    def _fetch_range(self, component, path, index, span):
         start, end = span
         view = memoryview(component.buffer)[start:end]
 
@@ -319,6 +324,9 @@ class Client:
             _read_exactly(response, view)
 
         self._request(path, {"Range": f"bytes={start}-{end - 1}"}, read_into)
+        if component.hashing is not None:
+            component.hashing.arrived(index, component.buffer)
+            return
         with component.lock:
             component.pending -= 1
             last = component.pending == 0
@@ -500,30 +508,88 @@ def _read_exactly(response, view):
 
 def _check(component, received):
     """Checks the bytes a component's digest covers (its stored frame, or its decoded bytes:
-    `digest_covers` says which, and the caller passes those) against the declared digest."""
+    `digest_covers` says which, and the caller passes those) against the declared digest, or
+    else the server's `Repr-Digest` of them."""
     digest, source = component.meta.get("digest"), "the manifest declares"
     if not digest:
         digest, source = _repr_sha256(component), "the server's Repr-Digest states"
-    if not digest:
-        return
-    algorithm, _, expected = digest.partition(":")
-    if algorithm == "xxh3":
-        import xxhash
+    if digest:
+        check = _Hash(component, digest, source)
+        check.update(received)
+        check.verify()
 
-        found = xxhash.xxh3_64_hexdigest(received)
-        matches = found == expected
-    elif algorithm == "sha256":
-        found = hashlib.sha256(received).hexdigest()
-        matches = found == expected.lower()
-    elif algorithm == "crc32c":
-        import crc32c
 
-        found = f"0x{crc32c.crc32c(received):08X}"
-        matches = int(expected, 16) == int(found, 16)
-    else:
-        raise ZtserveError(f"{component.object['name']!r}.{component.meta['role']!r}: unknown digest algorithm {algorithm!r}")
-    if not matches:
-        raise DigestMismatch(f"{component.object['name']!r}.{component.meta['role']!r}: bytes received hash to {algorithm}:{found}, {source} {digest}")
+class _Hash:
+    """An incremental digest of a component's bytes, against the `digest` (`ALGORITHM:VALUE`)
+    that `source` states."""
+
+    def __init__(self, component, digest, source):
+        self.component, self.digest, self.source = component, digest, source
+        self.algorithm, _, self.expected = digest.partition(":")
+        if self.algorithm == "xxh3":
+            import xxhash
+
+            self.state = xxhash.xxh3_64()
+        elif self.algorithm == "sha256":
+            self.state = hashlib.sha256()
+        elif self.algorithm == "crc32c":
+            self.state = 0
+        else:
+            raise ZtserveError(f"{self._name()}: unknown digest algorithm {self.algorithm!r}")
+
+    def _name(self):
+        return f"{self.component.object['name']!r}.{self.component.meta['role']!r}"
+
+    def update(self, data):
+        if self.algorithm == "crc32c":
+            import crc32c
+
+            self.state = crc32c.crc32c(data, self.state)
+        else:
+            self.state.update(data)
+
+    def verify(self):
+        if self.algorithm == "crc32c":
+            found = f"0x{self.state:08X}"
+            matches = int(self.expected, 16) == self.state
+        else:
+            found = self.state.hexdigest()
+            matches = found == self.expected.lower()
+        if not matches:
+            raise DigestMismatch(f"{self._name()}: bytes received hash to {self.algorithm}:{found}, {self.source} {self.digest}")
+
+
+class _Hashing:
+    """Feeds a component's spans to its digest in order as they arrive: the thread whose span
+    is next hashes it and every later one already there, so the check overlaps the transfer
+    and ends just after the last span; that thread raises a mismatch."""
+
+    def __init__(self, check, spans):
+        self.check = check
+        self.spans = spans
+        self.arrived_spans = set()
+        self.next = 0
+        self.busy = False
+        self.lock = threading.Lock()
+
+    def arrived(self, index, buffer):
+        with self.lock:
+            self.arrived_spans.add(index)
+            if self.busy or index != self.next:
+                return
+            self.busy = True
+        view = memoryview(buffer)
+        while True:
+            start, end = self.spans[self.next]
+            self.check.update(view[start:end])
+            with self.lock:
+                self.next += 1
+                if self.next not in self.arrived_spans:
+                    self.busy = False
+                    done = self.next == len(self.spans)
+                    break
+        if done:
+            self.check.verify()
 
 
 def _repr_sha256(component):
