@@ -1,17 +1,22 @@
 """Times the Run:ai model streamer loading one model (every .safetensors file under an S3
-prefix) from two S3-compatible servers, alternating, in one process (so torch's import and the
-library's start are paid once).
+prefix) from ztserve's S3 endpoint and from a baseline, alternating, in one process (so torch's
+import and the library's start are paid once).
 
-usage: runai_load.py ROUNDS BASELINE_ENDPOINT ZTSERVE_ENDPOINT S3_PREFIX
+usage: runai_load.py NAME ROUNDS BASELINE ZTSERVE_ENDPOINT S3_PREFIX
 
-Each load lists the prefix's safetensors files as vLLM does (`list_safetensors`), streams
-every tensor into CPU memory (as vLLM's `runai_streamer` load format does before moving them
-to the GPU), and is timed from the listing to its last tensor; both servers must list the same
-files and give the same bytes. After a warm-up load from each, ROUNDS alternating rounds;
-prints "runai times BASELINE_MEDIAN_S ZTSERVE_MEDIAN_S" and "runai size BYTES".
+BASELINE is another S3-compatible server's endpoint (`http://…`, read at the same prefix) or a
+local directory holding the same files. Each load lists the safetensors files as vLLM does
+(`list_safetensors`), streams every tensor into CPU memory (as vLLM's `runai_streamer` load
+format does before moving them to the GPU), and is timed from the listing to its last tensor;
+both sides must list the same files and give the same bytes. After a warm-up load from each,
+ROUNDS alternating rounds; prints "NAME times BASELINE_S ZTSERVE_S" (medians), "NAME cpu
+BASELINE_S ZTSERVE_S" (the median CPU time of this process per load, every thread of the
+streamer counted) and "NAME size BYTES". The streamer's settings come from the environment
+(RUNAI_STREAMER_CONCURRENCY, RUNAI_STREAMER_CHUNK_BYTESIZE), the same for both sides.
 """
 import hashlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -26,35 +31,51 @@ from runai_model_streamer import SafetensorsStreamer, list_safetensors  # noqa: 
 from runai_model_streamer.s3_utils.s3_utils import S3Credentials  # noqa: E402
 
 
-def load(endpoint, prefix, check=False):
-    credentials = S3Credentials(access_key_id="bench", secret_access_key="benchbench", region_name="us-east-1", endpoint=endpoint)
-    os.environ["AWS_ENDPOINT_URL"] = endpoint  # the listing's boto3 client takes it from here
-    started = time.perf_counter()
-    files = sorted(list_safetensors(prefix, credentials))
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def load(source, prefix, check=False):
+    """Loads the model from `source` (an S3 endpoint, read at `prefix`, or a local directory):
+    (seconds, CPU seconds, (files, bytes, digests))."""
+    if source.startswith("http"):
+        credentials = S3Credentials(access_key_id="bench", secret_access_key="benchbench", region_name="us-east-1", endpoint=source)
+        os.environ["AWS_ENDPOINT_URL"] = source  # the listing's boto3 client takes it from here
+        target = prefix
+    else:
+        credentials, target = None, source
+    started, cpu = time.perf_counter(), cpu_seconds()
+    files = sorted(list_safetensors(target, credentials) if credentials else list_safetensors(target))
     total, digests = 0, {}
     with SafetensorsStreamer() as streamer:
-        streamer.stream_files(files, s3_credentials=credentials)
+        if credentials:
+            streamer.stream_files(files, s3_credentials=credentials)
+        else:
+            streamer.stream_files(files)
         for name, tensor in streamer.get_tensors():
             total += tensor.numel() * tensor.element_size()
             if check:  # tensors arrive in whatever order their chunks complete
                 data = tensor.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes()
                 digests[name] = hashlib.sha256(data).hexdigest()
-    return time.perf_counter() - started, (len(files), total, digests)
+    return time.perf_counter() - started, cpu_seconds() - cpu, (len(files), total, digests)
 
 
 def main():
-    rounds, baseline, ztserve, prefix = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    # Warm-up loads, checked: the same files, tensors and bytes from both servers.
-    warm = [load(endpoint, prefix, check=True)[1] for endpoint in (baseline, ztserve)]
-    assert warm[0] == warm[1], f"the two servers gave different models: {warm}"
-    timings = [[], []]
+    name, rounds, baseline, ztserve, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    # Warm-up loads, checked: the same files, tensors and bytes from both sides.
+    warm = [load(source, prefix, check=True)[2] for source in (baseline, ztserve)]
+    assert warm[0][1:] == warm[1][1:], f"the two sides gave different models: {warm}"
+    timings, cpus = [[], []], [[], []]
     for _ in range(rounds):
-        for i, endpoint in enumerate((baseline, ztserve)):
-            seconds, (files, total, _) = load(endpoint, prefix)
+        for i, source in enumerate((baseline, ztserve)):
+            seconds, cpu, (files, total, _) = load(source, prefix)
             assert (files, total) == warm[0][:2]
             timings[i].append(seconds)
-    print(f"runai times {statistics.median(timings[0])} {statistics.median(timings[1])}")
-    print(f"runai size {warm[0][1]}")
+            cpus[i].append(cpu)
+    print(f"{name} times {statistics.median(timings[0])} {statistics.median(timings[1])}")
+    print(f"{name} cpu {statistics.median(cpus[0])} {statistics.median(cpus[1])}")
+    print(f"{name} size {warm[0][1]}")
 
 
 main()
