@@ -7,7 +7,7 @@ generate the same token ids as from a local folder (scripts/vllm-check and bench
         from the sharded safetensors checkpoint, at TP=1 and TP=2: every run's token ids must
         equal the folder's at the same TP; prints each run's load time and the bytes ztserve sent
     vllm_load.py bench WORK
-        the large model (about 1.1 GB), loaded at TP=1 and TP=2 from the folder, through the
+        the large model (1.13 GB of weights), loaded at TP=1 and TP=2 from the folder, through the
         Hub API (HF_ENDPOINT, a fresh cache), by Run:ai through the S3 endpoint and through
         `--load-format ztserve`; prints a markdown table of load times and bytes sent, checking
         every run's token ids against the folder's
@@ -39,8 +39,8 @@ PROMPTS = ["The weights of a model", "Tensor parallel ranks", "a b c d e f g", "
 SIZES = {
     # hidden, intermediate, layers, heads, kv heads, vocab
     "tiny": (256, 512, 2, 4, 1, 1000),
-    # about 1.1 GB of bf16 weights
-    "large": (2048, 5632, 7, 16, 1, 32000),
+    # 1.13 GB (1.05 GiB) of bf16 weights
+    "large": (2048, 5632, 10, 16, 1, 32000),
 }
 
 
@@ -133,7 +133,7 @@ def prepare(work, size):
     zt/<size> (its weights as one model.zt, zstd with sha256 digests, beside the config)."""
     work = Path(work)
     if not (work / "folder" / "config.json").exists():
-        subprocess.run([sys.executable, __file__, "write", str(work), "--size", size], check=True)
+        subprocess.run([sys.executable, __file__, "write", str(work), "--size", size], check=True, stdout=sys.stderr)
     st, zt = work / "models" / "st" / size, work / "models" / "zt" / size
     if not st.exists():
         shutil.copytree(work / "folder", st)

@@ -13,6 +13,7 @@ fn root() -> &'static Path {
 fn pages() -> Vec<PathBuf> {
     let mut pages = vec![root().join("README.md"), root().join("SECURITY.md"), root().join("bench/README.md")];
     pages.push(root().join("clients/python/README.md"));
+    pages.push(root().join("clients/vllm/README.md"));
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())
