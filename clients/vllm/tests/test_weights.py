@@ -368,3 +368,10 @@ def test_remote_tensors_answer_metadata_without_fetching_and_read_exact_regions(
         remote.narrow(0, 5, 2)
     with pytest.raises(IndexError):
         remote.narrow(2, 0, 1)
+
+
+def test_a_model_with_objects_that_are_not_tensors_is_refused_with_a_clear_error(server):
+    snapshot = Client(server.url).snapshot("org/llama")
+    snapshot.objects["model.norm.weight"] = dict(snapshot.objects["model.norm.weight"], format="gguf.q4_k/1")
+    with pytest.raises(ztserve_client.ZtserveError, match="'model.norm.weight' of 'org/llama' is a gguf.q4_k/1 object, not a dense tensor"):
+        weights.plan_model(Llama(0, 2), snapshot)

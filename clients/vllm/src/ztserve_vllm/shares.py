@@ -8,7 +8,7 @@ that vLLM cuts piece by piece (a stored `qkv_proj`), or `None` for the whole ten
 reason when the whole tensor is not simply what every rank holds.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # What a layer is, by the vLLM class it is (or derives from), most specific first.
 COLUMN, MERGED, QKV, ROW, VOCAB, REPLICATED, OPAQUE = "column", "merged", "qkv", "row", "vocab", "replicated", "opaque"
@@ -65,7 +65,6 @@ class Plan:
     regions: list | None
     reason: str = ""
     module: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def resolve(name, modules, packed):

@@ -64,9 +64,7 @@ def describe(module):
 
 
 def _uncuttable(obj):
-    """Why the server cannot cut object `obj` into regions, or "" when it can."""
-    if obj["format"] != "dense" or len(obj["components"]) != 1:
-        return f"it is a {obj['format']} object"
+    """Why the server cannot cut dense object `obj` into regions, or "" when it can."""
     if obj["components"][0].get("type") == "f4_e2m1":
         return "it packs two f4_e2m1 elements per byte"
     return ""
@@ -127,10 +125,12 @@ def plan_model(model, snapshot):
         for name, p in model.named_parameters()
     }
     for obj in snapshot.objects.values():
-        if len(obj["components"]) != 1:
+        if obj["format"] != "dense" or len(obj["components"]) != 1:
+            # vLLM reads tensors; sparse, grouped-quantized and GGUF block layouts have no
+            # tensor of the name and shape its weight loaders expect.
             raise ZtserveError(
-                f"{obj['name']!r} of {snapshot.model!r} is a {obj['format']} object of several components; "
-                "the ztserve load format loads tensors as vLLM reads them from safetensors")
+                f"{obj['name']!r} of {snapshot.model!r} is a {obj['format']} object, not a dense tensor; the ztserve "
+                "load format loads dense tensors, as vLLM reads them from safetensors")
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     split = getattr(mapper, "_map_name_with_shard", None)
     if split is not None:
