@@ -15,21 +15,11 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from ztserve_client import Client, ZtserveError
 
-from . import weights
+from . import settings, weights
 from .remote import Misses
 
 # A child of vLLM's logger, so its lines go where vLLM's go, formatted alike.
 logger = init_logger(f"vllm.{__name__}")
-
-# --model-loader-extra-config keys, each also an environment variable (ZTSERVE_URL, …).
-_EXTRA = {"url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int}
-
-
-def repo_to_model_id(repo):
-    """The ztserve model id of Hub repository `repo` (its Hub API names a deeper id
-    `namespace/a__b` for `namespace/a/b`)."""
-    namespace, _, name = repo.partition("/")
-    return f"{namespace}/{name.replace('__', '/')}" if name else repo
 
 
 class ZtserveModelLoader(BaseModelLoader):
@@ -38,40 +28,15 @@ class ZtserveModelLoader(BaseModelLoader):
 
     def __init__(self, load_config):
         super().__init__(load_config)
-        extra = load_config.model_loader_extra_config or {}
-        if not isinstance(extra, dict):
-            raise ValueError(f"model_loader_extra_config must be a dict for load format ztserve, got {type(extra).__name__}")
-        unknown = set(extra) - set(_EXTRA)
-        if unknown:
-            raise ValueError(f"unexpected extra config keys for load format ztserve: {sorted(unknown)} (known: {sorted(_EXTRA)})")
-        self.settings = {}
-        for key, kind in _EXTRA.items():
-            value = extra.get(key, os.environ.get(f"ZTSERVE_{key.upper()}"))
-            if value is None:
-                continue
-            if kind is int:
-                try:
-                    value = int(value)
-                except (TypeError, ValueError):
-                    raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}") from None
-                if value < 1:
-                    raise ValueError(f"ztserve load format: {key} must be at least 1, got {value}")
-            elif not isinstance(value, str) or not value:
-                raise ValueError(f"ztserve load format: {key} must be a non-empty string, got {value!r}")
-            self.settings[key] = value
-        if "url" not in self.settings:
-            raise ValueError(
-                "--load-format ztserve needs the server's URL: set ZTSERVE_URL=http://HOST:PORT "
-                "or --model-loader-extra-config '{\"url\": \"http://HOST:PORT\"}'"
-            )
-        self.prefetch_bytes = self.settings.get("prefetch_bytes", 512 << 20)
+        self.settings = settings.parse(load_config.model_loader_extra_config, os.environ)
+        self.prefetch_bytes = self.settings["prefetch_bytes"]
 
     def _client(self):
         options = {k: self.settings[k] for k in ("concurrency", "chunk_size") if k in self.settings}
-        return Client(self.settings["url"], self.settings.get("token") or os.environ.get("HF_TOKEN"), **options)
+        return Client(self.settings["url"], self.settings.get("token"), **options)
 
     def model_id(self, model_config):
-        return self.settings.get("model") or repo_to_model_id(model_config.model)
+        return self.settings.get("model") or settings.repo_to_model_id(model_config.model)
 
     def download_model(self, model_config):
         """Nothing is downloaded: the weights stream at load time. Checks the model is there."""

@@ -1,0 +1,50 @@
+"""The load format's settings: each a key of vLLM's `--model-loader-extra-config` or a
+`ZTSERVE_*` environment variable, the extra config winning; checked before anything loads."""
+
+# key: type. Each is also the environment variable ZTSERVE_<KEY>.
+KEYS = {"url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int}
+PREFETCH_BYTES = 512 << 20
+
+
+def parse(extra, environ):
+    """The settings from `extra` (the loader's extra config) over `environ`; ValueError with
+    what is wrong for an unknown key, a value of the wrong type, or no URL."""
+    extra = extra or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"model_loader_extra_config must be a dict for load format ztserve, got {type(extra).__name__}")
+    unknown = set(extra) - set(KEYS)
+    if unknown:
+        raise ValueError(f"unexpected extra config keys for load format ztserve: {sorted(unknown)} (known: {sorted(KEYS)})")
+    settings = {}
+    for key, kind in KEYS.items():
+        value = extra.get(key, environ.get(f"ZTSERVE_{key.upper()}"))
+        if value is None:
+            continue
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}")
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}") from None
+            if value < 1:
+                raise ValueError(f"ztserve load format: {key} must be at least 1, got {value}")
+        elif not isinstance(value, str) or not value:
+            raise ValueError(f"ztserve load format: {key} must be a non-empty string, got {value!r}")
+        settings[key] = value
+    if "url" not in settings:
+        raise ValueError(
+            "--load-format ztserve needs the server's URL: set ZTSERVE_URL=http://HOST:PORT "
+            "or --model-loader-extra-config '{\"url\": \"http://HOST:PORT\"}'"
+        )
+    settings.setdefault("prefetch_bytes", PREFETCH_BYTES)
+    if "token" not in settings and environ.get("HF_TOKEN"):
+        settings["token"] = environ["HF_TOKEN"]  # the Hub API on the same server takes the same token
+    return settings
+
+
+def repo_to_model_id(repo):
+    """The ztserve model id of Hub repository `repo` (the Hub API names a deeper id
+    `namespace/a__b` for `namespace/a/b`)."""
+    namespace, _, name = repo.partition("/")
+    return f"{namespace}/{name.replace('__', '/')}" if name else repo

@@ -1,0 +1,31 @@
+"""The load format's settings, from vLLM's extra loader config over the environment."""
+
+import pytest
+from ztserve_vllm import settings
+
+
+def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
+    parsed = settings.parse({"url": "http://a:1", "concurrency": 4}, {"ZTSERVE_URL": "http://b:2", "ZTSERVE_CHUNK_SIZE": "65536"})
+    assert parsed == {"url": "http://a:1", "concurrency": 4, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES}
+    assert settings.parse(None, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "t"
+    assert settings.parse({"token": "mine"}, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "mine"
+
+
+@pytest.mark.parametrize("extra, environ, message", [
+    ({}, {}, "needs the server's URL"),
+    ({"url": "http://a", "threads": 2}, {}, r"unexpected extra config keys for load format ztserve: \['threads'\]"),
+    ({"url": "http://a", "concurrency": "many"}, {}, "concurrency must be an integer"),
+    ({"url": "http://a", "concurrency": True}, {}, "concurrency must be an integer"),
+    ({"url": "http://a"}, {"ZTSERVE_PREFETCH_BYTES": "0"}, "prefetch_bytes must be at least 1"),
+    ({"url": ""}, {}, "url must be a non-empty string"),
+    ("url=http://a", {}, "must be a dict"),
+])
+def test_bad_settings_are_refused_before_anything_loads(extra, environ, message):
+    with pytest.raises(ValueError, match=message):
+        settings.parse(extra, environ)
+
+
+def test_hub_repository_ids_name_their_ztserve_models():
+    assert settings.repo_to_model_id("org/llama") == "org/llama"
+    assert settings.repo_to_model_id("org/team__llama") == "org/team/llama"
+    assert settings.repo_to_model_id("llama") == "llama"
