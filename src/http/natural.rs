@@ -44,11 +44,13 @@ pub(super) fn rewrite(path: &str, is_model: impl Fn(&str) -> bool) -> Option<Str
 
 /// Rewrites `request`'s URI as [`rewrite`] says, keeping its query. A trailing slash names the
 /// same thing as the path without it (fsspec's `ls` asks `/models/org/llama/`), so it is dropped
-/// first.
+/// first, but for `…/objects/`: that is the URL of an object named "" (ztensor 1.2.3 writes
+/// such objects), which the manifest gives.
 pub(super) fn rewrite_request(mut request: Request, is_model: impl Fn(&str) -> bool) -> Request {
     let written = request.uri().path();
     let trimmed = match written.trim_end_matches('/') {
         "" => written,
+        _ if names_the_unnamed_object(written) => written,
         trimmed => trimmed,
     };
     let path = match rewrite(trimmed, is_model) {
@@ -64,6 +66,11 @@ pub(super) fn rewrite_request(mut request: Request, is_model: impl Fn(&str) -> b
         *request.uri_mut() = uri;
     }
     request
+}
+
+/// Whether `path` is `/models/{id}/objects/`, the URL of the object named "".
+fn names_the_unnamed_object(path: &str) -> bool {
+    path.strip_prefix("/models/").and_then(|rest| rest.strip_suffix("/objects/")).is_some_and(|id| !id.is_empty())
 }
 
 #[cfg(test)]
@@ -121,5 +128,12 @@ mod tests {
         assert_eq!(rewritten("/healthz/"), "/healthz");
         assert_eq!(rewritten("/"), "/");
         assert_eq!(rewritten("/models/org%2Fllama"), "/models/org%2Fllama");
+        // The object named "" keeps its slash, in either form of the id.
+        assert_eq!(rewritten("/models/org/llama/objects/"), "/models/org%2Fllama/objects/");
+        assert_eq!(rewritten("/models/org%2Fllama/objects/"), "/models/org%2Fllama/objects/");
+        assert_eq!(
+            rewritten("/models/org/llama/objects//components/data"),
+            "/models/org%2Fllama/objects//components/data"
+        );
     }
 }

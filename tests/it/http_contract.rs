@@ -483,6 +483,14 @@ async fn files_from_the_official_writers_are_served_byte_exact(source: ModelSour
                 .unwrap_or_else(|| panic!("{version} {object:?}.{role} unlisted"))
                 .into()
         };
+        // Every object answers at its own URL too, the object named "" (1.2.3 writes one) at
+        // `/objects/`.
+        for object in manifest["objects"].as_array().unwrap() {
+            let url = object["url"].as_str().unwrap();
+            let reply = common::request_async(&addr.to_string(), url, &[]).await;
+            assert_eq!(reply.status, 200, "{version} {:?} at {url}", object["name"]);
+        }
+        assert!(manifest["objects"].as_array().unwrap().iter().any(|o| o["name"] == "") || *version != "1.2.3");
         for (object, roles) in expect["objects"].as_object().unwrap() {
             for (role, bin) in roles.as_object().unwrap() {
                 let expected = fs::read(dir.join(bin.as_str().unwrap())).unwrap();
