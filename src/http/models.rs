@@ -77,13 +77,18 @@ pub(super) async fn manifest(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let ReadyModel { model, manifest, cache, .. } = ready;
-    // Rendered on the blocking pool: a model of 100k tensors is tens of MB of JSON (usually
-    // rendered already, in the background after the scan that found it).
-    let service = Arc::clone(&state.service);
-    let (of, with) = (Arc::clone(&model), Arc::clone(&manifest));
-    let rendered = tokio::task::spawn_blocking(move || service.rendered_manifest(&of, &with))
-        .await
-        .map_err(|e| ApiError::Internal(format!("rendering a manifest failed: {e}")))?;
+    // Not yet rendered, it is rendered on the blocking pool: a model of 100k tensors is tens of
+    // MB of JSON (usually rendered already, in the background after the scan that found it).
+    let rendered = match state.service.rendered_manifest_if_ready(&model) {
+        Some(rendered) => rendered,
+        None => {
+            let service = Arc::clone(&state.service);
+            let (of, with) = (Arc::clone(&model), Arc::clone(&manifest));
+            tokio::task::spawn_blocking(move || service.rendered_manifest(&of, &with))
+                .await
+                .map_err(|e| ApiError::Internal(format!("rendering a manifest failed: {e}")))?
+        }
+    };
     let etag = (header::ETAG, header_value(&rendered.etag));
     let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
     if if_none_match_matches(if_none_match, &rendered.etag) {

@@ -293,6 +293,13 @@ impl Service {
     pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
         rendered_manifest(&self.learnt.of(model), model, manifest, || self.view(model, manifest))
     }
+
+    /// The manifest as JSON if it has been rendered already: a request for it then needs no
+    /// trip to the blocking pool, which at thousands of requests a second costs more than
+    /// the answer.
+    pub(crate) fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
+        self.learnt.of(model).manifest_json.get().cloned()
+    }
 }
 
 impl Service {
