@@ -1,5 +1,5 @@
 //! What the service tells operators: one tracing subscriber (human-readable text or JSON lines,
-//! filtered by `RUST_LOG`, default `info` less s3s's own error lines) and the Prometheus
+//! filtered by `RUST_LOG`, default `info`, less s3s's own error lines) and the Prometheus
 //! recorder behind `/metrics`. Each request is one span (method, route, path, model, object,
 //! cache, status, bytes, duration_ms) closed by one `response` event; see `transport::layers`.
 //! Every metric name is declared here, with its help text, so the set is visible in one place.
@@ -11,14 +11,24 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// The filter when `RUST_LOG` is unset. s3s logs every error an S3 operation returns at ERROR,
-/// a missing key's 404 included; the endpoint logs what a client is not told itself, and each
-/// request's line has its status, so s3s's operation log is left out.
-const DEFAULT_FILTER: &str = "info,s3s::ops=off";
+/// s3s logs every error an S3 operation returns at ERROR, a wrong access key's 403 and a
+/// missing key's 404 included; the endpoint logs its own faults itself, and each request's line
+/// has its status, so s3s's operation log is left out whatever `RUST_LOG` says, unless it names
+/// s3s itself.
+const S3S_OPERATIONS_OFF: &str = "s3s::ops=off";
+
+/// The filter's directives: `RUST_LOG` (`info` when unset), less s3s's operation log unless
+/// `RUST_LOG` names s3s.
+fn filter_directives(rust_log: Option<&str>) -> String {
+    let asked = rust_log.map(str::trim).filter(|s| !s.is_empty()).unwrap_or("info");
+    if asked.contains("s3s") { asked.to_owned() } else { format!("{asked},{S3S_OPERATIONS_OFF}") }
+}
 
 /// Installs the global subscriber, writing `format`.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let rust_log = std::env::var(EnvFilter::DEFAULT_ENV).ok();
+    let filter = EnvFilter::try_new(filter_directives(rust_log.as_deref()))
+        .unwrap_or_else(|_| EnvFilter::new(filter_directives(None)));
     // Colour only on a terminal: escape codes in a log file or a pipe garble it for readers.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
@@ -228,5 +238,19 @@ fn register_at_zero() {
         counter!(HTTP_REQUESTS, "route" => *route, "method" => "GET", "status" => "200").absolute(0);
         counter!(HTTP_RESPONSE_BYTES, "route" => *route).absolute(0);
         let _ = histogram!(HTTP_DURATION, "route" => *route);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_directives;
+
+    #[test]
+    fn s3s_operation_errors_stay_out_of_the_log_unless_rust_log_names_s3s() {
+        assert_eq!(filter_directives(None), "info,s3s::ops=off");
+        assert_eq!(filter_directives(Some("")), "info,s3s::ops=off");
+        assert_eq!(filter_directives(Some("info")), "info,s3s::ops=off");
+        assert_eq!(filter_directives(Some("debug,hyper=warn")), "debug,hyper=warn,s3s::ops=off");
+        assert_eq!(filter_directives(Some("info,s3s=debug")), "info,s3s=debug");
     }
 }

@@ -223,3 +223,46 @@ fn tokens_from_the_environment_work_and_never_reach_the_log() {
     assert!(stderr.contains(named) && stderr.contains("at least 16"), "{stderr}");
     assert!(!stderr.contains("tooshort") && !stderr.contains(ADMIN), "{stderr}");
 }
+
+/// A wrong S3 key is the client's error: answered 403 and logged as that request's line, never
+/// as an ERROR, even when `RUST_LOG` asks for everything at INFO.
+#[test]
+fn a_wrong_s3_key_is_no_error_in_the_log() {
+    let server = start_binary(
+        &["serve", "--listen", "127.0.0.1:0", "--source", "models"],
+        &[("ZTSERVE_AUTH__TOKENS", ADMIN), ("ZTSERVE_S3_ENDPOINT__LISTEN", "127.0.0.1:0"), ("RUST_LOG", "info")],
+    );
+    let s3_address = |log: &[String]| {
+        log.iter()
+            .find_map(|l| l.contains("S3 endpoint listening").then(|| l.split("address=").nth(1)).flatten())
+            .map(|rest| rest.split_whitespace().next().unwrap().to_owned())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let address = loop {
+        if let Some(address) = s3_address(&server.log.lock().unwrap()) {
+            break address;
+        }
+        assert!(Instant::now() < deadline, "the S3 endpoint did not log its address");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Dated now: s3s refuses a date far from its clock before it looks at the key.
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().replace(['-', ':'], "");
+    let signed = format!(
+        "AWS4-HMAC-SHA256 Credential=AKIAWRONGWRONGWRONG1/{}/us-east-1/s3/aws4_request, \
+         SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={}",
+        &now[..8],
+        "0".repeat(64)
+    );
+    let headers = [
+        ("Authorization", signed.as_str()),
+        ("x-amz-date", now.as_str()),
+        ("x-amz-content-sha256", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+    ];
+    assert_eq!(request(&address, "/models/demo/dense/model.safetensors", &headers).status, 403);
+    while !server.log.lock().unwrap().iter().any(|l| l.contains("status=403")) {
+        assert!(Instant::now() < deadline, "the refusal is not logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(!log.contains("ERROR"), "a client's wrong key logged an error:\n{log}");
+}
