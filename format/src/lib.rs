@@ -155,44 +155,6 @@ impl FileKind {
             None
         }
     }
-
-    /// The model id a file of this kind at `key` stands for: the path without its extension,
-    /// or, for an index, a `model.safetensors`, a `model.zt` and a `model.gguf`, its directory
-    /// (with the file's stem when that is not `model`, or when the file is at the source's
-    /// root), as the Hub names a repository's single-file and sharded checkpoints. Every part
-    /// of a split GGUF model (`name-00001-of-00003.gguf`) names the model its prefix (`name`)
-    /// would.
-    pub fn model_id(self, key: &str) -> String {
-        // The Hub's name for a single-file checkpoint: the model is its directory, as a
-        // `model.safetensors.index.json` there would make it.
-        let directory_or_stem = |suffix: &str| directory_or_stem_of(key, suffix);
-        match self {
-            FileKind::Zt => directory_or_stem(".zt"),
-            FileKind::Safetensors => directory_or_stem(".safetensors"),
-            FileKind::Gguf => {
-                let name_at = key.rfind('/').map_or(0, |slash| slash + 1);
-                match gguf::split_name(&key[name_at..]) {
-                    Some((prefix, _, _)) => directory_or_stem_of(&format!("{}{prefix}.gguf", &key[..name_at]), ".gguf"),
-                    None => directory_or_stem(".gguf"),
-                }
-            }
-            FileKind::SafetensorsIndex => {
-                let stem = key.strip_suffix(Self::SAFETENSORS_INDEX_SUFFIX).unwrap_or(key);
-                match stem.rsplit_once('/') {
-                    Some((dir, "model")) => dir.to_owned(),
-                    _ => stem.to_owned(),
-                }
-            }
-        }
-    }
-}
-
-/// `key` without `suffix`, or its directory when its name is `model` and it has one.
-fn directory_or_stem_of(key: &str, suffix: &str) -> String {
-    match key.strip_suffix(suffix).and_then(|k| k.strip_suffix("/model")) {
-        Some(dir) if !dir.is_empty() => dir.to_owned(),
-        _ => key.strip_suffix(suffix).unwrap_or(key).to_owned(),
-    }
 }
 
 /// Limits that bound the work and memory a hostile file can cause.
@@ -777,36 +739,32 @@ mod tests {
     }
 
     #[test]
-    fn files_are_told_apart_by_name_and_name_their_models() {
+    fn files_are_told_apart_by_name() {
         let cases = [
-            ("org/llama.zt", Some((FileKind::Zt, "org/llama"))),
-            ("org/llama.safetensors", Some((FileKind::Safetensors, "org/llama"))),
-            ("org/llama/model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "org/llama"))),
-            ("org/llama/other.safetensors.index.json", Some((FileKind::SafetensorsIndex, "org/llama/other"))),
-            ("model.safetensors.index.json", Some((FileKind::SafetensorsIndex, "model"))),
-            ("org/llama/model.safetensors", Some((FileKind::Safetensors, "org/llama"))),
-            ("model.safetensors", Some((FileKind::Safetensors, "model"))),
-            ("org/llama/model.zt", Some((FileKind::Zt, "org/llama"))),
-            ("model.zt", Some((FileKind::Zt, "model"))),
-            ("org/llama/mymodel.zt", Some((FileKind::Zt, "org/llama/mymodel"))),
-            (
-                "org/llama/model-00001-of-00002.safetensors",
-                Some((FileKind::Safetensors, "org/llama/model-00001-of-00002")),
-            ),
+            ("org/llama.zt", Some(FileKind::Zt)),
+            ("org/llama.safetensors", Some(FileKind::Safetensors)),
+            ("org/llama/model.safetensors.index.json", Some(FileKind::SafetensorsIndex)),
+            ("org/llama/other.safetensors.index.json", Some(FileKind::SafetensorsIndex)),
+            ("model.safetensors.index.json", Some(FileKind::SafetensorsIndex)),
+            ("org/llama/model.safetensors", Some(FileKind::Safetensors)),
+            ("model.safetensors", Some(FileKind::Safetensors)),
+            ("org/llama/model.zt", Some(FileKind::Zt)),
+            ("model.zt", Some(FileKind::Zt)),
+            ("org/llama/mymodel.zt", Some(FileKind::Zt)),
+            ("org/llama/model-00001-of-00002.safetensors", Some(FileKind::Safetensors)),
             ("org/config.json", None),
             ("org/.safetensors", None),
             ("org/.zt", None),
             ("org/llama.zt.partial", None),
-            ("org/tiny-gguf/model.gguf", Some((FileKind::Gguf, "org/tiny-gguf"))),
-            ("org/tiny/tiny-Q4_K_M.gguf", Some((FileKind::Gguf, "org/tiny/tiny-Q4_K_M"))),
-            ("org/tiny/tiny-Q8_0-00002-of-00003.gguf", Some((FileKind::Gguf, "org/tiny/tiny-Q8_0"))),
-            ("org/tiny/model-00001-of-00002.gguf", Some((FileKind::Gguf, "org/tiny"))),
-            ("tiny-00001-of-00002.gguf", Some((FileKind::Gguf, "tiny"))),
+            ("org/tiny-gguf/model.gguf", Some(FileKind::Gguf)),
+            ("org/tiny/tiny-Q4_K_M.gguf", Some(FileKind::Gguf)),
+            ("org/tiny/tiny-Q8_0-00002-of-00003.gguf", Some(FileKind::Gguf)),
+            ("org/tiny/model-00001-of-00002.gguf", Some(FileKind::Gguf)),
+            ("tiny-00001-of-00002.gguf", Some(FileKind::Gguf)),
             ("org/.gguf", None),
         ];
         for (key, expected) in cases {
-            let found = FileKind::of(key).map(|kind| (kind, kind.model_id(key)));
-            assert_eq!(found, expected.map(|(kind, id)| (kind, id.to_string())), "{key}");
+            assert_eq!(FileKind::of(key), expected, "{key}");
         }
     }
 }

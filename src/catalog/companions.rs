@@ -5,10 +5,11 @@
 //! directory. Where that directory holds one model (a Hugging Face repository's layout), the
 //! model has all of them. Where it holds several, a file belongs to the model whose file stem
 //! its path starts with, followed by `.`, `-`, `_` or `/` (the longest such stem:
-//! `llama.config.json`, `llama-tokenizer.json` and `llama/vocab.txt` are `llama.zt`'s), and to
-//! none when no stem fits, since nothing says which model it describes, unless every model
-//! there is a GGUF file: a directory of GGUF files is one repository's quantizations of one
-//! model, so such a file belongs to all of them. A file with no model directory above it
+//! `llama.config.json`, `llama-tokenizer.json` and `llama/vocab.txt` are `llama.zt`'s); when no
+//! stem fits, to the model named after the directory (a checkpoint's, with a GGUF file beside
+//! it), or, when every model there is a GGUF file, to all of them (a directory of GGUF files is
+//! one repository's quantizations of one model); else to none, since nothing says which model
+//! it describes. A file with no model directory above it
 //! belongs to none.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,10 +38,16 @@ pub(super) fn assign(
     // The models of each directory, by the stem of their first file.
     let mut stems_by_dir: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
     let mut all_gguf: BTreeMap<&str, bool> = BTreeMap::new();
+    // The model named after its directory (a Hugging Face checkpoint's), by directory.
+    let mut named_after: BTreeMap<&str, &str> = BTreeMap::new();
     for model in models {
         let key = model.files[0].object.key.as_str();
-        stems_by_dir.entry(directory(key)).or_default().push((stem(&key[directory(key).len()..]), &model.id));
-        *all_gguf.entry(directory(key)).or_insert(true) &= FileKind::of(key) == Some(FileKind::Gguf);
+        let dir = directory(key);
+        stems_by_dir.entry(dir).or_default().push((stem(&key[dir.len()..]), &model.id));
+        *all_gguf.entry(dir).or_insert(true) &= FileKind::of(key) == Some(FileKind::Gguf);
+        if dir.strip_suffix('/') == Some(model.id.as_str()) {
+            named_after.insert(dir, &model.id);
+        }
     }
     let mut by_model: BTreeMap<&str, Vec<Companion>> = BTreeMap::new();
     for file in listed.iter().filter(|l| FileKind::of(&l.key).is_none()) {
@@ -62,7 +69,11 @@ pub(super) fn assign(
             Some(several) => {
                 let named: Vec<&(&str, &str)> = several.iter().filter(|(stem, _)| names_stem(name, stem)).collect();
                 let longest = named.iter().map(|(stem, _)| stem.len()).max();
-                if named.is_empty() && all_gguf.get(owner) == Some(&true) {
+                if let (true, Some(checkpoint)) = (named.is_empty(), named_after.get(owner)) {
+                    // The directory is a checkpoint's (a GGUF file beside it, say): what no
+                    // stem names is the checkpoint's, as its loaders expect.
+                    vec![*checkpoint]
+                } else if named.is_empty() && all_gguf.get(owner) == Some(&true) {
                     // GGUF files of one directory are one repository's quantizations of one
                     // model: what no stem names describes all of them.
                     several.iter().map(|(_, id)| *id).collect()

@@ -16,6 +16,28 @@ pub(super) fn is_part(key: &str) -> bool {
     split_name(&key[directory(key).len()..]).is_some()
 }
 
+/// Whether the part at `key` stands for its model: no earlier part of it is listed in `parsed`
+/// (in key order).
+pub(super) fn stands_for_model(key: &str, parsed: &[(Listed, ParsedFile)]) -> bool {
+    let dir = directory(key);
+    match split_name(&key[dir.len()..]) {
+        Some((prefix, number, count)) => (1..number).all(|n| listed_part(parsed, dir, prefix, n, count).is_none()),
+        None => false,
+    }
+}
+
+/// Part `n` of `count` of the split model `prefix` in `dir`, if `parsed` (in key order) lists it.
+fn listed_part<'a>(
+    parsed: &'a [(Listed, ParsedFile)],
+    dir: &str,
+    prefix: &str,
+    n: u64,
+    count: u64,
+) -> Option<&'a (Listed, ParsedFile)> {
+    let key = format!("{dir}{}", split_file_name(prefix, n, count));
+    parsed.binary_search_by(|(o, _)| o.key.as_str().cmp(&key)).ok().map(|at| &parsed[at])
+}
+
 /// A split model's files (the parts listed, in order) and its manifest, or why it has none.
 type SplitModel = (Vec<StoredFile>, Result<Arc<Manifest>, CatalogError>);
 
@@ -23,15 +45,12 @@ type SplitModel = (Vec<StoredFile>, Result<Arc<Manifest>, CatalogError>);
 /// manifest, or why it cannot be served; `None` when an earlier part of the same model is
 /// listed and stands for it. `parsed` is in key order.
 pub(super) fn resolve(source: &Arc<Source>, part: &Listed, parsed: &[(Listed, ParsedFile)]) -> Option<SplitModel> {
-    let dir = directory(&part.key);
-    let (prefix, number, count) = split_name(&part.key[dir.len()..])?;
-    let listed = |n: u64| {
-        let key = format!("{dir}{}", split_file_name(prefix, n, count));
-        parsed.binary_search_by(|(o, _)| o.key.as_str().cmp(&key)).ok().map(|at| &parsed[at])
-    };
-    if (1..number).any(|n| listed(n).is_some()) {
+    if !stands_for_model(&part.key, parsed) {
         return None;
     }
+    let dir = directory(&part.key);
+    let (prefix, _, count) = split_name(&part.key[dir.len()..])?;
+    let listed = |n: u64| listed_part(parsed, dir, prefix, n, count);
     let mut files = Vec::new();
     let mut headers = Vec::new();
     let mut failure = None;

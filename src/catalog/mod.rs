@@ -17,6 +17,7 @@
 mod checkpoints;
 mod companions;
 mod gguf_splits;
+mod ids;
 mod model;
 mod read;
 mod scan;

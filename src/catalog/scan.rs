@@ -10,7 +10,7 @@ use futures_util::StreamExt as _;
 
 use super::read::read_listed;
 use super::{
-    Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, gguf_splits, shards,
+    Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, gguf_splits, ids, shards,
 };
 use crate::format::safetensors::Index;
 use crate::format::{FileKind, FormatError, Limits, Manifest};
@@ -111,17 +111,20 @@ pub(super) async fn models_of(
         .await;
     parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
     let claimed = checkpoints::claimed_shards(&parsed);
+    let ids = ids::assign(parsed.iter().filter_map(|(object, file)| {
+        let kind = FileKind::of(&object.key)?;
+        let stands = match kind {
+            FileKind::SafetensorsIndex => true,
+            FileKind::Safetensors if claimed.contains(object.key.as_str()) => false,
+            FileKind::Gguf if gguf_splits::is_part(&object.key) => gguf_splits::stands_for_model(&object.key, &parsed),
+            _ => !matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))),
+        };
+        stands.then_some((object.key.as_str(), kind))
+    }));
     let mut models = Vec::with_capacity(parsed.len());
     for (object, file) in &parsed {
         let Some(kind) = FileKind::of(&object.key) else { continue };
-        let id = match kind.model_id(&object.key) {
-            // A checkpoint's index in the same directory takes the directory's id; the file
-            // beside it keeps its path.
-            id if kind == FileKind::Safetensors && has_index(&parsed, &id) => {
-                object.key.strip_suffix(".safetensors").unwrap_or(&object.key).to_owned()
-            }
-            id => id,
-        };
+        let Some(id) = ids.get(object.key.as_str()).cloned() else { continue };
         let (files, state, container) = match kind {
             FileKind::SafetensorsIndex => {
                 let (files, checkpoint) = checkpoints::resolve(source, object, file, &parsed);
@@ -175,12 +178,6 @@ pub(super) async fn models_of(
     let companions = companions::assign(source, &models, &listed);
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
     (models, files, companions)
-}
-
-/// Whether `parsed` (in key order) has the index `{id}/model.safetensors.index.json`.
-fn has_index(parsed: &[(Listed, ParsedFile)], id: &str) -> bool {
-    let index = format!("{id}/model{}", FileKind::SAFETENSORS_INDEX_SUFFIX);
-    parsed.binary_search_by(|(o, _)| o.key.as_str().cmp(&index)).is_ok()
 }
 
 /// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).
