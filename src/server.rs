@@ -27,6 +27,13 @@ impl Server {
     pub fn new(config: Config) -> anyhow::Result<Arc<Server>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
+        if !crate::hf::is_namespace(&config.serving.hub_namespace) {
+            anyhow::bail!(
+                "serving.hub_namespace {:?} is no Hub namespace: 1 to 96 of A-Z a-z 0-9 - _ ., starting and \
+                 ending with a letter, digit or _, without -- or ..",
+                config.serving.hub_namespace
+            );
+        }
         let keep_s3_secrets = config.s3_endpoint.listen.is_some();
         let tokens = Arc::new(Tokens::new(&config.auth.tokens, config.auth.token_file.as_deref(), keep_s3_secrets)?);
         Ok(Arc::new(Server { service: Service::new(config)?, tokens }))

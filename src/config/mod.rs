@@ -292,11 +292,15 @@ pub struct Serving {
     /// Largest tensor data in one file of a model's safetensors view; a larger model's view is
     /// an index and shards of at most this size (`huggingface_hub`'s default, 5 GB).
     pub view_shard_bytes: u64,
+    /// The namespace of the Hub API's repositories of models at the top of a source
+    /// (`{hub_namespace}/llama` of `llama.safetensors`), since the Hub's clients refuse repo ids
+    /// of one segment.
+    pub hub_namespace: String,
 }
 
 impl Default for Serving {
     fn default() -> Serving {
-        Serving { verify: VerifyPolicy::FirstRead, view_shard_bytes: 5_000_000_000 }
+        Serving { verify: VerifyPolicy::FirstRead, view_shard_bytes: 5_000_000_000, hub_namespace: "local".into() }
     }
 }
 

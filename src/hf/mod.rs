@@ -15,12 +15,14 @@
 mod error;
 mod repos;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
 pub(crate) use self::error::HubError;
@@ -37,17 +39,22 @@ use crate::transport::respond::{Representation, bytes_response};
 /// Entries per page of a tree listing, as the Hub pages them.
 const TREE_PAGE: usize = 1000;
 
+pub(crate) use repos::is_namespace;
+
 /// What every handler shares.
 struct HubState {
     service: Arc<Service>,
     tokens: Arc<Tokens>,
+    /// The namespace of the repositories of models at the top of a source.
+    namespace: String,
 }
 
 /// The Hub API's router (mounted at [`routes::HUB`] by the server), over `service`, checking
 /// `tokens`.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let config = service.config.clone();
-    let state = Arc::new(HubState { service, tokens });
+    let namespace = config.serving.hub_namespace.clone();
+    let state = Arc::new(HubState { service, tokens, namespace });
     let router = Router::new().fallback(dispatch).with_state(state);
     let refusals = Refusals {
         panicked: || HubError::Internal("a handler panicked".into()).into_response(),
@@ -117,12 +124,7 @@ async fn answer(
         .collect::<Result<Vec<String>, _>>()
         .map_err(|e| HubError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
     let catalog = state.service.catalog();
-    // A model of the id is the common case, looked up at once; a directory of GGUF models
-    // otherwise.
-    let route = repos::route(&segments, |repo| {
-        repos::model_id_of(repo)
-            .is_some_and(|id| catalog.get(&id).is_some() || !members_of(&catalog, &id, |_| true).is_empty())
-    });
+    let route = repos::route(&segments, |repo| state.model_id_of(&catalog, repo).is_some());
     let query = Query::of(uri);
     let caller = Caller::of(&state.tokens, headers)?;
     let only = |allowed: &'static str| {
@@ -152,6 +154,11 @@ async fn answer(
             only("GET")?;
             let at = state.repo_at(&caller, &repo, None)?;
             gguf_manifest(&at, &tag)
+        }
+        HubRoute::SafetensorsMetadata { repo, path } => {
+            only("GET")?;
+            let at = state.repo_at(&caller, &repo, None)?;
+            safetensors_metadata(state, &at, &path).await
         }
         HubRoute::Refs { repo } => {
             only("GET")?;
@@ -216,25 +223,34 @@ impl RepoAt {
     }
 }
 
-/// The id of the repository `model` is published in: a GGUF model's directory (every GGUF
-/// model of a directory is one repository, as the Hub holds a model's quantizations, which
-/// `llama.cpp -hf org/repo:Q4_K_M` picks among), unless a model of another format has that id;
-/// any other model's own id.
-fn repository_of(catalog: &Catalog, model: &Model) -> String {
-    if model.container == Some(crate::format::Container::Gguf) {
-        let key = &model.files[0].object.key;
-        if let Some((dir, _)) = key.rsplit_once('/') {
-            let taken = catalog.get(dir).is_some_and(|m| m.container != Some(crate::format::Container::Gguf));
-            if !taken {
-                return dir.to_owned();
-            }
-        }
-    }
-    model.id.clone()
+/// The directory of `model`'s first file, without its last `/` (empty at the top of a source).
+fn directory_of(model: &Model) -> &str {
+    let key = &model.files[0].object.key;
+    key.rsplit_once('/').map_or("", |(dir, _)| dir)
 }
 
-/// The models of repository `id` (their ids, sorted), among those `allows` lets through: the
-/// model of that id, and the valid GGUF models of that directory.
+/// The id of the repository `model` is published in, as the Hub holds a directory of files: the
+/// model named after its directory (a Hugging Face checkpoint's, `org/llama` of
+/// `org/llama/model.safetensors`) when there is one, every model of that directory with it (a
+/// GGUF file beside the checkpoint; a checkpoint's `model.safetensors` beside its index); a GGUF
+/// model's directory otherwise (a directory's GGUF files are one repository, as the Hub holds a
+/// model's quantizations, which `llama.cpp -hf org/repo:Q4_K_M` picks among); else the model's
+/// own id.
+fn repository_of(catalog: &Catalog, model: &Model) -> String {
+    let dir = directory_of(model);
+    if dir.is_empty() || model.id == dir {
+        return model.id.clone();
+    }
+    let joins = match catalog.get(dir) {
+        Some(named) => Arc::ptr_eq(&named.source, &model.source) && directory_of(named) == dir,
+        None => model.container == Some(crate::format::Container::Gguf),
+    };
+    if joins { dir.to_owned() } else { model.id.clone() }
+}
+
+/// The models of repository `id` (their ids, the model of that id first, then sorted), among
+/// those `allows` lets through: the model of that id, and the valid models of that directory
+/// that join it ([`repository_of`]).
 fn members_of(catalog: &Catalog, id: &str, allows: impl Fn(&str) -> bool) -> Vec<String> {
     let mut members: Vec<String> = catalog
         .models()
@@ -242,11 +258,19 @@ fn members_of(catalog: &Catalog, id: &str, allows: impl Fn(&str) -> bool) -> Vec
         .filter(|m| repository_of(catalog, m) == id)
         .map(|m| m.id.clone())
         .collect();
-    members.sort();
+    members.sort_by(|a, b| (a != id).cmp(&(b != id)).then_with(|| a.cmp(b)));
     members
 }
 
 impl HubState {
+    /// The model id of repository `repo` in `catalog`, if a model or a directory's models are
+    /// published under it: the first of its readings ([`repos::model_ids_of`]) that is.
+    fn model_id_of(&self, catalog: &Catalog, repo: &str) -> Option<String> {
+        repos::model_ids_of(repo, &self.namespace)
+            .into_iter()
+            .find(|id| catalog.get(id).is_some() || !members_of(catalog, id, |_| true).is_empty())
+    }
+
     /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
     fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
         let missing = || HubError::RepoNotFound { repo: repo.to_owned(), anonymous: caller.is_anonymous() };
@@ -254,8 +278,11 @@ impl HubState {
             metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
             return Err(missing());
         };
-        let id = repos::model_id_of(repo).ok_or_else(missing)?;
         let catalog = self.service.catalog();
+        let id = self
+            .model_id_of(&catalog, repo)
+            .or_else(|| repos::model_ids_of(repo, &self.namespace).into_iter().next())
+            .ok_or_else(missing)?;
         let mut ids = members_of(&catalog, &id, |m| access.allows(m));
         if ids.is_empty() {
             if self.service.is_ready() || !access.allows(&id) {
@@ -269,11 +296,19 @@ impl HubState {
         let mut listed: Vec<(PublishedFile, usize)> = Vec::new();
         for member in &ids {
             let (model, manifest) = self.service.model(member)?;
-            let files = self.service.repository_files(&catalog, &model, &manifest);
+            // A member not named after the directory shows its files as they are stored, as
+            // the Hub lists a directory's files: its safetensors view would take the names of
+            // the checkpoint's own files.
+            let files = if *member == id || model.container == Some(crate::format::Container::Gguf) {
+                self.service.repository_files(&catalog, &model, &manifest)
+            } else {
+                self.service.files_as_stored(&catalog, &model, &manifest)
+            };
             listed.extend(files.into_iter().map(|f| (f, members.len())));
             members.push((model, manifest));
         }
-        // A file beside several GGUF models (a README) is listed once.
+        // A file beside several models (a README) is listed once, as the first member's (the
+        // model named after the directory, when there is one).
         listed.sort_by(|a, b| a.0.path.cmp(&b.0.path));
         listed.dedup_by(|later, first| later.0.path == first.0.path);
         let (files, owners): (Vec<PublishedFile>, Vec<usize>) = listed.into_iter().unzip();
@@ -286,6 +321,20 @@ impl HubState {
             }
         };
         Ok(RepoAt { repo: repo.to_owned(), catalog, members, files, owners, commit, pinned })
+    }
+
+    /// The first `len` bytes (at most) of file `index` of `at`.
+    async fn published_prefix(&self, at: &RepoAt, index: usize, len: u64) -> Result<Vec<u8>, HubError> {
+        let (model, manifest) = &at.members[at.owners[index]];
+        let file = &at.files[index];
+        let bytes = self.service.published_bytes(&at.catalog, model, manifest, &file.what).await?;
+        let end = len.min(bytes.source.len());
+        let mut read = Vec::with_capacity(end as usize);
+        let mut stream = bytes.source.open(0..end);
+        while let Some(piece) = stream.next().await {
+            read.extend_from_slice(&piece?);
+        }
+        Ok(read)
     }
 
     /// The SHA-256 of file `index` of `at`, waiting `digests.file_wait_ms` at most.
@@ -555,12 +604,12 @@ async fn list_models(
     let mut listed: Vec<(String, Arc<Model>)> = catalog
         .models()
         .filter(|m| m.state.is_ok() && access.allows(&m.id))
-        .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m))?, Arc::clone(m))))
+        .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m), &state.namespace)?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
         .filter(|(_, model)| tags.iter().all(|t| repo_tags(model).contains(t)))
         .collect();
-    // A repository of several GGUF models is listed once, dated by its earliest.
+    // A repository of several models is listed once, dated by its earliest.
     listed.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.found_at.cmp(&b.1.found_at)));
     listed.dedup_by(|later, first| later.0 == first.0);
     match query.get("sort") {
@@ -704,6 +753,53 @@ fn gguf_manifest(at: &RepoAt, tag: &str) -> Result<Response, HubError> {
         manifest["mmprojFile"] = entry(mmproj);
     }
     Ok(json_response(&manifest, &at.commit))
+}
+
+/// The most bytes of a checkpoint's index read to answer its metadata (an index of a million
+/// tensors is about 100 MB).
+const MAX_INDEX_BYTES: u64 = 256 << 20;
+
+/// `GET /api/models/{repo}/safetensors-metadata/{path}`, as `HfApi.get_sharded_safetensors_metadata`
+/// reads it: `index`, the index at `path` without its `weight_map` (which repeats the headers'
+/// tensor names), and `headers`, each shard's header JSON by the name the weight map gives it.
+async fn safetensors_metadata(state: &HubState, at: &RepoAt, path: &str) -> Result<Response, HubError> {
+    // The Hub answers a path that holds no index as one that holds no file.
+    let not_an_index =
+        || HubError::EntryNotFound { repo: at.repo.clone(), path: path.to_owned(), commit: at.commit.clone() };
+    if !path.ends_with(crate::format::FileKind::SAFETENSORS_INDEX_SUFFIX) {
+        return Err(not_an_index());
+    }
+    let index_bytes = state.published_prefix(at, at.file(path)?, MAX_INDEX_BYTES).await?;
+    let mut index: serde_json::Map<String, Value> = serde_json::from_slice(&index_bytes).map_err(|_| not_an_index())?;
+    let shards: BTreeSet<String> = match index.remove("weight_map") {
+        Some(Value::Object(map)) => map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+        _ => return Err(not_an_index()),
+    };
+    let directory = path.rfind('/').map_or("", |slash| &path[..=slash]);
+    let max_header = state.service.config.limits.max_manifest_bytes;
+    let mut headers = serde_json::Map::with_capacity(shards.len());
+    let mut reads = futures_util::stream::iter(shards.into_iter().map(|shard| async move {
+        let file = at.file(&format!("{directory}{shard}"))?;
+        let length = state.published_prefix(at, file, 8).await?;
+        let length = <[u8; 8]>::try_from(&length[..])
+            .map(u64::from_le_bytes)
+            .map_err(|_| HubError::Internal(format!("shard {shard:?} is shorter than a safetensors header")))?;
+        // Every published safetensors file was parsed or built by the server: a header that
+        // does not read is the server's fault.
+        if length > max_header || 8 + length > at.files[file].size {
+            return Err(HubError::Internal(format!("shard {shard:?} declares a header of {length} bytes")));
+        }
+        let header = state.published_prefix(at, file, 8 + length).await?;
+        let header: Value = serde_json::from_slice(&header[8..])
+            .map_err(|e| HubError::Internal(format!("shard {shard:?} has no JSON header: {e}")))?;
+        Ok::<_, HubError>((shard, header))
+    }))
+    .buffer_unordered(8);
+    while let Some(read) = reads.next().await {
+        let (shard, header) = read?;
+        headers.insert(shard, header);
+    }
+    Ok(json_response(&json!({ "index": index, "headers": headers }), &at.commit))
 }
 
 /// `GET|HEAD /{repo}/resolve/{revision}/{path}`: at `main`, a redirect to the same file at the

@@ -25,18 +25,21 @@ fn is_repo_part(part: &str) -> bool {
 /// Joins the segments of a model id deeper than `namespace/name` in a repo name.
 const DEEP_JOIN: &str = "__";
 
-/// The repo id of model `id`: the id itself when it is `name` or `namespace/name`; for a deeper
-/// id, its first segment as the namespace and the rest joined with `__` as the name
-/// (`org/team/llama` is `org/team__llama`). `None` when the id cannot be written so: a part
-/// the Hub client refuses, or a segment that is empty, holds `__` or starts or ends with `_`
-/// (any of which would make two ids meet in one repo id).
-pub(crate) fn repo_id_of(id: &str) -> Option<String> {
+/// The repo id of model `id`, where `namespace` names the models at the top of a source: for a
+/// one-segment id (`llama`), `{namespace}/llama`, since `huggingface_hub` 2.x refuses repo ids
+/// of one segment; the id itself when it is `namespace/name`; for a deeper id, its first segment
+/// as the namespace and the rest joined with `__` as the name (`org/team/llama` is
+/// `org/team__llama`). `None` when the id cannot be written so: a part the Hub client refuses,
+/// or a segment that is empty, holds `__` or starts or ends with `_` (any of which would make
+/// two ids meet in one repo id).
+pub(crate) fn repo_id_of(id: &str, namespace: &str) -> Option<String> {
     let segments: Vec<&str> = id.split('/').collect();
     if segments.iter().any(|s| s.is_empty() || s.contains(DEEP_JOIN)) {
         return None;
     }
     let repo = match segments[..] {
-        [_] | [_, _] => id.to_owned(),
+        [name] => format!("{namespace}/{name}"),
+        [_, _] => id.to_owned(),
         [namespace, ref rest @ ..] => {
             if rest.iter().any(|s| s.starts_with('_') || s.ends_with('_')) {
                 return None;
@@ -48,13 +51,38 @@ pub(crate) fn repo_id_of(id: &str) -> Option<String> {
     repo.split('/').all(is_repo_part).then_some(repo)
 }
 
-/// The model id repo `repo` stands for, if any model id maps to it ([`repo_id_of`]'s inverse).
-pub(crate) fn model_id_of(repo: &str) -> Option<String> {
-    let id = match repo.split_once('/') {
-        Some((namespace, name)) if name.contains(DEEP_JOIN) => format!("{namespace}/{}", name.replace(DEEP_JOIN, "/")),
-        _ => repo.to_owned(),
-    };
-    (repo_id_of(&id).as_deref() == Some(repo)).then_some(id)
+/// Whether `namespace` can name the models at the top of a source ([`repo_id_of`]).
+pub(crate) fn is_namespace(namespace: &str) -> bool {
+    is_repo_part(namespace)
+}
+
+/// The model ids repo `repo` may stand for ([`repo_id_of`]'s inverse), the one to prefer first:
+/// `{namespace}/llama` is the model of that id, else the model `llama` at the top of a source;
+/// a one-segment repo id, as clients before `huggingface_hub` 2.x write it, is the model of
+/// that id.
+pub(crate) fn model_ids_of(repo: &str, namespace: &str) -> Vec<String> {
+    let mut ids = Vec::with_capacity(2);
+    match repo.split_once('/') {
+        None => {
+            if repo_id_of(repo, namespace).is_some() {
+                ids.push(repo.to_owned());
+            }
+        }
+        Some((first, name)) => {
+            let id = if name.contains(DEEP_JOIN) {
+                format!("{first}/{}", name.replace(DEEP_JOIN, "/"))
+            } else {
+                repo.to_owned()
+            };
+            if repo_id_of(&id, namespace).as_deref() == Some(repo) {
+                ids.push(id);
+            }
+            if first == namespace && repo_id_of(name, namespace).as_deref() == Some(repo) {
+                ids.push(name.to_owned());
+            }
+        }
+    }
+    ids
 }
 
 /// What a request under the Hub API asks for (paths below the API's prefix, each segment
@@ -69,6 +97,9 @@ pub(crate) enum HubRoute {
     PathsInfo { repo: String, revision: String },
     /// `GET /api/models/{repo}/refs`: the branches (`main`) and their commits.
     Refs { repo: String },
+    /// `GET /api/models/{repo}/safetensors-metadata/{path}`: a sharded checkpoint's index (less
+    /// its weight map) and every shard's header, at `main`, in one answer.
+    SafetensorsMetadata { repo: String, path: String },
     /// `GET /v2/{repo}/manifests/{tag}`: the GGUF file of a quantization tag, as llama.cpp
     /// releases before its tree listing ask for it.
     GgufManifest { repo: String, tag: String },
@@ -119,7 +150,9 @@ pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubR
             Some("agent-harnesses") if segments.len() == 2 => HubRoute::AgentHarnesses,
             Some("models") => {
                 let rest = &segments[2..];
-                let Some((repo, at)) = operation_after(rest, &["revision", "tree", "paths-info", "refs"]) else {
+                let Some((repo, at)) =
+                    operation_after(rest, &["revision", "tree", "paths-info", "refs", "safetensors-metadata"])
+                else {
                     return HubRoute::Unknown;
                 };
                 match &rest[at..] {
@@ -130,6 +163,9 @@ pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubR
                     }
                     [op, revision] if op == "paths-info" => HubRoute::PathsInfo { repo, revision: revision.clone() },
                     [op] if op == "refs" => HubRoute::Refs { repo },
+                    [op, path @ ..] if op == "safetensors-metadata" && !path.is_empty() => {
+                        HubRoute::SafetensorsMetadata { repo, path: tail(path) }
+                    }
                     [op, ..] => HubRoute::NotServed(format!("the {op:?} operation on models")),
                 }
             }
@@ -280,7 +316,7 @@ mod tests {
     #[test]
     fn model_ids_map_to_repo_ids_and_back_without_two_ids_meeting() {
         for (id, repo) in [
-            ("llama", Some("llama")),
+            ("llama", Some("local/llama")),
             ("org/llama-3.1_8B", Some("org/llama-3.1_8B")),
             ("org/team/llama", Some("org/team__llama")),
             ("a/b/c/d", Some("a/b__c__d")),
@@ -295,17 +331,24 @@ mod tests {
             ("org/llama.git", None),
             ("org/llama x", None),
             ("org/ll\u{e4}ma", None),
+            ("-llama", None),
         ] {
-            assert_eq!(repo_id_of(id).as_deref(), repo, "{id}");
+            assert_eq!(repo_id_of(id, "local").as_deref(), repo, "{id}");
             if let Some(repo) = repo {
-                assert_eq!(model_id_of(repo).as_deref(), Some(id), "{repo}");
+                assert!(model_ids_of(repo, "local").iter().any(|m| m == id), "{repo}");
             }
         }
-        assert_eq!(repo_id_of(&"x".repeat(97)), None);
-        assert_eq!(repo_id_of(&"x".repeat(96)).map(|r| r.len()), Some(96));
-        for repo in ["org/team__llama_", "org/team____llama", "a__b", "org/team__", "org/__team"] {
-            assert_eq!(model_id_of(repo), None, "{repo}");
+        assert_eq!(repo_id_of(&format!("o/{}", "x".repeat(97)), "local"), None);
+        assert_eq!(repo_id_of(&format!("o/{}", "x".repeat(96)), "local").map(|r| r.len()), Some(98));
+        for repo in ["org/team__llama_", "org/team____llama", "a__b", "org/team__", "org/__team", "-a"] {
+            assert_eq!(model_ids_of(repo, "local"), Vec::<String>::new(), "{repo}");
         }
+        // `local/llama` is the model of that id if there is one, else the top-level `llama`;
+        // the one-segment repo id of older clients is the top-level model.
+        assert_eq!(model_ids_of("local/llama", "local"), ["local/llama", "llama"]);
+        assert_eq!(model_ids_of("llama", "local"), ["llama"]);
+        assert_eq!(model_ids_of("org/llama", "local"), ["org/llama"]);
+        assert!(is_namespace("local") && !is_namespace("a/b") && !is_namespace(""));
     }
 
     fn segments(path: &str) -> Vec<String> {
@@ -346,6 +389,14 @@ mod tests {
             ("v2/org/tiny/manifests/Q4_K_M", HubRoute::GgufManifest { repo: "org/tiny".into(), tag: "Q4_K_M".into() }),
             ("v2/gpt2/manifests/latest", HubRoute::GgufManifest { repo: "gpt2".into(), tag: "latest".into() }),
             ("api/models/gpt2/refs", HubRoute::Refs { repo: "gpt2".into() }),
+            (
+                "api/models/org/llama/safetensors-metadata/model.safetensors.index.json",
+                HubRoute::SafetensorsMetadata { repo: "org/llama".into(), path: "model.safetensors.index.json".into() },
+            ),
+            (
+                "api/models/org/new/safetensors-metadata/sub/x.safetensors.index.json",
+                HubRoute::SafetensorsMetadata { repo: "org/new".into(), path: "sub/x.safetensors.index.json".into() },
+            ),
             ("api/models/org/llama/discussions", HubRoute::NotServed("the \"discussions\" operation on models".into())),
             ("api/models", HubRoute::ListModels),
             ("api/agent-harnesses", HubRoute::AgentHarnesses),

@@ -129,6 +129,15 @@ def check(plan):
             assert len(data) < 50_000_000_000
         assert not [p for p in tree if p.endswith(".zt")], f"{repo}: stored .zt files are not listed"
 
+        # A sharded checkpoint's metadata in one request, as the client reads it shard by shard.
+        if "model.safetensors.index.json" in tree:
+            together = api.get_sharded_safetensors_metadata(repo)
+            apart = api.get_safetensors_metadata(repo, revision=commit)
+            assert together.sharded and together.metadata == apart.metadata, (repo, together.metadata)
+            assert together.weight_map == apart.weight_map, repo
+            assert together.files_metadata == apart.files_metadata, repo
+            summary["sharded_metadata"] = summary.get("sharded_metadata", 0) + 1
+
         # `hf cache verify` recomputes every file's digest against the tree.
         verify = subprocess.run(
             [os.path.join(os.path.dirname(sys.executable), "hf"), "cache", "verify", repo, "--cache-dir", plan["cache"],

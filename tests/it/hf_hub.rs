@@ -65,6 +65,7 @@ async fn hub_clients_load_every_model(source: ModelSource) {
     eprintln!("huggingface_hub 2.4.0 and transformers: {checked}");
     assert_eq!(checked["tensors"], tensors, "{checked}");
     assert_eq!(checked["transformers"], "hf/llama");
+    assert!(checked["sharded_metadata"].as_u64() >= Some(1), "no sharded checkpoint's metadata was read: {checked}");
     // Each file's digest was computed once (ahead of need for a local directory, when first
     // asked for in S3), however many clients and requests asked for it.
     let mut published = 0u64;

@@ -35,9 +35,10 @@ async fn origin_file_bytes(origin: &str) -> f64 {
 }
 
 /// Every file of each repository at the origin (`/hf` tree at `main`): path and bytes.
-async fn origin_files(origin: &str, repos: &[String]) -> BTreeMap<String, BTreeMap<String, Vec<u8>>> {
+/// `plan_repos` gives each repository's model id.
+async fn origin_files(origin: &str, plan_repos: &Value) -> BTreeMap<String, BTreeMap<String, Vec<u8>>> {
     let mut files = BTreeMap::new();
-    for repo in repos {
+    for (repo, planned) in plan_repos.as_object().unwrap() {
         let tree = request_async(origin, &format!("/hf/api/models/{repo}/tree/main?recursive=true"), &[]).await;
         assert_eq!(tree.status, 200, "{repo}: {}", tree.head);
         let mut held = BTreeMap::new();
@@ -45,7 +46,7 @@ async fn origin_files(origin: &str, repos: &[String]) -> BTreeMap<String, BTreeM
             let path = entry["path"].as_str().unwrap().to_owned();
             // The origin's own file route for its stored files and companions; the view for the
             // rest (a `.zt` model's `model.safetensors`). Neither is counted as a Hub file.
-            let model = repo.replace('/', "%2F");
+            let model = planned["id"].as_str().unwrap().replace('/', "%2F");
             let own = request_async(origin, &format!("/models/{model}/files/{}", path.replace('/', "%2F")), &[]).await;
             let bytes = if own.status == 200 {
                 own.body
@@ -134,8 +135,8 @@ async fn hub_repositories_load_through_the_cache_once_and_survive_their_origin()
     let origin_address = origin.address.clone();
     let tensors = only_viewable(&origin_address, &mut plan_repos).await;
     let repos: Vec<String> = plan_repos.as_object().unwrap().keys().cloned().collect();
-    assert_eq!(repos.len(), 8, "{repos:?}");
-    let files = origin_files(&origin_address, &repos).await;
+    assert_eq!(repos.len(), 9, "{repos:?}");
+    let files = origin_files(&origin_address, &plan_repos).await;
     let file_bytes: usize = files.values().flat_map(|held| held.values()).map(Vec::len).sum();
 
     // The second server: each repository is the model of its repo id, with its companions.

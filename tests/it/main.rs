@@ -8,6 +8,7 @@ mod access;
 mod cli;
 mod decoding;
 mod digests_ahead;
+mod directories;
 mod disk_cache;
 mod docs;
 mod fan_out;

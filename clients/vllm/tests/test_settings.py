@@ -6,7 +6,10 @@ from ztserve_vllm import settings
 
 def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
     parsed = settings.parse({"url": "http://a:1", "concurrency": 4}, {"ZTSERVE_URL": "http://b:2", "ZTSERVE_CHUNK_SIZE": "65536"})
-    assert parsed == {"url": "http://a:1", "concurrency": 4, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES}
+    assert parsed == {
+        "url": "http://a:1", "concurrency": 4, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES,
+        "hub_namespace": settings.HUB_NAMESPACE,
+    }
     assert settings.parse(None, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "t"
     assert settings.parse({"token": "mine"}, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "mine"
 
@@ -26,6 +29,11 @@ def test_bad_settings_are_refused_before_anything_loads(extra, environ, message)
 
 
 def test_hub_repository_ids_name_their_ztserve_models():
-    assert settings.repo_to_model_id("org/llama") == "org/llama"
-    assert settings.repo_to_model_id("org/team__llama") == "org/team/llama"
-    assert settings.repo_to_model_id("llama") == "llama"
+    assert settings.repo_to_model_ids("org/llama") == ["org/llama"]
+    assert settings.repo_to_model_ids("org/team__llama") == ["org/team/llama"]
+    assert settings.repo_to_model_ids("llama") == ["llama"]
+    # A model at the top of a source is in the server's namespace, unless a model has that id.
+    assert settings.repo_to_model_ids("local/llama") == ["local/llama", "llama"]
+    assert settings.repo_to_model_ids("top/llama", "top") == ["top/llama", "llama"]
+    assert settings.parse({"url": "http://a"}, {})["hub_namespace"] == "local"
+    assert settings.parse({"url": "http://a"}, {"ZTSERVE_HUB_NAMESPACE": "top"})["hub_namespace"] == "top"

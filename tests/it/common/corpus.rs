@@ -77,13 +77,17 @@ pub fn write_loader_models(work: &Path, models: &Path) -> BTreeMap<String, BTree
     fs::create_dir_all(&read).unwrap();
     official("ztensor-2.1.2", "official_v2.py", &[Path::new("read"), &models.join("v2/demo-seekable.zt"), &read]);
     let listing = read_json(&read.join("read.json"));
-    let tensors = listing["objects"]
+    let tensors: BTreeMap<String, PathBuf> = listing["objects"]
         .as_object()
         .unwrap()
         .iter()
         .map(|(name, object)| (name.clone(), read.join(object["parts"]["data"]["bin"].as_str().unwrap())))
         .collect();
-    expected.insert("v2/demo-seekable".to_owned(), tensors);
+    expected.insert("v2/demo-seekable".to_owned(), tensors.clone());
+    // The same file at the top of the source: a model of a one-segment id, whose Hub
+    // repository is in the namespace `local`, as huggingface_hub 2.x needs two segments.
+    fs::copy(models.join("v2/demo-seekable.zt"), models.join("top.zt")).unwrap();
+    expected.insert("top".to_owned(), tensors);
 
     // The safetensors peers' checkpoints, one sharded as save_pretrained shards.
     let peers = work.join("peers");
@@ -135,13 +139,12 @@ pub fn write_hub_corpus(work: &Path, models: &Path) -> BTreeMap<String, BTreeMap
     expected
 }
 
-/// The repo id of model `id`, as docs/hub.md says:
-/// the id itself for `name` and `namespace/name`, deeper ids joined after the first segment
-/// with `__`.
+/// The repo id of model `id`, as docs/hub.md says: `local/name` for `name`, the id itself for
+/// `namespace/name`, deeper ids joined after the first segment with `__`.
 pub fn repo_of(id: &str) -> String {
     match id.split_once('/') {
         Some((namespace, rest)) => format!("{namespace}/{}", rest.replace('/', "__")),
-        None => id.to_owned(),
+        None => format!("local/{id}"),
     }
 }
 

@@ -13,7 +13,7 @@ import time
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
-from ztserve_client import Client, ZtserveError
+from ztserve_client import Client, NotFound, ZtserveError
 
 from . import settings, weights
 from .remote import Misses
@@ -35,18 +35,29 @@ class ZtserveModelLoader(BaseModelLoader):
         options = {k: self.settings[k] for k in ("concurrency", "chunk_size") if k in self.settings}
         return Client(self.settings["url"], self.settings.get("token"), **options)
 
-    def model_id(self, model_config):
-        return self.settings.get("model") or settings.repo_to_model_id(model_config.model)
+    def model_id(self, model_config, client):
+        """The `model` setting, else the model vLLM's model id names as a Hub repository on
+        this server: the first of its readings the server has."""
+        if "model" in self.settings:
+            return self.settings["model"]
+        ids = settings.repo_to_model_ids(model_config.model, self.settings["hub_namespace"])
+        for model_id in ids[:-1]:
+            try:
+                client.manifest(model_id)
+                return model_id
+            except NotFound:
+                continue
+        return ids[-1]
 
     def download_model(self, model_config):
         """Nothing is downloaded: the weights stream at load time. Checks the model is there."""
         with self._client() as client:
-            client.manifest(self.model_id(model_config))
+            client.manifest(self.model_id(model_config, client))
 
     def load_weights(self, model, model_config):
         started = time.perf_counter()
-        model_id = self.model_id(model_config)
         with self._client() as client:
+            model_id = self.model_id(model_config, client)
             snapshot = client.snapshot(model_id)
             plans = weights.plan_model(model, snapshot)
             summary = weights.summary(snapshot, plans)

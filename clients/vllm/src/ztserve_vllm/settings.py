@@ -2,8 +2,13 @@
 `ZTSERVE_*` environment variable, the extra config winning; checked before anything loads."""
 
 # key: type. Each is also the environment variable ZTSERVE_<KEY>.
-KEYS = {"url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int}
+KEYS = {
+    "url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int,
+    "hub_namespace": str,
+}
 PREFETCH_BYTES = 512 << 20
+# The server's `[serving] hub_namespace`: the namespace of its models at the top of a source.
+HUB_NAMESPACE = "local"
 
 
 def parse(extra, environ):
@@ -38,13 +43,20 @@ def parse(extra, environ):
             "or --model-loader-extra-config '{\"url\": \"http://HOST:PORT\"}'"
         )
     settings.setdefault("prefetch_bytes", PREFETCH_BYTES)
+    settings.setdefault("hub_namespace", HUB_NAMESPACE)
     if "token" not in settings and environ.get("HF_TOKEN"):
         settings["token"] = environ["HF_TOKEN"]  # the Hub API on the same server takes the same token
     return settings
 
 
-def repo_to_model_id(repo):
-    """The ztserve model id of Hub repository `repo` (the Hub API names a deeper id
-    `namespace/a__b` for `namespace/a/b`)."""
-    namespace, _, name = repo.partition("/")
-    return f"{namespace}/{name.replace('__', '/')}" if name else repo
+def repo_to_model_ids(repo, namespace=HUB_NAMESPACE):
+    """The ztserve model ids Hub repository `repo` may name, the likelier first, as the server
+    maps them: a deeper id is `namespace/a__b` for `namespace/a/b`, and a model at the top of a
+    source (`llama`) is `{hub_namespace}/llama` unless a model has that id."""
+    first, _, name = repo.partition("/")
+    if not name:
+        return [repo]
+    ids = [f"{first}/{name.replace('__', '/')}"]
+    if first == namespace and "__" not in name:
+        ids.append(name)
+    return ids
