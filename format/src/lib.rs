@@ -20,6 +20,7 @@ mod legacy;
 pub mod safetensors;
 pub mod seekable;
 pub mod slice;
+pub mod sums;
 mod v1;
 pub mod v2;
 pub mod validate;

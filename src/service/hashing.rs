@@ -434,7 +434,7 @@ impl Service {
     /// directory (none when there is no such file, or it cannot be read: then every file is
     /// hashed, and the reason logged).
     async fn stated_sums(&self, catalog: &Catalog, model: &Arc<Model>) -> std::collections::BTreeMap<String, [u8; 32]> {
-        use crate::tools::digest::{MAX_SUMS_BYTES, SUMS_FILE, parse_sums};
+        use crate::format::sums::{MAX_SUMS_BYTES, SUMS_FILE, parse_sums};
         let companions = catalog.companions(&model.id);
         let Some(sums) = companions.iter().find(|c| c.name == SUMS_FILE) else { return Default::default() };
         let failed = |reason: String| {

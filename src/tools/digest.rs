@@ -3,48 +3,21 @@
 //! DIR, sorted), hashing a file per core with `pread` into one buffer each. Run in an image
 //! build or an init container, it spares a server the first hashing of a large model: the
 //! server takes a model directory's `SHA256SUMS` for its files' digests (checked on each
-//! file's first whole read). Also the parser of such a file ([`parse_sums`]).
+//! file's first whole read). The format itself is `format::sums`.
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use sha2::Digest as _;
 
-/// The name of the file of digests in a model's directory.
-pub const SUMS_FILE: &str = "SHA256SUMS";
-
-/// Largest `SHA256SUMS` a server reads: 32 thousand lines of a long path each.
-pub const MAX_SUMS_BYTES: u64 = 8 << 20;
+use crate::format::sums::{SUMS_FILE, sums_line};
 
 /// A file's SHA-256 and length.
 type Hashed = ([u8; 32], u64);
 
 /// Bytes read from a file at a time while hashing it.
 const READ_BUFFER: usize = 4 << 20;
-
-/// The digests of `text` (a `SHA256SUMS`) by path, and the number of lines that are not a
-/// digest line (`HEX  PATH`, or `HEX *PATH` for sha256sum's binary mode).
-pub fn parse_sums(text: &str) -> (BTreeMap<String, [u8; 32]>, usize) {
-    let mut sums = BTreeMap::new();
-    let mut unreadable = 0;
-    for line in text.lines().filter(|line| !line.trim().is_empty()) {
-        let parsed = line.split_once(' ').and_then(|(hex, rest)| {
-            let path = rest.strip_prefix(' ').or_else(|| rest.strip_prefix('*'))?;
-            let mut digest = [0u8; 32];
-            hex::decode_to_slice(hex, &mut digest).ok()?;
-            (!path.is_empty()).then(|| (path.strip_prefix("./").unwrap_or(path).to_owned(), digest))
-        });
-        match parsed {
-            Some((path, digest)) => {
-                sums.insert(path, digest);
-            }
-            None => unreadable += 1,
-        }
-    }
-    (sums, unreadable)
-}
 
 /// Writes `dir/SHA256SUMS` for every file below `dir` (the old `SHA256SUMS` left out); returns
 /// how many files and bytes were hashed.
@@ -74,8 +47,9 @@ pub fn write_sums(dir: &Path, out: &mut dyn std::io::Write) -> anyhow::Result<(u
     for (relative, result) in files.iter().zip(hashed) {
         let (digest, len) = result.into_inner().expect("never poisoned").expect("every file hashed")?;
         let path = relative.to_str().with_context(|| format!("{} is not a UTF-8 path", relative.display()))?;
-        anyhow::ensure!(!path.contains('\n'), "{path:?} holds a line break, which SHA256SUMS cannot name");
-        text.push_str(&format!("{}  {path}\n", hex::encode(digest)));
+        let line = sums_line(&digest, path)
+            .with_context(|| format!("{path:?} holds a line break, which SHA256SUMS cannot name"))?;
+        text.push_str(&line);
         bytes += len;
     }
     let target = dir.join(SUMS_FILE);
@@ -125,6 +99,7 @@ fn sha256_file(path: &Path, buffer: &mut [u8]) -> anyhow::Result<Hashed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::sums::parse_sums;
 
     #[test]
     fn sums_are_written_as_sha256sum_writes_them_and_read_back() {
@@ -149,13 +124,5 @@ mod tests {
             hex::encode(sums["tokenizer/vocab.txt"]),
             "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
         );
-    }
-
-    #[test]
-    fn binary_mode_lines_and_a_leading_dot_slash_are_read() {
-        let line = format!("{} *./model.safetensors\n", "ab".repeat(32));
-        let (sums, unreadable) = parse_sums(&line);
-        assert_eq!(unreadable, 0);
-        assert_eq!(sums["model.safetensors"], [0xab; 32]);
     }
 }

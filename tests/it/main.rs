@@ -26,6 +26,7 @@ mod hub_source;
 mod interop;
 mod interop_safetensors;
 mod interop_v2;
+mod layers;
 mod limits;
 mod load;
 mod oci_registry;

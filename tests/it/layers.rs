@@ -1,0 +1,144 @@
+//! The layer rule of `src/lib.rs`'s module map, kept: layers import one way (server, tools and
+//! pull -> the protocols -> transport and access -> service -> catalog and decode -> storage ->
+//! format, with api, config and telemetry beside them), no module imports one above it or
+//! beside it in its layer (so the wire protocols never name each other), and the modules beside
+//! the layers import only format and each other.
+
+use std::fs;
+use std::path::Path;
+
+/// Each module of the library and its layer, lowest first; `None`: beside the layers.
+const LAYERS: &[(&str, Option<u8>)] = &[
+    ("format", Some(0)),
+    ("storage", Some(1)),
+    ("catalog", Some(2)),
+    ("decode", Some(2)),
+    ("service", Some(3)),
+    ("transport", Some(4)),
+    ("access", Some(4)),
+    ("http", Some(5)),
+    ("s3", Some(5)),
+    ("hf", Some(5)),
+    ("oci", Some(5)),
+    ("server", Some(6)),
+    ("tools", Some(6)),
+    ("pull", Some(6)),
+    ("api", None),
+    ("config", None),
+    ("telemetry", None),
+];
+
+fn layer(module: &str) -> Option<Option<u8>> {
+    LAYERS.iter().find(|(name, _)| *name == module).map(|(_, layer)| *layer)
+}
+
+/// Whether `from` may import `to`.
+fn may_import(from: &str, to: &str) -> bool {
+    match (layer(from).expect("a known module"), layer(to)) {
+        (_, None) => panic!("{from} names crate::{to}, a module the layer rule does not know: add it to LAYERS"),
+        (_, Some(None)) => true,
+        (None, Some(Some(to))) => to == 0,
+        (Some(from), Some(Some(to))) => to < from,
+    }
+}
+
+/// The Rust files of top-level module `module` (`src/{module}.rs` or `src/{module}/`).
+fn files_of(src: &Path, module: &str) -> Vec<std::path::PathBuf> {
+    let single = src.join(format!("{module}.rs"));
+    if single.exists() {
+        return vec![single];
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![src.join(module)];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// The top-level modules `code` names (`crate::x`, `crate::{x, y::Z}`), outside comments. (No
+/// module of the crate reaches the root by `super::`.)
+fn named_modules(code: &str) -> Vec<String> {
+    let mut named = Vec::new();
+    for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+        let line = line.split(" // ").next().unwrap_or(line);
+        for prefix in ["crate::"] {
+            for (at, _) in line.match_indices(prefix) {
+                let before = line[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                    continue;
+                }
+                let rest = &line[at + prefix.len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    // `crate::{a::X, b}`: the first name of each item at the group's own depth.
+                    let mut depth = 0;
+                    let mut item_start = true;
+                    for (i, c) in group.char_indices() {
+                        match c {
+                            '{' => depth += 1,
+                            '}' if depth == 0 => break,
+                            '}' => depth -= 1,
+                            ',' if depth == 0 => item_start = true,
+                            c if item_start && (c.is_ascii_alphanumeric() || c == '_') => {
+                                let name: String =
+                                    group[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                                named.push(name);
+                                item_start = false;
+                            }
+                            c if !c.is_whitespace() => item_start = false,
+                            _ => {}
+                        }
+                    }
+                    continue;
+                }
+                let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if !name.is_empty()
+                    && (rest[name.len()..].starts_with("::")
+                        || rest[name.len()..].starts_with([';', ',', '}', ' ', ')']))
+                {
+                    named.push(name);
+                }
+            }
+        }
+    }
+    named
+}
+
+#[test]
+fn no_module_imports_one_above_it_or_beside_it_in_its_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut broken = Vec::new();
+    for (module, _) in LAYERS.iter().filter(|(name, _)| *name != "format") {
+        for file in files_of(&src, module) {
+            let code = fs::read_to_string(&file).unwrap();
+            for named in named_modules(&code) {
+                // Names that are items of the crate root rather than modules.
+                if named == *module || layer(&named).is_none() && named.chars().next().is_some_and(char::is_uppercase) {
+                    continue;
+                }
+                if !may_import(module, &named) {
+                    broken.push(format!("{}: {module} imports {named}", file.display()));
+                }
+            }
+        }
+    }
+    broken.sort();
+    broken.dedup();
+    assert!(broken.is_empty(), "imports that run up or across a layer:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_rule_sees_imports_in_every_form() {
+    let code = "use crate::service::Service;\nuse crate::{format::gguf::{a, b}, config};\n\
+                let x = crate::hf::app(); // crate::oci\n// crate::server in a comment\n";
+    assert_eq!(named_modules(code), ["service", "format", "config", "hf"]);
+    assert!(may_import("http", "service") && may_import("service", "api") && may_import("api", "format"));
+    assert!(!may_import("service", "tools") && !may_import("http", "s3") && !may_import("config", "storage"));
+}
