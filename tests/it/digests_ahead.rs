@@ -70,6 +70,7 @@ fn sparse_checkpoint(shape: &[&str]) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let work = tempfile::tempdir().unwrap();
     let models = work.path().join("models");
     let checkpoint = models.join(REPO);
+    common::external("python3");
     let generated = std::process::Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/scale/generate.py"))
         .args(["checkpoint", checkpoint.to_str().unwrap()])

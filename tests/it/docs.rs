@@ -1,6 +1,7 @@
 //! The manual stays true to the repository: every relative link and anchor in the README and
 //! `docs/` resolves inside the repository, and every setting the manual names exists in
-//! `config/ztserve.toml`, which lists each setting, and each setting there is in the manual.
+//! `config/ztserve.toml`, which lists each setting, and each setting there is in the manual; the
+//! test sets it gives split the suite.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -169,4 +170,21 @@ fn every_setting_the_manual_names_is_in_config_ztserve_toml_and_every_one_there_
     }
     let unnamed: Vec<&String> = settings.difference(&named).collect();
     assert!(unnamed.is_empty(), "settings the manual never names: {unnamed:?}");
+}
+
+/// The hermetic and external sets of `.config/nextest.toml` are complements, and
+/// docs/development.md gives the command of each.
+#[test]
+fn the_hermetic_and_external_test_sets_split_the_suite_as_the_manual_says() {
+    let config: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join(".config/nextest.toml")).unwrap()).unwrap();
+    let filter = |profile: &str| config["profile"][profile]["default-filter"].as_str().unwrap().trim().to_owned();
+    let external = filter("external");
+    assert_eq!(filter("hermetic"), format!("not (\n{external}\n)"));
+    let manual = std::fs::read_to_string(root().join("docs/development.md")).unwrap();
+    let section = manual.split("## Hermetic tests").nth(1).expect("a section \"Hermetic tests\"");
+    for profile in ["hermetic", "external"] {
+        let command = format!("cargo nextest run --workspace --all-targets --profile {profile}");
+        assert!(section.contains(&format!("```sh\n{command}\n```")), "docs/development.md gives {command}");
+    }
 }

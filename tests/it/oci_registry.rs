@@ -31,6 +31,7 @@ fn code(reply: &Reply) -> String {
 
 /// Runs skopeo with `args`; its stdout, or a panic with its stderr.
 fn skopeo(args: &[&str]) -> Vec<u8> {
+    common::external("skopeo");
     let out = Command::new("skopeo").args(args).output().expect("skopeo (apt) is installed by scripts/test");
     assert!(out.status.success(), "skopeo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     out.stdout

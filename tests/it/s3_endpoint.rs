@@ -335,6 +335,7 @@ async fn the_endpoint_serves_models_stored_on_s3() {
 /// Runs `program ARGS` with `envs` (and no `AWS_CA_BUNDLE`) off the runtime; returns its
 /// standard output, failing the test with its standard error when it exits non-zero.
 async fn run_tool(program: &str, args: Vec<String>, envs: Vec<(String, String)>) -> String {
+    common::external(program);
     let program = program.to_owned();
     tokio::task::spawn_blocking(move || {
         let output = std::process::Command::new(&program)

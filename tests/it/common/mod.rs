@@ -19,8 +19,19 @@ use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, Write
 use ztserve::format::{DType, Value};
 use ztserve::server::Server;
 
+/// Marks the test as one of the external set: it needs `what`, something beyond the built tree
+/// and loopback (a venv, moto, nginx, podman, a client program). Run in the hermetic set
+/// (`ZTSERVE_HERMETIC=1`, as `scripts/test` runs it), such a test fails here, naming what it
+/// needs, so the two sets in `.config/nextest.toml` stay true.
+pub fn external(what: &str) {
+    if std::env::var_os("ZTSERVE_HERMETIC").is_some() {
+        panic!("this test needs {what}: it belongs in the external set of .config/nextest.toml");
+    }
+}
+
 /// Where `scripts/python-env` puts its venvs.
 pub fn venv_root() -> PathBuf {
+    external("the Python venvs of scripts/python-env");
     std::env::var_os("ZTSERVE_VENVS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))

@@ -22,6 +22,7 @@ impl Drop for Nginx {
 }
 
 fn nginx_binary() -> &'static str {
+    super::external("nginx");
     ["/usr/sbin/nginx", "/usr/bin/nginx"]
         .into_iter()
         .find(|p| Path::new(p).exists())

@@ -44,6 +44,7 @@ pub async fn start_reference_registry(dir: &Path, extra: &str) -> ReferenceRegis
         ),
     )
     .unwrap();
+    super::external("docker-registry");
     let child = Command::new("docker-registry")
         .args(["serve", config.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
