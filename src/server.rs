@@ -58,8 +58,7 @@ impl Server {
         self.service.cache.decoders()
     }
 
-    /// The main listener's routes (the test seam: handler tests send requests to it with
-    /// `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the
+    /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the
     /// HTTP contract's.
     pub fn http_app(&self) -> Router {
         let hub = crate::hf::app(Arc::clone(&self.service), Arc::clone(&self.tokens));

@@ -1,4 +1,4 @@
-//! The HTTP contract of ARCHITECTURE.md over the service: the router, its bearer-token check
+//! The HTTP contract (`openapi.yaml`) over the service: the router, its bearer-token check
 //! ([`auth`]) and the layers of its JSON routes ([`coding`]: compression, coded ETags), the
 //! handlers (models, objects, operations), the lookups they share ([`lookup`]), and errors (the only place HTTP statuses are chosen). Handlers extract typed
 //! paths, ask the service, evaluate ranges and conditionals, and set headers. Natural model ids

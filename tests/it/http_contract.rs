@@ -1,4 +1,4 @@
-//! The HTTP contract of ARCHITECTURE.md, over files from our writer and the official packages.
+//! The HTTP contract (`openapi.yaml`), over files from our writer and the official packages.
 //! Every test runs twice: against a local directory and against an S3 prefix on a moto server
 //! started on 127.0.0.1 (see `both_sources!` at the end).
 
