@@ -6,15 +6,15 @@ use std::fs;
 use std::path::Path;
 
 use proptest::prelude::*;
-use ztserve::format::Limits;
-use ztserve::format::verify::verify_file;
+use ztserve_format::Limits;
+use ztserve_format::verify::verify_file;
 
 fn limits() -> Limits {
     Limits { max_manifest_bytes: 1 << 20, max_decoded_bytes: 16 << 20, ..Limits::default() }
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
     let mut seeds: Vec<Vec<u8>> = fs::read_dir(dir).unwrap().map(|e| fs::read(e.unwrap().path()).unwrap()).collect();
     assert!(seeds.len() >= 4, "fuzz/seeds lost its files");
     seeds.sort();
@@ -86,7 +86,7 @@ proptest! {
 
 #[test]
 fn every_fuzz_seed_corpus_and_regression_input_is_handled_without_panic() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut count = 0;
     for dir in ["seeds", "corpus/format", "regressions"] {
         let Ok(entries) = fs::read_dir(root.join(dir)) else { continue };
@@ -98,8 +98,8 @@ fn every_fuzz_seed_corpus_and_regression_input_is_handled_without_panic() {
             let bytes = fs::read(&path).unwrap();
             // What the fuzz target does with each input.
             let _ = verify_file(&bytes, &limits());
-            if let Ok(manifest) = ztserve::format::parse_file(&bytes, &limits()) {
-                let _ = ztserve::format::json::manifest_json(&manifest).to_string();
+            if let Ok(manifest) = ztserve_format::parse_file(&bytes, &limits()) {
+                let _ = ztserve_format::json::manifest_json(&manifest).to_string();
             }
             count += 1;
         }
@@ -109,7 +109,7 @@ fn every_fuzz_seed_corpus_and_regression_input_is_handled_without_panic() {
 
 #[test]
 fn every_v2_manifest_fuzz_input_is_handled_without_panic() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut count = 0;
     for dir in ["seeds-v2", "corpus/v2_manifest", "regressions-v2"] {
         for entry in fs::read_dir(root.join(dir)).unwrap() {
@@ -121,9 +121,9 @@ fn every_v2_manifest_fuzz_input_is_handled_without_panic() {
             // What the v2_manifest fuzz target does with each input.
             let Some((&pages, manifest)) = bytes.split_first() else { continue };
             let heap: Vec<u8> = (0..4096 * usize::from(pages)).map(|i| (i.wrapping_mul(31) % 251) as u8).collect();
-            let file = ztserve::format::v2::file_around(&heap, manifest);
-            let shard = ztserve::format::v2::file_around(&heap[..heap.len().min(8192)], &[]);
-            let _ = ztserve::format::verify::verify_model(&file, |_| Ok(&shard[..]), &limits());
+            let file = ztserve_format::v2::file_around(&heap, manifest);
+            let shard = ztserve_format::v2::file_around(&heap[..heap.len().min(8192)], &[]);
+            let _ = ztserve_format::verify::verify_model(&file, |_| Ok(&shard[..]), &limits());
             count += 1;
         }
     }

@@ -1,10 +1,10 @@
 //! Writer → reader round trips over random objects, and the writer's determinism.
 
 use proptest::prelude::*;
-use ztserve::format::decode::{decode_component, stored_bytes};
-use ztserve::format::verify::verify_file;
-use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-use ztserve::format::{DType, Encoding, Limits, Value, parse_file};
+use ztserve_format::decode::{decode_component, stored_bytes};
+use ztserve_format::verify::verify_file;
+use ztserve_format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
+use ztserve_format::{DType, Encoding, Limits, Value, parse_file};
 
 #[derive(Debug, Clone)]
 struct ComponentSpec {

@@ -3,7 +3,7 @@
 //! slicing picks, in row-major order, and shard splits tile their dimension.
 
 use proptest::prelude::*;
-use ztserve::format::slice::{Slice, parse, shard};
+use ztserve_format::slice::{Slice, parse, shard};
 
 /// A shape of rank 0 to 4 with small dimensions (0 included), and a slice of it as a spec with
 /// negative and omitted bounds mixed in.
