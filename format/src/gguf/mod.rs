@@ -12,9 +12,13 @@
 //! `ne[0]`, the innermost, first). A split model (`name-00001-of-00003.gguf`, the `split.*`
 //! keys) is [`assemble`]d into one manifest.
 
+mod builder;
+
 use std::ops::Range;
 
 use crate::{Component, Container, DType, FormatError, Manifest, Object, Result, Value};
+
+pub use self::builder::{FileBuilder, f16_bytes, quantize_q8_0, string_bytes};
 
 /// The magic every GGUF file starts with.
 pub const MAGIC: &[u8; 4] = b"GGUF";
@@ -567,9 +571,33 @@ fn is_valid_key(key: &str) -> bool {
 }
 
 /// Parses and validates the header of a `file_len`-byte file from its first bytes, `prefix`:
-/// [`HeaderRead::NeedMore`] when the header runs past them.
+/// [`HeaderRead::NeedMore`] when the header runs past them. In the order of the file: the
+/// preamble, the key-values, the tensor infos and the padding (each read from the bytes), then
+/// the checks that need all of them (where each tensor lies, and the keys a model requires).
 pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
     let mut c = Cursor { bytes: prefix, at: 0, file_len, kept: 0 };
+    let Preamble { version, tensor_count, kv_count } = read_preamble(&mut c)?;
+    let metadata = read_metadata(&mut c, kv_count)?;
+    let alignment = alignment_of(&metadata)?;
+    let split = split_part(&metadata)?;
+    let infos = read_tensor_infos(&mut c, tensor_count)?;
+    let data_start = read_padding(&mut c, alignment)?;
+    let (tensors, quantized) = place_tensors(infos, alignment, data_start, file_len)?;
+    check_required_keys(&metadata, split.is_none_or(|s| s.index == 0), quantized)?;
+    Ok(Header { version, metadata, tensors, alignment, data_start, split })
+}
+
+/// What the first 24 bytes say.
+#[derive(Debug, PartialEq)]
+struct Preamble {
+    version: u32,
+    tensor_count: u64,
+    kv_count: u64,
+}
+
+/// The magic, the version and the counts, each bounded, and counts the file cannot hold refused
+/// before anything is allocated for them.
+fn read_preamble(c: &mut Cursor<'_>) -> Parsed<Preamble> {
     let magic = c.take(4, "the magic")?;
     if magic != MAGIC {
         let found = magic.escape_ascii().to_string();
@@ -600,14 +628,19 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
         let detail = format!("{kv_count} key-values, over the {MAX_KVS} limit");
         return Err(gguf_error("gguf_too_many_keys", 16, detail).into());
     }
-    // Every key-value takes at least 13 bytes and every tensor info 29: counts the file cannot
-    // hold are refused before anything is allocated for them.
+    // Every key-value takes at least 13 bytes and every tensor info 29.
+    let file_len = c.file_len;
     let room = file_len.saturating_sub(24);
     if kv_count.saturating_mul(13).saturating_add(tensor_count.saturating_mul(29)) > room {
         let detail =
             format!("{kv_count} key-values and {tensor_count} tensor infos cannot fit in a {file_len}-byte file");
         return Err(gguf_error("gguf_truncated", 8, detail).into());
     }
+    Ok(Preamble { version, tensor_count, kv_count })
+}
+
+/// The `kv_count` key-values: keys valid and distinct, values of known types.
+fn read_metadata(c: &mut Cursor<'_>, kv_count: u64) -> Parsed<Vec<KeyValue>> {
     let mut metadata: Vec<KeyValue> = Vec::with_capacity(kv_count as usize);
     let mut keys = std::collections::HashSet::with_capacity(kv_count as usize);
     for _ in 0..kv_count {
@@ -627,23 +660,34 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
         let value = c.value(value_type, &key, 0, true)?.expect("a value asked to be kept");
         metadata.push(KeyValue { key, value_type, value });
     }
-    let find = |key: &str| metadata.iter().find(|kv| kv.key == key);
-    let alignment = match find("general.alignment") {
-        None => DEFAULT_ALIGNMENT,
+    Ok(metadata)
+}
+
+/// `general.alignment` (a UINT32 power of two that is a multiple of 8), or the default.
+fn alignment_of(metadata: &[KeyValue]) -> Result<u64> {
+    match metadata.iter().find(|kv| kv.key == "general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
         Some(KeyValue { value_type: ValueType::U32, value, .. }) => {
             let a = value.as_u64().unwrap_or(0);
             if a == 0 || a % 8 != 0 || !a.is_power_of_two() {
                 let detail = format!("general.alignment is {a}, not a power of two that is a multiple of 8");
-                return Err(gguf_error("gguf_alignment", 0, detail).into());
+                return Err(gguf_error("gguf_alignment", 0, detail));
             }
-            a
+            Ok(a)
         }
         Some(kv) => {
             let detail = format!("general.alignment is a {}, not a UINT32", kv.value_type.name());
-            return Err(gguf_error("gguf_alignment", 0, detail).into());
+            Err(gguf_error("gguf_alignment", 0, detail))
         }
-    };
-    let split = split_part(&metadata)?;
+    }
+}
+
+/// A tensor info as read, before it is placed: where it was read, its name, `ne`, type and
+/// offset in the data.
+type RawInfo = (u64, String, Vec<u64>, GgmlType, u64);
+
+/// The `tensor_count` tensor infos: names distinct, ranks within ggml's, types known.
+fn read_tensor_infos(c: &mut Cursor<'_>, tensor_count: u64) -> Parsed<Vec<RawInfo>> {
     let mut infos = Vec::with_capacity(tensor_count as usize);
     let mut names = std::collections::HashSet::with_capacity(tensor_count as usize);
     for _ in 0..tensor_count {
@@ -674,32 +718,47 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
         let offset = c.u64(&name)?;
         infos.push((at, name, ne, ggml, offset));
     }
-    let infos_end = c.at;
+    Ok(infos)
+}
+
+/// The padding from the end of the tensor infos to the data, at the next multiple of
+/// `alignment`: inside the file and all 0x00, as the specification says. Where the data starts.
+fn read_padding(c: &mut Cursor<'_>, alignment: u64) -> Parsed<u64> {
+    let (infos_end, file_len) = (c.at, c.file_len);
     let data_start = infos_end.div_ceil(alignment) * alignment;
     if data_start > file_len {
         let detail = format!("the tensor data would start at {data_start}, past the end of the {file_len}-byte file");
         return Err(gguf_error("gguf_truncated", infos_end, detail).into());
     }
-    // The padding before the data is 0x00 bytes, as the specification says; it is read with
-    // the header.
-    c.take(data_start - infos_end, "the padding before the tensor data")?;
-    if let Some(bad) = prefix[infos_end as usize..data_start as usize].iter().position(|&b| b != 0) {
+    let padding = c.take(data_start - infos_end, "the padding before the tensor data")?;
+    if let Some(bad) = padding.iter().position(|&b| b != 0) {
         let detail = format!("the padding before the tensor data holds a non-zero byte at {}", infos_end + bad as u64);
         return Err(gguf_error("gguf_padding", infos_end + bad as u64, detail).into());
     }
+    Ok(data_start)
+}
+
+/// Each tensor placed in the file: shape in whole blocks, offset aligned, data inside the file
+/// and overlapping no other tensor's; sorted by where it lies. Whether any is quantized.
+fn place_tensors(
+    infos: Vec<RawInfo>,
+    alignment: u64,
+    data_start: u64,
+    file_len: u64,
+) -> Result<(Vec<TensorInfo>, bool)> {
     let mut tensors = Vec::with_capacity(infos.len());
     let mut quantized = false;
     for (at, name, ne, ggml, offset) in infos {
         let elements = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|&n| n <= i64::MAX as u64);
         let Some(elements) = elements else {
-            return Err(gguf_error("gguf_shape", at, format!("tensor {name:?}: its dimensions {ne:?} overflow")).into());
+            return Err(gguf_error("gguf_shape", at, format!("tensor {name:?}: its dimensions {ne:?} overflow")));
         };
         if ne.first().is_some_and(|&inner| inner % ggml.block_elements != 0) {
             let detail = format!(
                 "tensor {name:?}: its innermost dimension {} is not a whole number of {}-element {} blocks",
                 ne[0], ggml.block_elements, ggml.name
             );
-            return Err(gguf_error("gguf_block", at, detail).into());
+            return Err(gguf_error("gguf_block", at, detail));
         }
         let length = ggml.bytes_of(elements).ok_or_else(|| {
             gguf_error(
@@ -710,7 +769,7 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
         })?;
         if offset % alignment != 0 {
             let detail = format!("tensor {name:?}: its offset {offset} is not a multiple of the alignment {alignment}");
-            return Err(gguf_error("gguf_misaligned", at, detail).into());
+            return Err(gguf_error("gguf_misaligned", at, detail));
         }
         let start = data_start.checked_add(offset);
         let end = start.and_then(|s| s.checked_add(length));
@@ -719,13 +778,12 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
                 "gguf_out_of_bounds",
                 at,
                 format!("tensor {name:?}: its offset {offset} overflows"),
-            )
-            .into());
+            ));
         };
         if end > file_len {
             let detail =
                 format!("tensor {name:?}: its data [{start}, {end}) runs past the end of the {file_len}-byte file");
-            return Err(gguf_error("gguf_out_of_bounds", at, detail).into());
+            return Err(gguf_error("gguf_out_of_bounds", at, detail));
         }
         quantized |= ggml.dense.is_none();
         let shape = ne.iter().rev().copied().collect();
@@ -743,41 +801,45 @@ pub fn parse_header(prefix: &[u8], file_len: u64) -> Parsed<Header> {
                 pair[1].range.start,
                 pair[1].range.end
             );
-            return Err(gguf_error("gguf_overlap", pair[1].range.start, detail).into());
+            return Err(gguf_error("gguf_overlap", pair[1].range.start, detail));
         }
     }
-    let first_part = split.is_none_or(|s| s.index == 0);
+    Ok((tensors, quantized))
+}
+
+/// The keys a model requires: `general.architecture` (lowercase ASCII letters and digits) in a
+/// whole file or a split model's first part, and `general.quantization_version` (a UINT32)
+/// where tensors are quantized.
+fn check_required_keys(metadata: &[KeyValue], first_part: bool, quantized: bool) -> Result<()> {
+    let find = |key: &str| metadata.iter().find(|kv| kv.key == key);
     if first_part {
         match find("general.architecture") {
             Some(KeyValue { value: MetaValue::Text(arch), .. })
                 if !arch.is_empty() && arch.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) => {}
             Some(KeyValue { value: MetaValue::Text(arch), .. }) => {
                 let detail = format!("general.architecture {arch:?} is not lowercase ASCII letters and digits");
-                return Err(gguf_error("gguf_architecture", 0, detail).into());
+                return Err(gguf_error("gguf_architecture", 0, detail));
             }
             Some(kv) => {
                 let detail = format!("general.architecture is a {}, not a STRING", kv.value_type.name());
-                return Err(gguf_error("gguf_architecture", 0, detail).into());
+                return Err(gguf_error("gguf_architecture", 0, detail));
             }
             None => {
-                return Err(
-                    gguf_error("gguf_architecture", 0, "the required general.architecture is missing".into()).into()
-                );
+                return Err(gguf_error("gguf_architecture", 0, "the required general.architecture is missing".into()));
             }
         }
     }
     match find("general.quantization_version") {
         Some(kv) if kv.value_type != ValueType::U32 => {
             let detail = format!("general.quantization_version is a {}, not a UINT32", kv.value_type.name());
-            return Err(gguf_error("gguf_quantization_version", 0, detail).into());
+            Err(gguf_error("gguf_quantization_version", 0, detail))
         }
         None if quantized && first_part => {
             let detail = "quantized tensors without the general.quantization_version they require".to_owned();
-            return Err(gguf_error("gguf_quantization_version", 0, detail).into());
+            Err(gguf_error("gguf_quantization_version", 0, detail))
         }
-        _ => {}
+        _ => Ok(()),
     }
-    Ok(Header { version, metadata, tensors, alignment, data_start, split })
 }
 
 /// The `split.*` keys, when present: all three, of their types, consistent.
@@ -948,136 +1010,99 @@ pub fn assemble(parts: &[(&str, &Header, u64)]) -> Result<Manifest> {
     )
 }
 
-/// Writes GGUF files by hand, rule-breaking ones included: how the tests and the fuzzer's
-/// seeds build them. Fields are public so a test can break any of them.
-#[derive(Debug, Clone)]
-pub struct FileBuilder {
-    pub magic: [u8; 4],
-    pub version: u32,
-    /// Each key, its value type id and its value's bytes.
-    pub kvs: Vec<(String, u32, Vec<u8>)>,
-    /// Each tensor's name, `ne` (innermost first), GGML type id and offset in the data.
-    pub tensors: Vec<(String, Vec<u64>, u32, u64)>,
-    /// The counts written, when not the true ones.
-    pub counts: Option<(u64, u64)>,
-    /// Where the data starts is padded to this.
-    pub alignment: u64,
-    /// The byte the header is padded with.
-    pub padding: u8,
-    pub data: Vec<u8>,
-}
-
-/// `values` as Q8_0 blocks, as ggml's reference quantizer (and the `gguf` package's) makes them:
-/// per 32 values, the scale `d = max|x| / 127` as f16, then each `round(x / d)` as an i8.
-/// `values.len()` must be a multiple of 32.
-pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() / 32 * 34);
-    for block in values.chunks_exact(32) {
-        let max = block.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let d = max / 127.0;
-        let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
-        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
-        out.extend(block.iter().map(|x| (x * inverse).round() as i8 as u8));
-    }
-    out
-}
-
-/// `values` as F16 elements (GGML type F16), each rounded to the nearest f16.
-pub fn f16_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()
-}
-
-/// A `gguf_string_t` of `bytes`.
-pub fn string_bytes(bytes: &[u8]) -> Vec<u8> {
-    let mut out = (bytes.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(bytes);
-    out
-}
-
-impl FileBuilder {
-    /// A version 3 file of architecture `arch`, with no tensors yet.
-    pub fn new(arch: &str) -> FileBuilder {
-        FileBuilder {
-            magic: *MAGIC,
-            version: 3,
-            kvs: Vec::new(),
-            tensors: Vec::new(),
-            counts: None,
-            alignment: DEFAULT_ALIGNMENT,
-            padding: 0,
-            data: Vec::new(),
-        }
-        .kv("general.architecture", 8, string_bytes(arch.as_bytes()))
-    }
-
-    /// Adds a key-value of type id `value_type` whose value is `value`'s bytes.
-    pub fn kv(mut self, key: &str, value_type: u32, value: Vec<u8>) -> FileBuilder {
-        self.kvs.push((key.to_owned(), value_type, value));
-        self
-    }
-
-    pub fn kv_u32(self, key: &str, value: u32) -> FileBuilder {
-        self.kv(key, 4, value.to_le_bytes().to_vec())
-    }
-
-    /// Makes the file part `no` (0-based) of a split model of `count` parts and `tensors`
-    /// tensors in all, as `gguf-split` writes the `split.*` keys.
-    pub fn split(self, no: u16, count: u16, tensors: i32) -> FileBuilder {
-        self.kv("split.no", 2, no.to_le_bytes().to_vec()).kv("split.count", 2, count.to_le_bytes().to_vec()).kv(
-            "split.tensors.count",
-            5,
-            tensors.to_le_bytes().to_vec(),
-        )
-    }
-
-    /// Adds a tensor of type `type_id` and dimensions `ne` (innermost first) whose data is
-    /// placed after the data so far, aligned, and filled with a pattern.
-    pub fn tensor(self, name: &str, ne: &[u64], type_id: u32) -> FileBuilder {
-        let t = ggml_type(type_id).expect("a known type");
-        let len = t.bytes_of(ne.iter().product()).expect("whole blocks");
-        self.tensor_bytes(name, ne, type_id, (0..len).map(|i| (i.wrapping_mul(31) % 251) as u8).collect())
-    }
-
-    /// Adds a tensor as [`tensor`](Self::tensor) does, its data `bytes`.
-    pub fn tensor_bytes(mut self, name: &str, ne: &[u64], type_id: u32, bytes: Vec<u8>) -> FileBuilder {
-        let offset = (self.data.len() as u64).div_ceil(self.alignment) * self.alignment;
-        self.data.resize(offset as usize, 0);
-        self.data.extend(bytes);
-        self.tensors.push((name.to_owned(), ne.to_vec(), type_id, offset));
-        self
-    }
-
-    /// The file's bytes.
-    pub fn build(&self) -> Vec<u8> {
-        let mut out = self.magic.to_vec();
-        out.extend_from_slice(&self.version.to_le_bytes());
-        let (tensors, kvs) = self.counts.unwrap_or((self.tensors.len() as u64, self.kvs.len() as u64));
-        out.extend_from_slice(&tensors.to_le_bytes());
-        out.extend_from_slice(&kvs.to_le_bytes());
-        for (key, value_type, value) in &self.kvs {
-            out.extend(string_bytes(key.as_bytes()));
-            out.extend_from_slice(&value_type.to_le_bytes());
-            out.extend_from_slice(value);
-        }
-        for (name, ne, type_id, offset) in &self.tensors {
-            out.extend(string_bytes(name.as_bytes()));
-            out.extend_from_slice(&(ne.len() as u32).to_le_bytes());
-            for d in ne {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&type_id.to_le_bytes());
-            out.extend_from_slice(&offset.to_le_bytes());
-        }
-        let start = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
-        out.resize(start as usize, self.padding);
-        out.extend_from_slice(&self.data);
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn code_of<T: std::fmt::Debug>(read: Parsed<T>) -> &'static str {
+        match read {
+            Err(HeaderRead::Invalid(e)) => e.code(),
+            other => panic!("not an invalid header: {other:?}"),
+        }
+    }
+
+    fn kv(key: &str, value_type: ValueType, value: MetaValue) -> KeyValue {
+        KeyValue { key: key.into(), value_type, value }
+    }
+
+    #[test]
+    fn the_preamble_bounds_the_counts_by_what_the_file_can_hold() {
+        let preamble = |magic: &[u8; 4], version: u32, tensors: u64, kvs: u64, file_len: u64| {
+            let mut bytes = magic.to_vec();
+            bytes.extend(version.to_le_bytes());
+            bytes.extend(tensors.to_le_bytes());
+            bytes.extend(kvs.to_le_bytes());
+            read_preamble(&mut Cursor { bytes: &bytes, at: 0, file_len, kept: 0 })
+        };
+        assert_eq!(
+            preamble(MAGIC, 3, 1, 2, 24 + 13 * 2 + 29),
+            Ok(Preamble { version: 3, tensor_count: 1, kv_count: 2 })
+        );
+        assert_eq!(code_of(preamble(b"GGUG", 3, 0, 0, 24)), "gguf_magic");
+        assert_eq!(code_of(preamble(MAGIC, 3 << 24, 0, 0, 24)), "gguf_big_endian");
+        assert_eq!(code_of(preamble(MAGIC, 1, 0, 0, 24)), "gguf_version");
+        assert_eq!(code_of(preamble(MAGIC, 3, MAX_TENSORS + 1, 0, u64::MAX)), "gguf_too_many_tensors");
+        assert_eq!(code_of(preamble(MAGIC, 3, 0, MAX_KVS + 1, u64::MAX)), "gguf_too_many_keys");
+        assert_eq!(code_of(preamble(MAGIC, 3, 1, 2, 24 + 13 * 2 + 28)), "gguf_truncated");
+        // A prefix too short asks for more.
+        let short = read_preamble(&mut Cursor { bytes: b"GGUF", at: 0, file_len: 100, kept: 0 });
+        assert!(matches!(short, Err(HeaderRead::NeedMore { .. })), "{short:?}");
+    }
+
+    #[test]
+    fn the_alignment_is_a_uint32_power_of_two_multiple_of_eight_or_the_default() {
+        let of = |kvs: Vec<KeyValue>| alignment_of(&kvs).map_err(|e| e.code());
+        assert_eq!(of(vec![]), Ok(DEFAULT_ALIGNMENT));
+        assert_eq!(of(vec![kv("general.alignment", ValueType::U32, MetaValue::Int(64))]), Ok(64));
+        assert_eq!(of(vec![kv("general.alignment", ValueType::U32, MetaValue::Int(12))]), Err("gguf_alignment"));
+        assert_eq!(of(vec![kv("general.alignment", ValueType::U64, MetaValue::Int(64))]), Err("gguf_alignment"));
+    }
+
+    #[test]
+    fn the_padding_before_the_data_is_aligned_inside_the_file_and_zero() {
+        // The infos end at 1; with an alignment of 4 the data starts at 4.
+        let padding = |bytes: &[u8], file_len: u64| read_padding(&mut Cursor { bytes, at: 1, file_len, kept: 0 }, 4);
+        assert_eq!(padding(&[9, 0, 0, 0], 8), Ok(4));
+        assert_eq!(code_of(padding(&[9, 0, 7, 0], 8)), "gguf_padding");
+        assert_eq!(code_of(padding(&[9, 0, 0, 0], 3)), "gguf_truncated");
+    }
+
+    #[test]
+    fn tensors_are_placed_aligned_in_whole_blocks_inside_the_file_without_overlap() {
+        let f32 = ggml_type(0).unwrap();
+        let q8_0 = ggml_type(8).unwrap();
+        let info =
+            |name: &str, ne: &[u64], ggml: GgmlType, offset: u64| (0, name.to_owned(), ne.to_vec(), ggml, offset);
+        let place = |infos: Vec<RawInfo>| place_tensors(infos, 32, 64, 64 + 256).map_err(|e| e.code());
+        let (tensors, quantized) = place(vec![info("b", &[8], f32, 32), info("a", &[8], f32, 0)]).unwrap();
+        assert_eq!(
+            tensors.iter().map(|t| (t.name.as_str(), t.range.clone())).collect::<Vec<_>>(),
+            [("a", 64..96), ("b", 96..128)]
+        );
+        assert!(!quantized);
+        assert_eq!(place(vec![info("q", &[32, 2], q8_0, 0)]).map(|(_, q)| q), Ok(true));
+        assert_eq!(place(vec![info("a", &[8], f32, 4)]), Err("gguf_misaligned"));
+        assert_eq!(place(vec![info("a", &[16], f32, 0), info("b", &[8], f32, 32)]), Err("gguf_overlap"));
+        assert_eq!(place(vec![info("a", &[8], f32, 256)]), Err("gguf_out_of_bounds"));
+        assert_eq!(place(vec![info("q", &[31], q8_0, 0)]), Err("gguf_block"));
+        assert_eq!(place(vec![info("a", &[u64::MAX, 2], f32, 0)]), Err("gguf_shape"));
+    }
+
+    #[test]
+    fn a_model_names_its_architecture_and_quantized_tensors_their_quantization_version() {
+        let arch = |name: &str| kv("general.architecture", ValueType::String, MetaValue::Text(name.into()));
+        let version = kv("general.quantization_version", ValueType::U32, MetaValue::Int(2));
+        let check = |kvs: &[KeyValue], first: bool, quantized: bool| {
+            check_required_keys(kvs, first, quantized).map_err(|e| e.code())
+        };
+        assert_eq!(check(&[arch("llama")], true, false), Ok(()));
+        assert_eq!(check(&[arch("Llama")], true, false), Err("gguf_architecture"));
+        assert_eq!(check(&[], true, false), Err("gguf_architecture"));
+        // A later part of a split model need not repeat them.
+        assert_eq!(check(&[], false, true), Ok(()));
+        assert_eq!(check(&[arch("llama")], true, true), Err("gguf_quantization_version"));
+        assert_eq!(check(&[arch("llama"), version], true, true), Ok(()));
+    }
 
     fn code(file: &[u8]) -> &'static str {
         match parse_file(file).and_then(|h| h.into_manifest(file.len() as u64)) {
