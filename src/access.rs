@@ -5,8 +5,8 @@
 //! token is compared with every one of them in constant time, so neither the comparison's
 //! timing nor a heap dump gives a token away; no token is ever logged. How a token is presented
 //! is each protocol's business (the bearer header HTTP and the Hub API read with [`bearer`],
-//! S3's signing keys); a model outside a token's prefixes answers exactly as a model that does
-//! not exist.
+//! S3's signing keys); what it comes to is one [`Verdict`], whose refusal is counted once; a
+//! model outside a token's prefixes answers exactly as a model that does not exist.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -40,6 +40,41 @@ impl Access {
                 .iter()
                 .any(|p| id.strip_prefix(p.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))),
         }
+    }
+}
+
+/// What a request's credentials come to ([`Tokens::verdict`]): one verdict per request,
+/// whatever the protocol.
+#[derive(Debug, Clone)]
+pub(crate) enum Verdict {
+    /// What it may read: everything when no tokens are needed, else its token's grant.
+    Allowed(Access),
+    /// Tokens are needed and it carries none.
+    Missing,
+    /// The token it carries is not accepted.
+    Invalid,
+}
+
+/// Why a request is refused for its credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    Missing,
+    Invalid,
+}
+
+impl Verdict {
+    /// What the request may read, or why it is refused. A refusal is counted here, in
+    /// `ztserve_auth_failures_total` by reason, and nowhere else, so a refused request counts
+    /// once whichever protocol refuses it.
+    pub(crate) fn access(&self) -> Result<Access, Refused> {
+        let refused = match self {
+            Verdict::Allowed(access) => return Ok(access.clone()),
+            Verdict::Missing => Refused::Missing,
+            Verdict::Invalid => Refused::Invalid,
+        };
+        let reason = if refused == Refused::Missing { "missing" } else { "invalid" };
+        metrics::counter!(names::AUTH_FAILURES, "reason" => reason).increment(1);
+        Err(refused)
     }
 }
 
@@ -165,9 +200,21 @@ impl Tokens {
         self.from_config.len() + self.from_file.read().expect("never poisoned").0.len()
     }
 
+    /// The verdict on a request that carries `presented`, its token if any (as its protocol
+    /// presents one).
+    pub(crate) fn verdict(&self, presented: Option<&str>) -> Verdict {
+        if !self.required() {
+            return Verdict::Allowed(Access::Everything);
+        }
+        match presented {
+            None => Verdict::Missing,
+            Some(token) => self.check(token).map_or(Verdict::Invalid, Verdict::Allowed),
+        }
+    }
+
     /// What `token` may read, or `None` if it is not a valid token. Every grant is compared,
     /// whatever matched first.
-    pub(crate) fn check(&self, token: &str) -> Option<Access> {
+    fn check(&self, token: &str) -> Option<Access> {
         let presented: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         let from_file = self.from_file.read().expect("never poisoned");
         let mut found = None;

@@ -7,7 +7,8 @@
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::service::{ErrorKind, INTERNAL_MESSAGE, ServiceError};
+use crate::service::{ErrorKind, ServiceError};
+use crate::transport::error_parts::{ErrorClass, ErrorParts};
 use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
@@ -87,43 +88,35 @@ impl HubError {
     }
 }
 
+impl HubError {
+    fn class(&self) -> ErrorClass<'_> {
+        match self {
+            HubError::Service(error) => ErrorClass::Service(error),
+            HubError::Bytes(refusal) => refusal.class(),
+            HubError::Internal(_) => ErrorClass::Internal,
+            HubError::RequestTimeout => ErrorClass::TimedOut,
+            _ => ErrorClass::Plain,
+        }
+    }
+}
+
 impl IntoResponse for HubError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = match &self {
-            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => error.message_for_client(),
-            HubError::Internal(_) | HubError::Bytes(ByteRefusal::Internal(_)) => {
-                tracing::error!(error = %self, "Hub API request failed");
-                INTERNAL_MESSAGE.to_owned()
-            }
-            _ => self.to_string(),
-        };
-        let mut response = (status, axum::Json(serde_json::json!({ "error": message }))).into_response();
+        let parts = ErrorParts::of(&self, self.class(), "hub");
+        let mut response = (status, axum::Json(serde_json::json!({ "error": parts.message }))).into_response();
         let headers = response.headers_mut();
+        // huggingface_hub 2.x waits Retry-After (plus 1 s) before each of its retries.
+        parts.add_headers(headers);
         // A header value holds no control characters; the JSON body has the message whole.
-        let printable: String = message.chars().map(|c| if c.is_ascii_graphic() { c } else { ' ' }).collect();
+        let printable: String = parts.message.chars().map(|c| if c.is_ascii_graphic() { c } else { ' ' }).collect();
         headers.insert(HeaderName::from_static("x-error-message"), HeaderValue::from_str(&printable).expect("ASCII"));
         if let Some(code) = code {
             headers.insert(HeaderName::from_static("x-error-code"), HeaderValue::from_static(code));
         }
-        let retry_after = match &self {
-            HubError::Service(error) | HubError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
-            HubError::RequestTimeout => Some(1),
-            _ => None,
-        };
-        if let Some(after) = retry_after {
-            // huggingface_hub 2.x waits Retry-After (plus 1 s) before each of its retries.
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
-        }
         match self {
             HubError::EntryNotFound { commit, .. } => {
                 headers.insert(HeaderName::from_static("x-repo-commit"), HeaderValue::from_str(&commit).expect("hex"));
-            }
-            HubError::Bytes(
-                ByteRefusal::RangeNotSatisfiable { length } | ByteRefusal::TooManyRanges { length, .. },
-            ) => {
-                let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
-                headers.insert(header::CONTENT_RANGE, value);
             }
             HubError::MethodNotAllowed { allowed, .. } => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allowed));

@@ -27,12 +27,11 @@ use serde_json::{Value, json};
 
 pub(crate) use self::error::HubError;
 use self::repos::{HubRoute, TreeEntry};
-use crate::access::{Access, Tokens};
+use crate::access::{Access, Tokens, Verdict};
 use crate::api::routes;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
 use crate::service::{DigestOf, PublishedFile, Service};
-use crate::telemetry::names;
 use crate::transport::Refusals;
 use crate::transport::respond::{Representation, bytes_response};
 
@@ -74,25 +73,27 @@ fn route_label(uri: &Uri) -> &'static str {
     }
 }
 
-/// Who is asking.
-enum Caller {
-    /// No token, where tokens are needed: every repository answers as a missing one (401).
-    Anonymous,
-    Allowed(Access),
-}
+/// Who is asking: the verdict on its token. One without a token, where tokens are needed, is
+/// refused only where it asks for a repository (every one answers as a missing one, 401) or a
+/// listing; a token not accepted is refused at once.
+struct Caller(Verdict);
 
 impl Caller {
     fn of(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, HubError> {
-        if !tokens.required() {
-            return Ok(Caller::Allowed(Access::Everything));
+        let verdict = tokens.verdict(crate::access::bearer(headers));
+        if let Verdict::Invalid = verdict {
+            verdict.access().map_err(|_| HubError::InvalidCredentials)?;
         }
-        match crate::access::bearer(headers) {
-            None => Ok(Caller::Anonymous),
-            Some(token) => tokens.check(token).map(Caller::Allowed).ok_or_else(|| {
-                metrics::counter!(names::AUTH_FAILURES, "reason" => "invalid").increment(1);
-                HubError::InvalidCredentials
-            }),
-        }
+        Ok(Caller(verdict))
+    }
+
+    /// What it may read, or the refusal (counted).
+    fn access(&self) -> Result<Access, crate::access::Refused> {
+        self.0.access()
+    }
+
+    fn is_anonymous(&self) -> bool {
+        matches!(self.0, Verdict::Missing)
     }
 }
 
@@ -186,12 +187,6 @@ async fn answer(
     }
 }
 
-impl Caller {
-    fn is_anonymous(&self) -> bool {
-        matches!(self, Caller::Anonymous)
-    }
-}
-
 /// A repository at the revision a request names.
 struct RepoAt {
     repo: String,
@@ -274,10 +269,7 @@ impl HubState {
     /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
     fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
         let missing = || HubError::RepoNotFound { repo: repo.to_owned(), anonymous: caller.is_anonymous() };
-        let Caller::Allowed(access) = caller else {
-            metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
-            return Err(missing());
-        };
+        let access = caller.access().map_err(|_| missing())?;
         let catalog = self.service.catalog();
         let id = self
             .model_id_of(&catalog, repo)
@@ -575,10 +567,7 @@ async fn list_models(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response, HubError> {
-    let Caller::Allowed(access) = caller else {
-        metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
-        return Err(HubError::TokenRequired);
-    };
+    let access = caller.access().map_err(|_| HubError::TokenRequired)?;
     if !state.service.is_ready() {
         return Err(crate::service::ServiceError::NotReady.into());
     }

@@ -10,8 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState};
-use crate::access::Access;
-use crate::telemetry::names;
+use crate::access::{Access, Refused};
 
 /// Paths anyone may reach: probes must work without credentials.
 fn is_open_path(path: &str, metrics_open: bool) -> bool {
@@ -22,21 +21,13 @@ fn is_open_path(path: &str, metrics_open: bool) -> bool {
 /// may read as its [`Access`]; answers 401 otherwise.
 pub(super) async fn require_token(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let tokens = &state.tokens;
-    let access = if !tokens.required() || is_open_path(request.uri().path(), !state.config().auth.metrics_require_token)
-    {
-        Some(Access::Everything)
+    let access = if is_open_path(request.uri().path(), !state.config().auth.metrics_require_token) {
+        Access::Everything
     } else {
-        match crate::access::bearer(request.headers()) {
-            None => {
-                metrics::counter!(names::AUTH_FAILURES, "reason" => "missing").increment(1);
-                return ApiError::Unauthorized { invalid: false }.into_response();
-            }
-            Some(token) => tokens.check(token),
+        match tokens.verdict(crate::access::bearer(request.headers())).access() {
+            Ok(access) => access,
+            Err(refused) => return ApiError::Unauthorized { invalid: refused == Refused::Invalid }.into_response(),
         }
-    };
-    let Some(access) = access else {
-        metrics::counter!(names::AUTH_FAILURES, "reason" => "invalid").increment(1);
-        return ApiError::Unauthorized { invalid: true }.into_response();
     };
     request.extensions_mut().insert(access);
     next.run(request).await

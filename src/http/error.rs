@@ -8,7 +8,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::service::{ErrorKind, INTERNAL_MESSAGE, ServiceError};
+use crate::service::{ErrorKind, ServiceError};
+use crate::transport::error_parts::{ErrorClass, ErrorParts};
 use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
@@ -75,12 +76,15 @@ impl ApiError {
         }
     }
 
-    /// Seconds a client should wait before trying again, for a refusal that passes.
-    fn retry_after(&self) -> Option<u64> {
+    fn class(&self) -> ErrorClass<'_> {
         match self {
-            ApiError::RequestTimeout => Some(1),
-            ApiError::Service(error) => error.retry_after_secs(),
-            _ => None,
+            ApiError::Service(error) => ErrorClass::Service(error),
+            ApiError::Internal(_) => ErrorClass::Internal,
+            ApiError::RequestTimeout => ErrorClass::TimedOut,
+            ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {
+                ErrorClass::Unsatisfiable { length: *length }
+            }
+            _ => ErrorClass::Plain,
         }
     }
 }
@@ -88,42 +92,17 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = match &self {
-            ApiError::Service(error) => error.message_for_client(),
-            ApiError::Internal(_) => {
-                tracing::error!(error = %self, "request failed");
-                INTERNAL_MESSAGE.to_owned()
-            }
-            _ => self.to_string(),
-        };
-        let reason = match &self {
-            ApiError::Service(error) => error.reason(),
-            _ => None,
-        };
-        let mut body = json!({ "error": { "code": code, "message": message } });
-        if let Some(reason) = reason {
+        let parts = ErrorParts::of(&self, self.class(), "http");
+        let mut body = json!({ "error": { "code": code, "message": parts.message } });
+        if let Some(reason) = if let ApiError::Service(error) = &self { error.reason() } else { None } {
             body["error"]["reason"] = json!(reason);
         }
-        let retry_after = self.retry_after();
         let mut response = (status, axum::Json(body)).into_response();
-        let headers = response.headers_mut();
-        if let Some(after) = retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
-        }
-        match self {
-            ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {
-                let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
-                headers.insert(header::CONTENT_RANGE, value);
-            }
-            ApiError::Unauthorized { invalid } => {
-                let challenge = if invalid {
-                    r#"Bearer realm="ztserve", error="invalid_token""#
-                } else {
-                    r#"Bearer realm="ztserve""#
-                };
-                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
-            }
-            _ => {}
+        parts.add_headers(response.headers_mut());
+        if let ApiError::Unauthorized { invalid } = self {
+            let challenge =
+                if invalid { r#"Bearer realm="ztserve", error="invalid_token""# } else { r#"Bearer realm="ztserve""# };
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
         }
         response
     }

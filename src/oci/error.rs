@@ -5,7 +5,8 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::service::{ErrorKind, INTERNAL_MESSAGE, ServiceError};
+use crate::service::{ErrorKind, ServiceError};
+use crate::transport::error_parts::{ErrorClass, ErrorParts};
 use crate::transport::respond::ByteRefusal;
 
 #[derive(Debug, thiserror::Error)]
@@ -82,30 +83,28 @@ impl OciError {
     }
 }
 
+impl OciError {
+    fn class(&self) -> ErrorClass<'_> {
+        match self {
+            OciError::Service(error) => ErrorClass::Service(error),
+            OciError::Bytes(refusal) => refusal.class(),
+            OciError::Internal(_) => ErrorClass::Internal,
+            OciError::RequestTimeout => ErrorClass::TimedOut,
+            _ => ErrorClass::Plain,
+        }
+    }
+}
+
 impl IntoResponse for OciError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = match &self {
-            OciError::Service(error) | OciError::Bytes(ByteRefusal::Source(error)) => error.message_for_client(),
-            OciError::Internal(_) | OciError::Bytes(ByteRefusal::Internal(_)) => {
-                tracing::error!(error = %self, "registry request failed");
-                INTERNAL_MESSAGE.to_owned()
-            }
-            _ => self.to_string(),
-        };
-        let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
+        let parts = ErrorParts::of(&self, self.class(), "oci");
+        let body = serde_json::json!({ "errors": [{ "code": code, "message": parts.message, "detail": null }] });
         let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
+        parts.add_headers(headers);
         // Also on the layers' refusals (a panic, a timeout), which answer without `dispatch`.
         headers.insert(super::API_VERSION.0, HeaderValue::from_static(super::API_VERSION.1));
-        let retry_after = match &self {
-            OciError::Service(error) | OciError::Bytes(ByteRefusal::Source(error)) => error.retry_after_secs(),
-            OciError::RequestTimeout => Some(1),
-            _ => None,
-        };
-        if let Some(after) = retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
-        }
         match self {
             OciError::Unauthorized { challenge } => {
                 if let Ok(value) = HeaderValue::from_str(&challenge) {
@@ -114,12 +113,6 @@ impl IntoResponse for OciError {
             }
             OciError::Unsupported { allowed, .. } => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
-            }
-            OciError::Bytes(
-                ByteRefusal::RangeNotSatisfiable { length } | ByteRefusal::TooManyRanges { length, .. },
-            ) => {
-                let value = HeaderValue::from_str(&format!("bytes */{length}")).expect("ASCII");
-                headers.insert(header::CONTENT_RANGE, value);
             }
             _ => {}
         }

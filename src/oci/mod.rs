@@ -35,7 +35,6 @@ use crate::api::routes;
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
 use crate::service::{DigestOf, LayerFraming, PublishedFile, Service, TarLayer, version_token};
-use crate::telemetry::names as metric_names;
 use crate::transport::Refusals;
 use crate::transport::respond::{Representation, bytes_response};
 
@@ -218,15 +217,9 @@ fn presented_token(headers: &HeaderMap) -> Option<String> {
 /// What the caller may read; without a valid token where tokens are needed, the challenge
 /// that sends the client to the token endpoint (for `scope`).
 fn caller(state: &OciState, headers: &HeaderMap, scope: Option<&str>) -> Result<Access, OciError> {
-    if !state.tokens.required() {
-        return Ok(Access::Everything);
-    }
-    let presented = presented_token(headers);
-    if let Some(access) = presented.as_deref().and_then(|token| state.tokens.check(token)) {
+    if let Ok(access) = state.tokens.verdict(presented_token(headers).as_deref()).access() {
         return Ok(access);
     }
-    let reason = if presented.is_some() { "invalid" } else { "missing" };
-    metrics::counter!(metric_names::AUTH_FAILURES, "reason" => reason).increment(1);
     // Only what can stand inside the challenge's quoted string.
     let plain = |name: &str| {
         headers
@@ -249,14 +242,11 @@ fn caller(state: &OciState, headers: &HeaderMap, scope: Option<&str>) -> Result<
 fn token(state: &OciState, headers: &HeaderMap) -> Result<Response, OciError> {
     let token = if state.tokens.required() {
         let presented = presented_token(headers);
-        match presented.filter(|token| state.tokens.check(token).is_some()) {
-            Some(token) => token,
-            None => {
-                metrics::counter!(metric_names::AUTH_FAILURES, "reason" => "invalid").increment(1);
-                let challenge = r#"Basic realm="ztserve""#.to_owned();
-                return Err(OciError::Unauthorized { challenge });
-            }
+        if state.tokens.verdict(presented.as_deref()).access().is_err() {
+            let challenge = r#"Basic realm="ztserve""#.to_owned();
+            return Err(OciError::Unauthorized { challenge });
         }
+        presented.expect("an accepted token was presented")
     } else {
         // Nothing is needed: any token serves, and this one says so.
         "anonymous".to_owned()

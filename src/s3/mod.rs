@@ -12,6 +12,7 @@
 //! with a token's S3 key and see only the models the token may read (others are `NoSuchKey`,
 //! as absent models are on the HTTP routes).
 
+mod error;
 mod keys;
 
 use std::sync::{Arc, Mutex};
@@ -28,9 +29,10 @@ use s3s::dto::{
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 
+use self::error::{internal_error, request_timeout, service_error};
 use self::keys::{After, Holds, Key, Keys, Query};
-use crate::access::{Access, Tokens};
-use crate::service::{ErrorKind, PublishedFile, Service, ServiceError, StoredBytes};
+use crate::access::{Access, Refused, Tokens, Verdict};
+use crate::service::{PublishedFile, Service, ServiceError, StoredBytes};
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
@@ -61,32 +63,6 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     crate::transport::with_common_layers(router, &config, |_| "s3", refusals)
 }
 
-/// A handler's panic, answered as S3 answers an internal error.
-fn internal_error() -> axum::response::Response {
-    s3_error_response(S3Error::with_message(S3ErrorCode::InternalError, "internal error"))
-}
-
-/// An answer not started within `request_timeout_secs`, as S3's `RequestTimeout`.
-fn request_timeout() -> axum::response::Response {
-    s3_error_response(s3_error!(RequestTimeout, "the answer did not start within the request timeout"))
-}
-
-/// An S3 error as the XML response `s3s` writes for it.
-fn s3_error_response(error: S3Error) -> axum::response::Response {
-    let status = error.status_code().unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let code = error.code().as_str().to_owned();
-    let message = error.message().unwrap_or_default().to_owned();
-    let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message></Error>",
-        xml_escape(&message)
-    );
-    axum::response::IntoResponse::into_response((status, [(axum::http::header::CONTENT_TYPE, "application/xml")], body))
-}
-
-fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
 /// With no tokens, every request is served as it comes: its signature, which no configured
 /// secret could check, is dropped (clients with credentials configured sign by default).
 async fn unsigned(mut request: Request) -> Request {
@@ -112,8 +88,16 @@ impl s3s::auth::S3Auth for TokenKeys {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
         match self.0.s3_key(access_key) {
             Some((secret, _)) => Ok(s3s::auth::SecretKey::from(&*secret)),
-            None => Err(s3_error!(InvalidAccessKeyId, "no token has this access key id")),
+            None => Err(refusal(Verdict::Invalid)),
         }
+    }
+}
+
+/// The S3 error of a refused verdict, the refusal counted.
+fn refusal(verdict: Verdict) -> S3Error {
+    match verdict.access() {
+        Err(Refused::Missing) => s3_error!(AccessDenied, "requests must be signed with a token's S3 key"),
+        _ => s3_error!(InvalidAccessKeyId, "no token has this access key id"),
     }
 }
 
@@ -137,15 +121,17 @@ impl Endpoint {
     /// What the request may read: everything when no tokens are configured, otherwise what
     /// its verified access key's token may (`s3s` has already refused a bad signature).
     fn access<T>(&self, request: &S3Request<T>) -> S3Result<Access> {
-        if !self.tokens.required() {
-            return Ok(Access::Everything);
-        }
-        let Some(credentials) = &request.credentials else {
-            return Err(s3_error!(AccessDenied, "requests must be signed with a token's S3 key"));
+        let verdict = match &request.credentials {
+            _ if !self.tokens.required() => Verdict::Allowed(Access::Everything),
+            None => Verdict::Missing,
+            Some(credentials) => match self.tokens.s3_key(&credentials.access_key) {
+                Some((_, access)) => Verdict::Allowed(access),
+                None => Verdict::Invalid,
+            },
         };
-        match self.tokens.s3_key(&credentials.access_key) {
-            Some((_, access)) => Ok(access),
-            None => Err(s3_error!(InvalidAccessKeyId, "no token has this access key id")),
+        match verdict {
+            Verdict::Allowed(access) => Ok(access),
+            refused => Err(refusal(refused)),
         }
     }
 
@@ -283,20 +269,6 @@ fn max_keys(asked: Option<i32>) -> S3Result<usize> {
         Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
         Some(n) => Ok((n as usize).min(MAX_KEYS)),
     }
-}
-
-/// An S3 error for each kind of service failure, with the message a client may read (what it
-/// leaves out is logged once).
-fn service_error(error: ServiceError) -> S3Error {
-    let code = match error.kind() {
-        ErrorKind::NotFound => S3ErrorCode::NoSuchKey,
-        ErrorKind::BadInput => S3ErrorCode::InvalidArgument,
-        ErrorKind::Refused => S3ErrorCode::InvalidObjectState,
-        ErrorKind::Busy { .. } => S3ErrorCode::SlowDown,
-        ErrorKind::Unavailable { .. } => S3ErrorCode::ServiceUnavailable,
-        ErrorKind::Internal => S3ErrorCode::InternalError,
-    };
-    S3Error::with_message(code, error.message_for_client())
 }
 
 /// Our ETag (quoted) as S3's.

@@ -2,11 +2,13 @@
 //! its limits ([`connections`]: count, head size, header and idle timeouts, graceful drain),
 //! connections that send slices of mapped files with `sendfile` instead of copying them
 //! ([`zero_copy`]), the layers every request passes ([`layers`]: metrics, tracing, panic
-//! catching, timeout, concurrency limit), and byte responses with ranges and conditionals
-//! ([`respond`] over the pure [`range`]) for the protocols that answer plain GETs for bytes.
+//! catching, timeout, concurrency limit), byte responses with ranges and conditionals
+//! ([`respond`] over the pure [`range`]) for the protocols that answer plain GETs for bytes,
+//! and what every protocol's error response has in common ([`error_parts`]).
 //! Nothing here knows HTTP routes, S3 or any other protocol's meaning of a request.
 
 mod connections;
+pub(crate) mod error_parts;
 mod layers;
 pub(crate) mod range;
 pub(crate) mod respond;
