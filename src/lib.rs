@@ -1,8 +1,9 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files, safetensors checkpoints and GGUF files.
 //!
 //! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} -> service ->
-//! {catalog, decode} -> storage -> format, with `api`, `config` and `telemetry` beside them; no
-//! module imports one above it, and the wire protocols never name each other.
+//! {catalog, decode, digests} -> storage -> format, with `api`, `config` and `telemetry` beside
+//! them; no module imports one above it, and the wire protocols never name each other
+//! (`tests/it/layers.rs` keeps it so).
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
 //!   URL builders (ids written naturally where unambiguous, other names percent-encoded
 //!   segments), `X-Zt-*` header names.
@@ -28,12 +29,16 @@
 //!   file (stored-byte sources read with `pread` or streamed from S3, never loaded from a
 //!   mapping, so a file truncated in place cannot raise SIGBUS; the decode cursor; the shared
 //!   decode; private decodes; the cache bounded in bytes).
+//! - `digests`: content digests as a component: where the SHA-256 of each published file and
+//!   image layer is kept (memory and the digest store; a `SHA256SUMS`'s until checked), the
+//!   queue of those to compute (urgency, one job per file shared by its askers, retries, what a
+//!   rescan drops, progress) and how long they take; it knows nothing of models or requests.
 //! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
 //!   swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
 //!   version (digest verdicts, seek tables, view plans, the rendered manifest), the files each
-//!   version publishes and their SHA-256 (hashed ahead of need in the background, once per
-//!   stored file version, or taken from a `SHA256SUMS` and checked on a whole read; kept across
-//!   restarts in the digest store), the digest policy, content checks, decoder admission, the typed representations requests get
+//!   version publishes and which of their SHA-256 to compute (ahead of need in the background
+//!   or when asked, through `digests`; taken from a `SHA256SUMS` and checked on a whole read),
+//!   the digest policy, content checks, decoder admission, the typed representations requests get
 //!   (a component cut whole, by ranges or as a slice), each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it),
 //!   slices of dense objects for tensor-parallel ranks, cut where the bytes are, and
@@ -83,6 +88,7 @@ pub mod api;
 mod catalog;
 pub mod config;
 mod decode;
+mod digests;
 mod hf;
 mod http;
 mod oci;

@@ -14,7 +14,7 @@ pub(crate) enum SetupError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
-    DigestStore(#[from] super::digests::DigestStoreError),
+    DigestStore(#[from] crate::digests::DigestStoreError),
     #[error(transparent)]
     Cache(#[from] crate::storage::cache::CacheError),
 }

@@ -10,32 +10,24 @@
 //! not yet known moves its file to the front of the queue and waits a bounded time; every
 //! asker of a file shares its one computation, which goes on when they go away. Progress
 //! (bytes hashed of bytes to hash, per model) and an estimate of the time left are what a
-//! refused asker is told.
+//! refused asker is told. The queue, the store and the estimate are [`crate::digests`]'s; this
+//! module decides what to hash and hashes it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bytes::{ModelBytes, StoredBytes, model_bytes};
-use super::digests::{FileHasher, FileIdentity, FileSha256s, sha256_of};
 use super::image_layer::{LayerFraming, layer_identity};
 use super::representation::{ByteStream, Guard, RangeSource, guard, guarded};
+use super::sha256::{FileHasher, FileSha256s, sha256_of};
 use super::{Published, PublishedFile, Service, ServiceError};
 use crate::catalog::{Catalog, Model};
+use crate::digests::{DigestProgress, FileIdentity, ModelFiles, Queue, QueuedJob, Throughput, Urgency};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
 use crate::telemetry::names;
-
-/// A throughput assumed for one hashing worker before any file has been hashed (bytes per
-/// second): SHA-256 with the CPU's SHA extensions, reading from the page cache.
-const ASSUMED_RATE: u64 = 1 << 30;
-
-/// Files shorter than this say little about throughput (their time is mostly set-up).
-const RATE_SAMPLE_MIN: u64 = 64 << 20;
-
-/// The longest wait a refused asker is told to make, in seconds.
-const MAX_RETRY_AFTER_SECS: u64 = 3600;
 
 /// Which digest of a published file is asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,23 +36,6 @@ pub(crate) enum DigestOf {
     File,
     /// Of the file's image layer ([`super::image_layer`]).
     ImageLayer,
-}
-
-/// Where a file is in the queue: by urgency, then in order of arrival.
-type Place = (Urgency, u64);
-
-/// Who wants a file's digest, most urgent first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Urgency {
-    /// A request about this one file (a HEAD with a client's short timeout).
-    FileAsked,
-    /// A listing of a model's files (a tree, a manifest), whose clients wait longer.
-    ListingAsked,
-    /// A scan.
-    Scheduled,
-    /// A scan, for image layers: after every file's own digest, so those are known as soon
-    /// as they were before images (a layer's digest is a second SHA-256 over the same bytes).
-    ScheduledImageLayers,
 }
 
 /// What hashing one file needs: the snapshot it was listed in.
@@ -118,121 +93,18 @@ impl Job {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Queued(Place),
-    Hashing,
-    Failed,
-}
-
-struct Entry {
-    job: Arc<Job>,
-    state: State,
-}
-
-/// The files of one model version, as the last scan listed them.
-struct ModelFiles {
-    version: String,
-    files: Vec<(FileIdentity, u64)>,
-}
-
-#[derive(Default)]
-struct Queue {
-    entries: HashMap<FileIdentity, Entry>,
-    order: BTreeSet<(Place, FileIdentity)>,
-    next_arrival: u64,
-    running: usize,
-    /// Built files being hashed: a scan's are hashed one at a time, so background hashing
-    /// never holds every decoder a request could need.
-    building: usize,
-    models: HashMap<String, ModelFiles>,
-    /// Files of the listed models whose digest is known.
-    known_files: usize,
-}
-
-impl Queue {
-    fn place(&mut self, urgency: Urgency) -> Place {
-        self.next_arrival += 1;
-        (urgency, self.next_arrival)
-    }
-
-    /// Queues `identity` (already an entry) at `urgency`, or moves it up to it.
-    fn enqueue(&mut self, identity: FileIdentity, urgency: Urgency) {
-        let current = self.entries.get(&identity).map(|e| e.state);
-        match current {
-            Some(State::Queued(place)) if place.0 <= urgency => {}
-            Some(State::Queued(place)) => {
-                self.order.remove(&(place, identity));
-                let place = self.place(urgency);
-                self.order.insert((place, identity));
-                self.entries.get_mut(&identity).expect("present").state = State::Queued(place);
-            }
-            Some(State::Failed) => {
-                let place = self.place(urgency);
-                self.order.insert((place, identity));
-                let entry = self.entries.get_mut(&identity).expect("present");
-                entry.state = State::Queued(place);
-                entry.job.outcome.send_replace(Outcome::Running);
-            }
-            Some(State::Hashing) | None => {}
-        }
-    }
-
-    /// The next file to hash: the first in order, passing over a scan's built files while
-    /// one is being hashed.
-    fn pop(&mut self) -> Option<(FileIdentity, Arc<Job>)> {
-        let waits = |(place, identity): &(Place, FileIdentity)| {
-            place.0 >= Urgency::Scheduled && self.building > 0 && self.entries[identity].job.built
-        };
-        let next = *self.order.iter().find(|queued| !waits(queued))?;
-        self.order.remove(&next);
-        let entry = self.entries.get_mut(&next.1).expect("every queued file has an entry");
-        entry.state = State::Hashing;
-        self.building += usize::from(entry.job.built);
-        Some((next.1, Arc::clone(&entry.job)))
-    }
-
-    /// Ends the hashing of `job`, for the counts of what runs.
-    fn finished(&mut self, job: &Job) {
-        self.building -= usize::from(job.built);
-    }
-}
-
 /// The background hashing of published files.
 pub(crate) struct Hashing {
-    queue: Mutex<Queue>,
+    queue: Mutex<Queue<Job>>,
     /// Which sources' files scans queue; the others' only requests do.
     ahead: crate::config::HashAhead,
     workers: usize,
     read_buffer: usize,
     spare_page_cache: bool,
     /// Bytes per second one worker hashes, from the files hashed so far.
-    rate: AtomicU64,
+    rate: Throughput,
     /// Checks of stated digests running, by file: concurrent whole reads share one.
     checks: Mutex<HashMap<FileIdentity, Guard>>,
-}
-
-/// How far the hashing of one model version's files is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct DigestProgress {
-    /// Whether the files were listed for hashing yet (after the scan that found them).
-    pub listed: bool,
-    pub files: usize,
-    pub known_files: usize,
-    pub bytes: u64,
-    pub hashed_bytes: u64,
-}
-
-impl DigestProgress {
-    pub(crate) fn to_json(self) -> serde_json::Value {
-        serde_json::json!({
-            "files": self.files,
-            "known_files": self.known_files,
-            "bytes": self.bytes,
-            "hashed_bytes": self.hashed_bytes,
-            "complete": self.listed && self.known_files == self.files,
-        })
-    }
 }
 
 impl Hashing {
@@ -245,49 +117,43 @@ impl Hashing {
             workers,
             read_buffer: config.read_buffer_bytes as usize,
             spare_page_cache: config.spare_page_cache,
-            rate: AtomicU64::new(ASSUMED_RATE),
+            rate: Throughput::default(),
             checks: Mutex::default(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue<Job>> {
         self.queue.lock().expect("never poisoned")
     }
+}
 
-    /// Seconds until `remaining` bytes are hashed by `workers` workers at the rate seen so far.
-    fn seconds_for(&self, remaining: u64, workers: usize) -> u64 {
-        let rate = self.rate.load(Ordering::Relaxed).max(1) * workers.max(1) as u64;
-        remaining.div_ceil(rate).clamp(1, MAX_RETRY_AFTER_SECS)
+impl QueuedJob for Job {
+    fn size(&self) -> u64 {
+        self.size
     }
 
-    fn learn_rate(&self, bytes: u64, took: Duration) {
-        if bytes < RATE_SAMPLE_MIN || took.is_zero() {
-            return;
-        }
-        let seen = (bytes as f64 / took.as_secs_f64()) as u64;
-        let old = self.rate.load(Ordering::Relaxed);
-        // Weighted toward the newest: the machine's load changes.
-        self.rate.store((old + 3 * seen) / 4, Ordering::Relaxed);
+    fn hashed(&self) -> u64 {
+        self.hashed.load(Ordering::Relaxed)
+    }
+
+    fn built(&self) -> bool {
+        self.built
+    }
+
+    fn retried(&self) {
+        self.outcome.send_replace(Outcome::Running);
     }
 }
 
 /// The gauges of the queue, set from it whole.
-fn publish_gauges(queue: &Queue) {
-    let (mut queued, mut hashing, mut failed, mut pending) = (0usize, 0usize, 0usize, 0u64);
-    for entry in queue.entries.values() {
-        match entry.state {
-            State::Queued(_) => queued += 1,
-            State::Hashing => hashing += 1,
-            State::Failed => failed += 1,
-        }
-        if entry.state != State::Failed {
-            pending += entry.job.size.saturating_sub(entry.job.hashed.load(Ordering::Relaxed));
-        }
-    }
-    for (state, count) in [("queued", queued), ("hashing", hashing), ("failed", failed), ("known", queue.known_files)] {
+fn publish_gauges(queue: &Queue<Job>) {
+    let counts = queue.counts();
+    for (state, count) in
+        [("queued", counts.queued), ("hashing", counts.hashing), ("failed", counts.failed), ("known", counts.known)]
+    {
         metrics::gauge!(names::DIGEST_FILES, "state" => state).set(count as f64);
     }
-    metrics::gauge!(names::DIGEST_PENDING_BYTES).set(pending as f64);
+    metrics::gauge!(names::DIGEST_PENDING_BYTES).set(counts.pending_bytes as f64);
 }
 
 impl Service {
@@ -296,7 +162,7 @@ impl Service {
     /// gives (a Hub file's LFS id) is kept at once, unread; one a `SHA256SUMS` in the model's
     /// directory states is taken until a whole read checks it. Called after each scan.
     pub(crate) async fn schedule_digests(self: &Arc<Self>, catalog: &Arc<Catalog>) {
-        let mut wanted: Vec<(FileIdentity, Arc<Job>)> = Vec::new();
+        let mut wanted: Vec<(FileIdentity, Job)> = Vec::new();
         let mut models = HashMap::new();
         let mut layers = std::collections::HashSet::new();
         let mut unknown_files = 0;
@@ -355,7 +221,7 @@ impl Service {
                     // layer is hashed in the same read rather than decoded again.
                     job.with_layer = built && LayerFraming::of(&file.path, file.size).is_ok();
                     with_layer.extend(job.with_layer.then_some(identity));
-                    wanted.push((identity, Arc::new(job)));
+                    wanted.push((identity, job));
                 }
             }
             // Layers ahead too, after every file's own digest; not of files a SHA256SUMS
@@ -365,7 +231,7 @@ impl Service {
                 if ahead && framed && self.digests.unverified(identity).is_none() && !with_layer.contains(&identity) {
                     let built = self.object_behind(catalog, model, manifest, &file).is_none();
                     let job = Job::new(DigestOf::ImageLayer, identity, input(&file), built, Outcome::Running);
-                    wanted.push((layer, Arc::new(job)));
+                    wanted.push((layer, job));
                 }
             }
             models.insert(model.id.clone(), ModelFiles { version: model.version.clone(), files: listed });
@@ -379,39 +245,24 @@ impl Service {
             let mut keep: std::collections::HashSet<FileIdentity> =
                 models.values().flat_map(|m: &ModelFiles| m.files.iter().map(|(id, _)| *id)).collect();
             keep.extend(layers);
-            let gone: Vec<FileIdentity> = queue
-                .entries
-                .iter()
-                .filter(|(id, entry)| !keep.contains(*id) && entry.state != State::Hashing)
-                .map(|(id, _)| *id)
+            // Known since the scan looked (a request had it hashed meanwhile): kept as is.
+            let wanted: Vec<(FileIdentity, Job, Urgency)> = wanted
+                .into_iter()
+                .filter(|(key, _)| self.digests.known(*key).is_none())
+                .map(|(key, job)| {
+                    let urgency = match job.of {
+                        DigestOf::File => Urgency::Scheduled,
+                        DigestOf::ImageLayer => Urgency::ScheduledImageLayers,
+                    };
+                    (key, job, urgency)
+                })
                 .collect();
-            for identity in gone {
-                if let Some(Entry { state: State::Queued(place), .. }) = queue.entries.remove(&identity) {
-                    queue.order.remove(&(place, identity));
-                }
-            }
-            for (key, job) in wanted {
-                // Known since the scan looked (a request had it hashed meanwhile): kept as is.
-                if self.digests.known(key).is_some() {
-                    continue;
-                }
-                let urgency = match job.of {
-                    DigestOf::File => Urgency::Scheduled,
-                    DigestOf::ImageLayer => Urgency::ScheduledImageLayers,
-                };
-                match queue.entries.get(&key) {
-                    Some(entry) => {
-                        let input = job.input.lock().expect("never poisoned").clone();
-                        *entry.job.input.lock().expect("never poisoned") = input;
-                    }
-                    // Entered as failed, so that `enqueue` queues it like a file to retry.
-                    None => drop(queue.entries.insert(key, Entry { job, state: State::Failed })),
-                }
-                // A failed file is tried again after each scan.
-                queue.enqueue(key, urgency);
-            }
-            queue.models = models;
-            queue.known_files = known_files;
+            // A job entered already reads the file as this scan listed it; a failed one is
+            // tried again after each scan.
+            let refresh = |entered: &Job, listed: Job| {
+                *entered.input.lock().expect("never poisoned") = listed.input.into_inner().expect("never poisoned");
+            };
+            queue.reschedule(&keep, wanted, refresh, models, known_files);
             publish_gauges(&queue);
         }
         self.start_hashing();
@@ -506,7 +357,7 @@ impl Service {
         // Stated (a SHA256SUMS read by a scan) or computed since the file was queued.
         if self.digests.known(key).is_some() {
             let mut queue = self.hashing.lock();
-            queue.entries.remove(&key);
+            queue.known(key, false);
             job.outcome.send_replace(Outcome::Known);
             publish_gauges(&queue);
             return;
@@ -528,8 +379,7 @@ impl Service {
                 DigestOf::File => (true, None),
                 // Its own digest too, unless it is known or a job of its own computes it.
                 DigestOf::ImageLayer => {
-                    let own =
-                        service.digests.known(file).is_none() && !service.hashing.lock().entries.contains_key(&file);
+                    let own = service.digests.known(file).is_none() && !service.hashing.lock().holds(file);
                     (own, Some(framing()?))
                 }
             };
@@ -554,17 +404,14 @@ impl Service {
         let mut queue = self.hashing.lock();
         match computed {
             Ok(()) => {
-                self.hashing.learn_rate(job.size, started.elapsed());
-                queue.entries.remove(&key);
+                self.hashing.rate.learn(job.size, started.elapsed());
                 // The gauge counts files; a layer is a second digest of one.
-                queue.known_files += usize::from(job.of == DigestOf::File);
+                queue.known(key, job.of == DigestOf::File);
                 job.outcome.send_replace(Outcome::Known);
             }
             Err(e) => {
                 tracing::warn!(model = %job.model, error = %e, "cannot compute a file's digest; it is tried again after the next scan or when asked");
-                if let Some(entry) = queue.entries.get_mut(&key) {
-                    entry.state = State::Failed;
-                }
+                queue.failed(key);
                 job.outcome.send_replace(Outcome::Failed(e));
             }
         }
@@ -733,12 +580,7 @@ impl Service {
         if self.digests.known(key).is_some() {
             return (key, Arc::new(Job::new(of, identity, input(), false, Outcome::Known)));
         }
-        queue.entries.entry(key).or_insert_with(|| Entry {
-            job: Arc::new(Job::new(of, identity, input(), built, Outcome::Running)),
-            state: State::Failed,
-        });
-        queue.enqueue(key, urgency);
-        (key, Arc::clone(&queue.entries[&key].job))
+        (key, queue.ask(key, urgency, || Job::new(of, identity, input(), built, Outcome::Running)))
     }
 
     /// The refusal of a request whose digests of `model` are still being computed: how far
@@ -746,77 +588,30 @@ impl Service {
     /// being hashed and what is queued ahead of it, shared among the workers).
     fn digest_pending(&self, model: &Model, pending: &[(FileIdentity, Arc<Job>)]) -> ServiceError {
         let progress = self.digest_progress(model);
-        let left = |job: &Job| job.size.saturating_sub(job.hashed.load(Ordering::Relaxed));
         let (remaining, running) = {
             let queue = self.hashing.lock();
-            let last = pending.iter().filter_map(|(id, _)| match queue.entries.get(id)?.state {
-                State::Queued(place) => Some(place),
-                _ => None,
-            });
-            let remaining = match last.max() {
-                // Everything running, and everything queued up to the last of them.
-                Some(last) => queue
-                    .entries
-                    .values()
-                    .filter(|e| match e.state {
-                        State::Hashing => true,
-                        State::Queued(place) => place <= last,
-                        State::Failed => false,
-                    })
-                    .map(|e| left(&e.job))
-                    .sum(),
-                // Every one running: what is left of each.
-                None => pending.iter().map(|(_, job)| left(job)).sum::<u64>(),
-            };
-            (remaining, queue.running)
+            (queue.remaining_through(pending), queue.running)
         };
         let workers = self.hashing.workers.min(pending.len().max(running));
         ServiceError::DigestPending {
             model: model.id.clone(),
             hashed: progress.hashed_bytes,
             total: progress.bytes,
-            retry_after_secs: self.hashing.seconds_for(remaining, workers),
+            retry_after_secs: self.hashing.rate.seconds_for(remaining, workers),
         }
     }
 
     /// How far the hashing of `model`'s published files is (as of the last scan's listing of
     /// this version; nothing known of another).
     pub(crate) fn digest_progress(&self, model: &Model) -> DigestProgress {
-        let queue = self.hashing.lock();
-        let Some(listed) = queue.models.get(&model.id).filter(|m| m.version == model.version) else {
-            return DigestProgress::default();
-        };
-        let mut progress = DigestProgress { listed: true, files: listed.files.len(), ..DigestProgress::default() };
-        for (identity, size) in &listed.files {
-            progress.bytes += size;
-            match queue.entries.get(identity) {
-                Some(entry) if entry.state == State::Hashing => {
-                    progress.hashed_bytes += entry.job.hashed.load(Ordering::Relaxed).min(*size);
-                }
-                Some(_) => {}
-                None if self.digests.known(*identity).is_some() => {
-                    progress.known_files += 1;
-                    progress.hashed_bytes += size;
-                }
-                None => {}
-            }
-        }
-        progress
+        self.hashing.lock().progress(&model.id, &model.version, |key| self.digests.known(key).is_some())
     }
 
     /// How far the hashing of every listed model's files is, all together.
     pub(crate) fn digest_totals(&self) -> DigestProgress {
         let catalog = self.catalog();
-        let mut totals = DigestProgress { listed: true, ..DigestProgress::default() };
-        for model in catalog.models().filter(|m| m.state.is_ok()) {
-            let progress = self.digest_progress(model);
-            totals.listed &= progress.listed;
-            totals.files += progress.files;
-            totals.known_files += progress.known_files;
-            totals.bytes += progress.bytes;
-            totals.hashed_bytes += progress.hashed_bytes;
-        }
-        totals
+        let listed = DigestProgress { listed: true, ..DigestProgress::default() };
+        catalog.models().filter(|m| m.state.is_ok()).map(|m| self.digest_progress(m)).fold(listed, DigestProgress::and)
     }
 }
 

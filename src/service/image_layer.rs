@@ -13,8 +13,8 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream;
 
-use super::digests::{FileIdentity, file_identity};
 use super::representation::{ByteStream, RangeSource};
+use crate::digests::{FileIdentity, file_identity};
 
 /// The directory a model's files are under in its image (KServe's modelcars read
 /// `/models/`).

@@ -10,7 +10,6 @@
 
 mod bytes;
 mod components;
-mod digests;
 mod error;
 mod hashing;
 mod image_layer;
@@ -19,6 +18,7 @@ mod prefetch;
 mod published;
 mod representation;
 mod seekable;
+mod sha256;
 mod slices;
 mod view;
 
@@ -66,7 +66,7 @@ pub(crate) struct Service {
     /// What has been learnt about each model version the catalog lists.
     learnt: learnt::LearntByVersion,
     /// The SHA-256 of each published file version, once known.
-    digests: digests::FileDigests,
+    digests: crate::digests::FileDigests,
     /// The background hashing of published files whose digests are not known.
     hashing: hashing::Hashing,
     /// Prefetches into the disk cache, by model version.
@@ -125,7 +125,7 @@ impl Service {
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
         };
-        let digests = digests::FileDigests::open(config.digests.store.as_deref())?;
+        let digests = crate::digests::FileDigests::open(config.digests.store.as_deref())?;
         Ok(Arc::new(Service {
             digests,
             hashing: hashing::Hashing::new(&config.digests),

@@ -13,8 +13,8 @@ use crate::format::view::ViewBytes;
 use crate::format::{Container, Manifest};
 use crate::storage::ObjectVersion;
 
-use super::digests::{FileIdentity, file_identity};
 use super::{Service, ServiceError, StoredBytes, companion_etag, stored_file_etag, view_file_etag};
+use crate::digests::{FileIdentity, file_identity};
 
 /// What a published file is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! The layer rule of `src/lib.rs`'s module map, kept: layers import one way (server, tools and
-//! pull -> the protocols -> transport and access -> service -> catalog and decode -> storage ->
-//! format, with api, config and telemetry beside them), no module imports one above it or
-//! beside it in its layer (so the wire protocols never name each other), and the modules beside
-//! the layers import only format and each other.
+//! pull -> the protocols -> transport and access -> service -> catalog, decode and digests ->
+//! storage -> format, with api, config and telemetry beside them), no module imports one above
+//! it or beside it in its layer (so the wire protocols never name each other), and the modules
+//! beside the layers import only format and each other.
 
 use std::fs;
 use std::path::Path;
@@ -13,6 +13,7 @@ const LAYERS: &[(&str, Option<u8>)] = &[
     ("storage", Some(1)),
     ("catalog", Some(2)),
     ("decode", Some(2)),
+    ("digests", Some(2)),
     ("service", Some(3)),
     ("transport", Some(4)),
     ("access", Some(4)),
