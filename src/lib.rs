@@ -54,7 +54,7 @@
 //!   ranges and conditionals for the protocols that answer plain GETs.
 //! - `http`: the HTTP contract (axum) over the service: routes, conditional requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
 //!   chosen); bearer tokens checked per request; one extractor gives handlers a ready,
-//!   authorised model.
+//!   authorised model; the manifest rendered as JSON with its URLs, which the service keeps.
 //! - `s3`: the S3-compatible read endpoint (on its own listener, built on `s3s`): the loaders'
 //!   bucket, whose keys are what the Hub API lists of each model (companions and safetensors
 //!   files), and the stored files' bucket, each model as its source holds it, served from the

@@ -36,11 +36,11 @@ impl Server {
         }
         let keep_s3_secrets = config.s3_endpoint.listen.is_some();
         let tokens = Arc::new(Tokens::new(&config.auth.tokens, config.auth.token_file.as_deref(), keep_s3_secrets)?);
-        Ok(Arc::new(Server { service: Service::new(config)?, tokens }))
+        Ok(Arc::new(Server { service: Service::new(config, crate::http::render_manifest)?, tokens }))
     }
 
     pub fn config(&self) -> &Config {
-        &self.service.config
+        self.service.config()
     }
 
     /// Whether the first scan has completed (`/readyz` answers 200 from then on).
@@ -55,7 +55,7 @@ impl Server {
 
     /// The decoders' permits: a test holds them all to make decoders busy.
     pub fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
-        self.service.cache.decoders()
+        self.service.decoders()
     }
 
     /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the

@@ -51,7 +51,7 @@ struct HubState {
 /// The Hub API's router (mounted at [`routes::HUB`] by the server), over `service`, checking
 /// `tokens`.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
-    let config = service.config.clone();
+    let config = service.config().clone();
     let namespace = config.serving.hub_namespace.clone();
     let state = Arc::new(HubState { service, tokens, namespace });
     let router = Router::new().fallback(dispatch).with_state(state);
@@ -765,7 +765,7 @@ async fn safetensors_metadata(state: &HubState, at: &RepoAt, path: &str) -> Resu
         _ => return Err(not_an_index()),
     };
     let directory = path.rfind('/').map_or("", |slash| &path[..=slash]);
-    let max_header = state.service.config.limits.max_manifest_bytes;
+    let max_header = state.service.config().limits.max_manifest_bytes;
     let mut headers = serde_json::Map::with_capacity(shards.len());
     let mut reads = futures_util::stream::iter(shards.into_iter().map(|shard| async move {
         let file = at.file(&format!("{directory}{shard}"))?;
@@ -834,5 +834,5 @@ async fn resolve(
         ],
         guard: None,
     };
-    Ok(bytes_response(headers, head, representation, state.service.config.limits.max_ranges).await?)
+    Ok(bytes_response(headers, head, representation, state.service.config().limits.max_ranges).await?)
 }

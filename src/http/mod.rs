@@ -10,6 +10,7 @@ mod auth;
 mod coding;
 mod error;
 mod lookup;
+mod manifest;
 mod models;
 mod natural;
 mod objects;
@@ -32,6 +33,8 @@ use crate::config::Config;
 use crate::service::Service;
 use crate::transport::Refusals;
 
+pub(crate) use self::manifest::render as render_manifest;
+
 /// What every handler shares: the domain, and the bearer tokens the HTTP layer checks.
 pub(crate) struct AppState {
     pub service: Arc<Service>,
@@ -41,7 +44,7 @@ pub(crate) struct AppState {
 
 impl AppState {
     pub(crate) fn config(&self) -> &Config {
-        &self.service.config
+        self.service.config()
     }
 }
 

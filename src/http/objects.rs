@@ -17,7 +17,7 @@ use crate::catalog::Model;
 use crate::format::json::object_json;
 use crate::format::slice::SliceError;
 use crate::format::{Component, Manifest, Object};
-use crate::service::{self, ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
+use crate::service::{ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
 use crate::transport::respond::{ExtraHeaders, Representation, bytes_response};
 
 type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
@@ -85,7 +85,7 @@ pub(super) async fn object(
         }
         _ => {
             let mut doc = object_json(object);
-            service::add_urls(&mut doc, model, object);
+            super::manifest::add_urls(&mut doc, model, object);
             Ok(([model_version(model), ready.cache.clone()], Json(doc)).into_response())
         }
     }

@@ -27,7 +27,7 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
     let broken = catalog.models().filter(|m| m.state.is_err()).count();
     let sources: Vec<Value> = state
         .service
-        .sources
+        .sources()
         .iter()
         .map(|source| {
             let mut entry = json!({ "source": source.name, "backend": source.kind(), "status": "ok" });

@@ -57,7 +57,7 @@ struct OciState {
 /// The registry's router (mounted at [`routes::OCI`] by the server), over `service`, checking
 /// `tokens`.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
-    let config = service.config.clone();
+    let config = service.config().clone();
     let state = Arc::new(OciState { service, tokens });
     let router = Router::new().fallback(dispatch).with_state(state);
     let refusals = Refusals {
@@ -504,5 +504,5 @@ async fn blob(
     };
     let representation =
         Representation { source, etag, content_type, headers: vec![digest_header, immutable], guard: None };
-    Ok(bytes_response(headers, head, representation, state.service.config.limits.max_ranges).await?)
+    Ok(bytes_response(headers, head, representation, state.service.config().limits.max_ranges).await?)
 }

@@ -41,7 +41,7 @@ const MAX_KEYS: usize = 1000;
 /// the same panic catching, concurrency limit, tracing and metrics as every listener.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let open = !tokens.required();
-    let config = service.config.clone();
+    let config = service.config().clone();
     let bucket = |name: String, holds: Holds| Bucket { name, holds, keys: Mutex::new(None) };
     let buckets = [
         bucket(config.s3_endpoint.bucket.clone(), Holds::Repository),

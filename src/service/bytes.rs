@@ -1,43 +1,22 @@
 //! A model's stored bytes for one response: its local file's mapping (sent by `sendfile`)
 //! with the descriptor behind it (read with `pread`), or its listed S3 object version, with
-//! the source's health updated by every remote read; ETags and the model version; the
-//! manifest rendered as JSON once per model version.
+//! the source's health updated by every remote read; the strong entity tags of what a model
+//! version serves and the model version, which every protocol sends (HTTP's and the Hub's
+//! `ETag`, S3's `ETag`, the Hub's commit) and the digests key on.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _};
-use serde_json::json;
 
-use super::learnt::{Learnt, Rendered};
+use super::learnt::Rendered;
 use super::representation::{ByteStream, RangeSource};
 use super::{Service, ServiceError};
-use crate::api;
 use crate::catalog::{Companion, Model, Source, StoredFile};
 use crate::decode::Stored;
-use crate::format::json::manifest_json;
-use crate::format::view::View;
-use crate::format::{Manifest, Object};
+use crate::format::Manifest;
 use crate::storage::{ObjectVersion, Readahead, StorageError};
-
-/// A body rendered once and sent many times (a large manifest's JSON): kept in a temporary
-/// file, so each response sends it with `sendfile` instead of copying it (bench/README.md:
-/// "Design choices measured"). Small bodies, and any when no temporary file can be written,
-/// stay ordinary heap bytes.
-pub(crate) fn sendable(body: Vec<u8>) -> Bytes {
-    const WORTH_A_FILE: usize = 64 << 10;
-    if body.len() < WORTH_A_FILE {
-        return Bytes::from(body);
-    }
-    match crate::storage::mapped::MappedFile::temporary(&body) {
-        Ok(file) => Bytes::from_owner(file),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot keep a rendered body in a temporary file; it will be copied per response");
-            Bytes::from(body)
-        }
-    }
-}
 
 /// Where a model's stored bytes are read from for one response.
 pub(crate) enum ModelBytes {
@@ -232,71 +211,18 @@ pub(crate) fn version_token(model: &Model) -> String {
     model_version(model).trim_matches('"').to_owned()
 }
 
-/// Adds to an object's rendered JSON its URL, and each component's URL and the name of the
-/// stored file its bytes live in.
-pub(crate) fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: &Object) {
-    if let Some(components) = rendered["components"].as_array_mut() {
-        for (component, rendered) in object.components.iter().zip(components) {
-            rendered["url"] = json!(api::component_url(&model.id, &object.name, &component.role));
-            rendered["file"] = json!(model.files.get(component.file).map(|f| f.name.as_str()));
-        }
-    }
-    rendered["url"] = json!(api::object_url(&model.id, &object.name));
-}
-
-/// The manifest as JSON with the model's id, every object's and component's URL, and its
-/// safetensors view (the files, and the objects left out with why), rendered once per model
-/// version, with a strong ETag that is a digest of the body itself (so a change in how the
-/// server renders it changes the tag too).
-fn rendered_manifest(
-    learnt: &Learnt,
-    model: &Model,
-    manifest: &Manifest,
-    view: impl FnOnce() -> Arc<View>,
-) -> Rendered {
-    let rendered = learnt.manifest_json.get_or_init(|| {
-        let view = view();
-        let mut doc = manifest_json(manifest);
-        doc["id"] = json!(model.id);
-        doc["model_version"] = json!(version_token(model));
-        doc["pinned_url"] = json!(api::model_url(&format!("{}@{}", model.id, version_token(model))));
-        doc["files"] = model
-            .files
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                json!({ "name": f.name, "size": model.file_len(manifest, i), "url": api::stored_file_url(&model.id, &f.name) })
-            })
-            .collect();
-        if let Some(objects) = doc["objects"].as_array_mut() {
-            for (object, rendered) in manifest.objects.iter().zip(objects) {
-                add_urls(rendered, model, object);
-            }
-        }
-        doc["safetensors_view"] = json!({
-            "files": view.files.iter().map(|f| json!({
-                "name": f.name,
-                "size": f.len,
-                "url": api::view_file_url(&model.id, &f.name),
-            })).collect::<Vec<_>>(),
-            "excluded": view.excluded.iter().map(|e| json!({ "object": e.object, "reason": e.reason })).collect::<Vec<_>>(),
-        });
-        let body = serde_json::to_vec(&doc).expect("JSON values serialize");
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(&body);
-        Rendered { etag: format!("\"{}\"", hex::encode(&digest[..16])), body: sendable(body) }
-    });
-    rendered.clone()
-}
-
 impl Service {
-    /// The manifest as JSON ([`rendered_manifest`]), rendered once per model version.
+    /// The manifest of `model` as the service's renderer renders it (`http::manifest`), once
+    /// per model version.
     pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
-        rendered_manifest(&self.learnt.of(model), model, manifest, || self.view(model, manifest))
+        let learnt = self.learnt.of(model);
+        let rendered =
+            learnt.manifest_json.get_or_init(|| (self.render_manifest)(model, manifest, &self.view(model, manifest)));
+        rendered.clone()
     }
 
-    /// The manifest as JSON if it has been rendered already: a request for it then needs no
-    /// trip to the blocking pool, which at thousands of requests a second costs more than
-    /// the answer.
+    /// The manifest as rendered, if it has been already: a request for it then needs no trip
+    /// to the blocking pool, which at thousands of requests a second costs more than the answer.
     pub(crate) fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
         self.learnt.of(model).manifest_json.get().cloned()
     }

@@ -11,8 +11,7 @@ use crate::catalog::{Catalog, Model};
 use crate::format::FormatError;
 use crate::format::view::View;
 
-/// A body rendered once per model version and its strong ETag (a digest of the body itself,
-/// so a change in how the server renders it changes the tag too).
+/// A document rendered once per model version (the manifest as JSON) and its strong ETag.
 #[derive(Debug, Clone)]
 pub(crate) struct Rendered {
     pub body: bytes::Bytes,

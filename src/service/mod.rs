@@ -26,14 +26,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub(crate) use self::bytes::{
-    FileKind, StoredBytes, add_urls, companion_etag, model_version, stored_file_etag, version_token,
-};
+pub(crate) use self::bytes::{FileKind, StoredBytes, companion_etag, model_version, stored_file_etag, version_token};
 pub(crate) use self::view::view_file_etag;
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::{ErrorKind, INTERNAL_MESSAGE, ServiceError, SetupError};
 pub(crate) use hashing::DigestOf;
 pub(crate) use image_layer::{LayerFraming, MODELS_DIR, TarLayer};
+pub(crate) use learnt::Rendered;
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
@@ -53,15 +52,21 @@ use crate::telemetry::names;
 /// 100 ms of work and 5 MB of JSON.
 const RENDER_AHEAD_OBJECTS: usize = 10_000;
 
+/// How a model's manifest is rendered as a document: given to the service by the composition
+/// root, so the service keeps and renders ahead what it does not know how to write.
+pub(crate) type RenderManifest = fn(&Model, &Manifest, &crate::format::view::View) -> Rendered;
+
 /// The domain every wire protocol serves from.
 pub(crate) struct Service {
-    pub config: Config,
+    config: Config,
     /// Shared decodes of components that are not stored verbatim.
-    pub cache: DecodeCache,
+    cache: DecodeCache,
     /// The configured sources, in order, with their health.
-    pub sources: Vec<Arc<Source>>,
+    sources: Vec<Arc<Source>>,
     /// How long raw reads from remote sources are split, and the memory they may hold.
-    pub readahead: Readahead,
+    readahead: Readahead,
+    /// How the manifest is rendered (by the HTTP contract, which serves it), once per version.
+    render_manifest: RenderManifest,
     catalog: RwLock<Arc<Catalog>>,
     /// What has been learnt about each model version the catalog lists.
     learnt: learnt::LearntByVersion,
@@ -81,7 +86,7 @@ impl Service {
     /// A service with an empty catalog, not yet ready. S3 sources are set up (from the config
     /// and the `AWS_*` environment), read through the disk cache when one is configured, but
     /// not contacted.
-    pub(crate) fn new(config: Config) -> Result<Arc<Service>, SetupError> {
+    pub(crate) fn new(config: Config, render_manifest: RenderManifest) -> Result<Arc<Service>, SetupError> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
         let env: std::collections::BTreeMap<String, String> =
@@ -127,6 +132,7 @@ impl Service {
         };
         let digests = crate::digests::FileDigests::open(config.digests.store.as_deref())?;
         Ok(Arc::new(Service {
+            render_manifest,
             digests,
             hashing: hashing::Hashing::new(&config.digests),
             prefetches: prefetch::Prefetches::default(),
@@ -217,6 +223,20 @@ impl Service {
 
     pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The configured sources, in order, with their health.
+    pub(crate) fn sources(&self) -> &[Arc<Source>] {
+        &self.sources
+    }
+
+    /// The decoders' permits.
+    pub(crate) fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
+        self.cache.decoders()
     }
 
     /// The model `id` and its manifest: refused when the catalog is not ready, the model is

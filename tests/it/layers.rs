@@ -1,8 +1,9 @@
 //! The layer rule of `src/lib.rs`'s module map, kept: layers import one way (server, tools and
 //! pull -> the protocols -> transport and access -> service -> catalog, decode and digests ->
 //! storage -> format, with api, config and telemetry beside them), no module imports one above
-//! it or beside it in its layer (so the wire protocols never name each other), and the modules
-//! beside the layers import only format and each other.
+//! it or beside it in its layer (so the wire protocols never name each other), the modules
+//! beside the layers import only format and each other, and the service and what lies below it
+//! never name `api` (routes, URLs, header names: they know no HTTP).
 
 use std::fs;
 use std::path::Path;
@@ -35,6 +36,11 @@ fn layer(module: &str) -> Option<Option<u8>> {
 
 /// Whether `from` may import `to`.
 fn may_import(from: &str, to: &str) -> bool {
+    // Routes, URLs and header names are the protocols': the service and what lies below it
+    // know no HTTP.
+    if to == "api" && layer(from).expect("a known module").is_some_and(|layer| layer <= 3) {
+        return false;
+    }
     match (layer(from).expect("a known module"), layer(to)) {
         (_, None) => panic!("{from} names crate::{to}, a module the layer rule does not know: add it to LAYERS"),
         (_, Some(None)) => true,
@@ -140,6 +146,7 @@ fn the_rule_sees_imports_in_every_form() {
     let code = "use crate::service::Service;\nuse crate::{format::gguf::{a, b}, config};\n\
                 let x = crate::hf::app(); // crate::oci\n// crate::server in a comment\n";
     assert_eq!(named_modules(code), ["service", "format", "config", "hf"]);
-    assert!(may_import("http", "service") && may_import("service", "api") && may_import("api", "format"));
+    assert!(may_import("http", "service") && may_import("service", "config") && may_import("api", "format"));
     assert!(!may_import("service", "tools") && !may_import("http", "s3") && !may_import("config", "storage"));
+    assert!(!may_import("service", "api") && !may_import("catalog", "api") && may_import("hf", "api"));
 }
