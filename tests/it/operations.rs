@@ -26,8 +26,8 @@ fn the_dockerfile_command_serves_the_demo_models_and_answers_healthz() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server =
         common::start_binary(&args, &[("ZTSERVE_SERVER__LISTEN", "127.0.0.1:0"), ("ZTSERVE_SOURCES__PATHS", "models")]);
-    assert_eq!(common::http_get(&server.address, "/healthz").0, 200);
-    let (status, body) = common::http_get(&server.address, "/models");
+    assert_eq!(common::request(&server.address, "/healthz", &[]).status, 200);
+    let common::Reply { status, body, .. } = common::request(&server.address, "/models", &[]);
     assert_eq!(status, 200);
     let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let ids: Vec<&str> = list["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
@@ -46,7 +46,7 @@ fn the_dockerfile_command_serves_the_demo_models_and_answers_healthz() {
 
 fn signal_stops_the_server(signal: &str) {
     let mut server = common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models"], &[]);
-    assert_eq!(common::http_get(&server.address, "/readyz").0, 200);
+    assert_eq!(common::request(&server.address, "/readyz", &[]).status, 200);
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
     let started = Instant::now();
@@ -100,7 +100,7 @@ fn a_deployment_with_the_flat_names_of_earlier_releases_starts_and_is_told_the_n
         &["serve", "--config", file.to_str().unwrap()],
         &[("ZTSERVE_LISTEN", "127.0.0.1:0"), ("ZTSERVE_SOURCES", "models"), ("ZTSERVE_LOG_FORMAT", "text")],
     );
-    assert_eq!(common::http_get(&server.address, "/models").0, 200);
+    assert_eq!(common::request(&server.address, "/models", &[]).status, 200);
     let log = server.log.lock().unwrap().join("\n");
     for (old, new) in [
         ("ZTSERVE_LISTEN", "ZTSERVE_SERVER__LISTEN"),
@@ -172,7 +172,7 @@ fn what_is_not_there_is_no_error_in_the_log_and_each_line_names_the_path_sent() 
 fn each_request_logs_one_json_line_with_route_model_object_status_bytes_and_duration() {
     let server =
         common::start_binary(&["serve", "--listen", "127.0.0.1:0", "--source", "models", "--log-format", "json"], &[]);
-    assert_eq!(common::http_get(&server.address, "/models/demo%2Fdense/objects/mask").0, 200);
+    assert_eq!(common::request(&server.address, "/models/demo%2Fdense/objects/mask", &[]).status, 200);
     let started = Instant::now();
     let line = loop {
         let found = server
@@ -200,7 +200,7 @@ fn each_request_logs_one_json_line_with_route_model_object_status_bytes_and_dura
 }
 
 fn model_ids(address: &str) -> Vec<String> {
-    let (_, body) = common::http_get(address, "/models");
+    let body = common::request(address, "/models", &[]).body;
     let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
     list["models"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
 }
@@ -240,12 +240,12 @@ fn requests_beyond_the_concurrency_limit_wait_for_a_slot_instead_of_failing() {
     let threads: Vec<_> = (0..16)
         .map(|_| {
             let address = address.clone();
-            std::thread::spawn(move || common::http_get(&address, "/models/demo%2Fdense/objects/counts"))
+            std::thread::spawn(move || common::request(&address, "/models/demo%2Fdense/objects/counts", &[]))
         })
         .collect();
     for thread in threads {
-        let (status, body) = thread.join().unwrap();
-        assert_eq!((status, body.len()), (200, 4096 * 8));
+        let reply = thread.join().unwrap();
+        assert_eq!((reply.status, reply.body.len()), (200, 4096 * 8));
     }
 }
 
@@ -307,7 +307,8 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
     // Blocking, but the server is another process: nothing here waits on this runtime.
     let server = common::start_binary(&args, &envs);
     let address = server.address.clone();
-    let (status, body) = tokio::task::spawn_blocking(move || common::http_get(&address, "/models")).await.unwrap();
+    let common::Reply { status, body, .. } =
+        tokio::task::spawn_blocking(move || common::request(&address, "/models", &[])).await.unwrap();
     assert_eq!(status, 200);
     let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let served: Vec<(&str, &str, &str)> = list["models"]
@@ -330,8 +331,8 @@ async fn the_compose_file_serves_the_demo_models_from_the_bucket_its_upload_job_
         ]
     );
     let address = server.address.clone();
-    let (status, body) =
-        tokio::task::spawn_blocking(move || common::http_get(&address, "/models/demo%2Fdense/file")).await.unwrap();
+    let common::Reply { status, body, .. } =
+        tokio::task::spawn_blocking(move || common::request(&address, "/models/demo%2Fdense/file", &[])).await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(body, std::fs::read(models.join("demo/dense.zt")).unwrap());
 }

@@ -223,15 +223,14 @@ pub fn start_binary(args: &[&str], envs: &[(&str, &str)]) -> RunningServer {
     server
 }
 
-/// A plain HTTP/1.1 GET; returns the status and body.
+// The requests every test sends, over plain HTTP/1.1 on a new connection each: `request` (a
+// GET with headers) and `request_async` (the same off the test's runtime), `send` (any method,
+// a body), `head_request` (a HEAD, its head as sent), `request_status` (a GET that may find
+// nothing listening yet); all but the last two give a `Reply`.
+
 /// The status of a GET, or `None` when nothing answers (yet).
 pub fn request_status(address: &str, path: &str) -> Option<u16> {
     Connection::try_open(address).ok()?.try_get(path, &[]).ok().map(|reply| reply.status)
-}
-
-pub fn http_get(address: &str, path: &str) -> (u16, Vec<u8>) {
-    let reply = request(address, path, &[]);
-    (reply.status, reply.body)
 }
 
 /// A response read from a plain HTTP/1.1 connection: the one reply type of every test that
