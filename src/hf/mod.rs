@@ -598,8 +598,14 @@ async fn list_models(
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
         .filter(|(_, model)| tags.iter().all(|t| repo_tags(model).contains(t)))
         .collect();
-    // A repository of several models is listed once, dated by its earliest.
-    listed.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.found_at.cmp(&b.1.found_at)));
+    // A repository of several models is listed once: as the model named after it, else as its
+    // earliest (a directory of GGUF files).
+    let joins_another = |model: &Model| repository_of(&catalog, model) != model.id;
+    listed.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| joins_another(&a.1).cmp(&joins_another(&b.1)))
+            .then_with(|| a.1.found_at.cmp(&b.1.found_at))
+    });
     listed.dedup_by(|later, first| later.0 == first.0);
     match query.get("sort") {
         Some("lastModified" | "last_modified" | "createdAt" | "created_at") => {

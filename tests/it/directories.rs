@@ -87,6 +87,10 @@ async fn a_gguf_file_beside_a_checkpoint_leaves_it_its_id_and_its_files() {
     // Listed once each; no repository of a GGUF file alone.
     let listed = request_async(&address, "/hf/api/models", &[]).await.json();
     assert_eq!(names(&listed, "id"), BTreeSet::from(["local/named".to_owned(), "local/same".to_owned()]), "{listed}");
+    // Each listed as its checkpoint, whatever was found first.
+    for entry in listed.as_array().unwrap() {
+        assert_eq!(entry["tags"], serde_json::json!(["safetensors"]), "{entry}");
+    }
 
     // S3: each checkpoint's keys hold its config and its weights.
     let keys = request_async(&s3_address, "/models?list-type=2", &[]).await;
