@@ -88,17 +88,17 @@ impl s3s::auth::S3Auth for TokenKeys {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
         match self.0.s3_key(access_key) {
             Some((secret, _)) => Ok(s3s::auth::SecretKey::from(&*secret)),
-            None => Err(refusal(Verdict::Invalid)),
+            None => Err(access_of(Verdict::Invalid).expect_err("an invalid verdict is refused")),
         }
     }
 }
 
-/// The S3 error of a refused verdict, the refusal counted.
-fn refusal(verdict: Verdict) -> S3Error {
-    match verdict.access() {
-        Err(Refused::Missing) => s3_error!(AccessDenied, "requests must be signed with a token's S3 key"),
-        _ => s3_error!(InvalidAccessKeyId, "no token has this access key id"),
-    }
+/// What `verdict` lets a request read, or its S3 error (the refusal counted).
+fn access_of(verdict: Verdict) -> S3Result<Access> {
+    verdict.access().map_err(|refused| match refused {
+        Refused::Missing => s3_error!(AccessDenied, "requests must be signed with a token's S3 key"),
+        Refused::Invalid => s3_error!(InvalidAccessKeyId, "no token has this access key id"),
+    })
 }
 
 /// The S3 operations over the service.
@@ -129,10 +129,7 @@ impl Endpoint {
                 None => Verdict::Invalid,
             },
         };
-        match verdict {
-            Verdict::Allowed(access) => Ok(access),
-            refused => Err(refusal(refused)),
-        }
+        access_of(verdict)
     }
 
     /// The bucket named `name`, once the catalog is ready.
