@@ -33,8 +33,9 @@
 //!   image layer is kept (memory and the digest store; a `SHA256SUMS`'s until checked), the
 //!   queue of those to compute (urgency, one job per file shared by its askers, retries, what a
 //!   rescan drops, progress) and how long they take; it knows nothing of models or requests.
-//! - `service`: the domain between the catalog and the wire protocols: sources, the catalog
-//!   swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
+//! - `service`: the domain between the catalog and the wire protocols, a facade over one type
+//!   per concern (`Catalogs`, `Representations`, `ResolvedSlice`, `Views`, `Prefetches`):
+//!   sources, the catalog swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
 //!   version (digest verdicts, seek tables, view plans, the rendered manifest), the files each
 //!   version publishes and which of their SHA-256 to compute (ahead of need in the background
 //!   or when asked, through `digests`; taken from a `SHA256SUMS` and checked on a whole read),

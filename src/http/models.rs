@@ -113,7 +113,10 @@ pub(super) async fn file(
 ) -> Result<Response, ApiError> {
     let (file, kind) = match ready.params.iter().find(|(key, _)| key == "name") {
         Some((_, name)) => state.service.file_named(&ready.model, &ready.manifest, name).await?,
-        None => (state.service.stored_file(&ready.model, &ready.manifest).await?, service::FileKind::Stored),
+        None => (
+            state.service.representations().stored_file(&ready.model, &ready.manifest).await?,
+            service::FileKind::Stored,
+        ),
     };
     let cache = match kind {
         service::FileKind::Stored => ready.cache.clone(),

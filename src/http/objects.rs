@@ -17,7 +17,7 @@ use crate::catalog::Model;
 use crate::format::json::object_json;
 use crate::format::slice::SliceError;
 use crate::format::{Component, Manifest, Object};
-use crate::service::{ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
+use crate::service::{self, ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
 use crate::transport::respond::{ExtraHeaders, Representation, bytes_response};
 
 type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
@@ -51,18 +51,13 @@ fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
 
 /// The slice of `object` the query asks for, checked against it (refused at once unless
 /// `object` is one dense tensor and the slice lies within it), its refusal naming the object.
-fn slice_of(
-    state: &AppState,
-    model: &Model,
-    object: &Object,
-    pairs: &[(String, String)],
-) -> Result<Option<ResolvedSlice>, ApiError> {
+fn slice_of(model: &Model, object: &Object, pairs: &[(String, String)]) -> Result<Option<ResolvedSlice>, ApiError> {
     let request = slice_request(pairs).map_err(|source| ServiceError::BadSlice {
         model: model.id.clone(),
         object: object.name.clone(),
         source,
     })?;
-    Ok(request.map(|request| state.service.resolve_slice(model, object, request)).transpose()?)
+    Ok(request.map(|request| ResolvedSlice::resolve(model, object, request)).transpose()?)
 }
 
 /// `GET /models/{m}/objects/{o}`: the only component's bytes, or the object's description.
@@ -75,8 +70,8 @@ pub(super) async fn object(
 ) -> Result<Response, ApiError> {
     let pairs = query_pairs(query)?;
     let ReadyModel { model, manifest, .. } = &ready;
-    let object = find_object(&state, model, manifest, ready.param("object"))?;
-    let slice = slice_of(&state, model, object, &pairs)?;
+    let object = find_object(model, manifest, ready.param("object"))?;
+    let slice = slice_of(model, object, &pairs)?;
     match &object.components[..] {
         // A slice is only ever of a dense object's one component (`slice_of`).
         [only] => {
@@ -101,21 +96,16 @@ pub(super) async fn component(
 ) -> Result<Response, ApiError> {
     let pairs = query_pairs(query)?;
     let ReadyModel { model, manifest, .. } = &ready;
-    let object = find_object(&state, model, manifest, ready.param("object"))?;
-    let component = state.service.component(model, object, ready.param("role"))?;
-    let slice = slice_of(&state, model, object, &pairs)?;
+    let object = find_object(model, manifest, ready.param("object"))?;
+    let component = service::component(model, object, ready.param("role"))?;
+    let slice = slice_of(model, object, &pairs)?;
     let part = Part { model, manifest, object, component };
     component_bytes(&state, &method, &headers, ready.cache.clone(), part, slice.as_ref()).await
 }
 
-fn find_object<'m>(
-    state: &AppState,
-    model: &Model,
-    manifest: &'m Manifest,
-    name: &str,
-) -> Result<&'m Object, ApiError> {
+fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ApiError> {
     tracing::Span::current().record("object", name);
-    Ok(state.service.object(model, manifest, name)?)
+    Ok(service::object(model, manifest, name)?)
 }
 
 /// Whether the request accepts the `zstd` content coding (listed with a non-zero weight).
@@ -166,7 +156,7 @@ async fn component_bytes(
         None => Cut::Whole,
     };
     let request = ComponentRequest { cut, head, accepts_zstd: accepts_zstd(headers) };
-    let bytes = state.service.component_bytes(model, manifest, object, component, request).await?;
+    let bytes = state.service.representations().component_bytes(model, manifest, object, component, request).await?;
     let shape = slice.map_or_else(|| object.shape.clone(), |s| s.slice.shape());
     let span = tracing::Span::current();
     if let Some(digest) = bytes.digest {

@@ -1,8 +1,9 @@
-//! A model's stored bytes for one response: its local file's mapping (sent by `sendfile`)
-//! with the descriptor behind it (read with `pread`), or its listed S3 object version, with
-//! the source's health updated by every remote read; the strong entity tags of what a model
-//! version serves and the model version, which every protocol sends (HTTP's and the Hub's
-//! `ETag`, S3's `ETag`, the Hub's commit) and the digests key on.
+//! A model's stored bytes for one response, the stored-file half of [`Representations`]: its
+//! local file's mapping (sent by `sendfile`) with the descriptor behind it (read with
+//! `pread`), or its listed S3 object version, with the source's health updated by every remote
+//! read; the strong entity tags of what a model version serves and the model version, which
+//! every protocol sends (HTTP's and the Hub's `ETag`, S3's `ETag`, the Hub's commit) and the
+//! digests key on.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -10,9 +11,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _};
 
-use super::learnt::Rendered;
+use super::ServiceError;
+use super::components::Representations;
 use super::representation::{ByteStream, RangeSource};
-use super::{Service, ServiceError};
 use crate::catalog::{Companion, Model, Source, StoredFile};
 use crate::decode::Stored;
 use crate::format::Manifest;
@@ -211,24 +212,7 @@ pub(crate) fn version_token(model: &Model) -> String {
     model_version(model).trim_matches('"').to_owned()
 }
 
-impl Service {
-    /// The manifest of `model` as the service's renderer renders it (`http::manifest`), once
-    /// per model version.
-    pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
-        let learnt = self.learnt.of(model);
-        let rendered =
-            learnt.manifest_json.get_or_init(|| (self.render_manifest)(model, manifest, &self.view(model, manifest)));
-        rendered.clone()
-    }
-
-    /// The manifest as rendered, if it has been already: a request for it then needs no trip
-    /// to the blocking pool, which at thousands of requests a second costs more than the answer.
-    pub(crate) fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
-        self.learnt.of(model).manifest_json.get().cloned()
-    }
-}
-
-impl Service {
+impl Representations {
     /// The stored file of a model stored in one, byte for byte.
     pub(crate) async fn stored_file(
         &self,
@@ -295,20 +279,20 @@ impl Service {
         self.stored_file_at(model, manifest, index).await
     }
 
-    /// The model's file `name`: one of its stored files, or else a file beside it by its path
-    /// below the model's directory (`config.json`, `tokenizer/vocab.txt`). Which of the two
-    /// it is comes with it: a companion is not covered by the model version.
+    /// The model's file `name`: one of its stored files, or else one of the files beside it
+    /// (`companions`) by its path below the model's directory (`config.json`,
+    /// `tokenizer/vocab.txt`). Which of the two it is comes with it: a companion is not covered
+    /// by the model version.
     pub(crate) async fn file_named(
         &self,
         model: &Arc<Model>,
         manifest: &Manifest,
+        companions: &[Companion],
         name: &str,
     ) -> Result<(StoredBytes, FileKind), ServiceError> {
         if let Some(index) = model.files.iter().position(|f| f.name == name) {
             return Ok((self.stored_file_at(model, manifest, index).await?, FileKind::Stored));
         }
-        let catalog = self.catalog();
-        let companions = catalog.companions(&model.id);
         match companions.iter().find(|c| c.name == name) {
             Some(companion) => Ok((self.companion_file(model, companion)?, FileKind::Companion)),
             None => {

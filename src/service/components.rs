@@ -10,16 +10,18 @@ use futures_util::TryStreamExt as _;
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt as _, StreamExt as _};
 
+use super::ServiceError;
 use super::bytes::{ModelBytes, etag, model_bytes, storage_failed};
+use super::learnt::LearntByVersion;
 use super::learnt::{ComponentFacts, Learnt};
 use super::representation::{ByteStream, Guard, RangeSource, guard};
 use super::seekable::SeekableSource;
 use super::slices::ResolvedSlice;
-use super::{Service, ServiceError};
-use crate::catalog::Model;
+use crate::catalog::{Catalog, Model};
 use crate::config::VerifyPolicy;
-use crate::decode::{ComponentKey, DecodeError, Decoded, Stored, stream_private};
+use crate::decode::{ComponentKey, DecodeCache, DecodeError, Decoded, Stored, stream_private};
 use crate::format::{Component, Digest, FormatError, Manifest, Object};
+use crate::storage::Readahead;
 use crate::telemetry::names;
 
 /// Runs the format's content checks (bool bytes are 0 or 1, sparse indices consistent and in
@@ -188,7 +190,7 @@ fn digest_check(
 /// otherwise from a private decode for this request only. Chosen when the body is opened, so
 /// HEAD and 304 answers reserve nothing.
 struct DecodedSource {
-    service: Arc<Service>,
+    decoding: Arc<Decoding>,
     source: Arc<crate::catalog::Source>,
     key: ComponentKey,
     component: Component,
@@ -207,7 +209,7 @@ impl RangeSource for DecodedSource {
     }
 
     fn open(&self, range: Range<u64>) -> ByteStream {
-        let cache = &self.service.cache;
+        let cache = &self.decoding.cache;
         let make = |decoders| {
             Decoded::new(&self.key.object, &self.component, self.stored.clone(), decoders, Arc::clone(&self.sha256))
         };
@@ -248,29 +250,37 @@ impl RangeSource for DecodedSource {
 
 impl DecodedSource {
     fn admitted(&self, body: ByteStream) -> ByteStream {
-        admitted(&self.service, body)
+        self.decoding.admitted(body)
     }
 }
 
-/// `body`, once a decoder has come free within `decode_wait_ms`; otherwise the error
-/// `DecodersBusy` (the body's first piece is taken before any header is sent, so it is a
-/// clean refusal). Decoders are taken one piece at a time, in turn, so this wait is the queue a
-/// new decode would join: when it stays full that long, shedding the request beats letting
-/// every decode slow down.
-pub(super) fn admitted(service: &Arc<Service>, body: ByteStream) -> ByteStream {
-    let decoders = Arc::clone(service.cache.decoders());
-    let wait = std::time::Duration::from_millis(service.config.decode.wait_ms);
-    futures_util::stream::once(async move {
-        match tokio::time::timeout(wait, decoders.acquire()).await {
-            Ok(_free) => Ok(body),
-            Err(_) => {
-                metrics::counter!(names::DECODE_REFUSALS).increment(1);
-                Err(ServiceError::DecodersBusy)
+/// What every decode shares: the decode cache with its decoders, and how long a new decode
+/// waits for one.
+pub(super) struct Decoding {
+    pub cache: DecodeCache,
+    pub wait: std::time::Duration,
+}
+
+impl Decoding {
+    /// `body`, once a decoder has come free within `decode_wait_ms`; otherwise the error
+    /// `DecodersBusy` (the body's first piece is taken before any header is sent, so it is a
+    /// clean refusal). Decoders are taken one piece at a time, in turn, so this wait is the queue a
+    /// new decode would join: when it stays full that long, shedding the request beats letting
+    /// every decode slow down.
+    pub(super) fn admitted(&self, body: ByteStream) -> ByteStream {
+        let (decoders, wait) = (Arc::clone(self.cache.decoders()), self.wait);
+        futures_util::stream::once(async move {
+            match tokio::time::timeout(wait, decoders.acquire()).await {
+                Ok(_free) => Ok(body),
+                Err(_) => {
+                    metrics::counter!(names::DECODE_REFUSALS).increment(1);
+                    Err(ServiceError::DecodersBusy)
+                }
             }
-        }
-    })
-    .try_flatten()
-    .boxed()
+        })
+        .try_flatten()
+        .boxed()
+    }
 }
 
 /// How much of a component a request takes.
@@ -280,7 +290,7 @@ pub(crate) enum Cut<'a> {
     Whole,
     /// Byte ranges of its decoded bytes (a `Range` header), settled over the whole by the caller.
     Ranges,
-    /// A slice of a dense tensor ([`Service::resolve_slice`]): its own representation, with its
+    /// A slice of a dense tensor ([`ResolvedSlice::resolve`]): its own representation, with its
     /// own ETag and no digest of its own.
     Slice(&'a ResolvedSlice),
 }
@@ -383,14 +393,46 @@ pub(crate) struct ComponentBytes {
     pub cache: Option<CacheOutcome>,
 }
 
-impl Service {
+/// A model's bytes as each request gets them: its stored files and the files beside it
+/// ([`super::bytes`]), and its components, whole, by ranges or as a slice, decoded or passed
+/// through, checked as the verify policy says.
+pub(crate) struct Representations {
+    decoding: Arc<Decoding>,
+    /// How long raw reads from remote sources are split, and the memory they may hold.
+    pub(super) readahead: Readahead,
+    verify: VerifyPolicy,
+    learnt: Arc<LearntByVersion>,
+}
+
+impl Representations {
+    pub(super) fn new(
+        cache: DecodeCache,
+        decode_wait: std::time::Duration,
+        readahead: Readahead,
+        verify: VerifyPolicy,
+        learnt: Arc<LearntByVersion>,
+    ) -> Representations {
+        Representations { decoding: Arc::new(Decoding { cache, wait: decode_wait }), readahead, verify, learnt }
+    }
+
+    /// The decoders' permits.
+    pub(crate) fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
+        self.decoding.cache.decoders()
+    }
+
+    /// Forgets the decoded bytes of every model version `catalog` no longer lists: a file that
+    /// changed or went away is never served from them again.
+    pub(super) fn retain_listed(&self, catalog: &Catalog) {
+        self.decoding.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
+    }
+
     /// `object`'s component `component` of `model`, cut as `request` asks: its decoded
     /// little-endian bytes (or its stored zstd frame, whole, for a client that accepts zstd), or
     /// a slice of them, checked against its digest as the verify policy says. In three steps:
-    /// the decoded source ([`Service::decoded_source`]), the digest guard ([`digest_guard`]),
-    /// and the cut ([`Service::cut`]).
+    /// the decoded source ([`Representations::decoded_source`]), the digest guard ([`digest_guard`]),
+    /// and the cut ([`Representations::cut`]).
     pub(crate) async fn component_bytes(
-        self: &Arc<Self>,
+        &self,
         model: &Arc<Model>,
         manifest: &Manifest,
         object: &Object,
@@ -413,14 +455,14 @@ impl Service {
             (crate::format::DigestScope::Decoded, Some(decoded)) => Covered::Decoded(Arc::clone(decoded)),
             _ => Covered::Stored(stored),
         };
-        let checked = digest_guard(self.config.serving.verify, &part, covered, &request).await?;
+        let checked = digest_guard(self.verify, &part, covered, &request).await?;
         Ok(self.cut(&part, decoded, request, checked))
     }
 
     /// The component's decoded bytes as a source of ranges, when it is not stored verbatim:
     /// a seekable frame decoded by the blocks a range needs, any other encoding by the shared,
     /// cached decode. Nothing is decoded until a range is opened.
-    fn decoded_source(self: &Arc<Self>, part: &Part<'_>, stored: &Stored) -> Option<Arc<dyn RangeSource>> {
+    fn decoded_source(&self, part: &Part<'_>, stored: &Stored) -> Option<Arc<dyn RangeSource>> {
         let (model, component) = (part.model, part.component);
         let key = ComponentKey {
             model: model.id.clone(),
@@ -432,7 +474,7 @@ impl Service {
         match component.encoding {
             _ if component.is_verbatim() => None,
             crate::format::Encoding::ZstdSeekable => Some(Arc::new(SeekableSource {
-                service: Arc::clone(self),
+                decoding: Arc::clone(&self.decoding),
                 source: Arc::clone(&model.source),
                 key,
                 component: component.clone(),
@@ -440,7 +482,7 @@ impl Service {
                 facts: Arc::clone(&part.facts),
             })),
             _ => Some(Arc::new(DecodedSource {
-                service: Arc::clone(self),
+                decoding: Arc::clone(&self.decoding),
                 source: Arc::clone(&model.source),
                 key,
                 component: component.clone(),
@@ -505,7 +547,7 @@ impl Service {
     }
 }
 
-/// What the steps of [`Service::component_bytes`] share: the component and where it is.
+/// What the steps of [`Representations::component_bytes`] share: the component and where it is.
 struct Part<'a> {
     model: &'a Arc<Model>,
     object: &'a Object,

@@ -295,7 +295,7 @@ impl Service {
         if sums.object.size > MAX_SUMS_BYTES {
             return failed(format!("{} bytes, over the {MAX_SUMS_BYTES} bytes read", sums.object.size));
         }
-        let read = match self.companion_file(model, sums) {
+        let read = match self.representations.companion_file(model, sums) {
             Ok(bytes) => {
                 use futures_util::TryStreamExt as _;
                 let pieces = bytes.source.open(0..bytes.source.len()).map_ok(|piece| piece.to_vec());

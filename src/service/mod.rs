@@ -1,14 +1,14 @@
-//! The domain between the catalog and the wire protocols: the sources, the catalog swap and
-//! rescans, model lookup, a model's bytes and versions, what is learnt per model version
-//! (digest verdicts, seek tables, view plans, the rendered manifest: [`learnt`]), the digest
-//! policy, content checks, decoder admission, and the typed representations a request gets
-//! (component bytes cut whole, by ranges or as a slice, with their length, digests and
-//! version; a stored file; a view file; the manifest rendered once), and the files each model
-//! version publishes to the protocols that list files ([`published`]) with their content
-//! digests ([`digests`], computed ahead of need by [`hashing`]), and prefetches into the node's disk cache ([`prefetch`]). Handlers
-//! of any protocol extract, ask, and set their own headers; nothing here knows HTTP.
+//! The domain between the catalog and the wire protocols, as a facade (`Service`) over one
+//! type per concern: the catalogs and their versions ([`catalogs`]), a model's bytes as each
+//! request gets them (stored files, companions and components: [`components`], [`bytes`]),
+//! slices ([`slices`]), the safetensors views ([`view`]), prefetches into the node's disk
+//! cache ([`prefetch`]), and the files each model version publishes ([`published`]) with their
+//! content digests (`crate::digests`, computed ahead of need by [`hashing`]). The facade keeps
+//! what they share: what is learnt per model version ([`learnt`]) and a rescan's upkeep.
+//! Handlers of any protocol extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
+mod catalogs;
 mod components;
 mod error;
 mod hashing;
@@ -22,12 +22,12 @@ mod sha256;
 mod slices;
 mod view;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::bytes::{FileKind, StoredBytes, companion_etag, model_version, stored_file_etag, version_token};
 pub(crate) use self::view::view_file_etag;
+pub(crate) use catalogs::{component, object};
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::{ErrorKind, INTERNAL_MESSAGE, ServiceError, SetupError};
 pub(crate) use hashing::DigestOf;
@@ -40,13 +40,12 @@ pub(crate) use slices::{ResolvedSlice, SliceRequest};
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::config::{Config, SourceSpec};
 use crate::decode::DecodeCache;
-use crate::format::{Component, Limits, Manifest, Object};
+use crate::format::{Limits, Manifest};
 use crate::storage::cache::{CachedStorage, DiskCache};
 use crate::storage::hub::{HubOptions, HubStorage};
 use crate::storage::local::LocalStorage;
 use crate::storage::s3::{S3Options, S3Storage};
 use crate::storage::{Readahead, Storage};
-use crate::telemetry::names;
 
 /// Models with at least this many objects have their manifest rendered ahead of need: about
 /// 100 ms of work and 5 MB of JSON.
@@ -56,30 +55,25 @@ const RENDER_AHEAD_OBJECTS: usize = 10_000;
 /// root, so the service keeps and renders ahead what it does not know how to write.
 pub(crate) type RenderManifest = fn(&Model, &Manifest, &crate::format::view::View) -> Rendered;
 
-/// The domain every wire protocol serves from.
+/// The domain every wire protocol serves from: a facade over the catalogs, the
+/// representations of a model's bytes, the safetensors views, the digests and the prefetches,
+/// which keeps what they share (what is learnt per model version) and the work that spans them
+/// (a rescan's upkeep, manifests rendered ahead).
 pub(crate) struct Service {
     config: Config,
-    /// Shared decodes of components that are not stored verbatim.
-    cache: DecodeCache,
-    /// The configured sources, in order, with their health.
-    sources: Vec<Arc<Source>>,
-    /// How long raw reads from remote sources are split, and the memory they may hold.
-    readahead: Readahead,
+    catalogs: Arc<catalogs::Catalogs>,
+    representations: Arc<components::Representations>,
+    views: view::Views,
     /// How the manifest is rendered (by the HTTP contract, which serves it), once per version.
     render_manifest: RenderManifest,
-    catalog: RwLock<Arc<Catalog>>,
     /// What has been learnt about each model version the catalog lists.
-    learnt: learnt::LearntByVersion,
+    learnt: Arc<learnt::LearntByVersion>,
     /// The SHA-256 of each published file version, once known.
     digests: crate::digests::FileDigests,
     /// The background hashing of published files whose digests are not known.
     hashing: hashing::Hashing,
     /// Prefetches into the disk cache, by model version.
     prefetches: prefetch::Prefetches,
-    /// Held for a whole rescan: two rescans at once could finish out of order and swap in the
-    /// older listing last.
-    rescanning: tokio::sync::Mutex<()>,
-    ready: AtomicBool,
 }
 
 impl Service {
@@ -131,66 +125,58 @@ impl Service {
             )),
         };
         let digests = crate::digests::FileDigests::open(config.digests.store.as_deref())?;
+        let options = ScanOptions {
+            limits: Limits {
+                max_manifest_bytes: config.limits.max_manifest_bytes,
+                max_decoded_bytes: config.limits.max_decoded_bytes,
+                ..Limits::default()
+            },
+            manifest_suffix_bytes: config.sources.manifest_suffix_bytes,
+            concurrent_reads: config.sources.scan_concurrency,
+            check_shard_digests: config.serving.verify != crate::config::VerifyPolicy::Never,
+        };
+        let learnt = Arc::new(learnt::LearntByVersion::default());
+        let representations = Arc::new(components::Representations::new(
+            cache,
+            Duration::from_millis(config.decode.wait_ms),
+            readahead,
+            config.serving.verify,
+            Arc::clone(&learnt),
+        ));
         Ok(Arc::new(Service {
             render_manifest,
             digests,
             hashing: hashing::Hashing::new(&config.digests),
             prefetches: prefetch::Prefetches::default(),
+            catalogs: Arc::new(catalogs::Catalogs::new(sources, options)),
+            views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), config.serving.view_shard_bytes),
+            representations,
+            learnt,
             config,
-            cache,
-            sources,
-            readahead,
-            catalog: RwLock::new(Arc::new(Catalog::default())),
-            learnt: learnt::LearntByVersion::default(),
-            rescanning: tokio::sync::Mutex::new(()),
-            ready: AtomicBool::new(false),
         }))
     }
 
     /// The current catalog snapshot.
     pub(crate) fn catalog(&self) -> Arc<Catalog> {
-        Arc::clone(&self.catalog.read().expect("catalog lock is never poisoned"))
+        self.catalogs.current()
     }
 
-    /// Rescans every source and swaps in the new catalog; the first completed rescan makes
-    /// the service ready.
+    /// Rescans every source and swaps in the new catalog (the first makes the service ready),
+    /// then keeps up what hangs on it: decoded bytes and what was learnt of versions no longer
+    /// listed are dropped before the swap, and after it, prefetches, manifests rendered ahead
+    /// and the digests to compute follow the new listing.
     pub(crate) async fn rescan(self: &Arc<Self>) {
-        let _one_at_a_time = self.rescanning.lock().await;
-        let state = Arc::clone(self);
-        let previous = self.catalog();
-        let options = ScanOptions {
-            limits: Limits {
-                max_manifest_bytes: self.config.limits.max_manifest_bytes,
-                max_decoded_bytes: self.config.limits.max_decoded_bytes,
-                ..Limits::default()
-            },
-            manifest_suffix_bytes: self.config.sources.manifest_suffix_bytes,
-            concurrent_reads: self.config.sources.scan_concurrency,
-            check_shard_digests: self.config.serving.verify != crate::config::VerifyPolicy::Never,
-        };
-        // In its own task, so a panic in a scan is contained like one in a handler.
-        let built = tokio::spawn(async move { Catalog::build(&state.sources, &previous, &options).await }).await;
-        match built {
-            Ok(catalog) => {
-                for (source, reason) in &catalog.unreadable_sources {
-                    tracing::warn!(source, reason, "source cannot be scanned");
-                }
-                let total = catalog.models().count();
-                let broken = catalog.models().filter(|m| m.state.is_err()).count();
-                tracing::debug!(models = total, broken, "catalog rescanned");
-                metrics::gauge!(names::MODELS, "status" => "ok").set((total - broken) as f64);
-                metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
-                // Decoded bytes of files that changed or went away are never served again.
-                self.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
-                self.learnt.retain_listed(&catalog);
-                let catalog = Arc::new(catalog);
-                *self.catalog.write().expect("catalog lock is never poisoned") = Arc::clone(&catalog);
-                self.upkeep_prefetches(&catalog);
-                self.ready.store(true, Ordering::Release);
-                self.render_manifests_ahead(&catalog);
-                self.schedule_digests(&catalog).await;
-            }
-            Err(e) => tracing::error!(error = %e, "rescan task failed"),
+        let swapped = self
+            .catalogs
+            .rescan(|catalog| {
+                self.representations.retain_listed(catalog);
+                self.learnt.retain_listed(catalog);
+            })
+            .await;
+        if let Some(catalog) = swapped {
+            self.upkeep_prefetches(&catalog);
+            self.render_manifests_ahead(&catalog);
+            self.schedule_digests(&catalog).await;
         }
     }
 
@@ -222,7 +208,7 @@ impl Service {
     }
 
     pub(crate) fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.catalogs.is_ready()
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -231,52 +217,64 @@ impl Service {
 
     /// The configured sources, in order, with their health.
     pub(crate) fn sources(&self) -> &[Arc<Source>] {
-        &self.sources
+        self.catalogs.sources()
+    }
+
+    /// The representations of every model's bytes.
+    pub(crate) fn representations(&self) -> &components::Representations {
+        &self.representations
     }
 
     /// The decoders' permits.
     pub(crate) fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
-        self.cache.decoders()
+        self.representations.decoders()
     }
 
     /// The model `id` and its manifest: refused when the catalog is not ready, the model is
     /// unknown or it is broken. Whoever asks has already checked that the caller may read it.
     pub(crate) fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
-        if !self.is_ready() {
-            return Err(ServiceError::NotReady);
-        }
-        let model = self.catalog().get(id).cloned().ok_or_else(|| ServiceError::ModelNotFound(id.to_owned()))?;
-        let manifest = match &model.state {
-            Ok(manifest) => Arc::clone(manifest),
-            Err(e) => return Err(ServiceError::BrokenModel { model: id.to_owned(), source: Box::new(e.clone()) }),
-        };
-        Ok((model, manifest))
+        self.catalogs.model(id)
     }
 
-    /// `name` of `model`'s manifest.
-    pub(crate) fn object<'m>(
+    /// The model's safetensors view, planned on first use and kept for its version.
+    pub(crate) fn view(&self, model: &Model, manifest: &Manifest) -> Arc<crate::format::view::View> {
+        self.views.view(model, manifest)
+    }
+
+    /// The view file `name` of the model (`model.safetensors`, or the index and shards).
+    pub(crate) async fn view_file(
         &self,
-        model: &Model,
-        manifest: &'m Manifest,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
         name: &str,
-    ) -> Result<&'m Object, ServiceError> {
-        manifest
-            .object(name)
-            .ok_or_else(|| ServiceError::ObjectNotFound { model: model.id.clone(), object: name.to_owned() })
+    ) -> Result<StoredBytes, ServiceError> {
+        self.views.view_file(model, manifest, name).await
     }
 
-    /// Component `role` of `object`.
-    pub(crate) fn component<'o>(
+    /// The model's file `name`: one of its stored files, or else a file beside it by its path
+    /// below the model's directory (`config.json`, `tokenizer/vocab.txt`).
+    pub(crate) async fn file_named(
         &self,
-        model: &Model,
-        object: &'o Object,
-        role: &str,
-    ) -> Result<&'o Component, ServiceError> {
-        object.component(role).ok_or_else(|| ServiceError::ComponentNotFound {
-            model: model.id.clone(),
-            object: object.name.clone(),
-            role: role.to_owned(),
-            available: object.components.iter().map(|c| format!("{:?}", c.role)).collect::<Vec<_>>().join(", "),
-        })
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        name: &str,
+    ) -> Result<(StoredBytes, FileKind), ServiceError> {
+        let catalog = self.catalog();
+        self.representations.file_named(model, manifest, catalog.companions(&model.id), name).await
+    }
+
+    /// The manifest of `model` as the service's renderer renders it (`http::manifest`), once
+    /// per model version.
+    pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
+        let learnt = self.learnt.of(model);
+        let rendered =
+            learnt.manifest_json.get_or_init(|| (self.render_manifest)(model, manifest, &self.view(model, manifest)));
+        rendered.clone()
+    }
+
+    /// The manifest as rendered, if it has been already: a request for it then needs no trip
+    /// to the blocking pool, which at thousands of requests a second costs more than the answer.
+    pub(crate) fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
+        self.learnt.of(model).manifest_json.get().cloned()
     }
 }

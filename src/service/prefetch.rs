@@ -127,7 +127,7 @@ impl Service {
                 pinned.extend(objects_of(catalog, model));
             }
         }
-        for source in &self.sources {
+        for source in self.sources() {
             let of_source: Vec<(String, String)> = pinned
                 .iter()
                 .filter(|o| o.storage.name() == source.name)

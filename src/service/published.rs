@@ -148,9 +148,9 @@ impl Service {
     ) -> Result<StoredBytes, ServiceError> {
         match file {
             Published::View(name) => self.view_file(model, manifest, name).await,
-            Published::Stored(name) => self.stored_file_named(model, manifest, name).await,
+            Published::Stored(name) => self.representations.stored_file_named(model, manifest, name).await,
             Published::Companion(index) => match catalog.companions(&model.id).get(*index) {
-                Some(companion) => self.companion_file(model, companion),
+                Some(companion) => self.representations.companion_file(model, companion),
                 None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", model.id))),
             },
         }

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 
+use super::ServiceError;
+use super::components::Decoding;
 use super::learnt::ComponentFacts;
 use super::representation::{ByteStream, RangeSource};
-use super::{Service, ServiceError};
 use crate::decode::{ComponentKey, DecodeError, Decoded, Hold, Stored};
 use crate::format::seekable::{SeekTable, TABLE_FOOTER_LEN, table_len};
 use crate::format::{Component, Location};
@@ -27,7 +28,7 @@ const FRAMES_AHEAD: usize = 4;
 
 /// The decoded bytes of a seekable part.
 pub(super) struct SeekableSource {
-    pub service: Arc<Service>,
+    pub decoding: Arc<Decoding>,
     pub source: Arc<crate::catalog::Source>,
     pub key: ComponentKey,
     pub component: Component,
@@ -69,7 +70,7 @@ impl SeekableSource {
         let frame = table.frame_component(&self.component, index);
         let stored = self.stored.slice(table.stored(index));
         let key = ComponentKey { frame: Some(index), ..self.key.clone() };
-        let cache = &self.service.cache;
+        let cache = &self.decoding.cache;
         let (model, source) = (self.key.model.clone(), Arc::clone(&self.source));
         let failed = move |e: DecodeError| match e {
             DecodeError::Invalid(invalid) => ServiceError::invalid(&model, invalid),
@@ -105,7 +106,7 @@ impl RangeSource for SeekableSource {
 
     fn open(&self, range: Range<u64>) -> ByteStream {
         let this = SeekableSource {
-            service: Arc::clone(&self.service),
+            decoding: Arc::clone(&self.decoding),
             source: Arc::clone(&self.source),
             key: self.key.clone(),
             component: self.component.clone(),
@@ -131,6 +132,6 @@ impl RangeSource for SeekableSource {
                 .try_flatten();
             Ok::<_, ServiceError>(pieces)
         };
-        super::components::admitted(&self.service, futures_util::stream::once(body).try_flatten().boxed())
+        self.decoding.admitted(futures_util::stream::once(body).try_flatten().boxed())
     }
 }

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 
+use super::ServiceError;
 use super::bytes::{ModelBytes, storage_failed};
 use super::representation::{ByteStream, RangeSource};
-use super::{Service, ServiceError};
 use crate::catalog::Model;
 use crate::decode::Stored;
 use crate::format::slice::{RunsWithin, Slice, geometry, parse, shard_spec};
@@ -98,14 +98,11 @@ impl ResolvedSlice {
             model: Arc::clone(model),
         })
     }
-}
 
-impl Service {
     /// `request`'s slice of `object`, checked against it: only a dense object of whole-byte
     /// elements of a known type, or a GGML block-quantized tensor at whole blocks, can be cut,
     /// within its bounds.
-    pub(crate) fn resolve_slice(
-        &self,
+    pub(crate) fn resolve(
         model: &Model,
         object: &Object,
         request: SliceRequest<'_>,

@@ -12,27 +12,40 @@ use bytes::Bytes;
 use futures_util::stream;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
+use super::ServiceError;
 use super::bytes::{StoredBytes, etag, stored_file_etag};
-use super::components::{ComponentRequest, Cut};
+use super::components::{ComponentRequest, Cut, Representations};
+use super::learnt::LearntByVersion;
 use super::representation::{ByteStream, RangeSource, guarded};
-use super::{Service, ServiceError};
 use crate::catalog::Model;
 use crate::format::Manifest;
 use crate::format::view::{View, ViewBytes, ViewFile, ViewTensor, plan};
 
-impl Service {
+/// Every model's safetensors view: its plan and its files.
+pub(crate) struct Views {
+    representations: Arc<Representations>,
+    learnt: Arc<LearntByVersion>,
+    /// How large a built view shard may grow.
+    shard_bytes: u64,
+}
+
+impl Views {
+    pub(super) fn new(representations: Arc<Representations>, learnt: Arc<LearntByVersion>, shard_bytes: u64) -> Views {
+        Views { representations, learnt, shard_bytes }
+    }
+
     /// The model's safetensors view, planned on first use and kept for its version.
     pub(crate) fn view(&self, model: &Model, manifest: &Manifest) -> Arc<View> {
         Arc::clone(self.learnt.of(model).view.get_or_init(|| {
             let stored: Vec<(&str, u64)> =
                 model.files.iter().enumerate().map(|(i, f)| (f.name.as_str(), model.file_len(manifest, i))).collect();
-            Arc::new(plan(manifest, &stored, self.config.serving.view_shard_bytes))
+            Arc::new(plan(manifest, &stored, self.shard_bytes))
         }))
     }
 
     /// The view file `name` of the model (`model.safetensors`, or the index and shards).
     pub(crate) async fn view_file(
-        self: &Arc<Self>,
+        &self,
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
         name: &str,
@@ -47,10 +60,10 @@ impl Service {
             });
         };
         match &file.bytes {
-            ViewBytes::Stored { file } => self.stored_file_at(model, manifest, *file).await,
+            ViewBytes::Stored { file } => self.representations.stored_file_at(model, manifest, *file).await,
             ViewBytes::Built { head, tensors, .. } => Ok(StoredBytes {
                 source: Arc::new(BuiltFile {
-                    service: Arc::clone(self),
+                    representations: Arc::clone(&self.representations),
                     model: Arc::clone(model),
                     manifest: Arc::clone(manifest),
                     head: Bytes::from_owner(Arc::clone(head)),
@@ -76,7 +89,7 @@ pub(crate) fn view_file_etag(model: &Model, file: &ViewFile) -> String {
 /// A built view file: its head, then its tensors' bytes back to back, both shared with the
 /// plan rather than copied per response.
 struct BuiltFile {
-    service: Arc<Service>,
+    representations: Arc<Representations>,
     model: Arc<Model>,
     manifest: Arc<Manifest>,
     head: Bytes,
@@ -95,8 +108,8 @@ impl RangeSource for BuiltFile {
         let head = (range.start < head_len)
             .then(|| Ok(self.head.slice(range.start as usize..range.end.min(head_len) as usize)));
         let first = self.tensors.partition_point(|t| t.range.end <= range.start);
-        let (service, model, manifest) =
-            (Arc::clone(&self.service), Arc::clone(&self.model), Arc::clone(&self.manifest));
+        let (representations, model, manifest) =
+            (Arc::clone(&self.representations), Arc::clone(&self.model), Arc::clone(&self.manifest));
         let tensors = Arc::clone(&self.tensors);
         let parts = (first..tensors.len())
             .map(move |i| tensors[i].clone())
@@ -104,7 +117,13 @@ impl RangeSource for BuiltFile {
             .filter_map(move |t| {
                 let within = range.start.max(t.range.start) - t.range.start..range.end.min(t.range.end) - t.range.start;
                 (!within.is_empty()).then(|| {
-                    tensor_bytes(Arc::clone(&service), Arc::clone(&model), Arc::clone(&manifest), t.object, within)
+                    tensor_bytes(
+                        Arc::clone(&representations),
+                        Arc::clone(&model),
+                        Arc::clone(&manifest),
+                        t.object,
+                        within,
+                    )
                 })
             });
         stream::iter(head).chain(stream::iter(parts).flatten()).boxed()
@@ -114,7 +133,7 @@ impl RangeSource for BuiltFile {
 /// `within` of the decoded bytes of object `object`'s one component, served as its own route
 /// serves them; the digest policy's check, when one runs, holds back the part's last piece.
 fn tensor_bytes(
-    service: Arc<Service>,
+    representations: Arc<Representations>,
     model: Arc<Model>,
     manifest: Arc<Manifest>,
     object: usize,
@@ -126,7 +145,7 @@ fn tensor_bytes(
         let whole = within.start == 0 && within.end == component.decoded_length;
         let cut = if whole { Cut::Whole } else { Cut::Ranges };
         let request = ComponentRequest { cut, head: false, accepts_zstd: false };
-        let bytes = service.component_bytes(&model, &manifest, object, component, request).await?;
+        let bytes = representations.component_bytes(&model, &manifest, object, component, request).await?;
         let body = bytes.source.open(within);
         Ok(match bytes.guard {
             Some(guard) => guarded(body, guard),
