@@ -15,7 +15,7 @@ use std::time::Duration;
 use sha2::Digest as _;
 use subtle::ConstantTimeEq as _;
 
-use crate::config::TokenEntry;
+use crate::config::{IdentityEntry, TokenEntry};
 use crate::storage::scan::FileIdentity;
 use crate::telemetry::names;
 
@@ -116,10 +116,14 @@ pub(crate) struct TokenError {
     pub message: String,
 }
 
+/// What an entry's prefixes allow: everything when it has none.
+fn access_under(prefixes: &[String]) -> Access {
+    if prefixes.is_empty() { Access::Everything } else { Access::Under(prefixes.to_vec().into()) }
+}
+
 /// The grant of one parsed entry.
 fn grant(entry: &TokenEntry, keep_s3_secret: bool) -> Grant {
-    let access =
-        if entry.prefixes.is_empty() { Access::Everything } else { Access::Under(entry.prefixes.clone().into()) };
+    let access = access_under(&entry.prefixes);
     let sha256: [u8; 32] = sha2::Sha256::digest(entry.token.as_bytes()).into();
     let s3 =
         keep_s3_secret.then(|| S3Key { access_key_id: s3_access_key_id(&sha256), secret: entry.token.as_str().into() });
@@ -150,10 +154,12 @@ fn stamp(path: &Path) -> std::io::Result<FileStamp> {
     Ok(FileIdentity::of(&std::fs::metadata(path)?))
 }
 
-/// The tokens in force.
+/// The tokens in force, and the client certificate identities granted models.
 pub(crate) struct Tokens {
-    /// No tokens configured at all: every request may read everything.
+    /// No tokens and no identities configured at all: every request may read everything.
     open: bool,
+    /// Each listed client certificate identity and what it may read.
+    identities: Vec<(String, Access)>,
     from_config: Vec<Grant>,
     file: Option<PathBuf>,
     /// The token file's grants and the version they were read from.
@@ -171,11 +177,13 @@ impl Tokens {
         entries: &[TokenEntry],
         file: Option<&Path>,
         keep_s3_secrets: bool,
+        identities: &[IdentityEntry],
     ) -> Result<Tokens, TokenError> {
         let from_config = entries.iter().map(|e| grant(e, keep_s3_secrets)).collect();
         let file = file.map(Path::to_path_buf);
         let tokens = Tokens {
-            open: entries.is_empty() && file.is_none(),
+            open: entries.is_empty() && file.is_none() && identities.is_empty(),
+            identities: identities.iter().map(|e| (e.identity.clone(), access_under(&e.prefixes))).collect(),
             from_config,
             file,
             from_file: RwLock::new((Vec::new(), None)),
@@ -188,6 +196,9 @@ impl Tokens {
             *tokens.from_file.write().expect("never poisoned") = (parse_file(&read, path, keep_s3_secrets)?, stamp);
         }
         metrics::gauge!(names::AUTH_TOKENS).set(tokens.count() as f64);
+        for (identity, _) in &tokens.identities {
+            metrics::counter!(names::AUTH_CLIENT_REQUESTS, "identity" => identity.clone()).absolute(0);
+        }
         Ok(tokens)
     }
 
@@ -201,8 +212,13 @@ impl Tokens {
     }
 
     /// The verdict on a request that carries `presented`, its token if any (as its protocol
-    /// presents one).
-    pub(crate) fn verdict(&self, presented: Option<&str>) -> Verdict {
+    /// presents one), over a connection whose verified client certificate names `client`. A
+    /// listed identity decides alone; otherwise the token does, as without client certificates.
+    pub(crate) fn verdict(&self, presented: Option<&str>, client: Option<&[String]>) -> Verdict {
+        if let Some((identity, access)) = self.identity_access(client) {
+            metrics::counter!(names::AUTH_CLIENT_REQUESTS, "identity" => identity.to_owned()).increment(1);
+            return Verdict::Allowed(access.clone());
+        }
         if !self.required() {
             return Verdict::Allowed(Access::Everything);
         }
@@ -210,6 +226,12 @@ impl Tokens {
             None => Verdict::Missing,
             Some(token) => self.check(token).map_or(Verdict::Invalid, Verdict::Allowed),
         }
+    }
+
+    /// The first listed identity a client certificate's names hold, and what it may read.
+    pub(crate) fn identity_access(&self, client: Option<&[String]>) -> Option<(&str, &Access)> {
+        let names = client?;
+        self.identities.iter().find(|(id, _)| names.contains(id)).map(|(id, access)| (id.as_str(), access))
     }
 
     /// What `token` may read, or `None` if it is not a valid token. Every grant is compared,
@@ -309,11 +331,11 @@ mod tests {
         let id = s3_access_key_id(&sha2::Sha256::digest(TOKEN.as_bytes()).into());
         assert_eq!(id.len(), 20);
         let entries = [TokenEntry::parse(&format!("{TOKEN} team-a")).unwrap()];
-        let kept = Tokens::new(&entries, None, true).unwrap();
+        let kept = Tokens::new(&entries, None, true, &[]).unwrap();
         let (secret, access) = kept.s3_key(&id).expect("the token's key");
         assert_eq!((&*secret, access.allows("team-a/x"), access.allows("b")), (TOKEN, true, false));
         assert!(kept.s3_key("0123456789abcdef0123").is_none());
-        assert!(Tokens::new(&entries, None, false).unwrap().s3_key(&id).is_none(), "no secret kept");
+        assert!(Tokens::new(&entries, None, false, &[]).unwrap().s3_key(&id).is_none(), "no secret kept");
     }
 
     #[test]
@@ -337,7 +359,7 @@ mod tests {
         let path = dir.path().join("tokens");
         std::fs::write(&path, format!("# team A\n{TOKEN} team-a\n\n")).unwrap();
         let entries = [TokenEntry::parse("ffffffffffffffffffff").unwrap()];
-        let tokens = Tokens::new(&entries, Some(&path), false).unwrap();
+        let tokens = Tokens::new(&entries, Some(&path), false, &[]).unwrap();
         assert!(tokens.required());
         assert!(matches!(tokens.check("ffffffffffffffffffff"), Some(Access::Everything)));
         assert!(matches!(tokens.check(TOKEN), Some(Access::Under(_))));
@@ -351,6 +373,6 @@ mod tests {
         tokens.reload_if_changed();
         assert!(tokens.check(TOKEN).is_none(), "a file with an invalid line keeps nothing");
         assert!(tokens.check("ffffffffffffffffffff").is_some(), "the config's tokens stay");
-        assert!(!Tokens::new(&[], None, false).unwrap().required());
+        assert!(!Tokens::new(&[], None, false, &[]).unwrap().required());
     }
 }

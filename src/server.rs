@@ -14,12 +14,14 @@ use tokio::net::TcpListener;
 use crate::access::Tokens;
 use crate::config::{Config, OnUnreadableSource};
 use crate::service::Service;
-use crate::transport::ConnectionSettings;
+use crate::transport::{ConnectionSettings, Tls, TlsSettings};
 
-/// What every protocol serves from: the domain, and the tokens every protocol checks.
+/// What every protocol serves from: the domain, the tokens every protocol checks, and TLS
+/// for every listener when configured.
 pub struct Server {
     service: Arc<Service>,
     tokens: Arc<Tokens>,
+    tls: Option<Tls>,
 }
 
 impl Server {
@@ -35,8 +37,15 @@ impl Server {
             );
         }
         let keep_s3_secrets = config.s3_endpoint.listen.is_some();
-        let tokens = Arc::new(Tokens::new(&config.auth.tokens, config.auth.token_file.as_deref(), keep_s3_secrets)?);
-        Ok(Arc::new(Server { service: Service::new(config, crate::http::render_manifest)?, tokens }))
+        let tokens = Arc::new(Tokens::new(
+            &config.auth.tokens,
+            config.auth.token_file.as_deref(),
+            keep_s3_secrets,
+            &config.auth.client_identities,
+        )?);
+        // Read and checked now: a missing, mismatched or expired certificate stops the start.
+        let tls = TlsSettings::from_config(&config).map(|settings| Tls::new(&settings)).transpose()?;
+        Ok(Arc::new(Server { service: Service::new(config, crate::http::render_manifest)?, tokens, tls }))
     }
 
     pub fn config(&self) -> &Config {
@@ -88,7 +97,15 @@ impl Listeners {
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
         let addr = config.server.listen;
         let http = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-        tracing::info!(address = %http.local_addr()?, sources = ?config.sources.paths, "listening");
+        let scheme = if config.tls.cert_file.is_some() { "https" } else { "http" };
+        tracing::info!(address = %http.local_addr()?, scheme, sources = ?config.sources.paths, "listening");
+        if scheme == "http" && !addr.ip().is_loopback() {
+            tracing::warn!(
+                address = %addr,
+                "serving plain HTTP beyond loopback: tokens and weights cross the network in clear text; set \
+                 tls.cert_file and tls.key_file"
+            );
+        }
         let s3 = match config.s3_endpoint.listen {
             Some(addr) => {
                 let s3 = TcpListener::bind(addr)
@@ -126,6 +143,7 @@ pub async fn serve(
     }
     let rescans = tokio::spawn(Arc::clone(service).rescan_forever());
     let token_file = tokio::spawn(Arc::clone(&server.tokens).watch());
+    let certificate = server.tls.clone().map(|tls| tokio::spawn(tls.watch()));
     let upkeep = tokio::spawn(async {
         // Folds recorded histogram samples into their buckets, so they do not pile up between scrapes.
         let mut interval = tokio::time::interval(Duration::from_secs(5));
@@ -137,16 +155,20 @@ pub async fn serve(
     let drain = Duration::from_secs(server.config().server.shutdown_drain_secs);
     let limits = ConnectionSettings::from_config(server.config());
     let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
-    let s3 = listeners
-        .s3
-        .map(|s3| tokio::spawn(crate::transport::serve(s3, server.s3_app(), limits.clone(), shutdown.clone(), drain)));
-    crate::transport::serve(listeners.http, server.http_app(), limits, shutdown, drain).await;
+    let s3 = listeners.s3.map(|s3| {
+        let (app, tls) = (server.s3_app(), server.tls.clone());
+        tokio::spawn(crate::transport::serve(s3, app, limits.clone(), tls, shutdown.clone(), drain))
+    });
+    crate::transport::serve(listeners.http, server.http_app(), limits, server.tls.clone(), shutdown, drain).await;
     if let Some(s3) = s3 {
         let _ = s3.await;
     }
     rescans.abort();
     upkeep.abort();
     token_file.abort();
+    if let Some(certificate) = certificate {
+        certificate.abort();
+    }
     Ok(())
 }
 

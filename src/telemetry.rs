@@ -73,6 +73,9 @@ pub mod names {
     pub const AUTH_FAILURES: &str = "ztserve_auth_failures_total";
     pub const AUTH_TOKENS: &str = "ztserve_auth_tokens";
     pub const AUTH_TOKEN_FILE_RELOADS: &str = "ztserve_auth_token_file_reloads_total";
+    pub const AUTH_CLIENT_REQUESTS: &str = "ztserve_auth_client_identity_requests_total";
+    pub const TLS_HANDSHAKES: &str = "ztserve_tls_handshakes_total";
+    pub const TLS_RELOADS: &str = "ztserve_tls_reloads_total";
 }
 
 /// Seconds buckets for request and storage durations: 100 µs to 5 min.
@@ -159,6 +162,18 @@ fn describe() {
         AUTH_TOKEN_FILE_RELOADS,
         "Re-reads of the changed token file, by outcome (ok, or error: its tokens refused)."
     );
+    describe_counter!(
+        AUTH_CLIENT_REQUESTS,
+        "Requests allowed by a client certificate identity listed in auth.client_identities, by identity."
+    );
+    describe_counter!(
+        TLS_HANDSHAKES,
+        "TLS handshakes, by outcome (ok; not_tls, client_certificate, refused, io or timeout: closed)."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "Reloads of the changed TLS certificate and key, by outcome (ok, or error: the old one kept)."
+    );
     describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
     describe_counter!(
         SENDFILE_BYTES,
@@ -211,6 +226,10 @@ fn register_at_zero() {
     }
     for outcome in ["ok", "error"] {
         counter!(AUTH_TOKEN_FILE_RELOADS, "outcome" => outcome).absolute(0);
+        counter!(TLS_RELOADS, "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["ok", "not_tls", "client_certificate", "refused", "io", "timeout"] {
+        counter!(TLS_HANDSHAKES, "outcome" => outcome).absolute(0);
     }
     for status in ["ok", "broken"] {
         gauge!(MODELS, "status" => status).set(0.0);

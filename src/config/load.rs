@@ -114,7 +114,15 @@ pub(super) fn shape() -> toml::Table {
             region: Some(String::new()),
             access_key_id: Some(String::new()),
             secret_access_key: Some(String::new()),
+            ca_file: Some(PathBuf::new()),
             ..S3Source::default()
+        },
+        hub_source: HubSource { ca_file: Some(PathBuf::new()), ..HubSource::default() },
+        tls: Tls {
+            cert_file: Some(PathBuf::new()),
+            key_file: Some(PathBuf::new()),
+            client_ca_file: Some(PathBuf::new()),
+            ..Tls::default()
         },
         s3_endpoint: S3Endpoint { listen: Some(SocketAddr::from(([0, 0, 0, 0], 9000))), ..S3Endpoint::default() },
         decode: Decode { max_concurrent: Some(1), ..Decode::default() },

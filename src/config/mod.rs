@@ -41,6 +41,7 @@ pub struct Config {
     pub digests: Digests,
     pub cache: Cache,
     pub auth: Auth,
+    pub tls: Tls,
 }
 
 impl Config {
@@ -137,6 +138,9 @@ pub struct S3Source {
     pub read_timeout_secs: u64,
     /// Retries of a failed S3 request, with exponential backoff.
     pub retries: usize,
+    /// A PEM bundle of CA certificates trusted for an `https://` endpoint, beside the system's
+    /// roots (absent: the system's roots alone).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// How reads of remote sources (S3 prefixes and Hub repositories alike) are split and read
@@ -170,6 +174,7 @@ impl Default for S3Source {
             connect_timeout_secs: 5,
             read_timeout_secs: 30,
             retries: 3,
+            ca_file: None,
         }
     }
 }
@@ -187,6 +192,7 @@ impl std::fmt::Debug for S3Source {
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("read_timeout_secs", &self.read_timeout_secs)
             .field("retries", &self.retries)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -363,11 +369,21 @@ pub struct HubSource {
     /// Retries of a request that failed for a reason worth retrying (the network, 5xx, 429),
     /// with exponential backoff or the Hub's `Retry-After`.
     pub retries: u32,
+    /// A PEM bundle of CA certificates trusted for an `https://` Hub, beside the system's
+    /// roots (absent: the system's roots alone).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for HubSource {
     fn default() -> HubSource {
-        HubSource { endpoint: None, token: None, connect_timeout_secs: 10, read_timeout_secs: 60, retries: 5 }
+        HubSource {
+            endpoint: None,
+            token: None,
+            connect_timeout_secs: 10,
+            read_timeout_secs: 60,
+            retries: 5,
+            ca_file: None,
+        }
     }
 }
 
@@ -380,6 +396,7 @@ impl std::fmt::Debug for HubSource {
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("read_timeout_secs", &self.read_timeout_secs)
             .field("retries", &self.retries)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -417,6 +434,75 @@ pub struct Auth {
     pub token_file: Option<PathBuf>,
     /// Whether `/metrics` needs a token too (when tokens are configured).
     pub metrics_require_token: bool,
+    /// Client certificate identities (a subject CN or subject alternative name) and what each
+    /// may read, `IDENTITY [PREFIX ...]` as a token's entry; they need `tls.client_ca_file`.
+    pub client_identities: Vec<IdentityEntry>,
+}
+
+/// TLS on every listener (the HTTP contract with `/hf` and `/v2`, and the S3 endpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tls {
+    /// The certificate chain, PEM, leaf first; with `key_file` it turns TLS on for every
+    /// listener (absent: plain HTTP).
+    pub cert_file: Option<PathBuf>,
+    /// The leaf's private key, PEM (PKCS#8, PKCS#1 or SEC1; RSA, ECDSA or Ed25519).
+    pub key_file: Option<PathBuf>,
+    /// A PEM bundle of the CAs client certificates must chain to: when set, every client must
+    /// present one (absent: none is asked for).
+    pub client_ca_file: Option<PathBuf>,
+    /// Seconds a client may take to complete its handshake.
+    pub handshake_timeout_secs: u64,
+}
+
+impl Default for Tls {
+    fn default() -> Tls {
+        Tls { cert_file: None, key_file: None, client_ca_file: None, handshake_timeout_secs: 10 }
+    }
+}
+
+/// One client certificate identity and the model id prefixes it may read (none: every model),
+/// as written `IDENTITY [PREFIX ...]` in `auth.client_identities`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct IdentityEntry {
+    pub identity: String,
+    pub prefixes: Vec<String>,
+}
+
+impl IdentityEntry {
+    pub fn parse(entry: &str) -> Result<IdentityEntry, String> {
+        let mut words = entry.split_whitespace();
+        let identity = words.next().ok_or("is empty")?;
+        Ok(IdentityEntry { identity: identity.to_owned(), prefixes: parse_prefixes(words)? })
+    }
+}
+
+impl TryFrom<String> for IdentityEntry {
+    type Error = String;
+
+    fn try_from(entry: String) -> Result<IdentityEntry, String> {
+        IdentityEntry::parse(&entry)
+    }
+}
+
+impl From<IdentityEntry> for String {
+    fn from(entry: IdentityEntry) -> String {
+        std::iter::once(entry.identity).chain(entry.prefixes).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Model id prefixes as an entry writes them, each checked.
+fn parse_prefixes<'a>(words: impl Iterator<Item = &'a str>) -> Result<Vec<String>, String> {
+    let mut prefixes = Vec::new();
+    for prefix in words {
+        let prefix = prefix.trim_matches('/');
+        if prefix.is_empty() || prefix.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+            return Err(format!("prefix {prefix:?} is not a model id prefix like team-a or team-a/vision"));
+        }
+        prefixes.push(prefix.to_owned());
+    }
+    Ok(prefixes)
 }
 
 /// The shortest token accepted: 16 characters of a random token are ~96 bits.
@@ -448,15 +534,7 @@ impl TokenEntry {
         if token.len() < MIN_TOKEN_LEN {
             return Err(format!("the token is {} characters; at least {MIN_TOKEN_LEN} are required", token.len()));
         }
-        let mut prefixes = Vec::new();
-        for prefix in words {
-            let prefix = prefix.trim_matches('/');
-            if prefix.is_empty() || prefix.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-                return Err(format!("prefix {prefix:?} is not a model id prefix like team-a or team-a/vision"));
-            }
-            prefixes.push(prefix.to_owned());
-        }
-        Ok(TokenEntry { token: token.to_owned(), prefixes })
+        Ok(TokenEntry { token: token.to_owned(), prefixes: parse_prefixes(words)? })
     }
 }
 

@@ -60,6 +60,32 @@ impl Config {
         if self.auth.token_file.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("auth.token_file", "must not be empty: leave it out for no token file".into()));
         }
+        let tls = &self.tls;
+        for (key, value) in [
+            ("tls.cert_file", &tls.cert_file),
+            ("tls.key_file", &tls.key_file),
+            ("tls.client_ca_file", &tls.client_ca_file),
+            ("s3_source.ca_file", &self.s3_source.ca_file),
+            ("hub_source.ca_file", &self.hub_source.ca_file),
+        ] {
+            if value.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(fail(key, "must not be empty: leave it out for the default".into()));
+            }
+        }
+        if tls.cert_file.is_none() != tls.key_file.is_none() {
+            let key = if tls.cert_file.is_none() { "tls.cert_file" } else { "tls.key_file" };
+            return Err(fail(key, "cert_file and key_file are set together".into()));
+        }
+        if tls.client_ca_file.is_some() && tls.cert_file.is_none() {
+            return Err(fail("tls.client_ca_file", "client certificates need TLS: set cert_file and key_file".into()));
+        }
+        if !self.auth.client_identities.is_empty() && tls.client_ca_file.is_none() {
+            let message = "identities come from client certificates: set tls.client_ca_file";
+            return Err(fail("auth.client_identities", message.into()));
+        }
+        if tls.handshake_timeout_secs == 0 {
+            return Err(fail("tls.handshake_timeout_secs", "must be at least 1".into()));
+        }
         if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
         }

@@ -79,8 +79,8 @@ fn route_label(uri: &Uri) -> &'static str {
 struct Caller(Verdict);
 
 impl Caller {
-    fn of(tokens: &Tokens, headers: &HeaderMap) -> Result<Caller, HubError> {
-        let verdict = tokens.verdict(crate::access::bearer(headers));
+    fn of(tokens: &Tokens, headers: &HeaderMap, client: Option<&[String]>) -> Result<Caller, HubError> {
+        let verdict = tokens.verdict(crate::access::bearer(headers), client);
         if let Verdict::Invalid = verdict {
             verdict.access().map_err(|_| HubError::InvalidCredentials)?;
         }
@@ -102,9 +102,11 @@ async fn dispatch(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    identity: Option<axum::Extension<Arc<crate::transport::ClientIdentity>>>,
     body: axum::body::Bytes,
 ) -> Response {
-    match answer(&state, &method, &uri, &headers, &body).await {
+    let client = identity.as_ref().map(|identity| identity.names.as_slice());
+    match answer(&state, &method, &uri, (&headers, client), &body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -114,7 +116,7 @@ async fn answer(
     state: &Arc<HubState>,
     method: &Method,
     uri: &Uri,
-    headers: &HeaderMap,
+    (headers, client): (&HeaderMap, Option<&[String]>),
     body: &[u8],
 ) -> Result<Response, HubError> {
     let segments = uri
@@ -127,7 +129,7 @@ async fn answer(
     let catalog = state.service.catalog();
     let route = repos::route(&segments, |repo| state.model_id_of(&catalog, repo).is_some());
     let query = Query::of(uri);
-    let caller = Caller::of(&state.tokens, headers)?;
+    let caller = Caller::of(&state.tokens, headers, client)?;
     let only = |allowed: &'static str| {
         if allowed.split(", ").any(|m| m == method.as_str()) {
             Ok(())

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState};
 use crate::access::{Access, Refused};
+use crate::transport::client_names;
 
 /// Paths anyone may reach: probes must work without credentials.
 fn is_open_path(path: &str, metrics_open: bool) -> bool {
@@ -24,7 +25,7 @@ pub(super) async fn require_token(State(state): State<Arc<AppState>>, mut reques
     let access = if is_open_path(request.uri().path(), !state.config().auth.metrics_require_token) {
         Access::Everything
     } else {
-        match tokens.verdict(crate::access::bearer(request.headers())).access() {
+        match tokens.verdict(crate::access::bearer(request.headers()), client_names(request.extensions())).access() {
             Ok(access) => access,
             Err(refused) => return ApiError::Unauthorized { invalid: refused == Refused::Invalid }.into_response(),
         }

@@ -77,8 +77,15 @@ fn route_label(uri: &Uri) -> &'static str {
     }
 }
 
-async fn dispatch(State(state): State<Arc<OciState>>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
-    let mut response = match answer(&state, &method, &uri, &headers).await {
+async fn dispatch(
+    State(state): State<Arc<OciState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    identity: Option<axum::Extension<Arc<crate::transport::ClientIdentity>>>,
+) -> Response {
+    let client = identity.as_ref().map(|identity| identity.names.as_slice());
+    let mut response = match answer(&state, &method, &uri, (&headers, client)).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     };
@@ -95,7 +102,12 @@ fn only(method: &Method, allowed: &'static str) -> Result<(), OciError> {
     }
 }
 
-async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<Response, OciError> {
+async fn answer(
+    state: &OciState,
+    method: &Method,
+    uri: &Uri,
+    (headers, client): (&HeaderMap, Option<&[String]>),
+) -> Result<Response, OciError> {
     // Repository names, tags and digests hold no `%`: a client that escapes a digest's `:`
     // means the digest.
     let path = percent_encoding::percent_decode_str(uri.path())
@@ -117,7 +129,7 @@ async fn answer(state: &OciState, method: &Method, uri: &Uri, headers: &HeaderMa
         OciRoute::Catalog => Some("registry:catalog:*".into()),
         _ => None,
     };
-    let access = caller(state, headers, scope.as_deref())?;
+    let access = caller(state, (headers, client), scope.as_deref())?;
     let query: Vec<(String, String)> =
         form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect();
     match route {
@@ -216,8 +228,12 @@ fn presented_token(headers: &HeaderMap) -> Option<String> {
 
 /// What the caller may read; without a valid token where tokens are needed, the challenge
 /// that sends the client to the token endpoint (for `scope`).
-fn caller(state: &OciState, headers: &HeaderMap, scope: Option<&str>) -> Result<Access, OciError> {
-    if let Ok(access) = state.tokens.verdict(presented_token(headers).as_deref()).access() {
+fn caller(
+    state: &OciState,
+    (headers, client): (&HeaderMap, Option<&[String]>),
+    scope: Option<&str>,
+) -> Result<Access, OciError> {
+    if let Ok(access) = state.tokens.verdict(presented_token(headers).as_deref(), client).access() {
         return Ok(access);
     }
     // Only what can stand inside the challenge's quoted string.
@@ -242,7 +258,7 @@ fn caller(state: &OciState, headers: &HeaderMap, scope: Option<&str>) -> Result<
 fn token(state: &OciState, headers: &HeaderMap) -> Result<Response, OciError> {
     let token = if state.tokens.required() {
         let presented = presented_token(headers);
-        if state.tokens.verdict(presented.as_deref()).access().is_err() {
+        if state.tokens.verdict(presented.as_deref(), None).access().is_err() {
             let challenge = r#"Basic realm="ztserve""#.to_owned();
             return Err(OciError::Unauthorized { challenge });
         }

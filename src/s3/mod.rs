@@ -33,6 +33,7 @@ use self::error::{internal_error, request_timeout, service_error};
 use self::keys::{After, Holds, Key, Keys, Query};
 use crate::access::{Access, Refused, Tokens, Verdict};
 use crate::service::{PublishedFile, Service, ServiceError, StoredBytes};
+use crate::transport::ClientIdentity;
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
@@ -50,7 +51,8 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let endpoint = Endpoint { service, tokens: Arc::clone(&tokens), buckets };
     let mut builder = s3s::service::S3ServiceBuilder::new(endpoint);
     if !open {
-        builder.set_auth(TokenKeys(tokens));
+        builder.set_auth(TokenKeys(Arc::clone(&tokens)));
+        builder.set_access(SignedOrIdentified(tokens));
     }
     let service = builder.build();
     let handled = axum::error_handling::HandleError::new(service, |e: s3s::HttpError| async move {
@@ -93,6 +95,25 @@ impl s3s::auth::S3Auth for TokenKeys {
     }
 }
 
+/// Lets a request through to the operations, which decide what it may read, when it is signed
+/// (`s3s` has checked the signature) or comes over a connection whose client certificate names
+/// a listed identity; refuses it as `s3s` would otherwise.
+struct SignedOrIdentified(Arc<Tokens>);
+
+#[async_trait::async_trait]
+impl s3s::access::S3Access for SignedOrIdentified {
+    async fn check(&self, cx: &mut s3s::access::S3AccessContext<'_>) -> S3Result<()> {
+        if cx.credentials().is_some() {
+            return Ok(());
+        }
+        let client = cx.extensions_mut().get::<Arc<ClientIdentity>>().map(|c| c.names.clone());
+        match self.0.identity_access(client.as_deref()) {
+            Some(_) => Ok(()),
+            None => Err(s3_error!(AccessDenied, "Signature is required")),
+        }
+    }
+}
+
 /// What `verdict` lets a request read, or its S3 error (the refusal counted).
 fn access_of(verdict: Verdict) -> S3Result<Access> {
     verdict.access().map_err(|refused| match refused {
@@ -121,8 +142,11 @@ impl Endpoint {
     /// What the request may read: everything when no tokens are configured, otherwise what
     /// its verified access key's token may (`s3s` has already refused a bad signature).
     fn access<T>(&self, request: &S3Request<T>) -> S3Result<Access> {
+        let client = crate::transport::client_names(&request.extensions);
         let verdict = match &request.credentials {
-            _ if !self.tokens.required() => Verdict::Allowed(Access::Everything),
+            _ if self.tokens.identity_access(client).is_some() || !self.tokens.required() => {
+                self.tokens.verdict(None, client)
+            }
             None => Verdict::Missing,
             Some(credentials) => match self.tokens.s3_key(&credentials.access_key) {
                 Some((_, access)) => Verdict::Allowed(access),

@@ -61,6 +61,8 @@ pub struct HubOptions {
     pub read_timeout: Duration,
     /// Retries of a request that failed for a reason worth retrying.
     pub retries: u32,
+    /// CA certificates (a PEM bundle) trusted beside the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl HubOptions {
@@ -78,6 +80,7 @@ impl HubOptions {
             connect_timeout: Duration::from_secs(config.connect_timeout_secs),
             read_timeout: Duration::from_secs(config.read_timeout_secs),
             retries: config.retries,
+            ca_file: config.ca_file.clone(),
         }
     }
 }
@@ -141,12 +144,22 @@ impl HubStorage {
         revision: Option<&str>,
         options: &HubOptions,
     ) -> Result<HubStorage, StorageError> {
-        let client = reqwest::Client::builder()
+        let refused = |message: String| StorageError::Refused { source_name: name.to_owned(), message };
+        let mut client = reqwest::Client::builder()
             .user_agent(concat!("ztserve/", env!("CARGO_PKG_VERSION"), "; hf_hub-compatible"))
             .connect_timeout(options.connect_timeout)
-            .read_timeout(options.read_timeout)
-            .build()
-            .map_err(|e| StorageError::Refused { source_name: name.to_owned(), message: e.to_string() })?;
+            .read_timeout(options.read_timeout);
+        if let Some(file) = &options.ca_file {
+            let pem =
+                std::fs::read(file).map_err(|e| refused(format!("cannot read CA file {}: {e}", file.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| refused(format!("CA file {} is not a PEM bundle: {e}", file.display())))?;
+            if certs.is_empty() {
+                return Err(refused(format!("CA file {} holds no PEM certificate", file.display())));
+            }
+            client = client.tls_certs_merge(certs);
+        }
+        let client = client.build().map_err(|e| refused(e.to_string()))?;
         Ok(HubStorage {
             name: name.to_owned(),
             repo: repo.to_owned(),

@@ -47,6 +47,8 @@ pub struct S3Options {
     pub retries: usize,
     /// Access key id and secret; `None` takes the `AWS_*` environment's (or the instance's).
     pub credentials: Option<(String, String)>,
+    /// CA certificates (a PEM bundle) trusted beside the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for S3Options {
@@ -60,6 +62,7 @@ impl Default for S3Options {
             read_timeout: Duration::from_secs(30),
             retries: 3,
             credentials: None,
+            ca_file: None,
         }
     }
 }
@@ -85,6 +88,7 @@ impl S3Options {
             read_timeout: Duration::from_secs(config.read_timeout_secs),
             retries: config.retries,
             credentials: config.access_key_id.clone().zip(config.secret_access_key.clone()),
+            ca_file: config.ca_file.clone(),
         }
     }
 }
@@ -95,11 +99,23 @@ impl S3Storage {
     pub fn new(name: &str, bucket: &str, prefix: &str, options: &S3Options) -> Result<S3Storage, StorageError> {
         let source = name;
         let refused = |message: String| StorageError::Refused { source_name: source.to_owned(), message };
-        let client = ClientOptions::new()
+        let mut client = ClientOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_read_timeout(options.read_timeout)
             .with_timeout_disabled()
             .with_allow_http(options.allow_http);
+        if let Some(file) = &options.ca_file {
+            let pem =
+                std::fs::read(file).map_err(|e| refused(format!("cannot read CA file {}: {e}", file.display())))?;
+            let certs = object_store::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| refused(format!("CA file {} is not a PEM bundle: {e}", file.display())))?;
+            if certs.is_empty() {
+                return Err(refused(format!("CA file {} holds no PEM certificate", file.display())));
+            }
+            for cert in certs {
+                client = client.with_root_certificate(cert);
+            }
+        }
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),

@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
+use super::tls::{ClientIdentity, Tls};
 use super::zero_copy::ZeroCopyStream;
 use crate::telemetry::names;
 
@@ -40,6 +41,8 @@ pub(crate) struct ConnectionSettings {
     pub idle_timeout: Duration,
     /// Whether mapped bytes leave with `sendfile` (`server.sendfile`).
     pub sendfile: bool,
+    /// Time a client may take to complete its TLS handshake.
+    pub handshake_timeout: Duration,
 }
 
 impl ConnectionSettings {
@@ -50,16 +53,20 @@ impl ConnectionSettings {
             header_timeout: Duration::from_secs(config.limits.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.limits.idle_timeout_secs),
             sendfile: config.server.sendfile,
+            handshake_timeout: Duration::from_secs(config.tls.handshake_timeout_secs),
         }
     }
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting and gives
-/// open connections `drain` to finish their responses before they are dropped.
+/// open connections `drain` to finish their responses before they are dropped. With `tls`,
+/// each connection is first a TLS handshake, within `handshake_timeout` (its connection slot
+/// held meanwhile, so handshakes count against `max_connections` too).
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     settings: ConnectionSettings,
+    tls: Option<Tls>,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
@@ -87,20 +94,28 @@ pub(crate) async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let stream = ZeroCopyStream::new(stream, settings.sendfile);
-        let answering = Arc::new(AtomicUsize::new(0));
-        let io = TokioIo::new(IdleTimeout::new(stream, settings.idle_timeout, Arc::clone(&answering)));
-        let service = TowerToHyperService::new(Answering { inner: router.clone(), answering });
-        let connection = graceful.watch(http.serve_connection(io, service));
-        tokio::spawn(async move {
-            let open = metrics::gauge!(names::HTTP_CONNECTIONS);
-            open.increment(1.0);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+        let connection = Connection {
+            http: http.clone(),
+            router: router.clone(),
+            idle_timeout: settings.idle_timeout,
+            watcher: graceful.watcher(),
+        };
+        match &tls {
+            None => {
+                let stream = ZeroCopyStream::new(stream, settings.sendfile);
+                tokio::spawn(connection.serve(stream, None, slot));
             }
-            open.decrement(1.0);
-            drop(slot);
-        });
+            Some(tls) => {
+                let (acceptor, timeout) = (tls.acceptor.clone(), settings.handshake_timeout);
+                tokio::spawn(async move {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                    let Some((stream, identity)) = handshake(acceptor, stream, timeout).await else { return };
+                    connection.serve(stream, identity, slot).await;
+                });
+            }
+        }
     }
     drop(listener);
     tracing::info!(
@@ -110,6 +125,73 @@ pub(crate) async fn serve(
     );
     if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
         tracing::warn!("drain time ran out; closing remaining connections");
+    }
+}
+
+/// The TLS handshake of an accepted connection, within `timeout`, and the identity of its
+/// client's certificate (when client certificates are asked for). A failed or timed-out
+/// handshake is counted by reason and logged at debug: it is the client's, not the server's.
+async fn handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    timeout: Duration,
+) -> Option<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, Option<Arc<ClientIdentity>>)> {
+    let outcome = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let identity = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(ClientIdentity::of);
+            metrics::counter!(names::TLS_HANDSHAKES, "outcome" => "ok").increment(1);
+            return Some((stream, identity.map(Arc::new)));
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed");
+            handshake_failure(&e)
+        }
+        Err(_) => {
+            tracing::debug!(timeout_secs = timeout.as_secs(), "TLS handshake timed out");
+            "timeout"
+        }
+    };
+    metrics::counter!(names::TLS_HANDSHAKES, "outcome" => outcome).increment(1);
+    None
+}
+
+/// The reason a handshake failed, as counted: a client that spoke plain HTTP (or anything
+/// else but TLS), one whose certificate was refused or missing, or any other failure.
+fn handshake_failure(error: &io::Error) -> &'static str {
+    use rustls::Error as E;
+    match error.get_ref().and_then(|e| e.downcast_ref::<E>()) {
+        Some(E::InvalidMessage(_)) => "not_tls",
+        Some(E::InvalidCertificate(_) | E::NoCertificatesPresented) => "client_certificate",
+        Some(_) => "refused",
+        None => "io",
+    }
+}
+
+/// What serving one accepted connection needs.
+struct Connection {
+    http: hyper::server::conn::http1::Builder,
+    router: Router,
+    idle_timeout: Duration,
+    watcher: hyper_util::server::graceful::Watcher,
+}
+
+impl Connection {
+    /// Serves the connection's requests until it ends, holding its slot.
+    async fn serve<S>(self, stream: S, identity: Option<Arc<ClientIdentity>>, slot: tokio::sync::OwnedSemaphorePermit)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let answering = Arc::new(AtomicUsize::new(0));
+        let io = TokioIo::new(IdleTimeout::new(stream, self.idle_timeout, Arc::clone(&answering)));
+        let service = TowerToHyperService::new(Answering { inner: self.router, answering, identity });
+        let connection = self.watcher.watch(self.http.serve_connection(io, service));
+        let open = metrics::gauge!(names::HTTP_CONNECTIONS);
+        open.increment(1.0);
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+        open.decrement(1.0);
+        drop(slot);
     }
 }
 
@@ -132,6 +214,8 @@ async fn accept_failed(error: &io::Error) {
 struct Answering {
     inner: Router,
     answering: Arc<AtomicUsize>,
+    /// The client certificate's identity, handed to every request of the connection.
+    identity: Option<Arc<ClientIdentity>>,
 }
 
 /// One request counted in [`Answering`] until dropped.
@@ -161,7 +245,11 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for Answering
 
     fn call(&mut self, request: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
         let counted = Counted::new(&self.answering);
-        let answer = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
+        let mut request = request.map(axum::body::Body::new);
+        if let Some(identity) = &self.identity {
+            request.extensions_mut().insert(Arc::clone(identity));
+        }
+        let answer = tower::Service::call(&mut self.inner, request);
         Box::pin(async move {
             let response = answer.await?;
             Ok(response.map(|body| axum::body::Body::new(CountedBody { body, _counted: counted })))
@@ -358,9 +446,11 @@ mod tests {
             header_timeout: Duration::from_secs(30),
             idle_timeout: idle,
             sendfile: false,
+            handshake_timeout: Duration::from_secs(10),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, router, limits, async { stopped.await.unwrap_or(()) }, Duration::from_secs(1)));
+        let stopped = async { stopped.await.unwrap_or(()) };
+        tokio::spawn(serve(listener, router, limits, None, stopped, Duration::from_secs(1)));
         (address, stop)
     }
 

@@ -81,11 +81,13 @@ async fn answer_within(
 fn request_span(request: &Request) -> tracing::Span {
     let route = route_of(request);
     let sent = request.extensions().get::<axum::extract::OriginalUri>().map(|original| original.path());
+    let client = request.extensions().get::<std::sync::Arc<super::ClientIdentity>>().map(|c| c.display_name());
     tracing::info_span!(
         "request",
         method = %request.method(),
         route,
         path = %sent.unwrap_or(request.uri().path()),
+        client,
         model = tracing::field::Empty,
         object = tracing::field::Empty,
         cache = tracing::field::Empty,

@@ -4,7 +4,8 @@
 //! ([`zero_copy`]), the layers every request passes ([`layers`]: metrics, tracing, panic
 //! catching, timeout, concurrency limit), byte responses with ranges and conditionals
 //! ([`respond`] over the pure [`range`]) for the protocols that answer plain GETs for bytes,
-//! and what every protocol's error response has in common ([`error_parts`]).
+//! what every protocol's error response has in common ([`error_parts`]), and TLS with its
+//! reloading certificate and client identities ([`tls`]).
 //! Nothing here knows HTTP routes, S3 or any other protocol's meaning of a request.
 
 mod connections;
@@ -12,7 +13,9 @@ pub(crate) mod error_parts;
 mod layers;
 pub(crate) mod range;
 pub(crate) mod respond;
+pub(crate) mod tls;
 mod zero_copy;
 
 pub(crate) use connections::{ConnectionSettings, serve};
 pub(crate) use layers::{Refusals, with_common_layers};
+pub(crate) use tls::{ClientIdentity, Tls, TlsSettings, client_names};

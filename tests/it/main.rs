@@ -39,4 +39,6 @@ mod safetensors_view;
 mod shards;
 mod slices;
 mod storage_conformance;
+mod tls;
+mod tls_clients;
 mod zero_copy;

@@ -7,6 +7,7 @@
 pub mod corpus;
 pub mod nginx;
 pub mod registry;
+pub mod tls;
 
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import random
+import ssl
 import threading
 import time
 import urllib.parse
@@ -29,7 +30,7 @@ def _segment(text):
 class _Connections:
     """One keep-alive connection per thread, so concurrent GETs never share a socket."""
 
-    def __init__(self, url, timeout):
+    def __init__(self, url, timeout, context=None):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
@@ -38,13 +39,16 @@ class _Connections:
         self.port = parsed.port
         self.base = parsed.path.rstrip("/")
         self.timeout = timeout
+        self.context = context
         self.local = threading.local()
 
     def get(self):
         conn = getattr(self.local, "conn", None)
         if conn is None:
-            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-            conn = cls(self.host, self.port, timeout=self.timeout)
+            if self.scheme == "https":
+                conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context)
+            else:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             self.local.conn = conn
         return conn
 
@@ -97,17 +101,30 @@ class _Component:
 
 
 class Client:
-    """A ztserve server. `token` defaults to the `ZTSERVE_TOKEN` environment variable."""
+    """A ztserve server. `token` defaults to the `ZTSERVE_TOKEN` environment variable.
 
-    def __init__(self, url, token=None, *, concurrency=8, chunk_size=8 << 20, retries=4, timeout=60.0):
+    Over https://, the server is always verified: against the system's roots, or `ca_file` (a
+    PEM bundle; default `ZTSERVE_CA_FILE`). `cert_file` and `key_file` present a client
+    certificate to a server that asks for one (mTLS)."""
+
+    def __init__(self, url, token=None, *, concurrency=8, chunk_size=8 << 20, retries=4, timeout=60.0,
+                 ca_file=None, cert_file=None, key_file=None):
         if concurrency < 1 or chunk_size < 1:
             raise ValueError("concurrency and chunk_size must be at least 1")
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("give both cert_file and key_file, or neither")
+        ca_file = ca_file if ca_file is not None else (os.environ.get("ZTSERVE_CA_FILE") or None)
+        context = None
+        if url.startswith("https://"):
+            context = ssl.create_default_context(cafile=ca_file)
+            if cert_file is not None:
+                context.load_cert_chain(cert_file, key_file)
         self.url = url.rstrip("/")
         self.token = token if token is not None else (os.environ.get("ZTSERVE_TOKEN") or None)
         self.concurrency = concurrency
         self.chunk_size = chunk_size
         self.retries = retries
-        self._connections = _Connections(self.url, timeout)
+        self._connections = _Connections(self.url, timeout, context)
         # One pool for the client's life: its threads keep their keep-alive connections from
         # one load to the next (a loader fetching in batches would otherwise reconnect each time).
         self._pool = None
