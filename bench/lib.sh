@@ -38,6 +38,7 @@ bench_stop() {  # name
 # Fails when something already listens on 127.0.0.1:PORT: a leftover server there would be
 # measured in place of the one the script starts.
 bench_port_free() {  # port ...
+  local port
   for port in "$@"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "bench: 127.0.0.1:$port is already in use; stop what listens there first" >&2
