@@ -3,8 +3,9 @@
 //! trusting another CA refused with a certificate error; certificates reloaded when their files
 //! change while an open connection keeps answering, and a broken rotation keeping the old one;
 //! client certificates required at the handshake and granted models by identity; bad files
-//! refused at start naming the file; plaintext and stalled handshakes closed and counted; and
-//! another ztserve reading this one's `/hf` over TLS, verified against a configured CA.
+//! refused at start naming the file; plaintext and stalled handshakes closed and counted; a
+//! property test of garbage before and during a handshake; and another ztserve reading this
+//! one's `/hf` over TLS, verified against a configured CA.
 
 use crate::common;
 
@@ -286,4 +287,48 @@ async fn a_ztserve_reads_another_over_tls_verified_against_its_ca() {
     assert!(reason.to_lowercase().contains("certificate"), "{reason}");
     untrusting.stop().await.unwrap();
     origin.stop().await.unwrap();
+}
+
+/// A property: whatever arrives before a handshake, or cuts into a real one (a client's first
+/// flight up to any byte, then any bytes), ends that connection alone; the listener answers the
+/// next client, and the server never stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_before_or_during_a_handshake_ends_that_connection_alone() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config as Cases, RngAlgorithm, TestRng, TestRunner};
+    use std::io::{Read as _, Write as _};
+
+    let dir = tempfile::tempdir().unwrap();
+    models(&dir.path().join("models"));
+    let ca = TestCa::new(&dir.path().join("pki"), "ztserve test CA");
+    let (cert, key) = ca.server("server", &rcgen::PKCS_ECDSA_P256_SHA256);
+    let running = InProcess::start(config_with_tls(&dir.path().join("models"), &cert, &key), false).await;
+    let client = client_config(&ca.ca_file(), None, &[&TLS13, &TLS12]);
+    let mut opening = rustls::ClientConnection::new(client.clone(), "localhost".try_into().unwrap()).unwrap();
+    let mut hello = Vec::new();
+    opening.write_tls(&mut hello).unwrap();
+
+    let (address, runtime) = (running.address.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || {
+        let cases = Cases { cases: 256, failure_persistence: None, ..Cases::default() };
+        let mut runner = TestRunner::new_with_rng(cases, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+        let strategy = (0..=hello.len(), proptest::collection::vec(any::<u8>(), 0..4096));
+        runner
+            .run(&strategy, |(cut, garbage)| {
+                let mut stream = std::net::TcpStream::connect(&address).unwrap();
+                let _ = stream.write_all(&hello[..cut]);
+                let _ = stream.write_all(&garbage);
+                // The client has said all it will: the server must close, not wait for more.
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+                let mut answer = Vec::new();
+                let _ = stream.read_to_end(&mut answer);
+                let served = runtime.block_on(get_once(&address, &client, "/models", &[]));
+                prop_assert_eq!(served.map(|reply| reply.status).ok(), Some(200));
+                Ok(())
+            })
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    running.stop().await.unwrap();
 }
