@@ -5,7 +5,7 @@
 //! client certificates required at the handshake and granted models by identity; bad files
 //! refused at start naming the file; plaintext and stalled handshakes closed and counted; a
 //! property test of garbage before and during a handshake; and another ztserve reading this
-//! one's `/hf` over TLS, verified against a configured CA.
+//! one's `/hf` and S3 endpoint over TLS, verified against a configured CA.
 
 use crate::common;
 
@@ -263,8 +263,9 @@ async fn a_ztserve_reads_another_over_tls_verified_against_its_ca() {
     models(&dir.path().join("models"));
     let ca = TestCa::new(&dir.path().join("pki"), "ztserve test CA");
     let (cert, key) = ca.server("origin", &rcgen::PKCS_ECDSA_P256_SHA256);
-    let origin = InProcess::start(config_with_tls(&dir.path().join("models"), &cert, &key), false).await;
+    let origin = InProcess::start(config_with_tls(&dir.path().join("models"), &cert, &key), true).await;
     let port = origin.address.rsplit(':').next().unwrap();
+    let s3_port = origin.s3_address.as_ref().unwrap().rsplit(':').next().unwrap();
     let mirror_config = |ca_file: Option<&Path>| {
         let mut config = Config::serving(vec![SourceSpec::try_from("hf://local/shared".to_owned()).unwrap()]);
         config.hub_source.endpoint = Some(format!("https://localhost:{port}/hf"));
@@ -286,6 +287,23 @@ async fn a_ztserve_reads_another_over_tls_verified_against_its_ca() {
     let reason = ready["sources"][0]["reason"].as_str().expect("the source is failing").to_owned();
     assert!(reason.to_lowercase().contains("certificate"), "{reason}");
     untrusting.stop().await.unwrap();
+
+    // An S3 source over TLS: the origin's S3 endpoint, its stored files' bucket.
+    let mut config = Config::serving(vec![SourceSpec::try_from("s3://models-stored".to_owned()).unwrap()]);
+    config.s3_source.endpoint = Some(format!("https://localhost:{s3_port}"));
+    config.s3_source.region = Some("us-east-1".into());
+    config.s3_source.access_key_id = Some("unused".into());
+    config.s3_source.secret_access_key = Some("unused".into());
+    config.s3_source.ca_file = Some(ca.ca_file());
+    let from_s3 = InProcess::start(config, false).await;
+    let ready = common::request_async(&from_s3.address, "/readyz", &[]).await.json();
+    assert_eq!(ready["sources"][0]["status"], "ok", "{ready}");
+    let listed = common::request_async(&from_s3.address, "/models", &[]).await;
+    // The stored files' bucket holds each model's files below its id: `shared/shared.zt`.
+    assert_eq!(ids(&listed.body), ["shared/shared", "team-a/llama/llama"]);
+    let reply = common::request_async(&from_s3.address, "/models/shared%2Fshared/objects/w", &[]).await;
+    assert_eq!((reply.status, reply.body), (200, vec![7; 16]), "read from S3 over TLS");
+    from_s3.stop().await.unwrap();
     origin.stop().await.unwrap();
 }
 
