@@ -150,14 +150,8 @@ impl HubStorage {
             .connect_timeout(options.connect_timeout)
             .read_timeout(options.read_timeout);
         if let Some(file) = &options.ca_file {
-            let pem =
-                std::fs::read(file).map_err(|e| refused(format!("cannot read CA file {}: {e}", file.display())))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| refused(format!("CA file {} is not a PEM bundle: {e}", file.display())))?;
-            if certs.is_empty() {
-                return Err(refused(format!("CA file {} holds no PEM certificate", file.display())));
-            }
-            client = client.tls_certs_merge(certs);
+            client =
+                client.tls_certs_merge(super::ca_bundle(file, reqwest::Certificate::from_pem_bundle).map_err(refused)?);
         }
         let client = client.build().map_err(|e| refused(e.to_string()))?;
         Ok(HubStorage {

@@ -46,6 +46,21 @@ pub fn record_bytes(backend: &'static str, purpose: &'static str, bytes: u64) {
 }
 
 /// An error with its causes, which HTTP clients (reqwest) keep apart, in one message.
+/// The CA certificates of PEM bundle `file`, for a remote source's TLS client to trust beside
+/// the system's roots: each parsed by `parse` (the HTTP client's own certificate type), and at
+/// least one. Every error names the file.
+pub(crate) fn ca_bundle<C, E: std::fmt::Display>(
+    file: &std::path::Path,
+    parse: impl FnOnce(&[u8]) -> Result<Vec<C>, E>,
+) -> Result<Vec<C>, String> {
+    let pem = std::fs::read(file).map_err(|e| format!("cannot read CA file {}: {e}", file.display()))?;
+    let certs = parse(&pem).map_err(|e| format!("CA file {} is not a PEM bundle: {e}", file.display()))?;
+    if certs.is_empty() {
+        return Err(format!("CA file {} holds no PEM certificate", file.display()));
+    }
+    Ok(certs)
+}
+
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

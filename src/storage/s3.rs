@@ -105,14 +105,7 @@ impl S3Storage {
             .with_timeout_disabled()
             .with_allow_http(options.allow_http);
         if let Some(file) = &options.ca_file {
-            let pem =
-                std::fs::read(file).map_err(|e| refused(format!("cannot read CA file {}: {e}", file.display())))?;
-            let certs = object_store::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| refused(format!("CA file {} is not a PEM bundle: {e}", file.display())))?;
-            if certs.is_empty() {
-                return Err(refused(format!("CA file {} holds no PEM certificate", file.display())));
-            }
-            for cert in certs {
+            for cert in super::ca_bundle(file, object_store::Certificate::from_pem_bundle).map_err(refused)? {
                 client = client.with_root_certificate(cert);
             }
         }

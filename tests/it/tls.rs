@@ -219,6 +219,11 @@ async fn bad_certificate_files_stop_the_start_naming_the_file() {
     config.tls.client_ca_file = Some(empty.clone());
     let error = format!("{:#}", ztserve::server::Server::new(config).err().unwrap());
     assert!(error.contains("client CA file") && error.contains(&empty.display().to_string()), "{error}");
+    // A source's CA file as well: the source is refused, naming the file.
+    let mut config = Config::serving(vec![SourceSpec::try_from("hf://local/shared".to_owned()).unwrap()]);
+    config.hub_source.ca_file = Some(empty.clone());
+    let error = format!("{:#}", ztserve::server::Server::new(config).err().unwrap());
+    assert!(error.contains("holds no PEM certificate") && error.contains(&empty.display().to_string()), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
