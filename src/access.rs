@@ -1,5 +1,6 @@
-//! Who may read what, for every protocol: optional tokens, each allowed every model or only
-//! those under some id prefixes. Tokens come from the config (`auth.tokens`,
+//! Who may read what, for every protocol: optional tokens, and client certificate identities
+//! (`auth.client_identities`, matched against a certificate the TLS handshake verified), each
+//! allowed every model or only those under some id prefixes. Tokens come from the config (`auth.tokens`,
 //! `ZTSERVE_AUTH__TOKENS`) and a token file re-read when it changes. Only SHA-256 digests of tokens are kept (unless the S3
 //! endpoint is on: SigV4 verification needs each token as its key's secret), and a presented
 //! token is compared with every one of them in constant time, so neither the comparison's
@@ -374,5 +375,22 @@ mod tests {
         assert!(tokens.check(TOKEN).is_none(), "a file with an invalid line keeps nothing");
         assert!(tokens.check("ffffffffffffffffffff").is_some(), "the config's tokens stay");
         assert!(!Tokens::new(&[], None, false, &[]).unwrap().required());
+    }
+
+    #[test]
+    fn a_listed_identity_decides_alone_and_an_unlisted_one_falls_back_to_tokens() {
+        let identities = [IdentityEntry::parse("worker-a team-a").unwrap()];
+        let tokens = Tokens::new(&[], None, false, &identities).unwrap();
+        assert!(tokens.required(), "identities close the server to the unidentified");
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let listed = names(&["worker-a.example", "worker-a"]);
+        match tokens.verdict(Some("not-a-token-at-all"), Some(&listed)) {
+            Verdict::Allowed(access) => assert!(access.allows("team-a/x") && !access.allows("team-b/x")),
+            other => panic!("{other:?}"),
+        }
+        let unlisted = names(&["worker-z"]);
+        assert!(matches!(tokens.verdict(None, Some(&unlisted)), Verdict::Missing));
+        assert!(matches!(tokens.verdict(Some(TOKEN), Some(&unlisted)), Verdict::Invalid));
+        assert!(matches!(tokens.verdict(None, None), Verdict::Missing));
     }
 }
