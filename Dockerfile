@@ -24,9 +24,7 @@ RUN touch src/main.rs src/lib.rs format/src/lib.rs \
     && cargo build --release --locked --bin ztserve
 
 FROM debian:bookworm-slim
-# curl serves the # Liveness only, over TLS when [tls] is set: the certificate names the service, not 127.0.0.1,
-# and nothing but /healthz's fixed answer crosses this connection.
-HEALTHCHECK only.
+# curl serves the HEALTHCHECK only.
 RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home ztserve \
@@ -44,6 +42,8 @@ ENV ZTSERVE_SERVER__LISTEN=0.0.0.0:8080 \
 VOLUME /var/lib/ztserve
 # 9000: the S3-compatible endpoint, when ZTSERVE_S3_ENDPOINT__LISTEN=0.0.0.0:9000 turns it on.
 EXPOSE 8080 9000
+# Liveness only, over TLS when [tls] is set (-k: the certificate names the service, not
+# 127.0.0.1, and nothing but /healthz's fixed answer crosses this connection).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD curl -fsS http://127.0.0.1:8080/healthz || curl -fsSk https://127.0.0.1:8080/healthz || exit 1
 # Same command the tests run: `ztserve serve` with config from /etc and overrides from env.
