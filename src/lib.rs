@@ -46,13 +46,15 @@
 //!   prefetches into the disk cache.
 //! - `access`: who may read what, for every protocol: tokens (config and a watched token
 //!   file), kept as digests and compared in constant time, each allowed every model or some id
-//!   prefixes; as S3 signing keys while the S3 endpoint is on.
+//!   prefixes; as S3 signing keys while the S3 endpoint is on; and client certificate
+//!   identities granted models as tokens are.
 //! - `transport`: what every listener shares below the protocols: the connection loop and its
 //!   limits (count, head size, header timeout, an idle timeout that counts only waits on the
 //!   client, drain), connections that send slices
 //!   of mapped files with `sendfile` instead of copying them, and the layers every request
 //!   passes (metrics, tracing, panic catching, timeout, concurrency), byte responses with
-//!   ranges and conditionals for the protocols that answer plain GETs.
+//!   ranges and conditionals for the protocols that answer plain GETs, and TLS (rustls, the
+//!   certificate reloaded as its files change, client certificates' identities).
 //! - `http`: the HTTP contract (axum) over the service: routes, conditional requests, content negotiation, streaming bodies, errors (the only place HTTP statuses are
 //!   chosen); bearer tokens checked per request; one extractor gives handlers a ready,
 //!   authorised model; the manifest rendered as JSON with its URLs, which the service keeps.
