@@ -2,7 +2,7 @@
 
     tls_clients.py client PLAN.json   (the client venv: boto3, s3fs, huggingface_hub, the
                                         Python client)
-    tls_clients.py oras PLAN.json     (the oras venv: oras-py, kserve-storage)
+    tls_clients.py oras PLAN.json     (the oras venv: oras-py, kserve-storage, huggingface_hub)
 
 PLAN.json (written by tests/it/tls.rs) names the HTTPS URL, the S3 endpoint's URL, the CA
 file, a CA file of another CA, the model id, its view file's bytes as the server sent them
@@ -13,7 +13,8 @@ client must read the same bytes, and each must refuse the server when it trusts 
     its HTTP client reads);
   - the Python client (`ca_file`, and with mTLS `cert_file`/`key_file`);
   - oras-py and KServe's storage initializer for `oci://` (`REQUESTS_CA_BUNDLE`, which the
-    initializer documents for private registries).
+    initializer documents for private registries) and for `hf://` (`HF_ENDPOINT` and
+    `SSL_CERT_FILE`, which its huggingface_hub reads).
 Prints a JSON summary of what was compared; any difference raises.
 """
 
@@ -125,10 +126,17 @@ def oras(plan):
                 with open(os.path.join(root, n), "rb") as f:
                     held[os.path.relpath(os.path.join(root, n), written)] = f.read()
         assert held, "kserve wrote nothing"
+    # KServe's hf:// handler: huggingface_hub's snapshot_download at HF_ENDPOINT, which trusts
+    # SSL_CERT_FILE (read when the library is first imported, inside the download).
+    os.environ.update(HF_ENDPOINT=plan["hf_url"], SSL_CERT_FILE=plan["ca_file"], HF_HUB_DISABLE_TELEMETRY="1")
+    with tempfile.TemporaryDirectory() as out:
+        written = Storage.download(f"hf://{plan['repo']}", out)
+        with open(os.path.join(written, "model.safetensors"), "rb") as f:
+            assert f.read() == expected_of(plan), "kserve hf:// read other bytes"
     os.environ["REQUESTS_CA_BUNDLE"] = plan["other_ca_file"]
     refused("oras", lambda: oras.client.OrasClient(hostname=registry).pull(target=f"{registry}/{name}:latest",
                                                                            outdir=tempfile.mkdtemp()))
-    return {"checked": ["oras", "kserve oci://"], "kserve_files": sorted(held)}
+    return {"checked": ["oras", "kserve oci://", "kserve hf://"], "kserve_files": sorted(held)}
 
 
 def main():

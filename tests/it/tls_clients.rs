@@ -1,8 +1,8 @@
 //! The real clients over TLS, each verifying ztserve against a CA made here (never told to skip
 //! verification): curl, the aws CLI (`AWS_CA_BUNDLE`), rclone (`--ca-cert`), skopeo and
 //! podman (the CA in a `certs.d` directory of their own), boto3, s3fs, huggingface_hub
-//! (`snapshot_download`, `hf download`), the Python client, oras-py and KServe's `oci://`
-//! initializer (tests/interop/tls_clients.py). Each reads the same bytes; each refuses the
+//! (`snapshot_download`, `hf download`), the Python client, oras-py and KServe's `oci://` and
+//! `hf://` initializer (tests/interop/tls_clients.py). Each reads the same bytes; each refuses the
 //! server when it trusts another CA; with client certificates required, curl and the Python
 //! client get no data without one.
 
