@@ -112,8 +112,8 @@ impl Tls {
     }
 }
 
-/// The roots of a PEM bundle of CA certificates.
-pub(crate) fn read_roots(file: &Path, what: &'static str) -> Result<rustls::RootCertStore, TlsError> {
+/// The certificates of PEM file `file` (`what` names it in errors): at least one.
+fn read_certificates(file: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = std::fs::read(file).map_err(|source| TlsError::Read { what, file: file.to_owned(), source })?;
     let certs = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>().map_err(|e| TlsError::Pem {
         what,
@@ -123,6 +123,12 @@ pub(crate) fn read_roots(file: &Path, what: &'static str) -> Result<rustls::Root
     if certs.is_empty() {
         return Err(TlsError::Empty { what, file: file.to_owned(), expected: "certificate" });
     }
+    Ok(certs)
+}
+
+/// The roots of a PEM bundle of CA certificates.
+pub(crate) fn read_roots(file: &Path, what: &'static str) -> Result<rustls::RootCertStore, TlsError> {
+    let certs = read_certificates(file, what)?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in certs {
         roots.add(cert).map_err(|e| TlsError::Pem { what, file: file.to_owned(), message: e.to_string() })?;
@@ -197,17 +203,8 @@ impl ResolvesServerCert for ReloadingCertificate {
 /// The chain of `cert_file` with the key of `key_file`, checked: the key matches the leaf, and
 /// the leaf is valid now.
 fn certified_key(cert_file: &Path, key_file: &Path, provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
-    let what = "certificate file";
-    let pem = std::fs::read(cert_file).map_err(|source| TlsError::Read { what, file: cert_file.into(), source })?;
-    let chain = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>().map_err(|e| TlsError::Pem {
-        what,
-        file: cert_file.into(),
-        message: e.to_string(),
-    })?;
-    let Some(leaf) = chain.first() else {
-        return Err(TlsError::Empty { what, file: cert_file.into(), expected: "certificate" });
-    };
-    check_validity(leaf, cert_file)?;
+    let chain = read_certificates(cert_file, "certificate file")?;
+    check_validity(&chain[0], cert_file)?;
     let what = "key file";
     let pem = std::fs::read(key_file).map_err(|source| TlsError::Read { what, file: key_file.into(), source })?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
