@@ -17,6 +17,7 @@ mod error;
 pub mod gguf;
 pub mod json;
 mod legacy;
+pub mod model_signature;
 pub mod safetensors;
 pub mod seekable;
 pub mod slice;

@@ -131,6 +131,30 @@ fn every_v2_manifest_fuzz_input_is_handled_without_panic() {
 }
 
 #[test]
+fn every_model_signature_fuzz_input_is_handled_without_panic() {
+    use ztserve_format::model_signature::{Bundle, SignedModel};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut signed = 0;
+    for dir in ["seeds-signature", "corpus/model_signature", "regressions-signature"] {
+        for entry in fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n == "README.md") {
+                continue;
+            }
+            let bytes = fs::read(&path).unwrap();
+            // What the model_signature fuzz target does with each input.
+            let statement = |payload: &[u8]| SignedModel::from_payload(payload, String::new()).is_ok();
+            if let Ok(bundle) = Bundle::parse(&bytes, 1 << 20) {
+                signed += usize::from(statement(&bundle.payload));
+            }
+            signed += usize::from(statement(&bytes));
+        }
+    }
+    // The seeds: a bundle model_signing wrote and its statement, each in seeds and corpus.
+    assert!(signed >= 4, "fuzz/ lost its model signature seeds: {signed} read");
+}
+
+#[test]
 fn every_official_seed_is_valid() {
     for seed in seeds() {
         let report = verify_file(&seed, &Limits::default());
