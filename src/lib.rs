@@ -1,7 +1,7 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files, safetensors checkpoints and GGUF files.
 //!
 //! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} -> service ->
-//! {catalog, decode, digests} -> storage -> format, with `api`, `config` and `telemetry` beside
+//! {catalog, decode, digests, signing} -> storage -> format, with `api`, `config` and `telemetry` beside
 //! them; no module imports one above it, and the wire protocols never name each other
 //! (`tests/it/layers.rs` keeps it so).
 //! - [`api`]: what server and clients share: route templates, which paths are model routes,
@@ -13,7 +13,8 @@
 //! - [`format`]: the `ztserve-format` crate (`format/`), pure byte layout: parse, validate,
 //!   decode, verify and write every `.zt` generation, read safetensors headers and checkpoint
 //!   indexes, and GGUF headers and split models (`format::gguf`), into the same manifest, plan a manifest's safetensors view (`format::view`) and
-//!   slices of dense tensors as byte runs (`format::slice`), and render manifests as JSON.
+//!   slices of dense tensors as byte runs (`format::slice`), read OpenSSF model signature
+//!   files and their statements (`format::model_signature`), and render manifests as JSON.
 //! - [`storage`]: where bytes come from: one `Storage` trait for local directories (reads are
 //!   regions of mapped files), S3 prefixes (`object_store`) and Hub repositories (the Hub's
 //!   read API at `HF_ENDPOINT`, a file's version its content id), reads bound to one version,
@@ -33,6 +34,10 @@
 //!   image layer is kept (memory and the digest store; a `SHA256SUMS`'s until checked), the
 //!   queue of those to compute (urgency, one job per file shared by its askers, retries, what a
 //!   rescan drops, progress) and how long they take; it knows nothing of models or requests.
+//! - `signing`: OpenSSF model signatures (`model_signing`'s `model.sig`), checked against what
+//!   is trusted: public keys (ECDSA, Ed25519) and signing certificates chained to configured CAs
+//!   (aws-lc-rs, rustls-webpki); the bundle and its statement are read by
+//!   `format::model_signature`. It knows nothing of models or requests.
 //! - `service`: the domain between the catalog and the wire protocols, a facade over one type
 //!   per concern (`Catalogs`, `Representations`, `ResolvedSlice`, `Views`, `Prefetches`):
 //!   sources, the catalog swap and rescans, model lookup, a model's bytes and versions, what is learnt per model
@@ -43,7 +48,8 @@
 //!   (a component cut whole, by ranges or as a slice), each model's
 //!   safetensors view as bytes (its header, then each tensor as its own route serves it),
 //!   slices of dense objects for tensor-parallel ranks, cut where the bytes are, and
-//!   prefetches into the disk cache.
+//!   prefetches into the disk cache, and each model version's signature verdict under its
+//!   source's policy, which every protocol asks before it serves a byte.
 //! - `access`: who may read what, for every protocol: tokens (config and a watched token
 //!   file), kept as digests and compared in constant time, each allowed every model or some id
 //!   prefixes; as S3 signing keys while the S3 endpoint is on; and client certificate
@@ -99,6 +105,7 @@ pub mod pull;
 mod s3;
 pub mod server;
 mod service;
+mod signing;
 pub mod storage;
 pub mod telemetry;
 pub mod tools;

@@ -59,14 +59,25 @@ enum Command {
         limits: LimitArgs,
     },
     /// Check every rule, decode every component and verify every digest (.zt, .safetensors, a
-    /// checkpoint's index with its shards, or a .gguf file with its split model's parts). Exits
-    /// 0 when the file is valid, 1 when it is not.
+    /// checkpoint's index with its shards, or a .gguf file with its split model's parts); or,
+    /// given a directory, check its OpenSSF model signature (model.sig) against --public-key
+    /// and --ca-file, and every file below it against what was signed. Exits 0 when the file
+    /// is valid or the directory's signature verifies, 1 when not.
     Verify {
         file: PathBuf,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
         limits: LimitArgs,
+        /// A trusted signer's public key, PEM (a directory's signature; repeat for several).
+        #[arg(long = "public-key", value_name = "PEM")]
+        public_keys: Vec<PathBuf>,
+        /// A PEM bundle of the CAs a signing certificate must chain to.
+        #[arg(long, value_name = "PEM")]
+        ca_file: Option<PathBuf>,
+        /// The signature file's name in the directory.
+        #[arg(long, default_value = "model.sig")]
+        signature: String,
     },
     /// Write an object's decoded little-endian bytes to stdout (.zt, .safetensors, an index, or
     /// a .gguf file).
@@ -313,8 +324,15 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
     let mut out: &mut (dyn Write + Send) = out;
     match command {
         Command::Inspect { file, json, limits } => tools::inspect(&file, json, &limits.limits(), &mut out)?,
-        Command::Verify { file, json, limits } => {
-            let valid = tools::verify(&file, json, &limits.limits(), &mut out)?;
+        Command::Verify { file, json, limits, public_keys, ca_file, signature } => {
+            let valid = if file.is_dir() {
+                let max_signature_bytes = ztserve::config::Signing::default().max_signature_bytes;
+                let check =
+                    tools::SignatureCheck { public_keys, ca_file, signature_file: signature, max_signature_bytes };
+                tools::verify_signature(&file, &check, json, &mut out)?
+            } else {
+                tools::verify(&file, json, &limits.limits(), &mut out)?
+            };
             return Ok(if valid { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         Command::Cat { file, object, component, limits } => {

@@ -52,6 +52,8 @@ pub mod names {
     pub const CACHE_EVICTIONS: &str = "ztserve_decode_cache_evictions_total";
     pub const DIGEST_CHECKS: &str = "ztserve_digest_checks_total";
     pub const DIGEST_FAILURES: &str = "ztserve_digest_failures_total";
+    pub const SIGNATURE_CHECKS: &str = "ztserve_signature_checks_total";
+    pub const MODEL_SIGNATURES: &str = "ztserve_model_signatures";
     pub const FILE_DIGEST_BYTES: &str = "ztserve_file_digest_bytes_total";
     pub const DIGEST_PENDING_BYTES: &str = "ztserve_file_digest_pending_bytes";
     pub const DIGEST_FILES: &str = "ztserve_file_digest_files";
@@ -116,6 +118,14 @@ fn describe() {
     describe_counter!(CACHE_EVICTIONS, "Decoded components evicted to make room.");
     describe_counter!(DIGEST_CHECKS, "Stored-bytes digest checks completed, by outcome (ok or mismatch).");
     describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
+    describe_counter!(
+        SIGNATURE_CHECKS,
+        "Model signature verdicts reached, by outcome (verified, unsigned or failed): one per model version and signed directory version."
+    );
+    describe_gauge!(
+        MODEL_SIGNATURES,
+        "Listed models whose source reads signatures, by signature state (verified, unsigned, failed or pending)."
+    );
     describe_counter!(
         FILE_DIGEST_BYTES,
         Unit::Bytes,
@@ -217,6 +227,12 @@ fn register_at_zero() {
     }
     for outcome in ["ok", "mismatch"] {
         counter!(DIGEST_CHECKS, "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["verified", "unsigned", "failed"] {
+        counter!(SIGNATURE_CHECKS, "outcome" => outcome).absolute(0);
+    }
+    for state in ["verified", "unsigned", "failed", "pending"] {
+        gauge!(MODEL_SIGNATURES, "state" => state).set(0.0);
     }
     for digest in ["file", "image_layer"] {
         counter!(FILE_DIGEST_BYTES, "digest" => digest).absolute(0);

@@ -22,6 +22,7 @@ mod model;
 mod read;
 mod scan;
 mod shards;
+mod signatures;
 mod source;
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +32,7 @@ pub(crate) use companions::Companion;
 pub(crate) use model::{Model, StoredFile};
 pub(crate) use scan::ScanOptions;
 use scan::{Parsed, ParsedFile, directory, list, version_of};
+pub(crate) use signatures::SignedDirectory;
 pub(crate) use source::Source;
 
 use crate::format::FormatError;
@@ -84,6 +86,8 @@ pub(crate) struct Catalog {
     digests: shards::DigestMemo,
     /// The files beside each model that are not model files, by model id.
     companions: BTreeMap<String, Arc<[Companion]>>,
+    /// The directory each signed model's signature file covers, by model id.
+    signed: BTreeMap<String, Arc<SignedDirectory>>,
 }
 
 impl Catalog {
@@ -98,11 +102,14 @@ impl Catalog {
         for source in sources {
             let listed = list(source, previous, options, &catalog.digests).await;
             let models = match listed {
-                Ok((models, files, companions)) => {
+                Ok((models, files, companions, signed)) => {
                     source.report_success();
                     catalog.files.extend(files);
                     for (id, files) in companions {
                         catalog.companions.entry(id).or_insert(files);
+                    }
+                    for (id, dir) in signed {
+                        catalog.signed.entry(id).or_insert(dir);
                     }
                     models
                 }
@@ -118,6 +125,9 @@ impl Catalog {
                         if let Some(files) = previous.companions.get(&model.id) {
                             catalog.companions.entry(model.id.clone()).or_insert_with(|| Arc::clone(files));
                         }
+                        if let Some(dir) = previous.signed.get(&model.id) {
+                            catalog.signed.entry(model.id.clone()).or_insert_with(|| Arc::clone(dir));
+                        }
                     }
                     let from_disk = if kept.is_empty() { source.storage.kept_listing().await } else { None };
                     match from_disk {
@@ -126,11 +136,14 @@ impl Catalog {
                         Some(listed) => {
                             catalog.from_kept_listings.push(source.name.clone());
                             tracing::warn!(source = %source.name, objects = listed.len(), "serving the listing kept in the disk cache");
-                            let (models, files, companions) =
+                            let (models, files, companions, signed) =
                                 scan::models_of(source, listed, previous, options, &catalog.digests).await;
                             catalog.files.extend(files);
                             for (id, files) in companions {
                                 catalog.companions.entry(id).or_insert(files);
+                            }
+                            for (id, dir) in signed {
+                                catalog.signed.entry(id).or_insert(dir);
                             }
                             models
                         }
@@ -166,6 +179,12 @@ impl Catalog {
     /// The files beside model `id` that are not model files (none when it has none).
     pub(crate) fn companions(&self, id: &str) -> &[Companion] {
         self.companions.get(id).map_or(&[], |files| files)
+    }
+
+    /// The directory model `id`'s signature file covers, when it is signed (and signatures are
+    /// read: [`ScanOptions::signature_file`]).
+    pub(crate) fn signed_directory(&self, id: &str) -> Option<&Arc<SignedDirectory>> {
+        self.signed.get(id)
     }
 }
 
@@ -206,6 +225,7 @@ mod tests {
             manifest_suffix_bytes: 64 << 10,
             concurrent_reads: 4,
             check_shard_digests: true,
+            signature_file: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         Arc::new(runtime.block_on(Catalog::build(sources, previous, &options)))

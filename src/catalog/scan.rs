@@ -11,6 +11,7 @@ use futures_util::StreamExt as _;
 use super::read::read_listed;
 use super::{
     Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, gguf_splits, ids, shards,
+    signatures,
 };
 use crate::format::safetensors::Index;
 use crate::format::{FileKind, FormatError, Limits, Manifest};
@@ -27,6 +28,8 @@ pub(crate) struct ScanOptions {
     /// Whether a shard found by name must also match its whole-file digest (a shard found by
     /// scanning the directory is always matched by digest).
     pub check_shard_digests: bool,
+    /// The name of the signature file whose directories are found, when signatures are read.
+    pub signature_file: Option<String>,
 }
 
 /// One listed file's manifest (or a checkpoint's index), as read for one version of it.
@@ -67,7 +70,12 @@ impl ParsedFile {
     }
 }
 
-pub(super) type Listing = (Vec<Arc<Model>>, Vec<((String, String), ParsedFile)>, BTreeMap<String, Arc<[Companion]>>);
+pub(super) type Listing = (
+    Vec<Arc<Model>>,
+    Vec<((String, String), ParsedFile)>,
+    BTreeMap<String, Arc<[Companion]>>,
+    BTreeMap<String, Arc<super::SignedDirectory>>,
+);
 
 /// Lists a source; new and changed objects have their manifests read, several at once. Every
 /// file with a manifest is a model, and every index a checkpoint's; a root's shards are
@@ -176,8 +184,12 @@ pub(super) async fn models_of(
         }
     }
     let companions = companions::assign(source, &models, &listed);
+    let signed = match &options.signature_file {
+        Some(name) => signatures::assign(source, &models, &listed, name),
+        None => BTreeMap::new(),
+    };
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
-    (models, files, companions)
+    (models, files, companions, signed)
 }
 
 /// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).

@@ -129,6 +129,7 @@ pub(super) fn shape() -> toml::Table {
         auth: Auth { token_file: Some(PathBuf::new()), ..Auth::default() },
         digests: Digests { store: Some(PathBuf::new()), hash_concurrency: Some(1), ..Digests::default() },
         cache: Cache { dir: Some(PathBuf::new()), ..Cache::default() },
+        signing: Signing { ca_file: Some(PathBuf::new()), ..Signing::default() },
         ..Config::default()
     };
     toml::Table::try_from(example).expect("the configuration serializes")

@@ -42,6 +42,7 @@ pub struct Config {
     pub cache: Cache,
     pub auth: Auth,
     pub tls: Tls,
+    pub signing: Signing,
 }
 
 impl Config {
@@ -458,6 +459,97 @@ pub struct Tls {
 impl Default for Tls {
     fn default() -> Tls {
         Tls { cert_file: None, key_file: None, client_ca_file: None, handshake_timeout_secs: 10 }
+    }
+}
+
+/// OpenSSF model signatures (`model_signing`'s `model.sig`): what is trusted, and what a
+/// model's signature decides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Signing {
+    /// What a signature decides: `none` (not read), `if-signed` (a signed model whose signature
+    /// fails is not served) or `required` (an unsigned or failing model is not served).
+    pub policy: SigningPolicy,
+    /// Trusted signers' public keys, PEM files (ECDSA P-256, P-384 or P-521; Ed25519).
+    pub public_keys: Vec<PathBuf>,
+    /// A PEM bundle of the CAs a signing certificate must chain to.
+    pub ca_file: Option<PathBuf>,
+    /// The signature file's name in a model's directory.
+    pub signature_file: String,
+    /// Per-source policies, `SOURCE=POLICY` (`SOURCE` as written in `sources.paths`).
+    pub source_policies: Vec<SourcePolicy>,
+    /// The largest signature file read, in bytes.
+    pub max_signature_bytes: u64,
+}
+
+impl Default for Signing {
+    fn default() -> Signing {
+        Signing {
+            policy: SigningPolicy::None,
+            public_keys: Vec::new(),
+            ca_file: None,
+            signature_file: "model.sig".into(),
+            source_policies: Vec::new(),
+            max_signature_bytes: 64 << 20,
+        }
+    }
+}
+
+impl Signing {
+    /// The policy of the source written `source` in `sources.paths`.
+    pub fn policy_of(&self, source: &str) -> SigningPolicy {
+        self.source_policies.iter().rev().find(|p| p.source == source).map_or(self.policy, |p| p.policy)
+    }
+}
+
+/// What a model's signature decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SigningPolicy {
+    /// Signatures are not read.
+    None,
+    /// A signed model is served only when its signature verifies; an unsigned one is served.
+    IfSigned,
+    /// Only a model whose signature verifies is served.
+    Required,
+}
+
+impl SigningPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SigningPolicy::None => "none",
+            SigningPolicy::IfSigned => "if-signed",
+            SigningPolicy::Required => "required",
+        }
+    }
+}
+
+/// One source's signing policy, written `SOURCE=POLICY`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SourcePolicy {
+    pub source: String,
+    pub policy: SigningPolicy,
+}
+
+impl TryFrom<String> for SourcePolicy {
+    type Error = String;
+
+    fn try_from(entry: String) -> Result<SourcePolicy, String> {
+        let (source, policy) = entry.rsplit_once('=').ok_or("is not SOURCE=POLICY")?;
+        let policy = match policy.trim() {
+            "none" => SigningPolicy::None,
+            "if-signed" => SigningPolicy::IfSigned,
+            "required" => SigningPolicy::Required,
+            other => return Err(format!("policy {other:?} is not none, if-signed or required")),
+        };
+        Ok(SourcePolicy { source: source.trim().to_owned(), policy })
+    }
+}
+
+impl From<SourcePolicy> for String {
+    fn from(entry: SourcePolicy) -> String {
+        format!("{}={}", entry.source, entry.policy.as_str())
     }
 }
 

@@ -284,3 +284,35 @@ fn the_documented_config_file_lists_every_key_with_its_default() {
         }
     }
 }
+
+#[test]
+fn signing_is_set_from_the_environment_and_refused_without_trust_or_with_an_unknown_source() {
+    let loaded = load(
+        None,
+        &[
+            ("ZTSERVE_SOURCES__PATHS", "/models,s3://vetted/m"),
+            ("ZTSERVE_SIGNING__POLICY", "if-signed"),
+            ("ZTSERVE_SIGNING__PUBLIC_KEYS", "/k/a.pub, /k/b.pub"),
+            ("ZTSERVE_SIGNING__CA_FILE", "/k/ca.pem"),
+            ("ZTSERVE_SIGNING__SOURCE_POLICIES", "s3://vetted/m=required"),
+        ],
+    )
+    .unwrap();
+    let signing = &loaded.config.signing;
+    assert_eq!(signing.public_keys, vec![PathBuf::from("/k/a.pub"), PathBuf::from("/k/b.pub")]);
+    assert_eq!(signing.ca_file.as_deref(), Some(Path::new("/k/ca.pem")));
+    assert_eq!(signing.policy_of("s3://vetted/m"), SigningPolicy::Required);
+    assert_eq!(signing.policy_of("/models"), SigningPolicy::IfSigned);
+    let refused = |pairs: &[(&str, &str)]| load(None, pairs).unwrap_err().to_string();
+    let no_trust = refused(&[("ZTSERVE_SIGNING__POLICY", "required")]);
+    assert!(no_trust.contains("signing.policy") && no_trust.contains("public_keys or signing.ca_file"), "{no_trust}");
+    let unknown = refused(&[
+        ("ZTSERVE_SIGNING__PUBLIC_KEYS", "/k/a.pub"),
+        ("ZTSERVE_SIGNING__SOURCE_POLICIES", "/elsewhere=required"),
+    ]);
+    assert!(unknown.contains("signing.source_policies") && unknown.contains("/elsewhere"), "{unknown}");
+    let bad = refused(&[("ZTSERVE_SIGNING__POLICY", "sometimes")]);
+    assert!(bad.contains("signing.policy"), "{bad}");
+    let bad = refused(&[("ZTSERVE_SIGNING__SOURCE_POLICIES", "models=maybe")]);
+    assert!(bad.contains("signing.source_policies") && bad.contains("maybe"), "{bad}");
+}

@@ -83,6 +83,28 @@ impl Config {
             let message = "identities come from client certificates: set tls.client_ca_file";
             return Err(fail("auth.client_identities", message.into()));
         }
+        let signing = &self.signing;
+        let enforced = std::iter::once(signing.policy)
+            .chain(signing.source_policies.iter().map(|p| p.policy))
+            .any(|p| p != SigningPolicy::None);
+        if enforced && signing.public_keys.is_empty() && signing.ca_file.is_none() {
+            let message =
+                "a policy other than none needs signing.public_keys or signing.ca_file: no signature could verify";
+            return Err(fail("signing.policy", message.into()));
+        }
+        for entry in &signing.source_policies {
+            if !self.sources.paths.iter().any(|spec| spec.to_string() == entry.source) {
+                let message = format!("{:?} is not a source of sources.paths", entry.source);
+                return Err(fail("signing.source_policies", message));
+            }
+        }
+        let name = &signing.signature_file;
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(fail("signing.signature_file", "must be a file name, without a directory".into()));
+        }
+        if signing.max_signature_bytes == 0 {
+            return Err(fail("signing.max_signature_bytes", "must be at least 1".into()));
+        }
         if tls.handshake_timeout_secs == 0 {
             return Err(fail("tls.handshake_timeout_secs", "must be at least 1".into()));
         }

@@ -40,6 +40,9 @@ pub(crate) struct FileDigests {
     /// Digests a list beside the files states (`SHA256SUMS`), trusted for listings until a
     /// whole read of the file checks them; never stored, so a restart reads the list again.
     stated: Mutex<HashMap<FileIdentity, [u8; 32]>>,
+    /// Digests a source gives unread (a Hub file's LFS id): trusted for listings, never for a
+    /// signature's check, and never stored, so no restart takes one for a computed digest.
+    from_source: Mutex<HashMap<FileIdentity, [u8; 32]>>,
     store: Option<Mutex<std::fs::File>>,
 }
 
@@ -48,7 +51,8 @@ impl FileDigests {
     pub(crate) fn open(store: Option<&Path>) -> Result<FileDigests, DigestStoreError> {
         let mut known = HashMap::new();
         let Some(path) = store else {
-            return Ok(FileDigests { known: Mutex::new(known), stated: Mutex::default(), store: None });
+            let known = Mutex::new(known);
+            return Ok(FileDigests { known, stated: Mutex::default(), from_source: Mutex::default(), store: None });
         };
         let failed = |source| DigestStoreError { path: path.to_owned(), source };
         let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path).map_err(failed)?;
@@ -69,13 +73,30 @@ impl FileDigests {
             file.write_all(b"\n").map_err(failed)?;
         }
         tracing::info!(store = %path.display(), digests = known.len(), unreadable, "file digests loaded");
-        Ok(FileDigests { known: Mutex::new(known), stated: Mutex::default(), store: Some(Mutex::new(file)) })
+        Ok(FileDigests {
+            known: Mutex::new(known),
+            stated: Mutex::default(),
+            from_source: Mutex::default(),
+            store: Some(Mutex::new(file)),
+        })
     }
 
-    /// The digest of `identity` if it is known, computed or stated.
+    /// The digest of `identity` if it is known: computed, given by its source, or stated.
     pub(crate) fn known(&self, identity: FileIdentity) -> Option<[u8; 32]> {
-        let computed = self.known.lock().expect("never poisoned").get(&identity).copied();
-        computed.or_else(|| self.unverified(identity))
+        let given = || self.from_source.lock().expect("never poisoned").get(&identity).copied();
+        self.computed(identity).or_else(given).or_else(|| self.unverified(identity))
+    }
+
+    /// The digest of `identity` if this server computed it from the bytes (now, or before a
+    /// restart, from the store).
+    pub(crate) fn computed(&self, identity: FileIdentity) -> Option<[u8; 32]> {
+        self.known.lock().expect("never poisoned").get(&identity).copied()
+    }
+
+    /// Takes `digest`, which the file's source gives without its bytes being read, as the
+    /// digest of `identity` (kept in memory: the source gives it again after a restart).
+    pub(crate) fn insert_from_source(&self, identity: FileIdentity, digest: [u8; 32]) {
+        self.from_source.lock().expect("never poisoned").insert(identity, digest);
     }
 
     /// The digest stated for `identity` and not yet checked.

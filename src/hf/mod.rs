@@ -140,37 +140,37 @@ async fn answer(
     match route {
         HubRoute::Info { repo, revision } => {
             only("GET")?;
-            let at = state.repo_at(&caller, &repo, revision.as_deref())?;
+            let at = state.repo_at(&caller, &repo, revision.as_deref()).await?;
             model_info(state, &at, query.flag("blobs")).await
         }
         HubRoute::Tree { repo, revision, path } => {
             only("GET")?;
-            let at = state.repo_at(&caller, &repo, Some(&revision))?;
+            let at = state.repo_at(&caller, &repo, Some(&revision)).await?;
             tree(state, &at, &path, &query, uri, headers).await
         }
         HubRoute::PathsInfo { repo, revision } => {
             only("POST")?;
-            let at = state.repo_at(&caller, &repo, Some(&revision))?;
+            let at = state.repo_at(&caller, &repo, Some(&revision)).await?;
             paths_info(state, &at, headers, body).await
         }
         HubRoute::GgufManifest { repo, tag } => {
             only("GET")?;
-            let at = state.repo_at(&caller, &repo, None)?;
+            let at = state.repo_at(&caller, &repo, None).await?;
             gguf_manifest(&at, &tag)
         }
         HubRoute::SafetensorsMetadata { repo, path } => {
             only("GET")?;
-            let at = state.repo_at(&caller, &repo, None)?;
+            let at = state.repo_at(&caller, &repo, None).await?;
             safetensors_metadata(state, &at, &path).await
         }
         HubRoute::Refs { repo } => {
             only("GET")?;
-            let at = state.repo_at(&caller, &repo, None)?;
+            let at = state.repo_at(&caller, &repo, None).await?;
             Ok(refs(&at, query.flag("include_prs")))
         }
         HubRoute::Resolve { repo, revision, path } => {
             only("GET, HEAD")?;
-            let at = state.repo_at(&caller, &repo, Some(&revision))?;
+            let at = state.repo_at(&caller, &repo, Some(&revision)).await?;
             resolve(state, &at, &path, method == Method::HEAD, headers).await
         }
         HubRoute::ListModels => {
@@ -202,6 +202,8 @@ struct RepoAt {
     commit: String,
     /// Whether the request named the commit (rather than `main`).
     pinned: bool,
+    /// The signature of its first member, as its source's policy checked it.
+    signature: Option<crate::service::SignatureStatus>,
 }
 
 impl RepoAt {
@@ -269,7 +271,7 @@ impl HubState {
     }
 
     /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
-    fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
+    async fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
         let missing = || HubError::RepoNotFound { repo: repo.to_owned(), anonymous: caller.is_anonymous() };
         let access = caller.access().map_err(|_| missing())?;
         let catalog = self.service.catalog();
@@ -287,9 +289,13 @@ impl HubState {
         }
         tracing::Span::current().record("model", id.as_str());
         let mut members = Vec::with_capacity(ids.len());
+        let mut signatures = Vec::with_capacity(1);
         let mut listed: Vec<(PublishedFile, usize)> = Vec::new();
         for member in &ids {
-            let (model, manifest) = self.service.model(member)?;
+            let (model, manifest, signature) = self.service.servable_model(member).await?;
+            if signatures.is_empty() {
+                signatures.push(signature);
+            }
             // A member not named after the directory shows its files as they are stored, as
             // the Hub lists a directory's files: its safetensors view would take the names of
             // the checkpoint's own files.
@@ -314,7 +320,16 @@ impl HubState {
                 return Err(HubError::RevisionNotFound { repo: repo.to_owned(), revision: other.to_owned() });
             }
         };
-        Ok(RepoAt { repo: repo.to_owned(), catalog, members, files, owners, commit, pinned })
+        Ok(RepoAt {
+            repo: repo.to_owned(),
+            catalog,
+            members,
+            files,
+            owners,
+            commit,
+            pinned,
+            signature: signatures.pop(),
+        })
     }
 
     /// The first `len` bytes (at most) of file `index` of `at`.
@@ -429,7 +444,7 @@ async fn model_info(state: &HubState, at: &RepoAt, blobs: bool) -> Result<Respon
     } else {
         at.files.iter().map(|f| json!({ "rfilename": f.path })).collect()
     };
-    let info = json!({
+    let mut info = json!({
         "_id": at.commit,
         "id": at.repo,
         "modelId": at.repo,
@@ -447,6 +462,9 @@ async fn model_info(state: &HubState, at: &RepoAt, blobs: bool) -> Result<Respon
         "siblings": siblings,
         "usedStorage": at.files.iter().map(|f| f.size).sum::<u64>(),
     });
+    if let Some(signature) = at.signature.as_ref().and_then(|s| s.to_json()) {
+        info["signature"] = signature;
+    }
     Ok(json_response(&info, &at.commit))
 }
 
@@ -595,6 +613,7 @@ async fn list_models(
     let mut listed: Vec<(String, Arc<Model>)> = catalog
         .models()
         .filter(|m| m.state.is_ok() && access.allows(&m.id))
+        .filter(|m| state.service.signature_refusal(&catalog, m).is_none())
         .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m), &state.namespace)?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
@@ -637,7 +656,7 @@ async fn list_models(
             "lastModified": date,
         });
         if full {
-            let at = state.repo_at(caller, repo, None)?;
+            let at = state.repo_at(caller, repo, None).await?;
             entry["sha"] = json!(at.commit);
             entry["siblings"] = at.files.iter().map(|f| json!({ "rfilename": f.path })).collect();
         }

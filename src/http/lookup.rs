@@ -22,6 +22,8 @@ pub(crate) struct ReadyModel {
     pub model: Arc<Model>,
     pub manifest: Arc<Manifest>,
     pub cache: (HeaderName, HeaderValue),
+    /// Its signature, as its source's policy checked it.
+    pub signature: crate::service::SignatureStatus,
 }
 
 impl ReadyModel {
@@ -39,9 +41,9 @@ impl FromRequestParts<Arc<AppState>> for ReadyModel {
         // Recorded by `auth::require_token`, which every routed request passes first.
         let access = parts.extensions.get::<Access>().cloned().unwrap_or(Access::Under(Arc::from([])));
         let id = param(&params, "model");
-        let (model, manifest) = ready_model(state, &access, id)?;
+        let (model, manifest, signature) = ready_model(state, &access, id).await?;
         let cache = cache_control(id, &model);
-        Ok(ReadyModel { params, model, manifest, cache })
+        Ok(ReadyModel { params, model, manifest, cache, signature })
     }
 }
 
@@ -58,15 +60,15 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
     params.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.as_str())
 }
 
-/// Looks a model up, refusing when not ready, unknown or broken. `id` may pin a version,
+/// Looks a model up, refusing when not ready, unknown, broken or refused by its signature. `id` may pin a version,
 /// `{id}@{version}` (the `X-Zt-Model-Version` without its quotes), unless a model has that exact
 /// id: a version that is no longer the model's answers `version_gone`.
 /// A model outside the request's [`Access`] is answered exactly as an unknown one.
-fn ready_model(
+async fn ready_model(
     state: &AppState,
     access: &Access,
     id: &str,
-) -> Result<(Arc<Model>, Arc<crate::format::Manifest>), ApiError> {
+) -> Result<(Arc<Model>, Arc<crate::format::Manifest>, crate::service::SignatureStatus), ApiError> {
     tracing::Span::current().record("model", id);
     let (base, pinned) = match crate::api::split_pinned(id) {
         Some((base, version)) if state.service.catalog().get(id).is_none() => (base, Some(version)),
@@ -75,7 +77,7 @@ fn ready_model(
     if state.service.is_ready() && !access.allows(base) {
         return Err(ServiceError::ModelNotFound(id.to_owned()).into());
     }
-    let (model, manifest) = state.service.model(base)?;
+    let (model, manifest, signature) = state.service.servable_model(base).await?;
     match pinned {
         Some(version) if version != crate::service::version_token(&model) => Err(ServiceError::VersionGone {
             model: base.to_owned(),
@@ -83,7 +85,7 @@ fn ready_model(
             current: crate::service::version_token(&model),
         }
         .into()),
-        _ => Ok((model, manifest)),
+        _ => Ok((model, manifest, signature)),
     }
 }
 

@@ -63,6 +63,18 @@ pub(crate) fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: 
 /// file, so each response sends it with `sendfile` instead of copying it (bench/README.md:
 /// "Design choices measured"). Small bodies, and any when no temporary file can be written,
 /// stay ordinary heap bytes.
+/// `rendered` with the model's signature (`signature`, its JSON) as its first member, and an
+/// ETag that covers it: the rendering is kept per model version, the signature's verdict per
+/// version of its signed directory, so they are joined per request, without copying the
+/// rendering (the body goes as two pieces).
+pub(crate) fn with_signature(rendered: &Rendered, signature: &serde_json::Value) -> (String, [Bytes; 2]) {
+    let member = format!("{{\"signature\":{signature},");
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(member.as_bytes());
+    let etag = format!("{}-{}\"", rendered.etag.trim_end_matches('"'), hex::encode(&digest[..8]));
+    // Every rendering is a JSON object with members: its `{` gives way to the signature's.
+    (etag, [Bytes::from(member), rendered.body.slice(1..)])
+}
+
 fn sendable(body: Vec<u8>) -> Bytes {
     const WORTH_A_FILE: usize = 64 << 10;
     if body.len() < WORTH_A_FILE {

@@ -48,13 +48,22 @@ pub(super) async fn list(
                     entry["serving_from"] = json!("disk_cache");
                 }
             }
-            match &m.state {
-                Ok(manifest) => {
+            let signature = state.service.signature_status(&catalog, m);
+            if let Some(json) = signature.to_json() {
+                entry["signature"] = json;
+            }
+            match (&m.state, state.service.signature_refusal(&catalog, m)) {
+                (Ok(_), Some(refused)) => {
+                    entry["status"] = json!("broken");
+                    let code = refused.reason().unwrap_or(refused.code());
+                    entry["reason"] = json!({ "code": code, "message": refused.to_string() });
+                }
+                (Ok(manifest), None) => {
                     entry["status"] = json!("ok");
                     entry["objects"] = json!(manifest.objects.len());
                     entry["digests"] = state.service.digest_progress(m).to_json();
                 }
-                Err(e) => {
+                (Err(e), _) => {
                     entry["status"] = json!("broken");
                     entry["reason"] = json!({ "code": e.code(), "message": e.to_string() });
                 }
@@ -76,7 +85,7 @@ pub(super) async fn manifest(
     ready: ReadyModel,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ReadyModel { model, manifest, cache, .. } = ready;
+    let ReadyModel { model, manifest, cache, signature, .. } = ready;
     // Not yet rendered, it is rendered on the blocking pool: a model of 100k tensors is tens of
     // MB of JSON (usually rendered already, in the background after the scan that found it).
     let rendered = match state.service.rendered_manifest_if_ready(&model) {
@@ -89,14 +98,31 @@ pub(super) async fn manifest(
                 .map_err(|e| ApiError::Internal(format!("rendering a manifest failed: {e}")))?
         }
     };
-    let etag = (header::ETAG, header_value(&rendered.etag));
+    let (tag, body, len) = match signature.to_json() {
+        Some(signature) => {
+            let (tag, pieces) = super::manifest::with_signature(&rendered, &signature);
+            let len = pieces.iter().map(|p| p.len()).sum::<usize>();
+            let pieces = futures_util::stream::iter(pieces.map(Ok::<_, std::convert::Infallible>));
+            (tag, axum::body::Body::from_stream(pieces), len)
+        }
+        None => (rendered.etag.clone(), axum::body::Body::from(rendered.body.clone()), rendered.body.len()),
+    };
+    let etag = (header::ETAG, header_value(&tag));
     let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
-    if if_none_match_matches(if_none_match, &rendered.etag) {
+    if if_none_match_matches(if_none_match, &tag) {
         return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(&model)]).into_response());
     }
+    // Two pieces have no length of their own: it is said, not chunked.
+    let length = (header::CONTENT_LENGTH, HeaderValue::from(len));
     Ok((
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), etag, cache, model_version(&model)],
-        rendered.body.clone(),
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            etag,
+            cache,
+            model_version(&model),
+            length,
+        ],
+        body,
     )
         .into_response())
 }

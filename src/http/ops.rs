@@ -66,7 +66,8 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
 }
 
 /// Prometheus text exposition of every metric the process records.
-pub(super) async fn metrics() -> impl axum::response::IntoResponse {
+pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> impl axum::response::IntoResponse {
+    state.service.publish_signature_gauge(&state.service.catalog());
     let handle = crate::telemetry::metrics();
     handle.run_upkeep();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())

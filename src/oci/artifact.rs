@@ -20,6 +20,10 @@ const DOC: &str = "application/vnd.cncf.model.doc.v1.raw";
 const CODE: &str = "application/vnd.cncf.model.code.v1.raw";
 const FILEPATH: &str = "org.cncf.model.filepath";
 const TITLE: &str = "org.opencontainers.image.title";
+/// The model signature's state (`verified`, `unsigned`), where its source's policy reads it.
+pub(crate) const SIGNATURE_STATE: &str = "dev.ztserve.signature.state";
+/// Who signed the model, once verified.
+pub(crate) const SIGNATURE_SIGNER: &str = "dev.ztserve.signature.signer";
 
 /// One published file as a layer.
 #[derive(Debug, Clone)]
@@ -108,8 +112,15 @@ fn precision_name(logical: Option<&str>, dtype: crate::format::DType) -> String 
 }
 
 /// The artifact of model `id` at `version` (its version token), whose manifest is
-/// `manifest`, publishing `files` (in the order they become layers).
-pub(crate) fn build(id: &str, version: &str, manifest: &Manifest, files: &[LayerFile]) -> Artifact {
+/// `manifest`, publishing `files` (in the order they become layers), with `annotations` besides
+/// its title and version.
+pub(crate) fn build(
+    id: &str,
+    version: &str,
+    manifest: &Manifest,
+    files: &[LayerFile],
+    annotations: &[(&str, String)],
+) -> Artifact {
     let digests: Vec<String> = files.iter().map(|f| format!("sha256:{}", hex::encode(f.sha256))).collect();
     let parameters: u64 = manifest
         .objects
@@ -145,13 +156,19 @@ pub(crate) fn build(id: &str, version: &str, manifest: &Manifest, files: &[Layer
             })
         })
         .collect();
+    let mut top = serde_json::Map::new();
+    top.insert(TITLE.into(), json!(id));
+    top.insert("org.opencontainers.image.version".into(), json!(version));
+    for (key, value) in annotations {
+        top.insert((*key).into(), json!(value));
+    }
     let manifest_json = json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
         "artifactType": ARTIFACT_TYPE,
         "config": { "mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest, "size": config.len() },
         "layers": layers,
-        "annotations": { TITLE: id, "org.opencontainers.image.version": version },
+        "annotations": Value::Object(top),
     });
     let manifest_bytes = serde_json::to_vec(&manifest_json).expect("JSON values serialize");
     Artifact { manifest_digest: digest_of(&manifest_bytes), manifest: manifest_bytes, config, config_digest }

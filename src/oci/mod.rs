@@ -143,7 +143,7 @@ async fn answer(
         }
         OciRoute::Tags { name } => {
             only(method, "GET")?;
-            let at = state.repository(&access, &name)?;
+            let at = state.repository(&access, &name).await?;
             let version = version_token(&at.model);
             let tags = vec![
                 "latest".to_owned(),
@@ -158,7 +158,7 @@ async fn answer(
         }
         OciRoute::Manifest { name, reference } => {
             only(method, "GET, HEAD")?;
-            let at = state.repository(&access, &name)?;
+            let at = state.repository(&access, &name).await?;
             let version = version_token(&at.model);
             let head = method == Method::HEAD;
             let image_tag = reference.strip_suffix(IMAGE_TAG_SUFFIX);
@@ -191,7 +191,7 @@ async fn answer(
             if names::sha256_hex(&digest).is_none() {
                 return Err(OciError::DigestInvalid(digest));
             }
-            let at = state.repository(&access, &name)?;
+            let at = state.repository(&access, &name).await?;
             blob(state, &at, &name, &digest, method == Method::HEAD, headers).await
         }
         OciRoute::Referrers { name, digest } => {
@@ -199,7 +199,7 @@ async fn answer(
             if names::sha256_hex(&digest).is_none() {
                 return Err(OciError::DigestInvalid(digest));
             }
-            state.repository(&access, &name)?;
+            state.repository(&access, &name).await?;
             let index = json!({ "schemaVersion": 2, "mediaType": artifact::INDEX_MEDIA_TYPE, "manifests": [] });
             let mut response = json_response(&index, false);
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(artifact::INDEX_MEDIA_TYPE));
@@ -333,13 +333,28 @@ struct RepositoryAt {
     model: Arc<Model>,
     manifest: Arc<Manifest>,
     files: Vec<PublishedFile>,
+    /// Its signature, as its source's policy checked it.
+    signature: crate::service::SignatureStatus,
+}
+
+/// The annotations of a model's signature on its artifact: its state and signer, not when it
+/// was checked, so checking the same files again leaves the manifest's digest as it was.
+fn signature_annotations(signature: &crate::service::SignatureStatus) -> Vec<(&'static str, String)> {
+    let mut annotations = Vec::new();
+    if signature.to_json().is_some() {
+        annotations.push((artifact::SIGNATURE_STATE, signature.state().to_owned()));
+    }
+    if let Some(signer) = signature.signer() {
+        annotations.push((artifact::SIGNATURE_SIGNER, signer.to_owned()));
+    }
+    annotations
 }
 
 impl OciState {
     /// The model whose repository is `name`, for a caller with `access`: a name outside the
     /// caller's prefixes is denied whether or not it exists, so nothing is learnt of models
     /// the token may not read.
-    fn repository(&self, access: &Access, name: &str) -> Result<RepositoryAt, OciError> {
+    async fn repository(&self, access: &Access, name: &str) -> Result<RepositoryAt, OciError> {
         let unknown = || OciError::NameUnknown { name: name.to_owned() };
         if !names::is_repository_name(name) {
             return Err(unknown());
@@ -363,9 +378,9 @@ impl OciState {
             return Err(OciError::Denied { name: name.to_owned() });
         }
         tracing::Span::current().record("model", model.id.as_str());
-        let (model, manifest) = self.service.model(&model.id)?;
+        let (model, manifest, signature) = self.service.servable_model(&model.id).await?;
         let files = self.service.repository_files(&catalog, &model, &manifest);
-        Ok(RepositoryAt { catalog, model, manifest, files })
+        Ok(RepositoryAt { catalog, model, manifest, files, signature })
     }
 
     /// The repository's artifact: its config and manifest, with every file's SHA-256.
@@ -389,7 +404,8 @@ impl OciState {
             .zip(self.digests(at, DigestOf::File).await?)
             .map(|(file, sha256)| LayerFile { path: file.path.clone(), size: file.size, sha256 })
             .collect();
-        Ok((artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers), layers))
+        let annotations = signature_annotations(&at.signature);
+        Ok((artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers, &annotations), layers))
     }
 
     /// The repository's image.

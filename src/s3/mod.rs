@@ -198,7 +198,10 @@ impl Endpoint {
     ) -> Listing {
         let url_encoded = encoding.is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
         let keys = self.keys(bucket);
-        let page = keys.list(query, |id| access.allows(id));
+        let catalog = keys.catalog();
+        // A model its signature refuses is not listed, as a broken one is not.
+        let refused = |id: &str| catalog.get(id).is_some_and(|m| self.service.signature_refusal(catalog, m).is_some());
+        let page = keys.list(query, |id| access.allows(id) && !refused(id));
         let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
         let contents = page
             .contents
@@ -224,6 +227,8 @@ impl Endpoint {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
         let found = keys.at(index);
+        let wait = self.service.digest_wait(false);
+        self.service.admit(keys.catalog(), &found.model, &found.manifest, wait).await.map_err(service_error)?;
         let bytes = self
             .service
             .published_file_bytes(keys.catalog(), &found.model, &found.manifest, &found.published())

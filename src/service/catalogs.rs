@@ -126,6 +126,7 @@ mod tests {
             manifest_suffix_bytes: 64 * 1024,
             concurrent_reads: 2,
             check_shard_digests: true,
+            signature_file: None,
         };
         Arc::new(Catalogs::new(vec![source], options))
     }

@@ -17,6 +17,8 @@ pub(crate) enum SetupError {
     DigestStore(#[from] crate::digests::DigestStoreError),
     #[error(transparent)]
     Cache(#[from] crate::storage::cache::CacheError),
+    #[error("signing: {0}")]
+    Trust(#[from] crate::signing::TrustError),
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -71,6 +73,12 @@ pub(crate) enum ServiceError {
     /// A published file that no tar layer can hold (its path is no plain relative name).
     #[error("model {model:?} cannot be an image: {reason}")]
     NoImageLayer { model: String, reason: String },
+    #[error("model {model:?} is not served: its signature fails: {source}")]
+    SignatureFailed { model: String, source: crate::signing::SignatureError },
+    #[error(
+        "model {model:?} is not served: it is unsigned (no {signature_file} in its directory or above it) and its source requires a signature"
+    )]
+    Unsigned { model: String, signature_file: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -132,7 +140,11 @@ impl ServiceError {
             | S::ViewFileNotFound { .. }
             | S::SeveralFiles { .. } => ErrorKind::NotFound,
             S::BadSlice { .. } => ErrorKind::BadInput,
-            S::BrokenModel { .. } | S::InvalidComponent { .. } | S::NoImageLayer { .. } => ErrorKind::Refused,
+            S::BrokenModel { .. }
+            | S::InvalidComponent { .. }
+            | S::NoImageLayer { .. }
+            | S::SignatureFailed { .. }
+            | S::Unsigned { .. } => ErrorKind::Refused,
             S::DecodersBusy => ErrorKind::Busy { retry_after_secs: 1 },
             S::DigestPending { retry_after_secs, .. } => ErrorKind::Busy { retry_after_secs: *retry_after_secs },
             S::NotReady | S::ChangedOnDisk { .. } => ErrorKind::Unavailable { retry_after_secs: 1 },
@@ -165,6 +177,8 @@ impl ServiceError {
             S::BadSlice { source, .. } => source.code(),
             S::DigestPending { .. } => "digest_pending",
             S::NoImageLayer { .. } => "no_image_layer",
+            S::SignatureFailed { .. } => "signature_failed",
+            S::Unsigned { .. } => "unsigned_model",
             S::Internal(_) => "internal",
         }
     }
@@ -174,6 +188,7 @@ impl ServiceError {
         match self {
             ServiceError::BrokenModel { source, .. } => Some(source.code()),
             ServiceError::InvalidComponent { source, .. } => Some(source.code()),
+            ServiceError::SignatureFailed { source, .. } => Some(source.code()),
             _ => None,
         }
     }

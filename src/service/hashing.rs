@@ -36,6 +36,16 @@ pub(crate) enum DigestOf {
     File,
     /// Of the file's image layer ([`super::image_layer`]).
     ImageLayer,
+    /// Of the file's bytes, computed here: never one a `SHA256SUMS` states or a source gives
+    /// (what a signature's check needs).
+    ComputedFile,
+}
+
+impl DigestOf {
+    /// Whether only a digest this server computed will do.
+    fn computed_only(self) -> bool {
+        self == DigestOf::ComputedFile
+    }
 }
 
 /// What hashing one file needs: the snapshot it was listed in.
@@ -199,7 +209,7 @@ impl Service {
                     continue;
                 }
                 if let Some(digest) = stated {
-                    self.digests.insert(identity, digest);
+                    self.digests.insert_from_source(identity, digest);
                     continue;
                 }
                 unknown.push((identity, file));
@@ -234,6 +244,24 @@ impl Service {
                     wanted.push((layer, job));
                 }
             }
+            // A signed model's verdict needs the digest this server computes of every file of
+            // its signed directory: one a SHA256SUMS states or its source gives will not do.
+            if self.signing_policy(model) != crate::config::SigningPolicy::None {
+                let mut seen: std::collections::HashSet<FileIdentity> = listed.iter().map(|(id, _)| *id).collect();
+                seen.extend(wanted.iter().map(|(id, _)| *id));
+                for file in self.signature_files(catalog, model) {
+                    let identity = self.digest_identity(catalog, model, manifest, &file);
+                    if !seen.insert(identity) || self.digests.computed(identity).is_some() {
+                        continue;
+                    }
+                    listed.push((identity, file.size));
+                    unknown_files += 1;
+                    if ahead {
+                        let job = Job::new(DigestOf::ComputedFile, identity, input(&file), false, Outcome::Running);
+                        wanted.push((identity, job));
+                    }
+                }
+            }
             models.insert(model.id.clone(), ModelFiles { version: model.version.clone(), files: listed });
         }
         // Small files first: every model's config and tokenizer are known within moments.
@@ -248,10 +276,14 @@ impl Service {
             // Known since the scan looked (a request had it hashed meanwhile): kept as is.
             let wanted: Vec<(FileIdentity, Job, Urgency)> = wanted
                 .into_iter()
-                .filter(|(key, _)| self.digests.known(*key).is_none())
+                .filter(|(key, job)| {
+                    let known =
+                        if job.of.computed_only() { self.digests.computed(*key) } else { self.digests.known(*key) };
+                    known.is_none()
+                })
                 .map(|(key, job)| {
                     let urgency = match job.of {
-                        DigestOf::File => Urgency::Scheduled,
+                        DigestOf::File | DigestOf::ComputedFile => Urgency::Scheduled,
                         DigestOf::ImageLayer => Urgency::ScheduledImageLayers,
                     };
                     (key, job, urgency)
@@ -355,7 +387,8 @@ impl Service {
     async fn hash(self: &Arc<Self>, key: FileIdentity, job: &Arc<Job>) {
         let input = job.input.lock().expect("never poisoned").clone();
         // Stated (a SHA256SUMS read by a scan) or computed since the file was queued.
-        if self.digests.known(key).is_some() {
+        let known = if job.of.computed_only() { self.digests.computed(key) } else { self.digests.known(key) };
+        if known.is_some() {
             let mut queue = self.hashing.lock();
             queue.known(key, false);
             job.outcome.send_replace(Outcome::Known);
@@ -376,7 +409,7 @@ impl Service {
             };
             let (own, layer) = match of {
                 DigestOf::File if with_layer => (true, Some(framing()?)),
-                DigestOf::File => (true, None),
+                DigestOf::File | DigestOf::ComputedFile => (true, None),
                 // Its own digest too, unless it is known or a job of its own computes it.
                 DigestOf::ImageLayer => {
                     let own = service.digests.known(file).is_none() && !service.hashing.lock().holds(file);
@@ -406,7 +439,7 @@ impl Service {
             Ok(()) => {
                 self.hashing.rate.learn(job.size, started.elapsed());
                 // The gauge counts files; a layer is a second digest of one.
-                queue.known(key, job.of == DigestOf::File);
+                queue.known(key, job.of != DigestOf::ImageLayer);
                 job.outcome.send_replace(Outcome::Known);
             }
             Err(e) => {
@@ -435,6 +468,11 @@ impl Service {
             },
             Published::Stored(name) => model.files.iter().position(|f| f.name == *name),
             Published::Companion(_) => None,
+            // A signed file that is one of the model's stored files is read as they are.
+            Published::Signed(index) => catalog.signed_directory(&model.id).and_then(|dir| {
+                let key = &dir.files.get(*index)?.object.key;
+                model.files.iter().position(|f| f.object.key == *key)
+            }),
         };
         if let Some(index) = stored {
             if let ModelBytes::Mapped { file: open, source_name, key, .. } = model_bytes(model, manifest, index).await?
@@ -504,7 +542,7 @@ impl Service {
         let identities: Vec<FileIdentity> =
             files.iter().map(|f| self.digest_identity(catalog, model, manifest, f)).collect();
         let wanted: Vec<FileIdentity> = match of {
-            DigestOf::File => identities.clone(),
+            DigestOf::File | DigestOf::ComputedFile => identities.clone(),
             DigestOf::ImageLayer => {
                 for file in files {
                     LayerFraming::of(&file.path, file.size)
@@ -513,14 +551,18 @@ impl Service {
                 identities.iter().zip(files).map(|(id, f)| layer_identity(*id, &f.path)).collect()
             }
         };
-        let mut digests: Vec<Option<[u8; 32]>> = wanted.iter().map(|id| self.digests.known(*id)).collect();
+        let computed_only = of.computed_only();
+        let lookup = |id: FileIdentity| if computed_only { self.digests.computed(id) } else { self.digests.known(id) };
+        let mut digests: Vec<Option<[u8; 32]>> = wanted.iter().map(|id| lookup(*id)).collect();
         let mut waiting = Vec::new();
         for (((identity, key), file), digest) in identities.iter().zip(&wanted).zip(files).zip(&mut digests) {
             if digest.is_some() {
                 continue;
             }
-            if let (DigestOf::File, Some(stated)) = (of, self.source_sha256(catalog, model, manifest, file)) {
-                self.digests.insert(*identity, stated);
+            if let (DigestOf::File, false, Some(stated)) =
+                (of, computed_only, self.source_sha256(catalog, model, manifest, file))
+            {
+                self.digests.insert_from_source(*identity, stated);
                 *digest = Some(stated);
                 continue;
             }
@@ -539,10 +581,13 @@ impl Service {
             match settled.map(|o| o.map(|o| o.clone())) {
                 Ok(Ok(Outcome::Known)) => {
                     let at = wanted.iter().position(|id| *id == key).expect("asked for");
-                    // Kept before its job said so.
-                    let known = self.digests.known(key);
-                    digests[at] =
-                        Some(known.ok_or_else(|| ServiceError::Internal("a digest said known is not".into()))?);
+                    // Kept before its job said so; a job that found the digest stated meanwhile
+                    // did not compute it, and the next ask for a computed one will.
+                    match lookup(key) {
+                        Some(known) => digests[at] = Some(known),
+                        None if computed_only => pending.push((key, job)),
+                        None => return Err(ServiceError::Internal("a digest said known is not".into())),
+                    }
                 }
                 Ok(Ok(Outcome::Failed(e))) => return Err(e),
                 // Timed out (or the job was replaced by a newer scan): still running.
@@ -577,7 +622,8 @@ impl Service {
         // Checked again under the queue's lock. A finished computation keeps its digest before
         // its job leaves the queue, so an ask that races its end finds one or the other, and
         // a file is never hashed twice.
-        if self.digests.known(key).is_some() {
+        let known = if of.computed_only() { self.digests.computed(key) } else { self.digests.known(key) };
+        if known.is_some() {
             return (key, Arc::new(Job::new(of, identity, input(), false, Outcome::Known)));
         }
         (key, queue.ask(key, urgency, || Job::new(of, identity, input(), built, Outcome::Running)))

@@ -41,6 +41,11 @@ pub(super) struct Learnt {
     pub content_checks: Mutex<HashMap<String, Result<(), FormatError>>>,
     /// By object name and component role.
     facts: Mutex<HashMap<(String, String), Arc<ComponentFacts>>>,
+    /// The signature's verdict, for the version of the signed directory it was reached for.
+    pub signature: arc_swap::ArcSwapOption<super::signatures::SignatureVerdict>,
+    /// The signature file read and checked once for a version of the signed directory, shared
+    /// by every asker while the files' digests are still being computed.
+    pub signed_statement: Mutex<Option<(String, Arc<super::signatures::StatementCheck>)>>,
 }
 
 impl Learnt {

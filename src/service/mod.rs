@@ -19,6 +19,7 @@ mod published;
 mod representation;
 mod seekable;
 mod sha256;
+mod signatures;
 mod slices;
 mod view;
 
@@ -35,6 +36,7 @@ pub(crate) use image_layer::{LayerFraming, MODELS_DIR, TarLayer};
 pub(crate) use learnt::Rendered;
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
+pub(crate) use signatures::SignatureStatus;
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
@@ -74,6 +76,8 @@ pub(crate) struct Service {
     hashing: hashing::Hashing,
     /// Prefetches into the disk cache, by model version.
     prefetches: prefetch::Prefetches,
+    /// The trust model signatures are checked against, when any source reads them.
+    signatures: Option<signatures::Signatures>,
 }
 
 impl Service {
@@ -134,6 +138,12 @@ impl Service {
             manifest_suffix_bytes: config.sources.manifest_suffix_bytes,
             concurrent_reads: config.sources.scan_concurrency,
             check_shard_digests: config.serving.verify != crate::config::VerifyPolicy::Never,
+            signature_file: signatures::Signatures::any_enforced(&config.signing)
+                .then(|| config.signing.signature_file.clone()),
+        };
+        let signatures = match signatures::Signatures::any_enforced(&config.signing) {
+            true => Some(signatures::Signatures::new(&config.signing)?),
+            false => None,
         };
         let learnt = Arc::new(learnt::LearntByVersion::default());
         let representations = Arc::new(components::Representations::new(
@@ -148,6 +158,7 @@ impl Service {
             digests,
             hashing: hashing::Hashing::new(&config.digests),
             prefetches: prefetch::Prefetches::default(),
+            signatures,
             catalogs: Arc::new(catalogs::Catalogs::new(sources, options)),
             views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), config.serving.view_shard_bytes),
             representations,
@@ -177,6 +188,7 @@ impl Service {
             self.upkeep_prefetches(&catalog);
             self.render_manifests_ahead(&catalog);
             self.schedule_digests(&catalog).await;
+            self.verify_signatures_ahead(&catalog);
         }
     }
 

@@ -26,6 +26,9 @@ pub(crate) enum Published {
     Stored(String),
     /// The model's companion of this index in the catalog's list.
     Companion(usize),
+    /// The file of this index in the list of the model's signed directory (checked against its
+    /// signature, never published).
+    Signed(usize),
 }
 
 /// One published file of a model version.
@@ -153,6 +156,10 @@ impl Service {
                 Some(companion) => self.representations.companion_file(model, companion),
                 None => Err(ServiceError::Internal(format!("no companion {index} of {:?}", model.id))),
             },
+            Published::Signed(index) => match catalog.signed_directory(&model.id).and_then(|d| d.files.get(*index)) {
+                Some(file) => self.representations.companion_file(model, file),
+                None => Err(ServiceError::Internal(format!("no signed file {index} of {:?}", model.id))),
+            },
         }
     }
 
@@ -215,6 +222,7 @@ impl Service {
     ) -> Option<ObjectVersion> {
         let object = match &file.what {
             Published::Companion(index) => catalog.companions(&model.id).get(*index)?.object.clone(),
+            Published::Signed(index) => catalog.signed_directory(&model.id)?.files.get(*index)?.object.clone(),
             Published::View(name) => {
                 let view = self.view(model, manifest);
                 match view.files.iter().find(|f| f.name == *name)?.bytes {

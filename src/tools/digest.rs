@@ -14,7 +14,7 @@ use sha2::Digest as _;
 use crate::format::sums::{SUMS_FILE, sums_line};
 
 /// A file's SHA-256 and length.
-type Hashed = ([u8; 32], u64);
+pub(super) type Hashed = ([u8; 32], u64);
 
 /// Bytes read from a file at a time while hashing it.
 const READ_BUFFER: usize = 4 << 20;
@@ -25,6 +25,30 @@ pub fn write_sums(dir: &Path, out: &mut dyn std::io::Write) -> anyhow::Result<(u
     let mut files = Vec::new();
     walk(dir, dir, &mut files)?;
     files.sort();
+    files.retain(|f| f != Path::new(SUMS_FILE));
+    let hashed = sha256_files(dir, &files);
+    let mut text = String::new();
+    let mut bytes = 0;
+    for (relative, result) in files.iter().zip(hashed) {
+        let (digest, len) = result?;
+        let path = relative.to_str().with_context(|| format!("{} is not a UTF-8 path", relative.display()))?;
+        let line = sums_line(&digest, path)
+            .with_context(|| format!("{path:?} holds a line break, which SHA256SUMS cannot name"))?;
+        text.push_str(&line);
+        bytes += len;
+    }
+    let target = dir.join(SUMS_FILE);
+    let mut temporary =
+        tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot write in {}", dir.display()))?;
+    temporary.write_all(text.as_bytes())?;
+    temporary.as_file().sync_all()?;
+    temporary.persist(&target).with_context(|| format!("cannot write {}", target.display()))?;
+    writeln!(out, "{}: {} files, {bytes} bytes", target.display(), files.len())?;
+    Ok((files.len(), bytes))
+}
+
+/// The SHA-256 and length of each of `files` (relative to `dir`), a file per core at a time.
+pub(super) fn sha256_files(dir: &Path, files: &[PathBuf]) -> Vec<anyhow::Result<Hashed>> {
     let workers = std::thread::available_parallelism().map_or(2, usize::from).min(files.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let hashed: Vec<std::sync::Mutex<Option<anyhow::Result<Hashed>>>> =
@@ -42,29 +66,12 @@ pub fn write_sums(dir: &Path, out: &mut dyn std::io::Write) -> anyhow::Result<(u
             });
         }
     });
-    let mut text = String::new();
-    let mut bytes = 0;
-    for (relative, result) in files.iter().zip(hashed) {
-        let (digest, len) = result.into_inner().expect("never poisoned").expect("every file hashed")?;
-        let path = relative.to_str().with_context(|| format!("{} is not a UTF-8 path", relative.display()))?;
-        let line = sums_line(&digest, path)
-            .with_context(|| format!("{path:?} holds a line break, which SHA256SUMS cannot name"))?;
-        text.push_str(&line);
-        bytes += len;
-    }
-    let target = dir.join(SUMS_FILE);
-    let mut temporary =
-        tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot write in {}", dir.display()))?;
-    temporary.write_all(text.as_bytes())?;
-    temporary.as_file().sync_all()?;
-    temporary.persist(&target).with_context(|| format!("cannot write {}", target.display()))?;
-    writeln!(out, "{}: {} files, {bytes} bytes", target.display(), files.len())?;
-    Ok((files.len(), bytes))
+    hashed.into_iter().map(|h| h.into_inner().expect("never poisoned").expect("every file hashed")).collect()
 }
 
-/// Every regular file below `dir` (paths relative to `root`), leaving out `SHA256SUMS` at the
-/// root and hidden entries (`.git`, temporary files).
-fn walk(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+/// Every regular file below `dir` (paths relative to `root`), leaving out hidden entries
+/// (`.git`, temporary files), as a server's listing of a directory leaves them out.
+pub(super) fn walk(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let entry = entry?;
         let path = entry.path();
@@ -74,7 +81,7 @@ fn walk(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()>
         let kind = entry.file_type()?;
         if kind.is_dir() {
             walk(root, &path, files)?;
-        } else if kind.is_file() && !(dir == root && entry.file_name() == SUMS_FILE) {
+        } else if kind.is_file() {
             files.push(path.strip_prefix(root).expect("below the root").to_owned());
         }
     }

@@ -1,5 +1,5 @@
-//! The file tools over local files: `inspect`, `verify`, `cat`, `convert`, `digest` and
-//! `write-demo`, one module each. Each takes paths and writers so tests drive them directly; `main.rs` only
+//! The file tools over local files: `inspect`, `verify` (a file's rules and digests; a
+//! directory's signature), `cat`, `convert`, `digest` and `write-demo`, one module each. Each takes paths and writers so tests drive them directly; `main.rs` only
 //! parses arguments and sets exit codes.
 
 mod cat;
@@ -7,12 +7,14 @@ mod convert;
 mod demo;
 pub mod digest;
 mod inspect;
+mod signature;
 mod verify;
 
 pub use cat::cat;
 pub use convert::{Target, convert};
 pub use demo::{CheckpointTensor, safetensors_checkpoint, safetensors_file, write_demo};
 pub use inspect::inspect;
+pub use signature::{SignatureCheck, verify_signature};
 pub use verify::verify;
 
 use std::path::Path;
