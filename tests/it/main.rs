@@ -37,6 +37,7 @@ mod s3;
 mod s3_endpoint;
 mod safetensors_view;
 mod shards;
+mod signing;
 mod slices;
 mod storage_conformance;
 mod tls;
