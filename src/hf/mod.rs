@@ -289,13 +289,11 @@ impl HubState {
         }
         tracing::Span::current().record("model", id.as_str());
         let mut members = Vec::with_capacity(ids.len());
-        let mut signatures = Vec::with_capacity(1);
+        let mut signature = None;
         let mut listed: Vec<(PublishedFile, usize)> = Vec::new();
         for member in &ids {
-            let (model, manifest, signature) = self.service.servable_model(member).await?;
-            if signatures.is_empty() {
-                signatures.push(signature);
-            }
+            let (model, manifest, status) = self.service.servable_model(member).await?;
+            signature.get_or_insert(status);
             // A member not named after the directory shows its files as they are stored, as
             // the Hub lists a directory's files: its safetensors view would take the names of
             // the checkpoint's own files.
@@ -320,16 +318,7 @@ impl HubState {
                 return Err(HubError::RevisionNotFound { repo: repo.to_owned(), revision: other.to_owned() });
             }
         };
-        Ok(RepoAt {
-            repo: repo.to_owned(),
-            catalog,
-            members,
-            files,
-            owners,
-            commit,
-            pinned,
-            signature: signatures.pop(),
-        })
+        Ok(RepoAt { repo: repo.to_owned(), catalog, members, files, owners, commit, pinned, signature })
     }
 
     /// The first `len` bytes (at most) of file `index` of `at`.

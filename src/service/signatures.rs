@@ -336,20 +336,12 @@ impl Service {
         bytes.source.open(0..bytes.source.len()).map_ok(|piece| piece.to_vec()).try_concat().await
     }
 
-    /// The files of `model`'s signed directory whose digests its verdict needs, as published
-    /// files: those its signature does not leave out, by their path below the directory.
+    /// Every file of `model`'s signed directory, as published files by their path below it:
+    /// those whose digests its verdict may need (which the signature leaves out is known only
+    /// once it is read).
     pub(crate) fn signature_files(&self, catalog: &Catalog, model: &Model) -> Vec<PublishedFile> {
         let Some(dir) = catalog.signed_directory(&model.id) else { return Vec::new() };
-        dir.files
-            .iter()
-            .enumerate()
-            .map(|(index, file)| PublishedFile {
-                path: file.name.clone(),
-                what: Published::Signed(index),
-                size: file.object.size,
-                etag: companion_etag(model, file),
-            })
-            .collect()
+        dir.files.iter().enumerate().map(|(index, file)| signed_file(model, index, file)).collect()
     }
 
     /// Verifies every signed model of `catalog` whose source reads signatures, in the
@@ -405,11 +397,16 @@ fn signed_files(
         .iter()
         .enumerate()
         .filter(|(_, file)| !signed.ignores(&file.name, signature_file))
-        .map(|(index, file)| PublishedFile {
-            path: file.name.clone(),
-            what: Published::Signed(index),
-            size: file.object.size,
-            etag: companion_etag(model, file),
-        })
+        .map(|(index, file)| signed_file(model, index, file))
         .collect()
+}
+
+/// File `index` of `model`'s signed directory, as a published file.
+fn signed_file(model: &Model, index: usize, file: &crate::catalog::Companion) -> PublishedFile {
+    PublishedFile {
+        path: file.name.clone(),
+        what: Published::Signed(index),
+        size: file.object.size,
+        etag: companion_etag(model, file),
+    }
 }
