@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use sha2::Digest as _;
+
 use super::{Companion, Model, Source, directory, version_of};
 use crate::storage::{Listed, ObjectVersion};
 
@@ -15,7 +17,8 @@ pub(crate) struct SignedDirectory {
     pub signature: ObjectVersion,
     /// Every other file below it, by its path below it, sorted.
     pub files: Vec<Companion>,
-    /// What identifies this version of the directory: each file's key and version.
+    /// What identifies this version of the directory: the SHA-256 (hex) of each file's key
+    /// and version, so a request compares 64 bytes however many files it holds.
     pub version: String,
 }
 
@@ -51,17 +54,17 @@ pub(super) fn assign(
         let signed = directories.entry(dir).or_insert_with(|| {
             let start = sorted.partition_point(|l| l.key.as_str() < dir);
             let below = sorted[start..].iter().take_while(|l| l.key.starts_with(dir));
-            let mut version = String::new();
+            let mut version = sha2::Sha256::new();
             let files = below
                 .inspect(|l| {
-                    version.push_str(&l.key);
-                    version.push('\0');
-                    version.push_str(&l.version);
-                    version.push('\0');
+                    for part in [l.key.as_bytes(), b"\0", l.version.as_bytes(), b"\0"] {
+                        version.update(part);
+                    }
                 })
                 .filter(|l| l.key != signature.key)
                 .map(|l| Companion { name: l.key[dir.len()..].to_owned(), object: version_of(source, l) })
                 .collect();
+            let version = hex::encode(version.finalize());
             Arc::new(SignedDirectory { signature: version_of(source, signature), files, version })
         });
         by_model.insert(model.id.clone(), Arc::clone(signed));

@@ -602,7 +602,9 @@ async fn list_models(
     let mut listed: Vec<(String, Arc<Model>)> = catalog
         .models()
         .filter(|m| m.state.is_ok() && access.allows(&m.id))
+        // Not listed until its signature lets it be served: refused, or still being checked.
         .filter(|m| state.service.signature_refusal(&catalog, m).is_none())
+        .filter(|m| !state.service.signature_status(&catalog, m).is_pending())
         .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m), &state.namespace)?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))

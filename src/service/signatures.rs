@@ -19,7 +19,7 @@ use crate::telemetry::names;
 /// How long the background verification waits for digests between looks at the catalog.
 const BACKGROUND_WAIT: Duration = Duration::from_secs(30);
 
-/// The trust and policies signatures are checked under.
+/// What signatures are checked against: the keys and CAs configured, loaded at start.
 pub(crate) struct Signatures {
     trust: Trust,
 }
@@ -94,6 +94,11 @@ impl SignatureStatus {
             }
         }
         Some(json)
+    }
+
+    /// Whether its verdict is not reached yet.
+    pub(crate) fn is_pending(&self) -> bool {
+        matches!(self, SignatureStatus::Pending(_))
     }
 
     /// The state's name (`not_checked`, `pending`, `unsigned`, `verified`, `failed`).

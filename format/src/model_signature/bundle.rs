@@ -113,7 +113,7 @@ impl Bundle {
             (None, None, Some(_)) => {
                 return Err(SignatureError::Unsupported(
                     "a Sigstore keyless bundle (a Fulcio certificate logged in Rekor): ztserve verifies key and \
-                     certificate signatures offline, not Sigstore's keyless flow"
+                     certificate signatures, not yet Sigstore's keyless flow"
                         .into(),
                 ));
             }
