@@ -3,8 +3,8 @@
 Usage: signing_copies.py HUB_ENDPOINT S3_ENDPOINT WORKDIR PUBLIC_KEY CA_FILE
 
 Downloads Hub repositories with huggingface_hub's snapshot_download (as `hf download
---local-dir` does) and a model's prefix of the stored bucket with boto3 (as `aws s3 sync`
-does), then runs `model_signing verify` on each copy: by key, or by certificate for the
+--local-dir` does) and models' prefixes of the stored bucket with boto3 and with `aws s3 sync`,
+then runs `model_signing verify` on each copy: by key, or by certificate for the
 certificate-signed model. Prints one JSON object, each copy's verdict.
 """
 
@@ -53,14 +53,26 @@ s3 = boto3.client(
     region_name="us-east-1",
     config=Config(signature_version=UNSIGNED),
 )
-for prefix, how in [("key-sharded", ("key", public_key)), ("cert-zt/dense", ("certificate", ca_file))]:
-    target = pathlib.Path(work, "s3", prefix)
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="models-stored", Prefix=prefix + "/")
-    for page in pages:
-        for item in page.get("Contents", []):
-            destination = target / item["Key"][len(prefix) + 1 :]
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file("models-stored", item["Key"], str(destination))
-    verdicts[f"s3:{prefix}"] = verify(target, how)
+# A key-signed model's prefix with boto3.
+prefix = "key-sharded"
+target = pathlib.Path(work, "s3", prefix)
+pages = s3.get_paginator("list_objects_v2").paginate(Bucket="models-stored", Prefix=prefix + "/")
+for page in pages:
+    for item in page.get("Contents", []):
+        destination = target / item["Key"][len(prefix) + 1 :]
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file("models-stored", item["Key"], str(destination))
+verdicts[f"s3:{prefix}"] = verify(target, ("key", public_key))
+
+# A certificate-signed model's prefix with `aws s3 sync` (Debian's CLI, by path: a pip-installed
+# `aws` may come first on PATH).
+prefix = "cert-zt/dense"
+target = pathlib.Path(work, "s3", prefix)
+sync = ["/usr/bin/aws", "--endpoint-url", s3_endpoint, "--region", "us-east-1", "--no-sign-request"]
+sync += ["s3", "sync", f"s3://models-stored/{prefix}/", str(target)]
+done = subprocess.run(sync, capture_output=True, text=True)
+if done.returncode != 0:
+    raise SystemExit(f"aws s3 sync failed:\n{done.stdout}\n{done.stderr}")
+verdicts[f"s3:{prefix}"] = verify(target, ("certificate", ca_file))
 
 print(json.dumps(verdicts))
