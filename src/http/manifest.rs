@@ -59,10 +59,6 @@ pub(crate) fn add_urls(rendered: &mut serde_json::Value, model: &Model, object: 
     rendered["url"] = json!(api::object_url(&model.id, &object.name));
 }
 
-/// A body rendered once and sent many times (a large manifest's JSON): kept in a temporary
-/// file, so each response sends it with `sendfile` instead of copying it (bench/README.md:
-/// "Design choices measured"). Small bodies, and any when no temporary file can be written,
-/// stay ordinary heap bytes.
 /// `rendered` with the model's signature (`signature`, its JSON) as its first member, and an
 /// ETag that covers it: the rendering is kept per model version, the signature's verdict per
 /// version of its signed directory, so they are joined per request, without copying the
@@ -75,6 +71,10 @@ pub(crate) fn with_signature(rendered: &Rendered, signature: &serde_json::Value)
     (etag, [Bytes::from(member), rendered.body.slice(1..)])
 }
 
+/// A body rendered once and sent many times (a large manifest's JSON): kept in a temporary
+/// file, so each response sends it with `sendfile` instead of copying it (bench/README.md:
+/// "Design choices measured"). Small bodies, and any when no temporary file can be written,
+/// stay ordinary heap bytes.
 fn sendable(body: Vec<u8>) -> Bytes {
     const WORTH_A_FILE: usize = 64 << 10;
     if body.len() < WORTH_A_FILE {

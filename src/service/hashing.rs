@@ -276,11 +276,7 @@ impl Service {
             // Known since the scan looked (a request had it hashed meanwhile): kept as is.
             let wanted: Vec<(FileIdentity, Job, Urgency)> = wanted
                 .into_iter()
-                .filter(|(key, job)| {
-                    let known =
-                        if job.of.computed_only() { self.digests.computed(*key) } else { self.digests.known(*key) };
-                    known.is_none()
-                })
+                .filter(|(key, job)| self.digest_known(*key, job.of).is_none())
                 .map(|(key, job)| {
                     let urgency = match job.of {
                         DigestOf::File | DigestOf::ComputedFile => Urgency::Scheduled,
@@ -298,6 +294,12 @@ impl Service {
             publish_gauges(&queue);
         }
         self.start_hashing();
+    }
+
+    /// The digest kept under `key` that will do for a digest `of` that kind: any known one, or
+    /// for [`DigestOf::ComputedFile`] only one this server computed.
+    fn digest_known(&self, key: FileIdentity, of: DigestOf) -> Option<[u8; 32]> {
+        if of.computed_only() { self.digests.computed(key) } else { self.digests.known(key) }
     }
 
     /// The SHA-256 of `file`'s bytes said by its source without reading them (a Hub file's
@@ -387,8 +389,7 @@ impl Service {
     async fn hash(self: &Arc<Self>, key: FileIdentity, job: &Arc<Job>) {
         let input = job.input.lock().expect("never poisoned").clone();
         // Stated (a SHA256SUMS read by a scan) or computed since the file was queued.
-        let known = if job.of.computed_only() { self.digests.computed(key) } else { self.digests.known(key) };
-        if known.is_some() {
+        if self.digest_known(key, job.of).is_some() {
             let mut queue = self.hashing.lock();
             queue.known(key, false);
             job.outcome.send_replace(Outcome::Known);
@@ -552,7 +553,7 @@ impl Service {
             }
         };
         let computed_only = of.computed_only();
-        let lookup = |id: FileIdentity| if computed_only { self.digests.computed(id) } else { self.digests.known(id) };
+        let lookup = |id: FileIdentity| self.digest_known(id, of);
         let mut digests: Vec<Option<[u8; 32]>> = wanted.iter().map(|id| lookup(*id)).collect();
         let mut waiting = Vec::new();
         for (((identity, key), file), digest) in identities.iter().zip(&wanted).zip(files).zip(&mut digests) {
@@ -622,8 +623,7 @@ impl Service {
         // Checked again under the queue's lock. A finished computation keeps its digest before
         // its job leaves the queue, so an ask that races its end finds one or the other, and
         // a file is never hashed twice.
-        let known = if of.computed_only() { self.digests.computed(key) } else { self.digests.known(key) };
-        if known.is_some() {
+        if self.digest_known(key, of).is_some() {
             return (key, Arc::new(Job::new(of, identity, input(), false, Outcome::Known)));
         }
         (key, queue.ask(key, urgency, || Job::new(of, identity, input(), built, Outcome::Running)))
