@@ -158,6 +158,7 @@ def write_tp_model(directory):
     }
     (directory / "tp").mkdir()
     save_file(state, directory / "tp" / "llama.safetensors", metadata={"format": "pt"})
+    (directory / "tp" / "config.json").write_text('{"model_type": "llama", "hidden_size": 16}')
 
 
 def write_large(path):

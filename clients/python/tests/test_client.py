@@ -72,6 +72,15 @@ def test_models_and_manifest(server):
     assert manifest["id"] == "demo/dense" and len(manifest["objects"]) == 7
 
 
+def test_a_file_beside_a_model_is_read_by_name_and_bounded(server):
+    client = Client(server.url)
+    assert client.file("tp/llama", "config.json") == b'{"model_type": "llama", "hidden_size": 16}'
+    with pytest.raises(ztserve_client.NotFound):
+        client.file("tp/llama", "tokenizer.json")
+    with pytest.raises(ztserve_client.ZtserveError, match="more than the 8 bytes asked for"):
+        client.file("tp/llama", "config.json", limit=8)
+
+
 def test_an_official_1_2_3_file_loads_equal_to_what_ztensor_1_2_3_reads_locally(server, models):
     client = Client(server.url)
     loaded = client.load("official")

@@ -230,6 +230,22 @@ class Client:
         """The model's manifest: version, attributes and every object with its components."""
         return self._json(f"/models/{_segment(model)}")
 
+    def file(self, model, name, limit=64 << 20):
+        """A file beside the model (`config.json`, a tokenizer file), by its path below the
+        model's directory, as bytes; ZtserveError when it is larger than `limit`."""
+        path = f"/models/{_segment(model)}/files/{_segment(name)}"
+
+        def read(response):
+            length = response.getheader("Content-Length")
+            if length is not None and int(length) > limit:
+                raise ZtserveError(f"{self.url}{path} is {int(length)} bytes, more than the {limit} asked for")
+            body = response.read(limit + 1)
+            if len(body) > limit:
+                raise ZtserveError(f"{self.url}{path} is more than the {limit} bytes asked for")
+            return body
+
+        return self._request(path, None, read)
+
     def snapshot(self, model):
         """The model as it is now: its manifest and version. Everything fetched through the
         snapshot (`Snapshot.fetch`) must come from that version, or `ModelChanged` is raised."""
