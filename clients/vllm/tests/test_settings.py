@@ -8,7 +8,7 @@ def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
     parsed = settings.parse({"url": "http://a:1", "concurrency": 4}, {"ZTSERVE_URL": "http://b:2", "ZTSERVE_CHUNK_SIZE": "65536"})
     assert parsed == {
         "url": "http://a:1", "concurrency": 4, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES,
-        "hub_namespace": settings.HUB_NAMESPACE,
+        "hub_namespace": settings.HUB_NAMESPACE, "strict": False,
     }
     assert settings.parse(None, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "t"
     assert settings.parse({"token": "mine"}, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "mine"
@@ -21,11 +21,20 @@ def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
     ({"url": "http://a", "concurrency": True}, {}, "concurrency must be an integer"),
     ({"url": "http://a"}, {"ZTSERVE_PREFETCH_BYTES": "0"}, "prefetch_bytes must be at least 1"),
     ({"url": ""}, {}, "url must be a non-empty string"),
+    ({"url": "http://a", "strict": "maybe"}, {}, "strict must be true or false"),
+    ({"url": "http://a", "strict": 1}, {}, "strict must be true or false"),
     ("url=http://a", {}, "must be a dict"),
 ])
 def test_bad_settings_are_refused_before_anything_loads(extra, environ, message):
     with pytest.raises(ValueError, match=message):
         settings.parse(extra, environ)
+
+
+def test_strict_is_a_boolean_from_the_extra_config_or_the_environment():
+    assert settings.parse({"url": "http://a", "strict": True}, {})["strict"] is True
+    assert settings.parse({"url": "http://a"}, {"ZTSERVE_STRICT": "1"})["strict"] is True
+    assert settings.parse({"url": "http://a"}, {"ZTSERVE_STRICT": "false"})["strict"] is False
+    assert settings.parse({"url": "http://a", "strict": False}, {"ZTSERVE_STRICT": "yes"})["strict"] is False
 
 
 def test_hub_repository_ids_name_their_ztserve_models():

@@ -98,7 +98,7 @@ def test_a_plan_cuts_what_it_can_and_names_why_the_rest_is_whole():
     assert plans["m.o_proj.weight"].regions == [((0, 8), (0, 4))]
     assert plans["m.o_blocks.weight"].regions is None and plans["m.o_blocks.weight"].reason == ""
     assert plans["m.fp8.weight"].reason == "its layer is quantized (Fp8LinearMethod)"
-    assert plans["m.dropped"].regions is None and plans["m.dropped"].module is None
+    assert plans["m.dropped"].regions == [] and plans["m.dropped"].module is None  # vLLM drops it: never fetched
     uncuttable = shares.plan({"m.o_proj.weight": ((8, 8), "it is a gguf.q4_k/1 object")}, modules, packed, params)
     assert uncuttable[0].regions is None and uncuttable[0].reason == "it is a gguf.q4_k/1 object"
 
@@ -112,3 +112,73 @@ def test_a_stacked_shard_id_naming_several_parts_is_fetched_whole_with_the_reaso
 def test_region_bytes_count_the_whole_trailing_dimensions():
     assert shares.region_bytes((10, 6, 2), ((2, 5),), 2) == 3 * 6 * 2 * 2
     assert shares.region_bytes((10, 6), ((0, 10), (1, 3)), 4) == 10 * 2 * 4
+
+
+def test_quantized_parameters_are_cut_in_their_own_units():
+    # FP8 block scales of gate_up (2 x 512 rows, 128-row blocks) at rank 1 of 2: two blocks of each part.
+    merged = Layer(shares.MERGED, 1, 2, sizes=(512, 512), block=(128, 128))
+    scale = Param(output_dim=0, input_dim=1, block=True)
+    assert shares.regions(merged, scale, 1, (4, 4)) == ([((2, 4),)], "")  # up_proj's own scales
+    assert shares.regions(merged, scale, None, (8, 4)) == ([((2, 4),), ((6, 8),)], "")  # gate_up stored fused
+    # AWQ packs eight 4-bit values along the output dimension: its share of up is 256/8 columns.
+    packed = Param(output_dim=1, input_dim=0, packed_dim=1, packed_factor=8)
+    assert shares.regions(merged, packed, 1, (64, 64)) == ([((0, 64), (32, 64))], "")
+    # GPTQ packs along the input dimension: a row-parallel layer cuts its packed rows by its own shape.
+    row = Layer(shares.ROW, 1, 2, per_rank=256)
+    assert shares.regions(row, Param(output_dim=1, input_dim=0, packed_dim=0, shape=(32, 64)), None, (64, 64)) == ([((32, 64),)], "")
+    # Per-part scalars (FP8 per-tensor scales) and act-order scales without an input dim: whole.
+    assert shares.regions(merged, Param(scalar=True), 0, ()) == (None, "")
+    assert shares.regions(row, Param(output_dim=1), None, (8, 64)) == (None, "")
+    # Block scales of q, k and v at rank 3 of 4 (2 heads of 128 each for q, 1 kv head shared by 2 ranks).
+    qkv = Layer(shares.QKV, 3, 4, heads=2, kv_heads=1, head_size=128, v_head_size=128, kv_replicas=2, block=(128, 128))
+    assert shares.regions(qkv, scale, 0, (8, 4)) == ([((6, 8),)], "")
+    assert shares.regions(qkv, scale, 2, (2, 4)) == ([((1, 2),)], "")
+
+
+def test_experts_are_cut_along_their_intermediate_dimension_or_held_whole_by_their_rank():
+    experts = Layer(shares.EXPERTS, 1, 2)
+    weight = Param()
+    # One expert's gate (w1) rows, down (w2) columns.
+    assert shares.expert_regions(experts, shares.W1, weight, "weight", (64, 32), 5) == ([((32, 64),)], "")
+    assert shares.expert_regions(experts, shares.W2, weight, "weight", (32, 64), 5) == ([((0, 32), (32, 64))], "")
+    # GPTQ and AWQ store experts K-first: the cut flips to the other dimension.
+    k_first = Param(transposed=True, scale="group")
+    assert shares.expert_regions(experts, shares.W1, k_first, "qweight", (4, 64), 5) == ([((0, 4), (32, 64))], "")
+    assert shares.expert_regions(experts, shares.W2, k_first, "scales", (2, 32), 5) == ([((1, 2),)], "")
+    # Scales by kind: per tensor whole, per channel whole for down, block scales cut, refined ones read whole.
+    assert shares.expert_regions(experts, shares.W1, Param(scale="tensor"), "weight_scale", (), 5) == (None, "")
+    assert shares.expert_regions(experts, shares.W2, Param(scale="channel"), "weight_scale", (32, 1), 5) == (None, "")
+    assert shares.expert_regions(experts, shares.W1, Param(scale="block"), "weight_scale_inv", (4, 2), 5) == ([((2, 4),)], "")
+    refined = Layer(shares.EXPERTS, 1, 2, refined=True)
+    cut, reason = shares.expert_regions(refined, shares.W1, Param(scale="block"), "weight_scale_inv", (3, 2), 5)
+    assert cut is None and "upsamples these block scales" in reason
+    # Gate and up stacked per expert ([2I, H]): each half's share.
+    assert shares.expert_regions(experts, "w13", weight, "weight", (64, 32), 5) == ([((16, 32),), ((48, 64),)], "")
+    # Every expert in one tensor ([E, 2I, H]; [E, H, 2I] when stored transposed).
+    assert shares.expert_regions(experts, "w13", weight, "weight", (8, 64, 32)) == ([((0, 8), (16, 32)), ((0, 8), (48, 64))], "")
+    assert shares.expert_regions(experts, shares.W2, weight, "weight", (8, 32, 32)) == ([((0, 8), (0, 32), (16, 32))], "")
+    transposed = Layer(shares.EXPERTS, 1, 2, fused_transposed=True)
+    assert shares.expert_regions(transposed, "w13", weight, "weight", (8, 32, 64)) == (
+        [((0, 8), (0, 32), (16, 32)), ((0, 8), (0, 32), (48, 64))], "")
+    # Expert parallelism: this rank's experts whole, the others' not at all.
+    ep = Layer(shares.EXPERTS, 0, 1, experts=(4, 5, 6, 7), ep_size=2)
+    assert shares.expert_regions(ep, shares.W1, weight, "weight", (64, 32), 5) == (None, "")
+    assert shares.expert_regions(ep, shares.W1, weight, "weight", (64, 32), 2) == ([], "")
+    assert shares.expert_regions(ep, "w13", weight, "weight", (8, 64, 32)) == ([((4, 8),)], "")
+
+
+def test_gpt_oss_cuts_its_interleaved_experts_by_ceil_of_the_intermediate_size():
+    layer = Layer(shares.EXPERTS, 2, 3, loader=shares.GPT_OSS, intermediate=10)
+    # ceil(10 / 3) = 4 each: rank 2 takes 8..10, interleaved gate/up columns 16..20.
+    assert shares.expert_regions(layer, "w13", Param(), "weight", (4, 16, 20)) == ([((0, 4), (0, 16), (16, 20))], "")
+    assert shares.expert_regions(layer, shares.W2, Param(), "weight", (4, 10, 16)) == ([((0, 4), (8, 10))], "")
+    assert shares.expert_regions(layer, "w13", Param(), "bias", (4, 20)) == ([((0, 4), (16, 20))], "")
+    assert shares.expert_regions(layer, shares.W2, Param(), "bias", (4, 16)) == (None, "")
+
+
+def test_expert_checkpoint_names_find_their_experts_layer():
+    modules = {"m.layers.1.mlp.experts": Layer(shares.EXPERTS, 0, 2, names=("w1", "w2", "w3"))}
+    tensors = {"m.layers.1.mlp.experts.3.w2.weight": ((16, 8), ""), "m.layers.1.mlp.experts.3.w9.weight": ((16, 8), "")}
+    plans = {p.name: p for p in shares.plan(tensors, modules, {}, {})}
+    assert plans["m.layers.1.mlp.experts.3.w2.weight"].regions == [((0, 16), (0, 4))]
+    assert plans["m.layers.1.mlp.experts.3.w9.weight"].reason == "it is an expert tensor (w9) this loader cannot place"

@@ -265,9 +265,10 @@ def test_every_rank_loads_what_the_whole_tensors_give_from_its_share_alone(serve
         assert all(p.reason == "" for p in plans)
     sent = sent_bytes(server.url) - before
     # Each rank's share of the split weights and the replicated ones (norms, k, v) once per
-    # rank: the model once, plus the replicas.
-    replicated = sum(whole[n].numel() * whole[n].element_size() for n in whole if "norm" in n or "k_proj" in n or "v_proj" in n or "inv_freq" in n)
-    assert sent == total + (size - 1) * replicated, (sent, total, replicated)
+    # rank: the model once, plus the replicas; never the rotary table vLLM drops.
+    dropped = whole["model.layers.0.self_attn.rotary_emb.inv_freq"].numel() * 4
+    replicated = sum(whole[n].numel() * whole[n].element_size() for n in whole if "norm" in n or "k_proj" in n or "v_proj" in n)
+    assert sent == total - dropped + (size - 1) * replicated, (sent, total, replicated)
 
 
 def test_a_read_off_the_plan_is_fetched_on_demand_and_still_exact(server):
@@ -276,7 +277,7 @@ def test_a_read_off_the_plan_is_fetched_on_demand_and_still_exact(server):
     def blind(model, snapshot):  # a plan that cuts nothing right: every split weight misses
         plans = weights.plan_model(model, snapshot)
         for one in plans:
-            if one.regions is not None:
+            if one.regions:
                 one.regions = [tuple((0, 1) for _ in one.regions[0])]
         return plans
 
@@ -289,17 +290,25 @@ def test_a_read_off_the_plan_is_fetched_on_demand_and_still_exact(server):
 
 
 def test_layers_it_cannot_cut_are_fetched_whole_with_the_reason(server):
-    class Fp8LinearMethod:
+    class HQQMarlinMethod:  # a quantization method whose loader this plan does not know
         pass
 
     model = Llama(0, 2)
-    model.model.layers[0].mlp.down_proj.quant_method = Fp8LinearMethod()
-    plans = {p.name: p for p in weights.plan_model(model, Client(server.url).snapshot("org/llama"))}
+    model.model.layers[0].mlp.down_proj.quant_method = HQQMarlinMethod()
+    snapshot = Client(server.url).snapshot("org/llama")
+    plans = {p.name: p for p in weights.plan_model(model, snapshot)}
+    reason = "its layer is quantized by HQQMarlinMethod, whose cut this loader does not know"
     assert plans["model.layers.0.mlp.down_proj.weight"].regions is None
-    assert plans["model.layers.0.mlp.down_proj.weight"].reason == "its layer is quantized (Fp8LinearMethod)"
-    assert weights.describe(type("FusedMoE", (torch.nn.Module,), {"tp_size": 2})()).reason.startswith("its layer is a FusedMoE")
-    line = weights.summary(Client(server.url).snapshot("org/llama"), list(plans.values()))["whole"]
-    assert line == {"its layer is quantized (Fp8LinearMethod)": ["model.layers.0.mlp.down_proj.weight"]}
+    assert plans["model.layers.0.mlp.down_proj.weight"].reason == reason
+    assert weights.describe(type("MambaMixer2", (torch.nn.Module,), {"tp_size": 2})()).reason.startswith("its layer is a MambaMixer2")
+    summary = weights.summary(snapshot, list(plans.values()))
+    assert summary["whole"] == {("RowParallelLinear", reason): {"names": ["model.layers.0.mlp.down_proj.weight"], "bytes": HIDDEN * FFN * 2}}
+    assert "1 fetched whole though split (0.0 MB)" in summary["line"]
+    # Its fair share is half of it, which is what the strict setting measures against.
+    assert summary["planned"] - summary["share"] == HIDDEN * FFN * 2 // 2
+    assert weights.warnings(summary["whole"]) == [
+        f"1 tensor(s) of RowParallelLinear layers (0.0 MB) fetched whole though the layer is split, because {reason}: "
+        "model.layers.0.mlp.down_proj.weight"]
 
 
 def test_a_model_replaced_during_a_load_fails_it_with_model_changed(tmp_path):
@@ -375,3 +384,40 @@ def test_a_model_with_objects_that_are_not_tensors_is_refused_with_a_clear_error
     snapshot.objects["model.norm.weight"] = dict(snapshot.objects["model.norm.weight"], format="gguf.q4_k/1")
     with pytest.raises(ztserve_client.ZtserveError, match="'model.norm.weight' of 'org/llama' is a gguf.q4_k/1 object, not a dense tensor"):
         weights.plan_model(Llama(0, 2), snapshot)
+
+
+def test_the_views_weight_loaders_take_before_reading_stay_remote():
+    """vLLM's expert loaders unsqueeze, unbind, chunk and transpose a checkpoint tensor before
+    they narrow it; none of that may fetch the whole tensor, and what they finally read is exact."""
+    full = torch.arange(4 * 6 * 8, dtype=torch.float32).reshape(4, 6, 8)
+    fetched = []
+
+    def fetch(region):
+        fetched.append(region)
+        out = full
+        for dim, (start, stop) in enumerate(region):
+            out = out.narrow(dim, start, stop - start)
+        return out.clone()
+
+    def remote(pieces=()):
+        return RemoteTensor("w", (4, 6, 8), torch.float32, list(pieces), fetch, Misses())
+
+    # A per-expert tensor: unsqueeze(0).unbind() gives it back, then the rank's rows.
+    one = remote()[2]
+    [again] = one.unsqueeze(0).unbind()
+    assert torch.equal(again.narrow(0, 3, 3) + 0, full[2, 3:6]) and fetched == [((2, 3), (3, 6), (0, 8))]
+    # Experts fused on disk: gate and up as halves, each expert's share of each.
+    fetched.clear()
+    gate, up = remote().chunk(2, dim=1)
+    assert torch.equal(up.unbind()[1].narrow(0, 1, 2) * 1, full[1, 4:6]) and fetched == [((1, 2), (4, 6), (0, 8))]
+    # Stored K-first: transposed first, then cut; as gpt-oss slices with an ellipsis.
+    fetched.clear()
+    assert torch.equal(remote()[1].t().contiguous().narrow(1, 2, 2) * 1, full[1].t()[:, 2:4]) and fetched == [((1, 2), (2, 4), (0, 8))]
+    assert torch.equal(remote()[..., 2:4].permute(0, 2, 1) * 1, full[..., 2:4].permute(0, 2, 1))
+    assert torch.equal(remote().to("cpu").split([1, 3])[1] * 1, full[1:]) and remote().unsqueeze(1).shape == (4, 1, 6, 8)
+    # Read from a piece fetched ahead: no request at all.
+    fetched.clear()
+    ahead = remote([(((0, 4), (0, 6), (4, 8)), full[:, :, 4:8].clone())])
+    assert torch.equal(ahead.unsqueeze(0).unbind()[0][3].t()[6:8] * 1, full[3].t()[6:8]) and fetched == []
+    # An operation that reads values (a reshape) fetches the view's region, no more.
+    assert torch.equal(remote()[3, :2].reshape(-1), full[3, :2].reshape(-1)) and fetched == [((3, 4), (0, 2), (0, 8))]

@@ -61,11 +61,14 @@ class ZtserveModelLoader(BaseModelLoader):
             snapshot = client.snapshot(model_id)
             plans = weights.plan_model(model, snapshot)
             summary = weights.summary(snapshot, plans)
-            logger.info("ztserve: %s", summary.pop("line"))
-            for reason, names in summary.pop("whole").items():
-                logger.warning("ztserve: %d tensor(s) fetched whole because %s: %s", len(names), reason, weights.sample(names))
-            misses = Misses(lambda name, region: logger.warning(
-                "ztserve: %s: the weight loader read %s, not the share planned; fetched on demand", name, list(region)))
+            logger.info("ztserve: %s", summary["line"])
+            for line in weights.warnings(summary["whole"]):
+                logger.warning("ztserve: %s", line)
+            limit = weights.strict_limit(summary, settings.STRICT_RATIO) if self.settings["strict"] else None
+            misses = Misses(
+                lambda name, region: logger.warning(
+                    "ztserve: %s: the weight loader read %s, not the share planned; fetched on demand", name, list(region)),
+                limit=None if limit is None else limit - summary["planned"])
             try:
                 loaded = model.load_weights(weights.stream(snapshot, plans, misses, self.prefetch_bytes))
             except ZtserveError as e:

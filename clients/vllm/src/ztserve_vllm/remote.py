@@ -1,9 +1,12 @@
-"""A checkpoint tensor that lives on the server: `RemoteTensor` has the tensor's full shape and
-dtype but no data; `narrow` (and basic slicing) only narrow its region, and the first operation
-that reads data gets exactly that region's bytes: from the pieces fetched ahead when one holds
-it, otherwise fetched from the server there and then (and counted as a miss). So whatever a
-vLLM weight loader does, it reads the same values it would from the whole tensor, and a
-correct guess of what it reads (`shares`) makes every read a local one."""
+"""A checkpoint tensor that lives on the server: `RemoteTensor` has a view's shape and dtype but
+no data. The views vLLM's weight loaders take before they read (`narrow`, basic indexing,
+`select`, `unsqueeze`, `unbind`, `chunk`, `split`, `t`, `transpose`, `permute`, and the
+`contiguous` or same-dtype `to` that precede them) only change which region of the stored
+tensor it names and how that region's dimensions are laid out; the first operation that reads
+data gets exactly that region's bytes: from the pieces fetched ahead when one holds it,
+otherwise from the server there and then (counted as a miss). So whatever a weight loader does,
+it reads the values it would from the whole tensor, and a correct guess of what it reads
+(`shares`) makes every read a local one."""
 
 import threading
 
@@ -11,22 +14,26 @@ import torch
 
 # Operations that read only a tensor's metadata, answered without fetching anything.
 _METADATA = set()
-for _name in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout", "is_sparse", "is_quantized", "is_meta", "is_nested"):
+for _name in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout", "is_sparse", "is_quantized", "is_meta",
+              "is_nested", "nbytes", "itemsize"):
     _METADATA.add(getattr(torch.Tensor, _name).__get__)
-for _name in ("size", "dim", "numel", "nelement", "ndimension", "element_size", "__len__", "is_floating_point", "is_complex", "is_contiguous"):
+for _name in ("size", "dim", "numel", "nelement", "ndimension", "element_size", "__len__", "is_floating_point", "is_complex",
+              "is_contiguous"):
     _METADATA.add(getattr(torch.Tensor, _name))
-_NARROW = {torch.Tensor.narrow, torch.narrow}
 
 
 class Misses:
     """What was fetched on demand because no piece fetched ahead held it: a count and bytes,
-    and the names, each logged once through `log`."""
+    and the names; the first `logged` names are handed to `log`. `limit`, when set, is the
+    most bytes the misses may add: one more raises (the load's `strict` setting)."""
 
-    def __init__(self, log=None):
+    def __init__(self, log=None, logged=5, limit=None):
         self.count = 0
         self.bytes = 0
         self.names = set()
         self.log = log
+        self.logged = logged
+        self.limit = limit
         self._lock = threading.Lock()
 
     def add(self, name, region, nbytes):
@@ -35,82 +42,175 @@ class Misses:
             self.bytes += nbytes
             first = name not in self.names
             self.names.add(name)
-        if first and self.log is not None:
+            over = self.limit is not None and self.bytes > self.limit
+            log = first and self.log is not None and len(self.names) <= self.logged
+        if log:
             self.log(name, region)
+        if over:
+            raise OverShare(f"reading {name} off the plan brings what was fetched on demand to {self.bytes / 1e6:.1f} MB, "
+                            f"past the {self.limit / 1e6:.1f} MB the strict setting allows")
+
+
+class OverShare(RuntimeError):
+    """A rank would fetch more than the strict setting allows."""
 
 
 class RemoteTensor(torch.Tensor):
-    """`name`'s region `region` (one `(start, stop)` per dimension) of a tensor of `dtype`:
-    `pieces` are `(region, tensor)` pairs fetched ahead, `fetch(region)` gets any other region
-    from the server, and `misses` counts those."""
+    """A view of stored tensor `name` (of `shape` and `dtype`): `region` is one `(start, stop)`
+    per stored dimension; `dims` gives, for each dimension of the view, the stored dimension it
+    is (or None for a dimension of size 1 the view inserted); a stored dimension the view does
+    not list was indexed away (its region is one element). `pieces` are `(region, tensor)`
+    pairs fetched ahead (regions over every stored dimension), `fetch(region)` gets any other
+    region from the server, and `misses` counts those."""
 
     @staticmethod
-    def __new__(cls, name, shape, dtype, pieces, fetch, misses, region=None):
+    def __new__(cls, name, shape, dtype, pieces, fetch, misses, region=None, dims=None):
         region = tuple(region) if region is not None else tuple((0, n) for n in shape)
-        size = [stop - start for start, stop in region]
+        dims = tuple(dims) if dims is not None else tuple(range(len(region)))
+        size = [1 if d is None else region[d][1] - region[d][0] for d in dims]
         tensor = torch.Tensor._make_wrapper_subclass(cls, size, dtype=dtype, device="cpu", requires_grad=False)
         tensor._name = name
         tensor._region = region
+        tensor._dims = dims
         tensor._pieces = pieces
         tensor._fetch = fetch
         tensor._misses = misses
         return tensor
 
     def __repr__(self):
-        return f"RemoteTensor({self._name!r}, region={list(self._region)}, dtype={self.dtype})"
+        return f"RemoteTensor({self._name!r}, region={list(self._region)}, dims={list(self._dims)}, dtype={self.dtype})"
+
+    def _view(self, region=None, dims=None):
+        return RemoteTensor(self._name, None, self.dtype, self._pieces, self._fetch, self._misses,
+                            self._region if region is None else region, self._dims if dims is None else dims)
+
+    def _dim(self, dim, ndim=None):
+        ndim = len(self._dims) if ndim is None else ndim
+        if not -ndim <= dim < max(ndim, 1):
+            raise IndexError(f"dimension {dim} out of range for a tensor of {len(self._dims)} dimensions")
+        return dim % max(ndim, 1)
 
     def narrowed(self, dim, start, length):
-        """This tensor's `start:start+length` of dimension `dim`, still remote."""
-        ndim = len(self._region)
-        if not -ndim <= dim < ndim:
-            raise IndexError(f"narrow(): dimension {dim} out of range for a tensor of {ndim} dimensions")
-        dim %= ndim
-        begin, end = self._region[dim]
-        start = int(start)
+        """This view's `start:start+length` of dimension `dim`, still remote."""
+        dim = self._dim(dim)
+        size = self.shape[dim]
+        start, length = int(start), int(length)
         if start < 0:
-            start += end - begin
-        length = int(length)
-        if start < 0 or length < 0 or begin + start + length > end:
-            raise RuntimeError(f"narrow(): start {start} + length {length} exceeds dimension {dim} size {end - begin}")
+            start += size
+        if start < 0 or length < 0 or start + length > size:
+            raise RuntimeError(f"narrow(): start {start} + length {length} exceeds dimension {dim} size {size}")
+        stored = self._dims[dim]
+        if stored is None:
+            # An inserted dimension has size 1: narrowing it keeps the view whole or empties it.
+            return self if length == 1 else torch.empty([0 if d == dim else n for d, n in enumerate(self.shape)], dtype=self.dtype)
+        begin = self._region[stored][0]
         region = list(self._region)
-        region[dim] = (begin + start, begin + start + length)
-        return RemoteTensor(self._name, None, self.dtype, self._pieces, self._fetch, self._misses, region)
+        region[stored] = (begin + start, begin + start + length)
+        return self._view(region=region)
 
-    def _sliced(self, index):
-        """Basic slicing (`t[a:b]`, `t[:, a:b]`, no steps) as narrows; None for anything else."""
-        items = index if isinstance(index, tuple) else (index,)
-        if len(items) > len(self._region) or not all(isinstance(i, slice) and i.step in (None, 1) for i in items):
+    def selected(self, dim, index):
+        """This view with dimension `dim` indexed at `index` (removed), still remote."""
+        dim = self._dim(dim)
+        size = self.shape[dim]
+        index = int(index)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
+        stored = self._dims[dim]
+        dims = self._dims[:dim] + self._dims[dim + 1:]
+        if stored is None:
+            return self._view(dims=dims)
+        begin = self._region[stored][0]
+        region = list(self._region)
+        region[stored] = (begin + index, begin + index + 1)
+        return self._view(region=region, dims=dims)
+
+    def unsqueezed(self, dim):
+        dim = self._dim(dim, len(self._dims) + 1)
+        return self._view(dims=self._dims[:dim] + (None,) + self._dims[dim:])
+
+    def permuted(self, order):
+        order = [self._dim(d) for d in order]
+        if sorted(order) != list(range(len(self._dims))):
+            raise RuntimeError(f"permute(): {order} is not a permutation of {len(self._dims)} dimensions")
+        return self._view(dims=tuple(self._dims[d] for d in order))
+
+    def transposed(self, a, b):
+        order = list(range(len(self._dims)))
+        a, b = self._dim(a), self._dim(b)
+        order[a], order[b] = order[b], order[a]
+        return self.permuted(order)
+
+    def split_at(self, sizes, dim):
+        """Consecutive narrows of dimension `dim`, of `sizes`."""
+        out, start = [], 0
+        for size in sizes:
+            out.append(self.narrowed(dim, start, size))
+            start += size
+        return tuple(out)
+
+    def _indexed(self, index):
+        """Basic indexing (slices of step 1, integers, `...`, None) as views; None for anything else."""
+        items = list(index) if isinstance(index, tuple) else [index]
+        if any(not isinstance(i, (slice, int, type(Ellipsis), type(None))) or isinstance(i, bool) for i in items):
             return None
-        out = self
-        for dim, item in enumerate(items):
-            start, stop, _ = item.indices(self._region[dim][1] - self._region[dim][0])
-            out = out.narrowed(dim, start, max(stop - start, 0))
+        if any(isinstance(i, slice) and i.step not in (None, 1) for i in items):
+            return None
+        if items.count(Ellipsis) > 1:
+            return None
+        consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if consumed > len(self._dims):
+            return None
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            items[at:at + 1] = [slice(None)] * (len(self._dims) - consumed)
+        out, dim = self, 0
+        for item in items:
+            if item is None:
+                out = out.unsqueezed(dim)
+                dim += 1
+            elif isinstance(item, int):
+                out = out.selected(dim, item)
+            else:
+                start, stop, _ = item.indices(out.shape[dim])
+                out = out.narrowed(dim, start, max(stop - start, 0))
+                dim += 1
         return out
 
     def materialize(self):
-        """The region's values as a plain tensor."""
-        for region, tensor in self._pieces:
-            if all(a <= start and stop <= b for (start, stop), (a, b) in zip(self._region, region)):
-                view = tensor
-                for dim, ((start, stop), (a, _)) in enumerate(zip(self._region, region)):
-                    view = view.narrow(dim, start - a, stop - start)
-                return view
-        if any(start == stop for start, stop in self._region):
-            return torch.empty([stop - start for start, stop in self._region], dtype=self.dtype)
-        tensor = self._fetch(self._region)
-        self._misses.add(self._name, self._region, tensor.numel() * tensor.element_size())
-        return tensor
+        """The view's values as a plain tensor."""
+        region = self._region
+        data = None
+        for piece_region, tensor in self._pieces:
+            if all(a <= start and stop <= b for (start, stop), (a, b) in zip(region, piece_region)):
+                data = tensor
+                for dim, ((start, stop), (a, _)) in enumerate(zip(region, piece_region)):
+                    data = data.narrow(dim, start - a, stop - start)
+                break
+        if data is None:
+            if any(start == stop for start, stop in region):
+                data = torch.empty([stop - start for start, stop in region], dtype=self.dtype)
+            else:
+                data = self._fetch(region)
+                self._misses.add(self._name, region, data.numel() * data.element_size())
+        kept = [d for d in self._dims if d is not None]
+        for stored in sorted(set(range(len(region))) - set(kept), reverse=True):
+            data = data.squeeze(stored)
+        remaining = sorted(kept)
+        data = data.permute([remaining.index(d) for d in kept]) if kept != remaining else data
+        for at, stored in enumerate(self._dims):
+            if stored is None:
+                data = data.unsqueeze(at)
+        return data
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _NARROW and isinstance(args[0], RemoteTensor):
-            dim, start, length = (list(args[1:]) + [kwargs.get("dim"), kwargs.get("start"), kwargs.get("length")])[:3]
-            return args[0].narrowed(dim, start, length)
-        if func is torch.Tensor.__getitem__ and isinstance(args[0], RemoteTensor):
-            sliced = args[0]._sliced(args[1])
-            if sliced is not None:
-                return sliced
+        if args and isinstance(args[0], RemoteTensor):
+            viewed = _lazy(func, args[0], args[1:], kwargs)
+            if viewed is not NotImplemented:
+                return viewed
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
@@ -120,6 +220,91 @@ class RemoteTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return func(*_materialized(args), **_materialized(kwargs or {}))
+
+
+def _arguments(args, kwargs, names, defaults):
+    """`args` and `kwargs` of a call as one value per name in `names`."""
+    values = list(args) + [kwargs.get(name, default) for name, default in list(zip(names, defaults))[len(args):]]
+    return values[: len(names)]
+
+
+def _chunk_sizes(size, chunks):
+    each = -(-size // chunks) if size else 0
+    sizes = []
+    while size > 0:
+        sizes.append(min(each, size))
+        size -= each
+    return sizes or [0]
+
+
+def _split_sizes(size, split):
+    if isinstance(split, int):
+        return [min(split, size - start) for start in range(0, size, split)] or [0]
+    return list(split)
+
+
+def _keeps_values(args, kwargs, dtype):
+    """Whether a `to` call only moves the tensor (device, non_blocking, memory format, no copy
+    asked for), so the view may stay remote."""
+    if kwargs.get("copy") or "dtype" in kwargs and kwargs["dtype"] != dtype:
+        return False
+    for arg in args:
+        if isinstance(arg, torch.dtype) and arg != dtype or isinstance(arg, torch.Tensor):
+            return False
+    return True
+
+
+_NARROW = {torch.Tensor.narrow, torch.narrow}
+_SELECT = {torch.Tensor.select, torch.select}
+_UNSQUEEZE = {torch.Tensor.unsqueeze, torch.unsqueeze}
+_UNBIND = {torch.Tensor.unbind, torch.unbind}
+_CHUNK = {torch.Tensor.chunk, torch.chunk}
+_SPLIT = {torch.Tensor.split, torch.split, torch.functional.split}
+_TRANSPOSE = {torch.Tensor.transpose, torch.transpose, torch.Tensor.swapaxes, torch.swapaxes}
+_PERMUTE = {torch.Tensor.permute, torch.permute}
+_T = {torch.Tensor.t, torch.t}
+_SAME = {torch.Tensor.contiguous, torch.Tensor.detach, torch.detach}
+
+
+def _lazy(func, tensor, args, kwargs):
+    """`func` applied to remote `tensor` as a view, or NotImplemented when it reads data."""
+    if func in _NARROW:
+        dim, start, length = _arguments(args, kwargs, ("dim", "start", "length"), (None, None, None))
+        return tensor.narrowed(dim, start, length)
+    if func is torch.Tensor.__getitem__:
+        viewed = tensor._indexed(args[0])
+        return NotImplemented if viewed is None else viewed
+    if func in _SELECT:
+        dim, index = _arguments(args, kwargs, ("dim", "index"), (None, None))
+        return tensor.selected(dim, index)
+    if func in _UNSQUEEZE:
+        return tensor.unsqueezed(_arguments(args, kwargs, ("dim",), (None,))[0])
+    if func in _UNBIND:
+        dim = _arguments(args, kwargs, ("dim",), (0,))[0]
+        return tuple(tensor.selected(dim, i) for i in range(tensor.shape[tensor._dim(dim)]))
+    if func in _CHUNK:
+        chunks, dim = _arguments(args, kwargs, ("chunks", "dim"), (None, 0))
+        return tensor.split_at(_chunk_sizes(tensor.shape[tensor._dim(dim)], chunks), dim)
+    if func in _SPLIT:
+        split, dim = _arguments(args, kwargs, ("split_size_or_sections", "dim"), (None, 0))
+        if split is None:
+            split = kwargs.get("split_size")
+        return tensor.split_at(_split_sizes(tensor.shape[tensor._dim(dim)], split), dim)
+    if func in _TRANSPOSE:
+        a, b = _arguments(args, kwargs, ("dim0", "dim1"), (None, None))
+        return tensor.transposed(a, b)
+    if func in _PERMUTE:
+        order = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else (args or kwargs.get("dims"))
+        return tensor.permuted(order)
+    if func in _T:
+        if tensor.dim() > 2:
+            return NotImplemented
+        return tensor.transposed(0, 1) if tensor.dim() == 2 else tensor
+    if func in _SAME:
+        return tensor
+    if func is torch.Tensor.to and _keeps_values(args, kwargs, tensor.dtype):
+        return tensor
+    return NotImplemented
 
 
 def _materialized(value):

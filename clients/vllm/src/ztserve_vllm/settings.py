@@ -4,11 +4,35 @@
 # key: type. Each is also the environment variable ZTSERVE_<KEY>.
 KEYS = {
     "url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int,
-    "hub_namespace": str,
+    "hub_namespace": str, "strict": bool,
 }
 PREFETCH_BYTES = 512 << 20
 # The server's `[serving] hub_namespace`: the namespace of its models at the top of a source.
 HUB_NAMESPACE = "local"
+# With `strict`, the most a rank may fetch against its share (what it would fetch were every
+# split weight cut to it).
+STRICT_RATIO = 1.1
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _boolean(key, value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"ztserve load format: {key} must be true or false, got {value!r}")
+
+
+def _integer(key, value):
+    if isinstance(value, bool):
+        raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}")
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}") from None
+    if value < 1:
+        raise ValueError(f"ztserve load format: {key} must be at least 1, got {value}")
+    return value
 
 
 def parse(extra, environ):
@@ -26,14 +50,9 @@ def parse(extra, environ):
         if value is None:
             continue
         if kind is int:
-            if isinstance(value, bool):
-                raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}")
-            try:
-                value = int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"ztserve load format: {key} must be an integer, got {value!r}") from None
-            if value < 1:
-                raise ValueError(f"ztserve load format: {key} must be at least 1, got {value}")
+            value = _integer(key, value)
+        elif kind is bool:
+            value = _boolean(key, value)
         elif not isinstance(value, str) or not value:
             raise ValueError(f"ztserve load format: {key} must be a non-empty string, got {value!r}")
         settings[key] = value
@@ -44,6 +63,7 @@ def parse(extra, environ):
         )
     settings.setdefault("prefetch_bytes", PREFETCH_BYTES)
     settings.setdefault("hub_namespace", HUB_NAMESPACE)
+    settings.setdefault("strict", False)
     if "token" not in settings and environ.get("HF_TOKEN"):
         settings["token"] = environ["HF_TOKEN"]  # the Hub API on the same server takes the same token
     return settings

@@ -1,7 +1,7 @@
-"""What one rank loads, without vLLM: each layer of the model vLLM built described for
-`shares` (by its vLLM class name and attributes, duck-typed), the load plan of every
-checkpoint tensor, and the stream of `(name, tensor)` vLLM's `load_weights` consumes, fetched
-ahead in bounded batches."""
+"""What one rank loads, without vLLM: each layer and parameter of the model vLLM built described
+for `shares` (by vLLM class name and attributes, duck-typed), the load plan of every checkpoint
+tensor, what it costs against the rank's fair share, and the stream of `(name, tensor)` vLLM's
+`load_weights` consumes, fetched ahead in bounded batches."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,10 +9,11 @@ from ztserve_client import ZtserveError
 from ztserve_client._dtypes import numpy_dtype, torch_dtype
 
 from . import shares
-from .remote import RemoteTensor
+from .remote import OverShare, RemoteTensor
 
 # The vLLM layers whose weight loaders `shares` knows, by class name. A subclass may cut
-# differently (more parts, another order), so it is not taken for its base.
+# differently (more parts, another order), so it is not taken for its base unless it cannot
+# split (one rank) or derives from a replicated layer.
 _KINDS = {
     "QKVParallelLinear": shares.QKV,
     "MergedColumnParallelLinear": shares.MERGED,
@@ -22,31 +23,53 @@ _KINDS = {
     "ParallelLMHead": shares.VOCAB,
     "ReplicatedLinear": shares.REPLICATED,
 }
-_UNQUANTIZED = {"UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"}
+# Linear methods whose weight loaders cut each parameter by its marks (output_dim, input_dim,
+# packing, block scales), as `shares` does: vLLM's weight_loader_v2 methods and the unquantized.
+_LINEAR_METHODS = {
+    "UnquantizedLinearMethod", "UnquantizedEmbeddingMethod", "Fp8LinearMethod", "FBGEMMFp8LinearMethod",
+    "CompressedTensorsLinearMethod", "AutoGPTQLinearMethod", "AutoAWQLinearMethod", "AutoAWQMarlinLinearMethod",
+}
+# Expert methods whose parameters RoutedExperts.weight_loader cuts by `shares`' expert rules.
+_EXPERT_METHODS = {
+    "UnquantizedFusedMoEMethod", "Fp8MoEMethod", "CompressedTensorsW8A8Fp8MoEMethod", "CompressedTensorsW8A8Int8MoEMethod",
+    "CompressedTensorsWNA16MoEMethod", "CompressedTensorsW4A16FlydslMoEMethod", "AutoGPTQMoEMethod", "AutoAWQMoEMethod",
+}
+# Compressed-tensors methods whose loader transposes a K-first packed expert before cutting it.
+_FLIPPING = {"CompressedTensorsWNA16MoEMethod", "CompressedTensorsW4A16FlydslMoEMethod"}
+_EXPERT_CLASSES = {"RoutedExperts", "FusedMoE"}
 
 
-def describe(module):
+def _bases(module):
+    return {c.__name__ for c in type(module).__mro__}
+
+
+def describe(module, model_loader=shares.ROUTED):
     """The `shares.Layer` of a vLLM module that splits weights among ranks, or None for a
-    module every rank holds whole (norms, rotary embeddings)."""
+    module every rank holds whole (norms, rotary embeddings). `model_loader` says whose code
+    loads the experts (gpt-oss's own `load_weights`, or vLLM's RoutedExperts)."""
     cls = type(module).__name__
+    if _bases(module) & _EXPERT_CLASSES:
+        return _describe_experts(module, cls, model_loader)
     tp_size = getattr(module, "tp_size", 1) or 1
     kind = _KINDS.get(cls)
     if kind is None:
-        bases = {c.__name__ for c in type(module).__mro__}
+        bases = _bases(module)
+        if "ReplicatedLinear" in bases or bases & set(_KINDS) and tp_size == 1:
+            return shares.Layer(shares.REPLICATED, cls=cls)  # nothing to cut: every rank reads it whole
         if tp_size > 1 or bases & set(_KINDS):
-            return shares.Layer(shares.OPAQUE, tp_size=tp_size, reason=f"its layer is a {cls}, whose cut this loader does not know")
+            return shares.Layer(shares.OPAQUE, tp_size=tp_size, cls=cls, reason=f"its layer is a {cls}, whose cut this loader does not know")
         return None
     quant = getattr(module, "quant_method", None)
-    if quant is not None and type(quant).__name__ not in _UNQUANTIZED:
-        return shares.Layer(shares.OPAQUE, tp_size=tp_size, reason=f"its layer is quantized ({type(quant).__name__})")
+    if quant is not None and type(quant).__name__ not in _LINEAR_METHODS:
+        return shares.Layer(shares.OPAQUE, tp_size=tp_size, cls=cls,
+                            reason=f"its layer is quantized by {type(quant).__name__}, whose cut this loader does not know")
     if kind == shares.REPLICATED or tp_size == 1:
-        return shares.Layer(shares.REPLICATED)
+        return shares.Layer(shares.REPLICATED, cls=cls)
     rank = getattr(module, "tp_rank", 0)  # a vocabulary layer's rows are in its shard_indices
+    block = tuple(module.weight_block_size) if getattr(module, "weight_block_size", None) else None
     if kind == shares.QKV:
         return shares.Layer(
-            kind,
-            rank,
-            tp_size,
+            kind, rank, tp_size, cls=cls, block=block,
             heads=module.num_heads,
             kv_heads=module.num_kv_heads,
             head_size=module.head_size,
@@ -54,13 +77,101 @@ def describe(module):
             kv_replicas=module.num_kv_head_replicas,
         )
     if kind == shares.MERGED:
-        return shares.Layer(kind, rank, tp_size, sizes=tuple(module.output_sizes))
+        return shares.Layer(kind, rank, tp_size, cls=cls, block=block, sizes=tuple(module.output_sizes))
     if kind == shares.COLUMN:
-        return shares.Layer(kind, rank, tp_size, per_rank=module.output_size_per_partition)
+        return shares.Layer(kind, rank, tp_size, cls=cls, block=block, per_rank=module.output_size_per_partition)
     if kind == shares.ROW:
-        return shares.Layer(kind, rank, tp_size, per_rank=module.input_size_per_partition)
+        return shares.Layer(kind, rank, tp_size, cls=cls, block=block, per_rank=module.input_size_per_partition)
     indices = module.shard_indices
-    return shares.Layer(kind, rank, tp_size, start=indices.org_vocab_start_index, stop=indices.org_vocab_end_index)
+    return shares.Layer(kind, rank, tp_size, cls=cls, start=indices.org_vocab_start_index, stop=indices.org_vocab_end_index)
+
+
+def _describe_experts(module, cls, model_loader):
+    """A mixture of experts (vLLM's RoutedExperts): its ranks, its experts on this rank, its
+    checkpoint names and how its quantization method loads them."""
+    config = module.moe_config
+    parallel = config.moe_parallel_config
+    quant = type(getattr(module, "quant_method", None)).__name__
+    ways = parallel.ep_size if parallel.use_ep else parallel.tp_size
+    experts = _local_experts(module, config) if parallel.use_ep else None
+    common = dict(
+        tp_rank=parallel.tp_rank, tp_size=parallel.tp_size, cls=cls, experts=experts, ep_size=parallel.ep_size if parallel.use_ep else 1,
+        names=(module.ckpt_gate_proj_name, module.ckpt_down_proj_name, module.ckpt_up_proj_name),
+        gated=bool(config.is_act_and_mul), fused_transposed=bool(getattr(module, "is_fused_checkpoint_transposed", False)),
+        intermediate=config.intermediate_size,
+    )
+    if model_loader == shares.GPT_OSS:
+        if quant != "UnquantizedFusedMoEMethod":
+            return shares.Layer(shares.EXPERTS, reason=f"vLLM reshapes gpt-oss's {quant} expert blocks before it cuts them", **common)
+        return shares.Layer(shares.EXPERTS, loader=shares.GPT_OSS, **common)
+    if quant not in _EXPERT_METHODS:
+        return shares.Layer(shares.EXPERTS, reason=f"its experts are quantized by {quant}, whose cut this loader does not know", **common)
+    if getattr(config, "tp_shard_with_padding", False):
+        return shares.Layer(shares.EXPERTS, reason="vLLM pads these experts' shares to its kernel's blocks", **common)
+    if ways > 1 and getattr(module, "_fused_shared_expert_quantizer", None) is not None:
+        return shares.Layer(shares.EXPERTS, reason="vLLM quantizes a fused shared expert while loading it", **common)
+    refined = getattr(module.quant_method, "weight_scale_refine", None) is not None
+    return shares.Layer(shares.EXPERTS, refined=refined, flips=quant in _FLIPPING, **common)
+
+
+def _local_experts(module, config):
+    """The checkpoint (logical) ids of the experts this rank holds under expert parallelism:
+    its physical experts, each redundant one (EPLB) naming the logical expert it copies."""
+    physical = module.expert_map_manager.get_local_expert_ids()
+    logical = config.num_logical_experts
+    return tuple(sorted({p if p < logical else (p - logical) % logical for p in physical}))
+
+
+def describe_param(param):
+    """The `shares.Param` of a vLLM parameter, from its marks (vLLM's parameter classes and
+    `set_weight_attrs`)."""
+    bases = {c.__name__ for c in type(param).__mro__}
+
+    def mark(name):
+        try:
+            return getattr(param, name, None)
+        except (AttributeError, ValueError):
+            return None
+
+    scale = mark("quant_method")
+    return shares.Param(
+        output_dim=mark("output_dim"),
+        input_dim=mark("input_dim"),
+        sharded=bool(mark("is_sharded_weight")),
+        shape=tuple(param.shape),
+        packed_dim=mark("packed_dim"),
+        packed_factor=mark("packed_factor") or 1,
+        marlin_tile=mark("marlin_tile_size"),
+        block="BlockQuantScaleParameter" in bases,
+        scalar="PerTensorScaleParameter" in bases or bool(mark("needs_scalar_to_array")),
+        transposed=bool(mark("is_transposed")),
+        scale=scale if isinstance(scale, str) else None,
+    )
+
+
+def model_loader(model):
+    """Whose code loads the model's experts: gpt-oss's own `load_weights` or RoutedExperts."""
+    return shares.GPT_OSS if type(model).__name__.startswith("GptOss") else shares.ROUTED
+
+
+def layers(model):
+    """Every layer of `model` that splits weights (by name) and every parameter's marks (by
+    full name). A RoutedExperts module is filed under the layer the checkpoint names (its
+    parent `…experts` in vLLM 0.32, whose runner holds it as `routed_experts`)."""
+    modules, params = {}, {}
+    loader = model_loader(model)
+    for name, module in model.named_modules():
+        layer = describe(module, loader)
+        if layer is None:
+            continue
+        key = name[: -len(".routed_experts")] if name.endswith(".routed_experts") else name
+        modules[key] = layer
+        if layer.kind == shares.EXPERTS:
+            for pname, p in module.named_parameters(recurse=False):
+                params[f"{key}.{pname}"] = describe_param(p)
+    for name, p in model.named_parameters():
+        params.setdefault(name, describe_param(p))
+    return modules, params
 
 
 def _uncuttable(obj):
@@ -70,13 +181,75 @@ def _uncuttable(obj):
     return ""
 
 
+def check_dense(snapshot):
+    """Refuses a model holding objects that are not dense tensors: vLLM's weight loaders take
+    tensors of the checkpoint's names and shapes; sparse, grouped-quantized and GGUF block
+    layouts have none."""
+    for obj in snapshot.objects.values():
+        if obj["format"] != "dense" or len(obj["components"]) != 1:
+            raise ZtserveError(
+                f"{obj['name']!r} of {snapshot.model!r} is a {obj['format']} object, not a dense tensor; the ztserve "
+                "load format loads dense tensors, as vLLM reads them from safetensors")
+
+
+def renamer(model):
+    """vLLM's `hf_to_vllm_mapper` of `model` as a function of a checkpoint name to `(name in the
+    model, stacked part or None)`, None when the model drops the tensor."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    split = getattr(mapper, "_map_name_with_shard", None)
+    if split is not None:
+        return split
+    if mapper is not None:
+        return lambda name: (lambda mapped: None if mapped is None else (mapped, None))(mapper.map_name(name))  # noqa: E731
+    return lambda name: (name, None)  # noqa: E731
+
+
+def absence(model):
+    """Whether a name (in the model's naming) belongs to a layer this rank's model does not
+    have: an index past the end of one of its layer lists (DeepSeek's multi-token-prediction
+    layer, which the main model skips), or another pipeline stage's layer (PPMissingLayer)."""
+    names, lists = {}, set()
+    for name, module in model.named_modules():
+        names[name] = type(module).__name__
+        parent, _, leaf = name.rpartition(".")
+        if leaf.isdecimal():
+            lists.add(parent)  # a list of layers (model.layers)
+
+    def absent(name):
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            prefix = ".".join(parts[:i])
+            if names.get(prefix) == "PPMissingLayer":
+                return True
+            if parts[i].isdecimal() and prefix in lists and f"{prefix}.{parts[i]}" not in names:
+                return True
+        return False
+
+    return absent
+
+
+def plan_tensors(model, tensors):
+    """The `shares.Plan` of every checkpoint tensor (name -> (shape, why the server cannot cut
+    it)) for this rank of `model`."""
+    modules, params = layers(model)
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    return shares.plan(tensors, modules, packed, params, renamer(model), absence(model))
+
+
+def plan_model(model, snapshot):
+    """The `shares.Plan` of every object of `snapshot` for this rank of `model`."""
+    check_dense(snapshot)
+    return plan_tensors(model, {name: (obj["shape"], _uncuttable(obj)) for name, obj in snapshot.objects.items()})
+
+
 def stream(snapshot, plans, misses, prefetch_bytes):
     """(name, tensor) for every checkpoint tensor, in the manifest's order: a plain tensor
-    for one fetched whole, a RemoteTensor over the regions fetched for it otherwise. Batches
-    of up to `prefetch_bytes` are fetched one ahead of the one being loaded."""
+    for one fetched whole, a RemoteTensor over the regions fetched for it otherwise (none for a
+    tensor this rank does not load). Batches of up to `prefetch_bytes` are fetched one ahead of
+    the one being loaded."""
     batches, batch, size = [], [], 0
     for one in plans:
-        cost = _plan_bytes(snapshot.objects[one.name], one)
+        cost = plan_bytes(snapshot.objects[one.name], one)
         if batch and size + cost > prefetch_bytes:
             batches.append(batch)
             batch, size = [], 0
@@ -85,10 +258,13 @@ def stream(snapshot, plans, misses, prefetch_bytes):
     if batch:
         batches.append(batch)
 
+    def wanted(one):
+        return [None] if one.regions is None else one.regions
+
     def fetch(batch):
-        requests = [(one.name, region) for one in batch for region in (one.regions or [None])]
-        tensors = iter(snapshot.fetch(requests, framework="torch"))
-        return [(one, [(region, next(tensors)) for region in (one.regions or [None])]) for one in batch]
+        requests = [(one.name, region) for one in batch for region in wanted(one)]
+        tensors = iter(snapshot.fetch(requests, framework="torch") if requests else [])
+        return [(one, [(region, next(tensors)) for region in wanted(one)]) for one in batch]
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ztserve-prefetch") as ahead:
         pending = ahead.submit(fetch, batches[0]) if batches else None
@@ -113,60 +289,100 @@ def stream(snapshot, plans, misses, prefetch_bytes):
             del fetched
 
 
-def plan_model(model, snapshot):
-    """The `shares.Plan` of every object of `snapshot` for this rank of `model`."""
-    modules = {}
-    for name, module in model.named_modules():
-        layer = describe(module)
-        if layer is not None:
-            modules[name] = layer
-    params = {
-        name: shares.Param(getattr(p, "output_dim", None), getattr(p, "input_dim", None), bool(getattr(p, "is_sharded_weight", False)))
-        for name, p in model.named_parameters()
-    }
-    for obj in snapshot.objects.values():
-        if obj["format"] != "dense" or len(obj["components"]) != 1:
-            # vLLM reads tensors; sparse, grouped-quantized and GGUF block layouts have no
-            # tensor of the name and shape its weight loaders expect.
-            raise ZtserveError(
-                f"{obj['name']!r} of {snapshot.model!r} is a {obj['format']} object, not a dense tensor; the ztserve "
-                "load format loads dense tensors, as vLLM reads them from safetensors")
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    split = getattr(mapper, "_map_name_with_shard", None)
-    if split is not None:
-        rename = split
-    elif mapper is not None:
-        rename = lambda name: (lambda mapped: None if mapped is None else (mapped, None))(mapper.map_name(name))  # noqa: E731
-    else:
-        rename = lambda name: (name, None)  # noqa: E731
-    tensors = {name: (obj["shape"], _uncuttable(obj)) for name, obj in snapshot.objects.items()}
-    return shares.plan(tensors, modules, getattr(model, "packed_modules_mapping", {}) or {}, params, rename)
-
-
 def _itemsize(obj):
     meta = obj["components"][0]
     return numpy_dtype(meta["dtype"], meta.get("type")).itemsize
 
 
-def _plan_bytes(obj, one):
+def object_bytes(obj):
+    """The decoded bytes of a whole object."""
+    return sum(c["decoded_length"] for c in obj["components"])
+
+
+def plan_bytes(obj, one):
+    """The bytes `one` fetches of `obj`."""
     if one.regions is None:
-        return sum(c["decoded_length"] for c in obj["components"])
+        return object_bytes(obj)
     return sum(shares.region_bytes(obj["shape"], region, _itemsize(obj)) for region in one.regions)
 
 
-def summary(snapshot, plans):
-    """The log line of a load plan, and the tensors fetched whole though split, by reason."""
-    total = sum(sum(c["decoded_length"] for c in obj["components"]) for obj in snapshot.objects.values())
-    planned = sum(_plan_bytes(snapshot.objects[one.name], one) for one in plans)
-    cut = sum(1 for one in plans if one.regions is not None)
-    whole = {}
+def share_bytes(obj, one):
+    """The bytes of `obj` this rank would fetch were every split weight cut: what the plan
+    fetches, but a tensor fetched whole for a reason counts for its fair share (1/ways)."""
+    if one.regions is None and one.reason:
+        return object_bytes(obj) // max(one.ways, 1)
+    return plan_bytes(obj, one)
+
+
+def costs(objects, plans):
+    """What a rank's plan costs: `total` (the model's bytes), `planned` (fetched), `share`
+    (what it would fetch were every split weight cut), `cut` and `skipped` counts,
+    `replicated` (count, bytes: tensors every rank reads whole), and `whole`: the tensors fetched whole
+    though split, by layer class and reason ((class, reason) -> {names, bytes})."""
+    out = {"total": sum(object_bytes(o) for o in objects.values()), "planned": 0, "share": 0, "cut": 0, "skipped": 0,
+           "replicated": [0, 0], "whole": {}}
     for one in plans:
-        if one.regions is None and one.reason:
-            whole.setdefault(one.reason, []).append(one.name)
+        obj = objects[one.name]
+        out["planned"] += plan_bytes(obj, one)
+        out["share"] += share_bytes(obj, one)
+        if one.regions == []:
+            out["skipped"] += 1
+        elif one.regions is not None:
+            out["cut"] += 1
+        elif one.reason:
+            entry = out["whole"].setdefault((one.cls or "unknown", one.reason), {"names": [], "bytes": 0})
+            entry["names"].append(one.name)
+            entry["bytes"] += object_bytes(obj)
+        else:
+            out["replicated"][0] += 1
+            out["replicated"][1] += object_bytes(obj)
+    return out
+
+
+def summary(snapshot, plans):
+    """The log line of a load plan, the tensors fetched whole though split (as `costs` gives
+    them), and the bytes planned and of the rank's share."""
+    c = costs(snapshot.objects, plans)
     version = snapshot.version.strip('"')
-    line = (f"{snapshot.model} version {version}: fetching {planned / 1e6:.1f} MB of its {total / 1e6:.1f} MB "
-            f"({planned / total if total else 0:.1%}): {cut} tensor(s) cut to this rank's share, {len(plans) - cut} whole")
-    return {"line": line, "whole": whole}
+    whole_count = sum(len(entry["names"]) for entry in c["whole"].values())
+    whole_bytes = sum(entry["bytes"] for entry in c["whole"].values())
+    parts = [f"{c['cut']} cut to this rank's share"]
+    if c["skipped"]:
+        parts.append(f"{c['skipped']} not loaded by this rank (other ranks' experts, layers it does not have)")
+    parts.append(f"{c['replicated'][0]} read whole by every rank ({c['replicated'][1] / 1e6:.1f} MB)")
+    parts.append(f"{whole_count} fetched whole though split ({whole_bytes / 1e6:.1f} MB)")
+    line = (f"{snapshot.model} version {version}: fetching {c['planned'] / 1e6:.1f} MB of its {c['total'] / 1e6:.1f} MB "
+            f"({c['planned'] / c['total'] if c['total'] else 0:.1%}, {c['planned'] / c['share'] if c['share'] else 1:.2f}x this rank's "
+            f"share): " + ", ".join(parts))
+    return {"line": line, "whole": c["whole"], "planned": c["planned"], "share": c["share"]}
+
+
+def strict_limit(summary, ratio):
+    """The most bytes a rank may fetch under the strict setting (`ratio` times its share);
+    raises OverShare, naming what is fetched whole, when its plan already fetches more."""
+    limit = ratio * summary["share"]
+    if summary["planned"] > limit:
+        raise OverShare(
+            f"this rank would fetch {summary['planned'] / 1e6:.1f} MB, more than {ratio}x its share "
+            f"({summary['share'] / 1e6:.1f} MB), and the strict setting is on: " + "; ".join(warnings(summary["whole"])))
+    return limit
+
+
+def warnings(whole):
+    """One warning per layer class for the tensors fetched whole though split: how many, their
+    bytes and why, with a few names."""
+    by_class = {}
+    for (cls, reason), entry in whole.items():
+        by_class.setdefault(cls, []).append((reason, entry))
+    lines = []
+    for cls, entries in sorted(by_class.items()):
+        count = sum(len(e["names"]) for _, e in entries)
+        size = sum(e["bytes"] for _, e in entries)
+        reasons = "; ".join(reason for reason, _ in entries)
+        names = [n for _, e in entries for n in e["names"]]
+        lines.append(f"{count} tensor(s) of {cls} layers ({size / 1e6:.1f} MB) fetched whole though the layer is split, "
+                     f"because {reasons}: {sample(names)}")
+    return lines
 
 
 def sample(names, count=3):
