@@ -238,7 +238,7 @@ class Client:
         def read(response):
             length = response.getheader("Content-Length")
             if length is not None and int(length) > limit:
-                raise ZtserveError(f"{self.url}{path} is {int(length)} bytes, more than the {limit} asked for")
+                raise ZtserveError(f"{self.url}{path} is {int(length)} bytes, more than the {limit} bytes asked for")
             body = response.read(limit + 1)
             if len(body) > limit:
                 raise ZtserveError(f"{self.url}{path} is more than the {limit} bytes asked for")
@@ -477,16 +477,40 @@ def _target(framework, device):
 
 
 def _assemble(objects, components, framework, device, pinned):
-    """The arrays or tensors of `objects`, from their fetched `components` (same order)."""
-    result = []
-    for obj, fetched in zip(objects, components):
-        parts = {c.meta["role"]: c for c in fetched}
-        result.append(_as_numpy(obj, parts) if framework == "numpy" else _as_torch(obj, parts, device))
-    if pinned:
-        import torch
+    """The arrays or tensors of `objects`, from their fetched `components` (same order). To a
+    CUDA device, the copies from the pinned buffers run on a stream of their own, so they
+    overlap what the caller's stream is doing; the tensors are complete when this returns and
+    are marked as used by the caller's stream, so their memory is not reused under it."""
+    if not pinned:
+        return [_as_numpy(obj, {c.meta["role"]: c for c in fetched}) if framework == "numpy"
+                else _as_torch(obj, {c.meta["role"]: c for c in fetched}, device) for obj, fetched in zip(objects, components)]
+    import torch
 
-        torch.cuda.synchronize(device)
+    consumer = torch.cuda.current_stream(device)
+    copies = torch.cuda.Stream(device)
+    with torch.cuda.stream(copies):
+        result = [_as_torch(obj, {c.meta["role"]: c for c in fetched}, device) for obj, fetched in zip(objects, components)]
+    copies.synchronize()
+    for value in result:
+        _used_by(value, consumer)
     return result
+
+
+def _used_by(value, stream):
+    """Marks every CUDA tensor in `value` (dense, sparse, or a dict of them) as used by `stream`."""
+    import torch
+
+    if isinstance(value, dict):
+        for one in value.values():
+            _used_by(one, stream)
+    elif value.layout == torch.sparse_csr:
+        for one in (value.crow_indices(), value.col_indices(), value.values()):
+            one.record_stream(stream)
+    elif value.layout == torch.sparse_coo:
+        for one in (value._indices(), value._values()):
+            one.record_stream(stream)
+    else:
+        value.record_stream(stream)
 
 
 # A manifest of 100,000 tensors is tens of MB of JSON, a tenth of it gzipped.
