@@ -25,7 +25,7 @@ SPECS = {
     "deepseek-fp8-block": Spec(attention="mla", quant="fp8-block", shared=True, **WIDE),
     "fp8-tensor": Spec(quant="fp8-tensor"),
     "gptq": Spec(quant="gptq", shared=True),
-    "gptq-act-order": Spec(quant="gptq-act-order"),
+    "gptq-channelwise": Spec(quant="gptq-channelwise"),
     "awq": Spec(quant="awq"),
     "ct-w8a8-int8": Spec(quant="ct-w8a8", attention="mla"),
     "ct-w4a16": Spec(quant="ct-w4a16"),
@@ -96,6 +96,9 @@ def test_every_rank_loads_what_the_whole_tensors_give_fetching_its_share_once(se
         name.endswith(("gate_up_proj", "down_proj")) or shares.expert_kind(name.rpartition(".")[2]) == "weight")]
     assert experts
     for name, per_rank in fetched.items():
+        if all(regions == [] for regions in per_rank):
+            assert name.endswith(".g_idx"), name  # only what vLLM 0.32 keeps no parameter for goes unfetched
+            continue
         if name not in experts and (any(regions is None for regions in per_rank)
                                     or replicated_kv and (".k_proj." in name or ".v_proj." in name)):
             continue

@@ -200,11 +200,12 @@ class Fp8LinearMethod:
 
 
 class AutoGPTQLinearMethod:
-    """GPTQ 4-bit: `qweight` [K/8, N] packed along K, `qzeros` [K/g, N/8], `scales` [K/g, N],
-    `g_idx` [K]; with act-order a row-parallel layer's scales and zeros are every rank's."""
+    """GPTQ 4-bit as vLLM 0.32 holds it: `qweight` [K/8, N] packed along K, `qzeros` [K/g, N/8],
+    `scales` [K/g, N], no `g_idx` (it refuses act-order checkpoints); channel-wise (group -1)
+    scales and zeros of a row-parallel layer are every rank's."""
 
-    def __init__(self, group=32, desc_act=False):
-        self.group, self.desc_act = group, desc_act
+    def __init__(self, group=32):
+        self.group = group
 
     def create_weights(self, layer, inputs, outputs, loader):
         out = sum(outputs)
@@ -212,15 +213,13 @@ class AutoGPTQLinearMethod:
         layer.register_parameter("qweight", PackedvLLMParameter(
             data=torch.zeros(inputs // 8, out, dtype=torch.int32), input_dim=0, output_dim=1, packed_dim=0, packed_factor=8,
             weight_loader=loader))
-        layer.register_parameter("g_idx", RowvLLMParameter(data=torch.zeros(inputs, dtype=torch.int32), input_dim=0, weight_loader=loader))
-        if self.desc_act and row:
-            groups = layer.input_size // self.group
+        if self.group == -1 and row:
             layer.register_parameter("scales", ChannelQuantScaleParameter(
-                data=torch.zeros(groups, out, dtype=torch.float16), output_dim=1, weight_loader=loader))
+                data=torch.zeros(1, out, dtype=torch.float16), output_dim=1, weight_loader=loader))
             layer.register_parameter("qzeros", PackedColumnParameter(
-                data=torch.zeros(groups, out // 8, dtype=torch.int32), output_dim=1, packed_dim=1, packed_factor=8, weight_loader=loader))
+                data=torch.zeros(1, out // 8, dtype=torch.int32), output_dim=1, packed_dim=1, packed_factor=8, weight_loader=loader))
         else:
-            groups = inputs // self.group
+            groups = 1 if self.group == -1 else inputs // self.group
             layer.register_parameter("scales", GroupQuantScaleParameter(
                 data=torch.zeros(groups, out, dtype=torch.float16), output_dim=1, input_dim=0, weight_loader=loader))
             layer.register_parameter("qzeros", PackedvLLMParameter(
@@ -499,13 +498,14 @@ class AutoGPTQMoEMethod:
         self.group = group
 
     def create_weights(self, layer, e, h, i):
-        g, attrs = self.group, {"quant_method": "group", "is_transposed": True}
+        attrs = {"quant_method": "group" if self.group != -1 else "channel", "is_transposed": True}
+        g13, g2 = (h // self.group, i // self.group) if self.group != -1 else (1, 1)
         layer.add("w13_qweight", torch.zeros(e, h // 8, 2 * i, dtype=torch.int32), **attrs)
         layer.add("w2_qweight", torch.zeros(e, i // 8, h, dtype=torch.int32), **attrs)
-        layer.add("w13_scales", torch.zeros(e, h // g, 2 * i, dtype=torch.float16), **attrs)
-        layer.add("w2_scales", torch.zeros(e, i // g, h, dtype=torch.float16), **attrs)
-        layer.add("w13_qzeros", torch.zeros(e, h // g, 2 * i // 8, dtype=torch.int32), **attrs)
-        layer.add("w2_qzeros", torch.zeros(e, i // g, h // 8, dtype=torch.int32), **attrs)
+        layer.add("w13_scales", torch.zeros(e, g13, 2 * i, dtype=torch.float16), **attrs)
+        layer.add("w2_scales", torch.zeros(e, g2, h, dtype=torch.float16), **attrs)
+        layer.add("w13_qzeros", torch.zeros(e, g13, 2 * i // 8, dtype=torch.int32), **attrs)
+        layer.add("w2_qzeros", torch.zeros(e, g2, h // 8, dtype=torch.int32), **attrs)
 
 
 class AutoAWQMoEMethod:
@@ -722,7 +722,7 @@ class Spec:
     `moe` layers of `experts` experts (`intermediate` wide each) after `dense` dense layers, with
     a shared expert when `shared`; checkpoint `layout` of experts: `per-expert`, `fused`
     ([E, 2I, H] and [E, H, I]), `fused-transposed`, `gate-up-per-expert`, or `gpt-oss`;
-    `quant` one of none, fp8-block, fp8-tensor, gptq, gptq-act-order, awq, ct-w8a8, ct-w4a16."""
+    `quant` one of none, fp8-block, fp8-tensor, gptq, gptq-channelwise, awq, ct-w8a8, ct-w4a16."""
 
     hidden: int = 256
     heads: int = 4
@@ -747,7 +747,7 @@ class Spec:
 def linear_method(quant):
     return {
         "none": UnquantizedLinearMethod, "fp8-block": lambda: Fp8LinearMethod((128, 128)), "fp8-tensor": Fp8LinearMethod,
-        "gptq": AutoGPTQLinearMethod, "gptq-act-order": lambda: AutoGPTQLinearMethod(desc_act=True), "awq": AutoAWQLinearMethod,
+        "gptq": AutoGPTQLinearMethod, "gptq-channelwise": lambda: AutoGPTQLinearMethod(-1), "awq": AutoAWQLinearMethod,
         "ct-w8a8": CompressedTensorsLinearMethod, "ct-w4a16": lambda: CompressedTensorsLinearMethod("w4a16"),
     }[quant]()
 
@@ -755,7 +755,7 @@ def linear_method(quant):
 def expert_method(quant):
     return {
         "none": UnquantizedFusedMoEMethod, "fp8-block": lambda: Fp8MoEMethod((128, 128)), "fp8-tensor": Fp8MoEMethod,
-        "gptq": AutoGPTQMoEMethod, "gptq-act-order": AutoGPTQMoEMethod, "awq": AutoAWQMoEMethod,
+        "gptq": AutoGPTQMoEMethod, "gptq-channelwise": lambda: AutoGPTQMoEMethod(-1), "awq": AutoAWQMoEMethod,
         "ct-w8a8": CompressedTensorsW8A8Int8MoEMethod,
         "ct-w4a16": CompressedTensorsWNA16MoEMethod,
     }[quant]()
@@ -852,7 +852,9 @@ class Model(torch.nn.Module):
                     names = [n.removeprefix(prefix + ".") for n in runner.load_weights(prefix, [(rest, tensor)])]
                 loaded |= {f"{prefix}.routed_experts.{n}" for n in names}
                 continue
-            param = params[target]
+            param = params.get(target)
+            if param is None:
+                continue  # a tensor the model keeps no parameter for (GPTQ's g_idx): vLLM skips it
             if shard is None:
                 param.weight_loader(param, tensor)
             else:
@@ -937,11 +939,12 @@ def linear_tensors(prefix, n, k, quant, random, expert=False):
     if quant == "fp8-tensor":
         return {f"{prefix}.weight": random((n, k), torch.float8_e4m3fn), f"{prefix}.weight_scale": random((), torch.float32).abs(),
                 f"{prefix}.input_scale": random((), torch.float32).abs()}
-    if quant in ("gptq", "gptq-act-order"):
-        out = {f"{prefix}.qweight": random((k // 8, n), torch.int32), f"{prefix}.qzeros": random((k // g, n // 8), torch.int32),
-               f"{prefix}.scales": random((k // g, n), torch.float16)}
+    if quant in ("gptq", "gptq-channelwise"):
+        groups = 1 if quant == "gptq-channelwise" else k // g
+        out = {f"{prefix}.qweight": random((k // 8, n), torch.int32), f"{prefix}.qzeros": random((groups, n // 8), torch.int32),
+               f"{prefix}.scales": random((groups, n), torch.float16)}
         if not expert:
-            out[f"{prefix}.g_idx"] = random((k,), torch.int32)
+            out[f"{prefix}.g_idx"] = random((k,), torch.int32)  # written by GPTQ quantizers, not loaded by vLLM 0.32
         return out
     if quant == "awq":
         return {f"{prefix}.qweight": random((k, n // 8), torch.int32), f"{prefix}.qzeros": random((k // g, n // 8), torch.int32),
@@ -1041,7 +1044,7 @@ def config(spec):
         "none": None, "fp8-block": {"quant_method": "fp8", "weight_block_size": [128, 128]},
         "fp8-tensor": {"quant_method": "fp8", "activation_scheme": "static"},
         "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False},
-        "gptq-act-order": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True},
+        "gptq-channelwise": {"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": False},
         "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True},
         "ct-w8a8": {"quant_method": "compressed-tensors", "format": "int-quantized",
                     "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}},

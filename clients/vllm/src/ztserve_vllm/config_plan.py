@@ -48,7 +48,6 @@ class Quantization:
         self.bits = config.get("bits", config.get("w_bit", 4))
         self.pack = 32 // self.bits if self.bits else 8
         self.group = config.get("group_size", config.get("q_group_size", 128))
-        self.act_order = bool(config.get("desc_act"))
         weights = {}
         for group in (config.get("config_groups") or {}).values():
             weights = group.get("weights") or {}
@@ -58,7 +57,8 @@ class Quantization:
 
     def param(self, suffix, kind):
         """The marks of a linear layer's parameter named `suffix` (`weight`, `qweight`,
-        `scales`…) in a layer of `kind`, as the method's create_weights makes it."""
+        `scales`…) in a layer of `kind`, as the method's create_weights makes it; None for a
+        checkpoint tensor the method keeps no parameter for."""
         row = kind == shares.ROW
         weight = shares.Param(output_dim=0, input_dim=1)
         if suffix in ("weight_scale", "input_scale") and self.method == "fp8" or suffix == "input_scale":
@@ -66,12 +66,14 @@ class Quantization:
         if suffix == "weight_scale_inv":
             return shares.Param(output_dim=0, input_dim=1, block=True)
         if self.method == "gptq":
-            grouped = not (self.act_order and row)  # act-order: a row layer's scales are every rank's
+            # vLLM 0.32 keeps no `g_idx` (it refuses act-order checkpoints); a row layer's
+            # channel-wise scales and zeros (group size -1) are every rank's.
+            grouped = not (self.group == -1 and row)
             return {
                 "qweight": shares.Param(output_dim=1, input_dim=0, packed_dim=0, packed_factor=self.pack),
                 "qzeros": shares.Param(output_dim=1, input_dim=0 if grouped else None, packed_dim=1, packed_factor=self.pack),
                 "scales": shares.Param(output_dim=1, input_dim=0 if grouped else None),
-                "g_idx": shares.Param(input_dim=0),
+                "g_idx": None,
             }.get(suffix, weight)
         if self.method in ("awq", "awq_marlin"):
             return {
@@ -210,7 +212,8 @@ class Rank:
             return  # norms and the like: every rank reads them whole
         self.modules[module] = layer
         param = model.quant.param(suffix, layer.kind) if layer.kind != shares.VOCAB else shares.Param(output_dim=0, input_dim=1)
-        self.params[f"{module}.{suffix}"] = self._local(param, layer, self.tensors[name])
+        if param is not None:  # None: the layer keeps no such parameter
+            self.params[f"{module}.{suffix}"] = self._local(param, layer, self.tensors[name])
 
     def _local(self, param, layer, shape):
         """`param` with its shape on this rank, where the cut follows it (column and row layers)."""
@@ -255,4 +258,5 @@ def plan(config, tensors, rank, tp, ep=False):
     """The `shares.Plan` of every tensor (name -> shape) for rank `rank` of `tp`."""
     one = Rank(Model(config), tensors, rank, tp, ep)
     packed = {"qkv_proj": list(_QKV), "gate_up_proj": ["gate_proj", "up_proj"]}
-    return shares.plan({name: (shape, "") for name, shape in tensors.items()}, one.modules, packed, one.params, one.rename)
+    return shares.plan({name: (shape, "") for name, shape in tensors.items()}, one.modules, packed, one.params, one.rename,
+                       complete=True)

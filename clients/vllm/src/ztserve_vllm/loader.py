@@ -64,6 +64,9 @@ class ZtserveModelLoader(BaseModelLoader):
             logger.info("ztserve: %s", summary["line"])
             for line in weights.warnings(summary["whole"]):
                 logger.warning("ztserve: %s", line)
+            for one in plans:
+                logger.debug("ztserve: plan %s: %s%s", one.name, "whole" if one.regions is None else one.regions,
+                             f" ({one.reason})" if one.reason else "")
             limit = weights.strict_limit(summary, settings.STRICT_RATIO) if self.settings["strict"] else None
             misses = Misses(
                 lambda name, region: logger.warning(

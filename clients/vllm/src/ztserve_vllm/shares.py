@@ -387,7 +387,7 @@ def _gpt_oss_regions(layer, part, suffix, shape):
     return [_cut(shape, 1, start, stop)], ""
 
 
-def plan(tensors, modules, packed, params, rename=lambda name: (name, None), absent=lambda name: False):
+def plan(tensors, modules, packed, params, rename=lambda name: (name, None), absent=lambda name: False, complete=False):
     """A `Plan` per checkpoint tensor: `tensors` maps each name to its shape and why the
     server cannot cut it (`(shape, reason)`, reason empty when it can); `modules` maps module
     names to `Layer`s and `params` full parameter names to `Param`s; `packed` is the model's
@@ -395,7 +395,8 @@ def plan(tensors, modules, packed, params, rename=lambda name: (name, None), abs
     stacked part it fills (vLLM's `hf_to_vllm_mapper`: `(name, shard id or None)`), or None
     when the model drops the tensor; `absent` tells a (renamed) tensor of a layer this rank's
     model does not have (a multi-token-prediction layer, another pipeline stage's). Neither
-    is fetched."""
+    is fetched, nor, when `params` is `complete` (every parameter of the layers in `modules`),
+    a tensor of a layer that has no parameter of its name (vLLM 0.32's GPTQ keeps no `g_idx`)."""
     experts = sorted((name for name, layer in modules.items() if layer.kind == EXPERTS), key=len, reverse=True)
     out = []
     for name, (shape, uncuttable) in tensors.items():
@@ -408,7 +409,7 @@ def plan(tensors, modules, packed, params, rename=lambda name: (name, None), abs
         if owner is not None:
             one = _expert_plan(name, mapped[len(owner) + 1:], owner, modules[owner], params, tuple(shape))
         else:
-            one = _linear_plan(name, mapped, shard, modules, packed, params, tuple(shape))
+            one = _linear_plan(name, mapped, shard, modules, packed, params, tuple(shape), complete)
         if one.regions and uncuttable:
             one.regions, one.reason = None, uncuttable
         if one.regions and all(region == tuple((0, n) for n in shape[: len(region)]) for region in one.regions):
@@ -417,7 +418,7 @@ def plan(tensors, modules, packed, params, rename=lambda name: (name, None), abs
     return out
 
 
-def _linear_plan(name, mapped, shard, modules, packed, params, shape):
+def _linear_plan(name, mapped, shard, modules, packed, params, shape, complete):
     module, _, param_name = mapped.rpartition(".")
     if module in modules:
         target = (module, param_name, shard_index(shard))
@@ -427,7 +428,11 @@ def _linear_plan(name, mapped, shard, modules, packed, params, shape):
         return Plan(name, None)
     module, param_name, index = target
     layer = modules[module]
-    param = params.get(f"{module}.{param_name}", Param())
+    param = params.get(f"{module}.{param_name}")
+    if param is None:
+        if complete and layer.kind != OPAQUE:
+            return Plan(name, [], "", module, layer.cls)  # the layer has no such parameter: vLLM skips the tensor
+        param = Param()
     if index is _UNKNOWN_SHARD:
         return Plan(name, None, f"it fills a stacked part {shard!r} of {module} this loader cannot place", module, layer.cls, layer.tp_size)
     cut, reason = regions(layer, param, index, shape)

@@ -233,7 +233,7 @@ def plan_tensors(model, tensors):
     it)) for this rank of `model`."""
     modules, params = layers(model)
     packed = getattr(model, "packed_modules_mapping", {}) or {}
-    return shares.plan(tensors, modules, packed, params, renamer(model), absence(model))
+    return shares.plan(tensors, modules, packed, params, renamer(model), absence(model), complete=True)
 
 
 def plan_model(model, snapshot):
