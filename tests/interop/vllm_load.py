@@ -1,23 +1,31 @@
-"""vLLM (its CPU build) loads a Llama-shaped model through `--load-format ztserve` and must
-generate the same token ids as from a local folder (scripts/vllm-check and bench/engines run it).
+"""vLLM (its CPU build) loads models through `--load-format ztserve` and must generate the same
+token ids as from a local folder (scripts/vllm-check and bench/engines run it). Every load
+through the load format must fetch exactly the tensor bytes `python -m ztserve_vllm plan` says.
 
     vllm_load.py check WORK
         writes the tiny model into WORK, serves it with ztserve (ZTSERVE_BIN) and has vLLM
         generate from the folder, then through `--load-format ztserve` from the .zt model and
         from the sharded safetensors checkpoint, at TP=1 and TP=2: every run's token ids must
         equal the folder's at the same TP; prints each run's load time and the bytes ztserve sent
+    vllm_load.py check-moe WORK
+        the same at TP=2 for a 15 MB Qwen3-MoE (8 experts, top 2), which must cost the server at
+        most 1.1x its weights
+    vllm_load.py check-quantized WORK [awq|gptq|w8a8 ...]
+        the same at TP=2 for a small Llama quantized by each method (default all three), at most
+        1.1x its weights
     vllm_load.py bench WORK
         the large model (1.13 GB of weights), loaded at TP=1 and TP=2 from the folder, through the
         Hub API (HF_ENDPOINT, a fresh cache), by Run:ai through the S3 endpoint and through
-        `--load-format ztserve`; prints a markdown table of load times and bytes sent, checking
+        `--load-format ztserve`, then a 0.98 GB Qwen3-MoE at TP=2 from the folder, by Run:ai and
+        through the load format; prints a markdown table of load times and bytes sent, checking
         every run's token ids against the folder's
 
-    vllm_load.py write DIR [--size tiny|large]
-        a Llama-shaped model with random bf16 weights, grouped-query attention (fewer key/value
-        heads than ranks), a vocabulary not a multiple of 64 and a tokenizer of its own:
-        DIR/folder (a sharded safetensors checkpoint, config, tokenizer), the same files as
-        DIR/models/st/tiny, and DIR/models/zt/tiny with the weights as one model.zt (written by
-        `ztserve convert` from DIR/folder)
+    vllm_load.py write DIR [--size tiny|small|large|moe|moe-large|small-q-METHOD]
+        a model with random bf16 weights (Llama-shaped, or Qwen3-MoE for moe*), grouped-query
+        attention, a vocabulary not a multiple of 64 and a tokenizer of its own, its linear
+        layers quantized by METHOD for -q-: DIR/folder (a sharded safetensors checkpoint,
+        config, tokenizer), the same files as DIR/models/st/SIZE, and DIR/models/zt/SIZE with
+        the weights as one model.zt (written by `ztserve convert` from DIR/folder)
     vllm_load.py generate MODEL LOAD_FORMAT TP
         one vLLM engine (TP ranks), greedy ids for fixed prompts, printed as JSON with the
         load's wall time; MODEL is a folder or a Hub repository id (HF_ENDPOINT, ZTSERVE_URL)
@@ -39,53 +47,63 @@ PROMPTS = ["The weights of a model", "Tensor parallel ranks", "a b c d e f g", "
 SIZES = {
     # hidden, intermediate, layers, heads, kv heads, vocab
     "tiny": (256, 512, 2, 4, 1, 1000),
+    # 97 MB of bf16 weights (52 MB with 4-bit linear layers), two key/value heads
+    "small": (1024, 2048, 4, 8, 2, 8000),
     # 1.13 GB (1.05 GiB) of bf16 weights
     "large": (2048, 5632, 10, 16, 1, 32000),
+}
+MOE_SIZES = {
+    # Qwen3-MoE: hidden, each expert's intermediate size, layers, heads, kv heads, vocab, experts, experts per token
+    # 15.2 MB of bf16 weights, 83% of them in experts
+    "moe": (256, 256, 4, 4, 2, 1000, 8, 2),
+    # 0.98 GB, 82% in experts
+    "moe-large": (1024, 512, 8, 16, 4, 32000, 32, 4),
 }
 
 
 def write(out, size):
     import torch
     from huggingface_hub import save_torch_state_dict
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, Qwen3MoeConfig
 
-    hidden, intermediate, layers, heads, kv_heads, vocab = SIZES[size]
-    head_dim = hidden // heads
+    size, _, quantization = size.partition("-q-")
     folder = os.path.join(out, "folder")
     os.makedirs(folder)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    config.save_pretrained(folder)
-    # A byte-level BPE tokenizer of its own, trained on a little text, padded to the vocabulary.
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=min(vocab, 600), special_tokens=["<unk>", "<s>", "</s>"])
-    text = " ".join(PROMPTS * 20) + " the quick brown fox jumps over the lazy dog " * 20
-    tokenizer.train_from_iterator([text], trainer)
-    from tokenizers import decoders
-
-    tokenizer.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.save_pretrained(folder)
     generator = torch.Generator().manual_seed(20261127)
 
     def randn(*shape, scale=0.02):
         return (torch.randn(*shape, generator=generator) * scale).to(torch.bfloat16)
 
+    if size in MOE_SIZES:
+        hidden, expert_size, layers, heads, kv_heads, vocab, experts, top = MOE_SIZES[size]
+        head_dim = hidden // heads
+        config = Qwen3MoeConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * expert_size, moe_intermediate_size=expert_size,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+            num_experts=experts, num_experts_per_tok=top, norm_topk_prob=True, decoder_sparse_step=1, max_position_embeddings=512,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2,
+            architectures=["Qwen3MoeForCausalLM"],
+        )
+    else:
+        hidden, intermediate, layers, heads, kv_heads, vocab = SIZES[size]
+        head_dim = hidden // heads
+        config = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=512,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            torch_dtype="bfloat16",
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    config.save_pretrained(folder)
+    write_tokenizer(folder, vocab)
     state = {"model.embed_tokens.weight": randn(vocab, hidden, scale=1.0), "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}
     state["lm_head.weight"] = randn(vocab, hidden)
     for i in range(layers):
@@ -96,12 +114,117 @@ def write(out, size):
         state[f"{p}.self_attn.k_proj.weight"] = randn(kv_heads * head_dim, hidden, scale=0.08)
         state[f"{p}.self_attn.v_proj.weight"] = randn(kv_heads * head_dim, hidden, scale=0.08)
         state[f"{p}.self_attn.o_proj.weight"] = randn(hidden, heads * head_dim, scale=0.08)
-        state[f"{p}.mlp.gate_proj.weight"] = randn(intermediate, hidden, scale=0.08)
-        state[f"{p}.mlp.up_proj.weight"] = randn(intermediate, hidden, scale=0.08)
-        state[f"{p}.mlp.down_proj.weight"] = randn(hidden, intermediate, scale=0.08)
+        if size in MOE_SIZES:
+            # Qwen3-MoE: per-head norms of q and k, a router, and each expert's own projections.
+            state[f"{p}.self_attn.q_norm.weight"] = (1 + randn(head_dim, scale=0.1)).to(torch.bfloat16)
+            state[f"{p}.self_attn.k_norm.weight"] = (1 + randn(head_dim, scale=0.1)).to(torch.bfloat16)
+            state[f"{p}.mlp.gate.weight"] = randn(experts, hidden, scale=0.5)
+            for e in range(experts):
+                state[f"{p}.mlp.experts.{e}.gate_proj.weight"] = randn(expert_size, hidden, scale=0.08)
+                state[f"{p}.mlp.experts.{e}.up_proj.weight"] = randn(expert_size, hidden, scale=0.08)
+                state[f"{p}.mlp.experts.{e}.down_proj.weight"] = randn(hidden, expert_size, scale=0.08)
+        else:
+            state[f"{p}.mlp.gate_proj.weight"] = randn(intermediate, hidden, scale=0.08)
+            state[f"{p}.mlp.up_proj.weight"] = randn(intermediate, hidden, scale=0.08)
+            state[f"{p}.mlp.down_proj.weight"] = randn(hidden, intermediate, scale=0.08)
+    if quantization:
+        state = quantized(state, quantization)
+        config_path = os.path.join(folder, "config.json")
+        with open(config_path) as f:
+            saved = json.load(f)
+        saved["quantization_config"] = QUANTIZATIONS[quantization]
+        with open(config_path, "w") as f:
+            json.dump(saved, f, indent=2)
     total = sum(t.numel() * t.element_size() for t in state.values())
     save_torch_state_dict(state, folder, max_shard_size=max(total // 3, 1 << 20))
     print(json.dumps({"bytes": total, "tensors": len(state)}))
+
+
+# The quantized layouts vLLM's CPU build runs, as their quantizers configure them.
+GROUP = 128
+QUANTIZATIONS = {
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"},
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": True, "checkpoint_format": "gptq"},
+    "w8a8": {"quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
+             "config_groups": {"group_0": {"targets": ["Linear"],
+                                           "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                                                       "dynamic": False},
+                                           "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                                                 "dynamic": True}}}},
+}
+_LINEAR = (".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.", ".gate_proj.", ".up_proj.", ".down_proj.")
+
+
+def quantized(state, method):
+    """`state` with every linear layer's bf16 weight quantized round-to-nearest into `method`'s
+    layout: GPTQ (symmetric) and AWQ 4-bit with a scale and zero point per group of 128 inputs
+    (GPTQ packs eight inputs per int32 and stores zero points less one; AWQ packs eight outputs
+    in its interleaved order), int8 with a scale per output channel; so the quantized model generates
+    about what the bf16 one would."""
+    import torch
+
+    out = {}
+    for name, tensor in state.items():
+        if not (any(part in name for part in _LINEAR) and name.endswith(".weight")):
+            out[name] = tensor
+            continue
+        prefix = name[: -len(".weight")]
+        w = tensor.float()  # [N, K]
+        n, k = w.shape
+        if method == "w8a8":
+            scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127
+            out[f"{prefix}.weight"] = (w / scale).round().clamp(-127, 127).to(torch.int8)
+            out[f"{prefix}.weight_scale"] = scale.to(torch.bfloat16)
+            continue
+        groups = w.reshape(n, k // GROUP, GROUP)
+        if method == "gptq":  # symmetric (`sym`, as vLLM runs GPTQ): the zero point is 8
+            scale = (groups.abs().amax(dim=2) / 7).clamp(min=1e-8)  # [N, K/g]
+            zero = torch.full_like(scale, 8)
+        else:
+            low, high = groups.amin(dim=2), groups.amax(dim=2)
+            scale = ((high - low) / 15).clamp(min=1e-8)
+            zero = (-low / scale).round().clamp(0, 15)
+        codes = ((groups / scale[..., None]).round() + zero[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        if method == "gptq":
+            out[f"{prefix}.qweight"] = _pack(codes.t(), 0, range(8))  # [K/8, N]
+            out[f"{prefix}.qzeros"] = _pack((zero - 1).clamp(0, 15).to(torch.int32).t(), 1, range(8))  # [K/g, N/8]
+            out[f"{prefix}.scales"] = scale.t().to(torch.float16).contiguous()
+            out[f"{prefix}.g_idx"] = torch.arange(k, dtype=torch.int32) // GROUP
+        else:
+            order = (0, 2, 4, 6, 1, 3, 5, 7)
+            out[f"{prefix}.qweight"] = _pack(codes.t(), 1, order)  # [K, N/8]
+            out[f"{prefix}.qzeros"] = _pack(zero.to(torch.int32).t(), 1, order)  # [K/g, N/8]
+            out[f"{prefix}.scales"] = scale.t().to(torch.float16).contiguous()
+    return out
+
+
+def _pack(codes, dim, order):
+    """4-bit `codes` packed eight to an int32 along `dim`, the i-th nibble holding the
+    `order[i]`-th of each eight."""
+    import torch
+
+    codes = codes.movedim(dim, -1)
+    codes = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 8, 8).to(torch.int64)
+    packed = torch.zeros(codes.shape[:-1], dtype=torch.int64)
+    for slot, index in enumerate(order):
+        packed |= codes[..., index] << (4 * slot)
+    packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+    return packed.movedim(-1, dim).contiguous()
+
+
+def write_tokenizer(folder, vocab):
+    """A byte-level BPE tokenizer of its own, trained on a little text, padded to the vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab, 600), special_tokens=["<unk>", "<s>", "</s>"])
+    text = " ".join(PROMPTS * 20) + " the quick brown fox jumps over the lazy dog " * 20
+    tokenizer.train_from_iterator([text], trainer)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(folder)
 
 
 def generate(model, load_format, tp):
@@ -215,26 +338,55 @@ def engine(model, load_format, tp, env, log):
     return results[0]["ids"], max(loads) if loads else float("nan")
 
 
-def run(work, size, ways):
-    """Every way at TP=1 and TP=2; returns rows of (tp, way, load seconds, bytes sent, weights
-    bytes) and fails if any way's ids differ from the folder's at the same TP."""
+def tensor_bytes(url):
+    """The bytes of tensors ztserve has sent (its object and component routes)."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("ztserve_http_response_body_bytes_total") and "/objects/" in line)
+
+
+def planned(url, model, tp):
+    """What `python -m ztserve_vllm plan` says the ranks fetch of `model` at `tp`, in all, and
+    whether any of its objects is stored compressed."""
+    from ztserve_client import Client
+    from ztserve_vllm import __main__ as command
+
+    with Client(url) as client:
+        model_id, manifest = command.model_id(client, model, "local")
+        config = json.loads(client.file(model_id, "config.json"))
+    compressed = any(c.get("encoding", "raw") != "raw" for o in manifest["objects"] for c in o["components"])
+    return sum(c["planned"] for c in command.rank_costs(manifest, config, tp, False)), compressed
+
+
+def run(work, size, ways, tps=(1, 2)):
+    """Every way at each TP size; returns rows of (tp, way, load seconds, bytes sent, weights
+    bytes) and fails if any way's ids differ from the folder's at the same TP, or if a load
+    through the ztserve load format fetched other tensor bytes than the plan command says."""
     folder, weights = prepare(work, size)
     work = Path(work)
     rows = []
     with serving(work / "models", work / "ztserve.log") as (url, s3):
-        for tp in (1, 2):
+        for tp in tps:
             reference = None
             for label, model, load_format, env in ways(folder, url, s3, size):
                 if "HF_HOME" in env:
                     shutil.rmtree(env["HF_HOME"], ignore_errors=True)
-                before = sent(url)
+                before, tensors_before = sent(url), tensor_bytes(url)
                 ids, seconds = engine(model, load_format, tp, env, work / f"engine-{tp}-{label.split()[0]}.log")
-                rows.append((tp, label, seconds, sent(url) - before, weights))
-                print(f"vllm-check: TP={tp} {label}: loaded in {seconds:.2f} s, ztserve sent {(sent(url) - before) / 1e6:.1f} MB", file=sys.stderr)
+                bytes_sent = sent(url) - before
+                rows.append((tp, label, seconds, bytes_sent, weights))
+                print(f"vllm-check: TP={tp} {label}: loaded in {seconds:.2f} s, ztserve sent {bytes_sent / 1e6:.1f} MB", file=sys.stderr)
                 if reference is None:
                     reference = ids
                 elif ids != reference:
                     raise SystemExit(f"vllm-check: TP={tp} {label} generated {ids}, the folder {reference}")
+                if load_format == "ztserve":
+                    # A whole zstd object travels compressed, so only an uncompressed model's bytes are exact.
+                    expected, compressed = planned(url, model, tp)
+                    fetched = tensor_bytes(url) - tensors_before
+                    if fetched > expected or fetched != expected and not compressed:
+                        raise SystemExit(f"vllm-check: TP={tp} {label}: the engine fetched {fetched:.0f} tensor bytes, "
+                                         f"the plan command says {expected}")
     return rows
 
 
@@ -243,6 +395,14 @@ def check_ways(folder, url, s3, size):
     return [
         ("folder (safetensors)", str(folder), "auto", {"HF_HUB_OFFLINE": "1"}),
         (f"ztserve zt/{size} (.zt, zstd, sha256)", f"zt/{size}", "ztserve", hub),
+        (f"ztserve st/{size} (sharded safetensors)", f"st/{size}", "ztserve", hub),
+    ]
+
+
+def quantized_ways(folder, url, s3, size):
+    hub = {"HF_ENDPOINT": url + "/hf", "ZTSERVE_URL": url, "HF_HOME": str(folder.parent / "hf")}
+    return [
+        ("folder (safetensors)", str(folder), "auto", {"HF_HUB_OFFLINE": "1"}),
         (f"ztserve st/{size} (sharded safetensors)", f"st/{size}", "ztserve", hub),
     ]
 
@@ -259,6 +419,10 @@ def bench_ways(folder, url, s3, size):
     ]
 
 
+def moe_bench_ways(folder, url, s3, size):
+    return [way for way in bench_ways(folder, url, s3, size) if not way[0].startswith("Hub API")]
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         size = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--size" else "tiny"
@@ -268,11 +432,26 @@ if __name__ == "__main__":
     elif sys.argv[1] == "check":
         for tp, label, seconds, bytes_sent, weights in run(sys.argv[2], "tiny", check_ways):
             print(f"TP={tp} {label}: same token ids as the folder; load {seconds:.2f} s; ztserve sent {bytes_sent / weights:.2f}x the weights")
+    elif sys.argv[1] == "check-quantized":
+        for method in sys.argv[3:] or list(QUANTIZATIONS):
+            for tp, label, seconds, bytes_sent, weights in run(os.path.join(sys.argv[2], method), f"small-q-{method}", quantized_ways,
+                                                                tps=(2,)):
+                print(f"TP={tp} {method} {label}: same token ids as the folder; load {seconds:.2f} s; "
+                      f"ztserve sent {bytes_sent / weights:.2f}x the weights")
+                if "ztserve" in label and bytes_sent > 1.1 * weights:
+                    raise SystemExit(f"vllm-check: TP={tp} {label} cost the server {bytes_sent / weights:.2f}x the weights, more than 1.1x")
+    elif sys.argv[1] == "check-moe":
+        for tp, label, seconds, bytes_sent, weights in run(sys.argv[2], "moe", check_ways, tps=(2,)):
+            print(f"TP={tp} {label}: same token ids as the folder; load {seconds:.2f} s; ztserve sent {bytes_sent / weights:.2f}x the weights")
+            if "ztserve" in label and bytes_sent > 1.1 * weights:
+                raise SystemExit(f"vllm-check: TP={tp} {label} cost the server {bytes_sent / weights:.2f}x the weights, more than 1.1x")
     elif sys.argv[1] == "bench":
-        rows = run(sys.argv[2], "large", bench_ways)
-        print("| TP | load | load time | ztserve sent | of the weights |")
-        print("|---|---|---|---|---|")
-        for tp, label, seconds, bytes_sent, weights in rows:
-            print(f"| {tp} | {label} | {seconds:.2f} s | {bytes_sent / 1e6:,.1f} MB | {bytes_sent / weights:.2f}x |")
+        rows = [("Llama", *row) for row in run(os.path.join(sys.argv[2], "large"), "large", bench_ways)]
+        rows += [("Qwen3-MoE", *row) for row in run(os.path.join(sys.argv[2], "moe"), "moe-large", moe_bench_ways, tps=(2,))]
+        print("| model | TP | load | load time | ztserve sent | of the weights |")
+        print("|---|---|---|---|---|---|")
+        for model, tp, label, seconds, bytes_sent, weights in rows:
+            print(f"| {model}, {weights / 1e9:.2f} GB | {tp} | {label} | {seconds:.2f} s | {bytes_sent / 1e6:,.1f} MB | "
+                  f"{bytes_sent / weights:.2f}x |")
     else:
         sys.exit(__doc__)
