@@ -3,14 +3,17 @@
 
   generate.py checkpoint DIR [--layers 61] [--experts 256] [--shards 163] [--scale 1.0]
       A DeepSeek-V3-shaped safetensors checkpoint in DIR: `model-0000N-of-0000M.safetensors`
-      shards, `model.safetensors.index.json` and `config.json`. Weights are F8_E4M3 with F32
-      block scales (`weight_scale_inv`, one per 128x128 block), norms and the embedding BF16,
-      router biases F32, as the official checkpoint has them. The defaults give its shape:
-      163 shards, 91,991 tensors, 688.6 GB, multi-token-prediction layer
+      shards, `model.safetensors.index.json` and DeepSeek-V3's `config.json`. Weights are
+      F8_E4M3 with F32 block scales (`weight_scale_inv`, one per 128x128 block), norms and the
+      embedding BF16, router biases F32, as the official checkpoint has them. The defaults give
+      its shape: 163 shards, 91,991 tensors, 688.6 GB, multi-token-prediction layer
       included. `--scale` divides every matrix dimension (and
       the scale blocks with them), for a smaller checkpoint of the same tensor count. Each
       shard's header is written and the file extended to its length: its tensors read as
       zeros and take no disk.
+  generate.py checkpoint DIR --shape qwen3-235b [--layers 94] [--experts 128] [--shards 118]
+      The same for Qwen3-235B-A22B: BF16 weights, 128 experts of 1536 in each of 94 layers,
+      four key/value heads, its `config.json`: 36,945 tensors, 470.2 GB.
   generate.py catalog DIR [--models 2000]
       A catalog of small models: `orgK/model-N/model.safetensors` (two BF16 tensors) with a
       `config.json` each, every file different.
@@ -76,6 +79,58 @@ def deepseek_tensors(layers, experts, scale):
     yield p + ".shared_head.head.weight", "BF16", [vocab, hidden]
 
 
+def qwen3_moe_tensors(layers, experts, scale):
+    """(name, dtype, shape) of every tensor of a Qwen3-235B-A22B-shaped checkpoint."""
+    d = lambda n: max(1, n // scale)  # noqa: E731
+    hidden, vocab, moe, heads, kv_heads, head_dim = d(4096), d(151936), d(1536), 64, 4, d(128)
+    yield "model.embed_tokens.weight", "BF16", [vocab, hidden]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        yield p + ".input_layernorm.weight", "BF16", [hidden]
+        yield p + ".self_attn.q_proj.weight", "BF16", [heads * head_dim, hidden]
+        yield p + ".self_attn.k_proj.weight", "BF16", [kv_heads * head_dim, hidden]
+        yield p + ".self_attn.v_proj.weight", "BF16", [kv_heads * head_dim, hidden]
+        yield p + ".self_attn.o_proj.weight", "BF16", [hidden, heads * head_dim]
+        yield p + ".self_attn.q_norm.weight", "BF16", [head_dim]
+        yield p + ".self_attn.k_norm.weight", "BF16", [head_dim]
+        yield p + ".post_attention_layernorm.weight", "BF16", [hidden]
+        yield p + ".mlp.gate.weight", "BF16", [experts, hidden]
+        for e in range(experts):
+            for proj, rows, cols in (("gate_proj", moe, hidden), ("up_proj", moe, hidden), ("down_proj", hidden, moe)):
+                yield f"{p}.mlp.experts.{e}.{proj}.weight", "BF16", [rows, cols]
+    yield "model.norm.weight", "BF16", [hidden]
+    yield "lm_head.weight", "BF16", [vocab, hidden]
+
+
+def deepseek_config(layers, experts, scale):
+    d = lambda n: max(1, n // scale)  # noqa: E731
+    blocks = max(1, 128 // scale)
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+        "hidden_size": d(7168), "intermediate_size": d(18432), "moe_intermediate_size": d(2048), "num_hidden_layers": layers,
+        "num_nextn_predict_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+        "n_routed_experts": experts, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 3, "kv_lora_rank": d(512), "q_lora_rank": d(1536), "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": d(128), "v_head_dim": d(128), "vocab_size": d(129280), "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 163840, "tie_word_embeddings": False,
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [blocks, blocks]},
+    }
+
+
+def qwen3_moe_config(layers, experts, scale):
+    d = lambda n: max(1, n // scale)  # noqa: E731
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "torch_dtype": "bfloat16", "hidden_size": d(4096),
+        "intermediate_size": d(12288), "moe_intermediate_size": d(1536), "num_hidden_layers": layers, "num_attention_heads": 64,
+        "num_key_value_heads": 4, "head_dim": d(128), "num_experts": experts, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "norm_topk_prob": True, "vocab_size": d(151936), "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    }
+
+
+SHAPES = {"deepseek-v3": (deepseek_tensors, deepseek_config), "qwen3-235b": (qwen3_moe_tensors, qwen3_moe_config)}
+
+
 def nbytes(dtype, shape):
     n = DTYPE_BYTES[dtype]
     for dim in shape:
@@ -100,8 +155,9 @@ def write_sparse_safetensors(path, tensors, metadata=None):
     return 8 + len(text) + offset
 
 
-def checkpoint(out, layers, experts, shards, scale):
-    tensors = list(deepseek_tensors(layers, experts, scale))
+def checkpoint(out, layers, experts, shards, scale, shape="deepseek-v3"):
+    tensors_of, config_of = SHAPES[shape]
+    tensors = list(tensors_of(layers, experts, scale))
     total = sum(nbytes(dt, shape) for _, dt, shape in tensors)
     per_shard = -(-total // shards)
     groups, current, size = [], [], 0
@@ -121,16 +177,7 @@ def checkpoint(out, layers, experts, shards, scale):
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
-    config = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "hidden_size": max(1, 7168 // scale),
-        "num_hidden_layers": layers,
-        "n_routed_experts": experts,
-        "first_k_dense_replace": 3,
-        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
-        "torch_dtype": "bfloat16",
-    }
+    config = config_of(layers, experts, scale)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     print(json.dumps({"shards": len(groups), "tensors": len(tensors), "bytes": file_bytes}))
@@ -152,16 +199,18 @@ def main():
     sub = parser.add_subparsers(dest="what", required=True)
     c = sub.add_parser("checkpoint")
     c.add_argument("dir")
-    c.add_argument("--layers", type=int, default=61)
-    c.add_argument("--experts", type=int, default=256)
-    c.add_argument("--shards", type=int, default=163)
+    c.add_argument("--shape", choices=sorted(SHAPES), default="deepseek-v3")
+    c.add_argument("--layers", type=int)
+    c.add_argument("--experts", type=int)
+    c.add_argument("--shards", type=int)
     c.add_argument("--scale", type=int, default=1)
     k = sub.add_parser("catalog")
     k.add_argument("dir")
     k.add_argument("--models", type=int, default=2000)
     args = parser.parse_args()
     if args.what == "checkpoint":
-        checkpoint(args.dir, args.layers, args.experts, args.shards, args.scale)
+        layers, experts, shards = {"deepseek-v3": (61, 256, 163), "qwen3-235b": (94, 128, 118)}[args.shape]
+        checkpoint(args.dir, args.layers or layers, args.experts or experts, args.shards or shards, args.scale, args.shape)
     else:
         catalog(args.dir, args.models)
 

@@ -1,6 +1,9 @@
 """The plan from a model's config (`config_plan`, what `python -m ztserve_vllm plan` prints)
 against the plan from the model vLLM builds (`weights`, what the load format fetches), for every
-stand-in model of test_experts and every rank: they must cut every tensor alike."""
+stand-in model of test_experts and every rank: they must cut every tensor alike. And the plan of
+checkpoints of DeepSeek-V3's and Qwen3-235B's shapes at TP=8: every rank within its share."""
+
+import json
 
 import pytest
 from test_experts import SPECS
@@ -35,3 +38,45 @@ def test_a_layer_the_model_does_not_have_is_not_fetched():
     assert all(p.regions == [] for p in plans if p.name in extra)
     config = config_plan.plan(standins.config(spec), {**tensors, **extra}, 0, 2)
     assert all(p.regions == [] for p in config if p.name in extra)
+
+
+@pytest.fixture(scope="module")
+def shapes_server(tmp_path_factory):
+    """Sparse checkpoints of DeepSeek-V3's and Qwen3-235B-A22B's shapes (bench/scale/generate.py,
+    every dimension divided by 16, fewer layers and experts), served by a live ztserve."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, live
+
+    models = tmp_path_factory.mktemp("shapes") / "models"
+    generate = [sys.executable, str(REPO / "bench" / "scale" / "generate.py"), "checkpoint"]
+    subprocess.run(generate + [str(models / "deepseek" / "v3"), "--scale", "16", "--layers", "5", "--experts", "16", "--shards", "2"],
+                   check=True, capture_output=True)
+    subprocess.run(generate + [str(models / "qwen" / "qwen3"), "--shape", "qwen3-235b", "--scale", "16", "--layers", "3", "--experts",
+                               "16", "--shards", "2"], check=True, capture_output=True)
+    server = live.Server(models)
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("model", ["deepseek/v3", "qwen/qwen3"])
+@pytest.mark.parametrize("ep", [False, True])
+def test_the_models_fleets_run_are_planned_within_their_share_at_tp_8(shapes_server, model, ep):
+    from ztserve_client import Client
+    from ztserve_vllm import __main__ as command
+
+    with Client(shapes_server.url) as client:
+        manifest = client.manifest(model)
+        config = json.loads(client.file(model, "config.json"))
+    costs = command.rank_costs(manifest, config, 8, ep)
+    for cost in costs:
+        assert cost["whole"] == {}, cost["whole"]
+        assert cost["planned"] <= 1.1 * cost["fair"]
+    if model == "deepseek/v3":
+        # The multi-token-prediction layer (model.layers.5 here) is loaded by no rank.
+        names = {o["name"] for o in manifest["objects"] if o["name"].startswith("model.layers.5.")}
+        plans = config_plan.plan(config, {o["name"]: tuple(o["shape"]) for o in manifest["objects"]}, 3, 8, ep)
+        assert names and all(p.regions == [] for p in plans if p.name in names)
+    text = command.report(model, "v", costs, 8, ep)
+    assert "(within 1.1x)" in text and "Nothing is fetched whole though split." in text
