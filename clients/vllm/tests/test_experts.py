@@ -7,6 +7,7 @@ import json
 import urllib.request
 
 import pytest
+import torch
 from conftest import live
 from safetensors.torch import save_file
 
@@ -28,6 +29,7 @@ SPECS = {
     "gptq-channelwise": Spec(quant="gptq-channelwise"),
     "awq": Spec(quant="awq"),
     "ct-w8a8-int8": Spec(quant="ct-w8a8", attention="mla"),
+    "ct-w8a8-fp8": Spec(quant="ct-w8a8-fp8", shared=True),
     "ct-w4a16": Spec(quant="ct-w4a16"),
     "fused": Spec(layout="fused"),
     "fused-transposed": Spec(layout="fused-transposed"),
@@ -43,6 +45,9 @@ def server(tmp_path_factory):
         (models / "org" / key).mkdir(parents=True)
         save_file(standins.checkpoint(spec), models / "org" / key / "model.safetensors", metadata={"format": "pt"})
         (models / "org" / key / "config.json").write_text(json.dumps(standins.config(spec)))
+    (models / "org" / "unconfigured").mkdir()
+    save_file({"w": standins.checkpoint(SPECS["qwen3-moe"])["lm_head.weight"]}, models / "org" / "unconfigured" / "model.safetensors")
+    (models / "org" / "unconfigured" / "config.json").write_text('{"model_type": "mystery"}')
     server = live.Server(models)
     yield server
     server.stop()
@@ -190,9 +195,16 @@ def test_the_plan_command_says_what_is_fetched_whole_and_why(server, capsys):
     assert command.main(["plan", "org/gpt-oss", "--url", server.url, "--tp", "2"]) == 0
     assert command.main(["plan", "org/no-such-model", "--url", server.url]) == 1
     assert "the server has no model 'org/no-such-model'" in capsys.readouterr().err
+    assert command.main(["plan", "org/unconfigured", "--url", server.url]) == 1
+    assert "org/unconfigured's config.json has no 'hidden_size', which the plan needs" in capsys.readouterr().err
     config = json.loads(Client(server.url).file("org/gpt-oss", "config.json"))
     config["quantization_config"] = {"quant_method": "mxfp4"}
     manifest = Client(server.url).manifest("org/gpt-oss")
     text = command.report("org/gpt-oss", "v", command.rank_costs(manifest, config, 2, False), 2, False)
     assert "Fetched whole though split (all ranks):" in text and "vLLM reshapes gpt-oss's mxfp4 expert blocks" in text
     assert "(over 1.1x)" in text
+
+
+def test_an_experts_layer_of_another_make_is_fetched_whole_with_the_reason(server):
+    layer = weights.describe(type("FusedMoE", (torch.nn.Module,), {"tp_size": 2})())
+    assert layer.kind == shares.EXPERTS and layer.reason.startswith("its experts are a FusedMoE this loader does not know")

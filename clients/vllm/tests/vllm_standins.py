@@ -246,7 +246,7 @@ class AutoAWQLinearMethod:
 
 
 class CompressedTensorsLinearMethod:
-    """compressed-tensors: W8A8 int8 (`weight` int8, `weight_scale` [N, 1] per channel) or packed
+    """compressed-tensors: W8A8 int8 or FP8 (`weight`, `weight_scale` [N, 1] per channel) or packed
     W4A16 (`weight_packed` [N, K/8], `weight_scale` [N, K/g], `weight_shape`)."""
 
     def __init__(self, scheme="w8a8", group=32):
@@ -254,9 +254,10 @@ class CompressedTensorsLinearMethod:
 
     def create_weights(self, layer, inputs, outputs, loader):
         out = sum(outputs)
-        if self.scheme == "w8a8":
+        if self.scheme in ("w8a8", "w8a8-fp8"):
+            dtype = torch.int8 if self.scheme == "w8a8" else torch.float8_e4m3fn
             layer.register_parameter("weight", ModelWeightParameter(
-                data=torch.zeros(out, inputs, dtype=torch.int8), input_dim=1, output_dim=0, weight_loader=loader))
+                data=torch.zeros(out, inputs, dtype=dtype), input_dim=1, output_dim=0, weight_loader=loader))
             layer.register_parameter("weight_scale", ChannelQuantScaleParameter(
                 data=torch.zeros(out, 1), output_dim=0, weight_loader=loader))
             return
@@ -530,6 +531,14 @@ class CompressedTensorsW8A8Int8MoEMethod:
         layer.add("w2_weight_scale", torch.zeros(e, h, 1), quant_method="channel")
 
 
+class CompressedTensorsW8A8Fp8MoEMethod:
+    def create_weights(self, layer, e, h, i):
+        layer.add("w13_weight", torch.zeros(e, 2 * i, h, dtype=torch.float8_e4m3fn), quant_method="channel")
+        layer.add("w2_weight", torch.zeros(e, h, i, dtype=torch.float8_e4m3fn), quant_method="channel")
+        layer.add("w13_weight_scale", torch.zeros(e, 2 * i, 1), quant_method="channel")
+        layer.add("w2_weight_scale", torch.zeros(e, h, 1), quant_method="channel")
+
+
 class CompressedTensorsWNA16MoEMethod:
     def __init__(self, group=32):
         self.group = group
@@ -722,7 +731,8 @@ class Spec:
     `moe` layers of `experts` experts (`intermediate` wide each) after `dense` dense layers, with
     a shared expert when `shared`; checkpoint `layout` of experts: `per-expert`, `fused`
     ([E, 2I, H] and [E, H, I]), `fused-transposed`, `gate-up-per-expert`, or `gpt-oss`;
-    `quant` one of none, fp8-block, fp8-tensor, gptq, gptq-channelwise, awq, ct-w8a8, ct-w4a16."""
+    `quant` one of none, fp8-block, fp8-tensor, gptq, gptq-channelwise, awq, ct-w8a8, ct-w8a8-fp8,
+    ct-w4a16."""
 
     hidden: int = 256
     heads: int = 4
@@ -748,7 +758,8 @@ def linear_method(quant):
     return {
         "none": UnquantizedLinearMethod, "fp8-block": lambda: Fp8LinearMethod((128, 128)), "fp8-tensor": Fp8LinearMethod,
         "gptq": AutoGPTQLinearMethod, "gptq-channelwise": lambda: AutoGPTQLinearMethod(-1), "awq": AutoAWQLinearMethod,
-        "ct-w8a8": CompressedTensorsLinearMethod, "ct-w4a16": lambda: CompressedTensorsLinearMethod("w4a16"),
+        "ct-w8a8": CompressedTensorsLinearMethod, "ct-w8a8-fp8": lambda: CompressedTensorsLinearMethod("w8a8-fp8"),
+        "ct-w4a16": lambda: CompressedTensorsLinearMethod("w4a16"),
     }[quant]()
 
 
@@ -756,7 +767,7 @@ def expert_method(quant):
     return {
         "none": UnquantizedFusedMoEMethod, "fp8-block": lambda: Fp8MoEMethod((128, 128)), "fp8-tensor": Fp8MoEMethod,
         "gptq": AutoGPTQMoEMethod, "gptq-channelwise": lambda: AutoGPTQMoEMethod(-1), "awq": AutoAWQMoEMethod,
-        "ct-w8a8": CompressedTensorsW8A8Int8MoEMethod,
+        "ct-w8a8": CompressedTensorsW8A8Int8MoEMethod, "ct-w8a8-fp8": CompressedTensorsW8A8Fp8MoEMethod,
         "ct-w4a16": CompressedTensorsWNA16MoEMethod,
     }[quant]()
 
@@ -949,8 +960,9 @@ def linear_tensors(prefix, n, k, quant, random, expert=False):
     if quant == "awq":
         return {f"{prefix}.qweight": random((k, n // 8), torch.int32), f"{prefix}.qzeros": random((k // g, n // 8), torch.int32),
                 f"{prefix}.scales": random((k // g, n), torch.float16)}
-    if quant == "ct-w8a8":
-        return {f"{prefix}.weight": random((n, k), torch.int8), f"{prefix}.weight_scale": random((n, 1), torch.float32).abs()}
+    if quant in ("ct-w8a8", "ct-w8a8-fp8"):
+        dtype = torch.int8 if quant == "ct-w8a8" else torch.float8_e4m3fn
+        return {f"{prefix}.weight": random((n, k), dtype), f"{prefix}.weight_scale": random((n, 1), torch.float32).abs()}
     if quant == "ct-w4a16":
         return {f"{prefix}.weight_packed": random((n, k // 8), torch.int32), f"{prefix}.weight_scale": random((n, k // g), torch.bfloat16),
                 f"{prefix}.weight_shape": torch.tensor([n, k], dtype=torch.int64)}
@@ -1048,6 +1060,9 @@ def config(spec):
         "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True},
         "ct-w8a8": {"quant_method": "compressed-tensors", "format": "int-quantized",
                     "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}},
+        "ct-w8a8-fp8": {"quant_method": "compressed-tensors", "format": "float-quantized",
+                        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+                                                                                        "strategy": "channel"}}}},
         "ct-w4a16": {"quant_method": "compressed-tensors", "format": "pack-quantized",
                      "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group",
                                                                                      "group_size": 32}}}},

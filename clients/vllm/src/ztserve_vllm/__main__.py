@@ -110,7 +110,10 @@ def main(argv=None):
             model, manifest = model_id(client, args.model, args.hub_namespace)
             config = json.loads(client.file(model, "config.json"))
         costs = rank_costs(manifest, config, args.tp, args.ep)
-    except (ZtserveError, ValueError, KeyError) as e:
+    except KeyError as e:
+        print(f"ztserve_vllm plan: {args.model}'s config.json has no {e}, which the plan needs", file=sys.stderr)
+        return 1
+    except (ZtserveError, ValueError) as e:
         print(f"ztserve_vllm plan: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     version = manifest.get("model_version", "?")

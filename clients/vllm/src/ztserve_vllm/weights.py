@@ -88,18 +88,24 @@ def describe(module, model_loader=shares.ROUTED):
 
 def _describe_experts(module, cls, model_loader):
     """A mixture of experts (vLLM's RoutedExperts): its ranks, its experts on this rank, its
-    checkpoint names and how its quantization method loads them."""
-    config = module.moe_config
-    parallel = config.moe_parallel_config
+    checkpoint names and how its quantization method loads them; an experts layer of another
+    make (an older vLLM's FusedMoE) is fetched whole, with the reason."""
+    try:
+        config = module.moe_config
+        parallel = config.moe_parallel_config
+        ways = parallel.ep_size if parallel.use_ep else parallel.tp_size
+        experts = _local_experts(module, config) if parallel.use_ep else None
+        common = dict(
+            tp_rank=parallel.tp_rank, tp_size=parallel.tp_size, cls=cls, experts=experts,
+            ep_size=parallel.ep_size if parallel.use_ep else 1,
+            names=(module.ckpt_gate_proj_name, module.ckpt_down_proj_name, module.ckpt_up_proj_name),
+            gated=bool(config.is_act_and_mul), fused_transposed=bool(getattr(module, "is_fused_checkpoint_transposed", False)),
+            intermediate=config.intermediate_size,
+        )
+    except AttributeError as e:
+        return shares.Layer(shares.EXPERTS, tp_size=getattr(module, "tp_size", 1) or 1, cls=cls,
+                            reason=f"its experts are a {cls} this loader does not know ({e})")
     quant = type(getattr(module, "quant_method", None)).__name__
-    ways = parallel.ep_size if parallel.use_ep else parallel.tp_size
-    experts = _local_experts(module, config) if parallel.use_ep else None
-    common = dict(
-        tp_rank=parallel.tp_rank, tp_size=parallel.tp_size, cls=cls, experts=experts, ep_size=parallel.ep_size if parallel.use_ep else 1,
-        names=(module.ckpt_gate_proj_name, module.ckpt_down_proj_name, module.ckpt_up_proj_name),
-        gated=bool(config.is_act_and_mul), fused_transposed=bool(getattr(module, "is_fused_checkpoint_transposed", False)),
-        intermediate=config.intermediate_size,
-    )
     if model_loader == shares.GPT_OSS:
         if quant != "UnquantizedFusedMoEMethod":
             return shares.Layer(shares.EXPERTS, reason=f"vLLM reshapes gpt-oss's {quant} expert blocks before it cuts them", **common)
