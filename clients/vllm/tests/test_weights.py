@@ -15,19 +15,13 @@ import ztserve_client
 from ztserve_client import Client
 from ztserve_vllm import weights
 from ztserve_vllm.remote import Misses, RemoteTensor
+# The vocabulary layers, norms and name mapper as the MoE and quantization tests stand them in.
+from vllm_standins import Mapper, ParallelLMHead, RMSNorm, VocabParallelEmbedding
 
 HIDDEN, HEADS, KV_HEADS, HEAD, FFN, VOCAB = 32, 4, 1, 8, 48, 100
 
 
-def pad(n, to=64):
-    return (n + to - 1) // to * to
-
-
 class UnquantizedLinearMethod:
-    pass
-
-
-class UnquantizedEmbeddingMethod:
     pass
 
 
@@ -103,58 +97,6 @@ class RowParallelLinear(torch.nn.Module):
         loaded = loaded.narrow(param.input_dim, self.tp_rank * size, size)
         assert param.data.shape == loaded.shape
         param.data.copy_(loaded)
-
-
-class Indices:
-    def __init__(self, start, stop):
-        self.org_vocab_start_index, self.org_vocab_end_index = start, stop
-
-
-class VocabParallelEmbedding(torch.nn.Module):
-    def __init__(self, vocab, hidden, rank, size):
-        super().__init__()
-        self.tp_size = size
-        self.quant_method = UnquantizedEmbeddingMethod()
-        per = pad(vocab) // size
-        self.shard_indices = Indices(min(rank * per, vocab), min((rank + 1) * per, vocab))
-        self.org_vocab_size = vocab
-        self.weight = parameter((per, hidden), 0, 1)
-
-    def weight_loader(self, param, loaded, shard=None):
-        assert loaded.shape[param.output_dim] == self.org_vocab_size
-        start = self.shard_indices.org_vocab_start_index
-        loaded = loaded.narrow(param.output_dim, start, self.shard_indices.org_vocab_end_index - start)
-        param[: loaded.shape[0]].data.copy_(loaded)
-        param[loaded.shape[0]:].data.fill_(0)
-
-
-class ParallelLMHead(VocabParallelEmbedding):
-    pass
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, hidden):
-        super().__init__()
-        self.weight = parameter((hidden,))
-
-    def weight_loader(self, param, loaded, shard=None):
-        assert param.data.shape == loaded.shape
-        param.data.copy_(loaded)
-
-
-class Mapper:
-    """vLLM's WeightsMapper for Llama: q/k/v into qkv_proj, gate/up into gate_up_proj."""
-
-    stacked = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
-               ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
-
-    def _map_name_with_shard(self, name):
-        if "rotary" in name:
-            return None
-        for old, (new, shard) in self.stacked.items():
-            if old in name:
-                return name.replace(old, new, 1), shard
-        return name, None
 
 
 class Llama(torch.nn.Module):
@@ -351,9 +293,8 @@ def test_a_server_that_disappears_mid_load_fails_it_with_a_transfer_error(tmp_pa
             pass
 
 
-def test_remote_tensors_answer_metadata_without_fetching_and_read_exact_regions():
-    full = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
-    fetched = []
+def server_of(full, fetched):
+    """A stand-in for the server's `?slice=` of `full`: each region asked for is recorded."""
 
     def fetch(region):
         fetched.append(region)
@@ -362,6 +303,13 @@ def test_remote_tensors_answer_metadata_without_fetching_and_read_exact_regions(
             out = out.narrow(dim, start, stop - start)
         return out.clone()
 
+    return fetch
+
+
+def test_remote_tensors_answer_metadata_without_fetching_and_read_exact_regions():
+    full = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
+    fetched = []
+    fetch = server_of(full, fetched)
     misses = Misses()
     remote = RemoteTensor("w", (6, 4), torch.float32, [(((2, 4), (0, 4)), full[2:4].clone())], fetch, misses)
     assert remote.shape == (6, 4) and remote.dim() == 2 and remote.numel() == 24 and len(remote) == 6
@@ -391,13 +339,7 @@ def test_the_views_weight_loaders_take_before_reading_stay_remote():
     they narrow it; none of that may fetch the whole tensor, and what they finally read is exact."""
     full = torch.arange(4 * 6 * 8, dtype=torch.float32).reshape(4, 6, 8)
     fetched = []
-
-    def fetch(region):
-        fetched.append(region)
-        out = full
-        for dim, (start, stop) in enumerate(region):
-            out = out.narrow(dim, start, stop - start)
-        return out.clone()
+    fetch = server_of(full, fetched)
 
     def remote(pieces=()):
         return RemoteTensor("w", (4, 6, 8), torch.float32, list(pieces), fetch, Misses())

@@ -62,20 +62,20 @@ class _ColumnvLLMParameter(BasevLLMParameter):
         assert self.data.shape == loaded.shape
         self.data.copy_(loaded)
 
-    def load_merged_column_weight(self, loaded, **kwargs):
-        size, offset = self._packed(kwargs["shard_size"], kwargs["shard_offset"])
-        target = self.data.narrow(self.output_dim, offset, size)
-        loaded = loaded.narrow(self.output_dim, self.tp_rank * size, size)
-        assert target.shape == loaded.shape
-        target.copy_(loaded)
-
-    def load_qkv_weight(self, loaded, **kwargs):
-        size, offset = self._packed(kwargs["shard_size"], kwargs["shard_offset"])
-        at = self.tp_rank if kwargs["shard_id"] == "q" else self.tp_rank // kwargs["num_heads"]
+    def _load_part(self, loaded, size, offset, at):
+        """The `at`-th `size` of `loaded` into this parameter's part at `offset` (packed units)."""
+        size, offset = self._packed(size, offset)
         target = self.data.narrow(self.output_dim, offset, size)
         loaded = loaded.narrow(self.output_dim, at * size, size)
         assert target.shape == loaded.shape
         target.copy_(loaded)
+
+    def load_merged_column_weight(self, loaded, **kwargs):
+        self._load_part(loaded, kwargs["shard_size"], kwargs["shard_offset"], self.tp_rank)
+
+    def load_qkv_weight(self, loaded, **kwargs):
+        at = self.tp_rank if kwargs["shard_id"] == "q" else self.tp_rank // kwargs["num_heads"]
+        self._load_part(loaded, kwargs["shard_size"], kwargs["shard_offset"], at)
 
 
 class RowvLLMParameter(BasevLLMParameter):
