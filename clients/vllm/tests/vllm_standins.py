@@ -789,12 +789,45 @@ class Mapper:
                 return name.replace(old, new, 1), shard
         return name, None
 
+    def __or__(self, other):
+        return _Merged(self, other)
+
+
+class _Merged:
+    """Two mappers applied as vLLM's merged WeightsMapper applies their rules: either may drop
+    a name; the renaming and the stacked part come from whichever renames it."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def _map_name_with_shard(self, name):
+        mapped = self.first._map_name_with_shard(name)
+        if mapped is None:
+            return None
+        again = self.second._map_name_with_shard(mapped[0])
+        return None if again is None else (again[0], mapped[1] if again[1] is None else again[1])
+
 
 def _module(**children):
     m = torch.nn.Module()
     for key, value in children.items():
         setattr(m, key, value)
     return m
+
+
+class CheckpointWeightMapper:
+    """vLLM 0.32's QuantizationConfig.get_checkpoint_weight_mapper: every `.g_idx` dropped."""
+
+    def _map_name_with_shard(self, name):
+        return None if name.endswith(".g_idx") else (name, None)
+
+
+class QuantizationConfig:
+    """The part of vLLM's quantization config AutoWeightsLoader applies to checkpoint names."""
+
+    @staticmethod
+    def get_checkpoint_weight_mapper():
+        return CheckpointWeightMapper()
 
 
 class Model(torch.nn.Module):
@@ -842,14 +875,19 @@ class Model(torch.nn.Module):
         self.lm_head = ParallelLMHead(spec.vocab, h, rank, size)
         self.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
         self.rank, self.size, self.ep = rank, size, ep
+        if spec.quant != "none":
+            self.quant_config = QuantizationConfig()
 
     def load_weights(self, tensors):
         """AutoWeightsLoader: experts' tensors to their runner, the rest to each parameter's
         weight loader with its stacked part."""
         params = dict(self.named_parameters())
         loaded = set()
+        mapper = self.hf_to_vllm_mapper
+        if getattr(self, "quant_config", None) is not None:
+            mapper = mapper | self.quant_config.get_checkpoint_weight_mapper()
         for name, tensor in tensors:
-            mapped = self.hf_to_vllm_mapper._map_name_with_shard(name)
+            mapped = mapper._map_name_with_shard(name)
             if mapped is None:
                 continue
             target, shard = mapped
@@ -897,7 +935,7 @@ class Model(torch.nn.Module):
         return name
 
 
-class GptOssMapper:
+class GptOssMapper(Mapper):
     """gpt-oss's hf_to_vllm_mapper for its experts: `gate_up_proj` to `w13_weight` and so on."""
 
     suffixes = ((".gate_up_proj_bias", ".w13_bias"), (".down_proj_bias", ".w2_bias"), (".gate_up_proj", ".w13_weight"),
@@ -907,7 +945,7 @@ class GptOssMapper:
         for old, new in self.suffixes:
             if ".mlp.experts" in name and name.endswith(old):
                 return name[: -len(old)] + new, None
-        return Mapper()._map_name_with_shard(name)
+        return super()._map_name_with_shard(name)
 
 
 class GptOssForCausalLM(Model):
@@ -954,8 +992,7 @@ def linear_tensors(prefix, n, k, quant, random, expert=False):
         groups = 1 if quant == "gptq-channelwise" else k // g
         out = {f"{prefix}.qweight": random((k // 8, n), torch.int32), f"{prefix}.qzeros": random((groups, n // 8), torch.int32),
                f"{prefix}.scales": random((groups, n), torch.float16)}
-        if not expert:
-            out[f"{prefix}.g_idx"] = random((k,), torch.int32)  # written by GPTQ quantizers, not loaded by vLLM 0.32
+        out[f"{prefix}.g_idx"] = random((k,), torch.int32)  # written by GPTQ quantizers, dropped by vLLM 0.32
         return out
     if quant == "awq":
         return {f"{prefix}.qweight": random((k, n // 8), torch.int32), f"{prefix}.qzeros": random((k // g, n // 8), torch.int32),

@@ -57,8 +57,7 @@ class Quantization:
 
     def param(self, suffix, kind):
         """The marks of a linear layer's parameter named `suffix` (`weight`, `qweight`,
-        `scales`…) in a layer of `kind`, as the method's create_weights makes it; None for a
-        checkpoint tensor the method keeps no parameter for."""
+        `scales`…) in a layer of `kind`, as the method's create_weights makes it."""
         row = kind == shares.ROW
         weight = shares.Param(output_dim=0, input_dim=1)
         if suffix in ("weight_scale", "input_scale") and self.method == "fp8" or suffix == "input_scale":
@@ -66,14 +65,12 @@ class Quantization:
         if suffix == "weight_scale_inv":
             return shares.Param(output_dim=0, input_dim=1, block=True)
         if self.method == "gptq":
-            # vLLM 0.32 keeps no `g_idx` (it refuses act-order checkpoints); a row layer's
-            # channel-wise scales and zeros (group size -1) are every rank's.
+            # A row layer's channel-wise scales and zeros (group size -1) are every rank's.
             grouped = not (self.group == -1 and row)
             return {
                 "qweight": shares.Param(output_dim=1, input_dim=0, packed_dim=0, packed_factor=self.pack),
                 "qzeros": shares.Param(output_dim=1, input_dim=0 if grouped else None, packed_dim=1, packed_factor=self.pack),
                 "scales": shares.Param(output_dim=1, input_dim=0 if grouped else None),
-                "g_idx": None,
             }.get(suffix, weight)
         if self.method in ("awq", "awq_marlin"):
             return {
@@ -148,8 +145,8 @@ class Rank:
             at = parts.index("layers") + 1
             if at < len(parts) and parts[at].isdecimal() and int(parts[at]) >= self.model.layers:
                 return None
-        if "rotary_emb" in name:
-            return None
+        if "rotary_emb" in name or name.endswith(".g_idx") and self.model.quant.method:
+            return None  # vLLM drops rotary tables and, for every quantization, `g_idx`
         module, suffix = _split(name)
         head, _, leaf = module.rpartition(".")
         if ".experts." in f".{name}":
@@ -212,8 +209,7 @@ class Rank:
             return  # norms and the like: every rank reads them whole
         self.modules[module] = layer
         param = model.quant.param(suffix, layer.kind) if layer.kind != shares.VOCAB else shares.Param(output_dim=0, input_dim=1)
-        if param is not None:  # None: the layer keeps no such parameter
-            self.params[f"{module}.{suffix}"] = self._local(param, layer, self.tensors[name])
+        self.params[f"{module}.{suffix}"] = self._local(param, layer, self.tensors[name])
 
     def _local(self, param, layer, shape):
         """`param` with its shape on this rank, where the cut follows it (column and row layers)."""

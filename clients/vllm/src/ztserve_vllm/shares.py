@@ -262,7 +262,7 @@ def _expert_cut(layer, part, param, kind, shape):
     """The cut of one expert's stored tensor of `shape` for `part` (w1, w2, w3): `(dim, start,
     stop)`, None for the whole tensor, or "skip" when vLLM loads nothing from it on this rank;
     with the reason when whole though split."""
-    if layer.tp_size == 1 or kind in ("input_scale", "weight_shape", "other") or not shape:
+    if layer.tp_size == 1 or kind in ("input_scale", "weight_shape") or not shape:
         return None, ""
     if kind == "bias":
         if part == W2:
@@ -340,6 +340,8 @@ def expert_regions(layer, part, param, suffix, shape, expert=None):
     if layer.loader == GPT_OSS:
         return _gpt_oss_regions(layer, part, suffix, shape)
     kind = expert_kind(suffix)
+    if kind == "other":
+        return [], ""  # vLLM's expert loader loads nothing it cannot tell apart
     if expert is not None:
         if layer.experts is not None and expert not in layer.experts:
             return [], ""

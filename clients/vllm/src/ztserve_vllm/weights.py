@@ -200,8 +200,15 @@ def check_dense(snapshot):
 
 def renamer(model):
     """vLLM's `hf_to_vllm_mapper` of `model` as a function of a checkpoint name to `(name in the
-    model, stacked part or None)`, None when the model drops the tensor."""
+    model, stacked part or None)`, None when the model drops the tensor. As vLLM's
+    AutoWeightsLoader does, the quantization config's own mappers follow the model's (vLLM 0.32
+    drops every `.g_idx`)."""
     mapper = getattr(model, "hf_to_vllm_mapper", None)
+    quant = next((getattr(m, "quant_config", None) for m in (model, *model.children()) if getattr(m, "quant_config", None)), None)
+    for name in ("get_cache_scale_mapper", "get_checkpoint_weight_mapper"):
+        extra = getattr(quant, name, None)
+        if extra is not None:
+            mapper = extra() if mapper is None else mapper | extra()
     split = getattr(mapper, "_map_name_with_shard", None)
     if split is not None:
         return split
@@ -354,7 +361,7 @@ def summary(snapshot, plans):
     whole_bytes = sum(entry["bytes"] for entry in c["whole"].values())
     parts = [f"{c['cut']} cut to this rank's share"]
     if c["skipped"]:
-        parts.append(f"{c['skipped']} not loaded by this rank (other ranks' experts, layers it does not have)")
+        parts.append(f"{c['skipped']} not loaded by this rank (other ranks' experts, tensors the model does not load)")
     parts.append(f"{c['replicated'][0]} read whole by every rank ({c['replicated'][1] / 1e6:.1f} MB)")
     parts.append(f"{whole_count} fetched whole though split ({whole_bytes / 1e6:.1f} MB)")
     line = (f"{snapshot.model} version {version}: fetching {c['planned'] / 1e6:.1f} MB of its {c['total'] / 1e6:.1f} MB "
