@@ -303,11 +303,13 @@ def serving(models, log):
             server.wait(timeout=60)
 
 
-def sent(url):
-    """Every byte ztserve has sent in response bodies, on every route but /metrics."""
+def sent(url, tensors_only=False):
+    """Every byte ztserve has sent in response bodies, on every route but /metrics, or on its
+    object and component routes alone (the tensors)."""
     text = urllib.request.urlopen(url + "/metrics").read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("ztserve_http_response_body_bytes_total") and 'route="/metrics"' not in line)
+               if line.startswith("ztserve_http_response_body_bytes_total") and 'route="/metrics"' not in line
+               and (not tensors_only or "/objects/" in line))
 
 
 def engine(model, load_format, tp, env, log):
@@ -338,13 +340,6 @@ def engine(model, load_format, tp, env, log):
     return results[0]["ids"], max(loads) if loads else float("nan")
 
 
-def tensor_bytes(url):
-    """The bytes of tensors ztserve has sent (its object and component routes)."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("ztserve_http_response_body_bytes_total") and "/objects/" in line)
-
-
 def planned(url, model, tp):
     """What `python -m ztserve_vllm plan` says the ranks fetch of `model` at `tp`, in all, and
     whether any of its objects is stored compressed."""
@@ -371,7 +366,7 @@ def run(work, size, ways, tps=(1, 2)):
             for label, model, load_format, env in ways(folder, url, s3, size):
                 if "HF_HOME" in env:
                     shutil.rmtree(env["HF_HOME"], ignore_errors=True)
-                before, tensors_before = sent(url), tensor_bytes(url)
+                before, tensors_before = sent(url), sent(url, tensors_only=True)
                 ids, seconds = engine(model, load_format, tp, env, work / f"engine-{tp}-{label.split()[0]}.log")
                 bytes_sent = sent(url) - before
                 rows.append((tp, label, seconds, bytes_sent, weights))
@@ -383,7 +378,7 @@ def run(work, size, ways, tps=(1, 2)):
                 if load_format == "ztserve":
                     # A whole zstd object travels compressed, so only an uncompressed model's bytes are exact.
                     expected, compressed = planned(url, model, tp)
-                    fetched = tensor_bytes(url) - tensors_before
+                    fetched = sent(url, tensors_only=True) - tensors_before
                     if fetched > expected or fetched != expected and not compressed:
                         raise SystemExit(f"vllm-check: TP={tp} {label}: the engine fetched {fetched:.0f} tensor bytes, "
                                          f"the plan command says {expected}")

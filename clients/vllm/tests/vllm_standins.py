@@ -272,6 +272,20 @@ class CompressedTensorsLinearMethod:
 # ---------------------------------------------------------------- linear layers
 
 
+def _fused_without_parts(param, loaded, load):
+    """vLLM's first cases of a tensor fused on disk: one scale per stacked part, filled from the
+    one stored (`load` by part), or a parameter without an output dimension, loaded whole;
+    False for the others, which are cut part by part."""
+    if isinstance(param, PerTensorScaleParameter):
+        for i in range(param.data.shape[0]):
+            load(loaded, shard_id=i)
+        return True
+    if type(param) in (RowvLLMParameter, BasevLLMParameter):
+        load(loaded)
+        return True
+    return False
+
+
 def _adjust_block(layer, param, size, offset):
     if isinstance(param, BlockQuantScaleParameter):
         bn = layer.weight_block_size[0]
@@ -346,18 +360,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def weight_loader_v2(self, param, loaded, shard=None):
         if shard is None:
-            if isinstance(param, PerTensorScaleParameter):
-                for i in range(param.data.shape[0]):
-                    param.load_merged_column_weight(loaded, shard_id=i)
-                return
-            if type(param) in (RowvLLMParameter, BasevLLMParameter):
-                param.load_merged_column_weight(loaded)
+            if _fused_without_parts(param, loaded, param.load_merged_column_weight):
                 return
             offset = 0
             for i, full in enumerate(self.output_sizes):
-                size, at = _adjust_block(self, param, full, offset)
-                if isinstance(param, (PackedColumnParameter, PackedvLLMParameter)) and param.packed_dim == param.output_dim:
-                    size, at = size // param.packed_factor, at // param.packed_factor
+                size, at = param._packed(*_adjust_block(self, param, full, offset))
                 self.weight_loader_v2(param, loaded.narrow(param.output_dim, at, size), i)
                 offset += full
             return
@@ -391,20 +398,13 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def weight_loader_v2(self, param, loaded, shard=None):
         if shard is None:
-            if isinstance(param, PerTensorScaleParameter):
-                for i in range(param.data.shape[0]):
-                    param.load_qkv_weight(loaded, shard_id=i)
-                return
-            if type(param) in (RowvLLMParameter, BasevLLMParameter):
-                param.load_qkv_weight(loaded)
+            if _fused_without_parts(param, loaded, param.load_qkv_weight):
                 return
             head = self.head_size
             parts = [("q", 0, self.total_heads * head), ("k", self.total_heads * head, self.total_kv_heads * head),
                      ("v", (self.total_heads + self.total_kv_heads) * head, self.total_kv_heads * head)]
             for shard_id, offset, size in parts:
-                size, offset = _adjust_block(self, param, size, offset)
-                if isinstance(param, (PackedColumnParameter, PackedvLLMParameter)) and param.packed_dim == param.output_dim:
-                    size, offset = size // param.packed_factor, offset // param.packed_factor
+                size, offset = param._packed(*_adjust_block(self, param, size, offset))
                 self.weight_loader_v2(param, loaded.narrow(param.output_dim, offset, size), shard_id)
             return
         q, kv = self.num_heads * self.head_size, self.num_kv_heads * self.head_size

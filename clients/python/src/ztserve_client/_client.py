@@ -481,15 +481,15 @@ def _assemble(objects, components, framework, device, pinned):
     CUDA device, the copies from the pinned buffers run on a stream of their own, so they
     overlap what the caller's stream is doing; the tensors are complete when this returns and
     are marked as used by the caller's stream, so their memory is not reused under it."""
+    parts = [{c.meta["role"]: c for c in fetched} for fetched in components]
     if not pinned:
-        return [_as_numpy(obj, {c.meta["role"]: c for c in fetched}) if framework == "numpy"
-                else _as_torch(obj, {c.meta["role"]: c for c in fetched}, device) for obj, fetched in zip(objects, components)]
+        return [_as_numpy(obj, p) if framework == "numpy" else _as_torch(obj, p, device) for obj, p in zip(objects, parts)]
     import torch
 
     consumer = torch.cuda.current_stream(device)
     copies = torch.cuda.Stream(device)
     with torch.cuda.stream(copies):
-        result = [_as_torch(obj, {c.meta["role"]: c for c in fetched}, device) for obj, fetched in zip(objects, components)]
+        result = [_as_torch(obj, p, device) for obj, p in zip(objects, parts)]
     copies.synchronize()
     for value in result:
         _used_by(value, consumer)

@@ -42,16 +42,13 @@ class Quantization:
 
     def __init__(self, config):
         method = (config.get("quant_method") or "").lower()
-        self.method = {"compressed-tensors": "compressed-tensors", "compressed_tensors": "compressed-tensors"}.get(method, method)
+        self.method = "compressed-tensors" if method == "compressed_tensors" else method
         block = config.get("weight_block_size")
         self.block = tuple(block) if block else None
         self.bits = config.get("bits", config.get("w_bit", 4))
         self.pack = 32 // self.bits if self.bits else 8
         self.group = config.get("group_size", config.get("q_group_size", 128))
-        weights = {}
-        for group in (config.get("config_groups") or {}).values():
-            weights = group.get("weights") or {}
-            break
+        weights = next(iter((config.get("config_groups") or {}).values()), {}).get("weights") or {}
         self.ct_strategy = weights.get("strategy")
         self.ct_bits = weights.get("num_bits", 8)
 
@@ -115,12 +112,12 @@ def _split(name):
 
 
 def _out_features(model, module, tensors):
-    """The output size of linear `module` from one of its tensors."""
-    for suffix, dim, factor in (("weight", 0, 1), ("weight_packed", 0, 1), ("scales", 1, 1), ("qweight", 1, model.quant.pack)):
+    """The output size of linear `module` from one of its tensors (AWQ packs its qweight's
+    outputs, GPTQ its inputs)."""
+    packed_outputs = model.quant.pack if model.quant.method != "gptq" else 1
+    for suffix, dim, factor in (("weight", 0, 1), ("weight_packed", 0, 1), ("scales", 1, 1), ("qweight", 1, packed_outputs)):
         shape = tensors.get(f"{module}.{suffix}")
         if shape is not None and len(shape) > dim:
-            if suffix == "qweight" and model.quant.method == "gptq":
-                return shape[1]
             return shape[dim] * factor
     return 0
 

@@ -7,6 +7,7 @@ version for the whole load), and hands vLLM's own `load_weights` a `RemoteTensor
 checkpoint tensor, so vLLM's weight loaders cut and place every weight as they would from a
 local file. Nothing is written to disk."""
 
+import logging
 import os
 import time
 
@@ -64,9 +65,10 @@ class ZtserveModelLoader(BaseModelLoader):
             logger.info("ztserve: %s", summary["line"])
             for line in weights.warnings(summary["whole"]):
                 logger.warning("ztserve: %s", line)
-            for one in plans:
-                logger.debug("ztserve: plan %s: %s%s", one.name, "whole" if one.regions is None else one.regions,
-                             f" ({one.reason})" if one.reason else "")
+            if logger.isEnabledFor(logging.DEBUG):  # a line per tensor: 92k of them for DeepSeek-V3
+                for one in plans:
+                    logger.debug("ztserve: plan %s: %s%s", one.name, "whole" if one.regions is None else one.regions,
+                                 f" ({one.reason})" if one.reason else "")
             limit = weights.strict_limit(summary, settings.STRICT_RATIO) if self.settings["strict"] else None
             misses = Misses(
                 lambda name, region: logger.warning(

@@ -47,13 +47,12 @@ def describe(module, model_loader=shares.ROUTED):
     """The `shares.Layer` of a vLLM module that splits weights among ranks, or None for a
     module every rank holds whole (norms, rotary embeddings). `model_loader` says whose code
     loads the experts (gpt-oss's own `load_weights`, or vLLM's RoutedExperts)."""
-    cls = type(module).__name__
-    if _bases(module) & _EXPERT_CLASSES:
+    cls, bases = type(module).__name__, _bases(module)
+    if bases & _EXPERT_CLASSES:
         return _describe_experts(module, cls, model_loader)
     tp_size = getattr(module, "tp_size", 1) or 1
     kind = _KINDS.get(cls)
     if kind is None:
-        bases = _bases(module)
         if "ReplicatedLinear" in bases or bases & set(_KINDS) and tp_size == 1:
             return shares.Layer(shares.REPLICATED, cls=cls)  # nothing to cut: every rank reads it whole
         if tp_size > 1 or bases & set(_KINDS):
@@ -131,7 +130,7 @@ def _local_experts(module, config):
 def describe_param(param):
     """The `shares.Param` of a vLLM parameter, from its marks (vLLM's parameter classes and
     `set_weight_attrs`)."""
-    bases = {c.__name__ for c in type(param).__mro__}
+    bases = _bases(param)
 
     def mark(name):
         try:
@@ -319,14 +318,6 @@ def plan_bytes(obj, one):
     return sum(shares.region_bytes(obj["shape"], region, _itemsize(obj)) for region in one.regions)
 
 
-def share_bytes(obj, one):
-    """The bytes of `obj` this rank would fetch were every split weight cut: what the plan
-    fetches, but a tensor fetched whole for a reason counts for its fair share (1/ways)."""
-    if one.regions is None and one.reason:
-        return object_bytes(obj) // max(one.ways, 1)
-    return plan_bytes(obj, one)
-
-
 def costs(objects, plans):
     """What a rank's plan costs: `total` (the model's bytes), `planned` (fetched), `share`
     (what it would fetch were every split weight cut), `cut` and `skipped` counts,
@@ -336,8 +327,10 @@ def costs(objects, plans):
            "replicated": [0, 0], "whole": {}}
     for one in plans:
         obj = objects[one.name]
-        out["planned"] += plan_bytes(obj, one)
-        out["share"] += share_bytes(obj, one)
+        planned = plan_bytes(obj, one)
+        out["planned"] += planned
+        # A tensor fetched whole for a reason counts for its fair share (1/ways) of the share.
+        out["share"] += object_bytes(obj) // max(one.ways, 1) if one.regions is None and one.reason else planned
         if one.regions == []:
             out["skipped"] += 1
         elif one.regions is not None:
