@@ -135,10 +135,7 @@ def resolve(name, modules, packed):
 
 def _cut(shape, dim, start, stop):
     """The region of `shape` that is `start:stop` of dimension `dim`, the others whole."""
-    dim %= len(shape)
-    if not 0 <= start <= stop <= shape[dim]:
-        raise ValueError(f"{start}:{stop} is outside dimension {dim} of a tensor of shape {list(shape)}")
-    return tuple((start, stop) if d == dim else (0, n) for d, n in enumerate(shape[: dim + 1]))
+    return _box(shape, {dim % len(shape): (start, stop)})
 
 
 def _ceil(a, b):
@@ -287,15 +284,16 @@ def _expert_cut(layer, part, param, kind, shape):
     return (dim, start, stop), ""
 
 
-def _runs(ids):
-    """Consecutive runs of sorted `ids` as `(start, stop)`."""
-    out = []
-    for i in sorted(ids):
-        if out and out[-1][1] == i:
-            out[-1] = (out[-1][0], i + 1)
+def _own_experts(layer, shape):
+    """Of a tensor holding every expert (dimension 0), this rank's experts under expert
+    parallelism, whole: one region per run of consecutive ids, or None for all of it."""
+    runs = []
+    for i in sorted(layer.experts):
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
         else:
-            out.append((i, i + 1))
-    return out
+            runs.append((i, i + 1))
+    return None if runs == [(0, shape[0])] else [(run,) for run in runs]
 
 
 def _box(shape, cuts):
@@ -349,10 +347,8 @@ def expert_regions(layer, part, param, suffix, shape, expert=None):
         if cuts is None:
             return None, reason
         return [_box(shape, one) for one in cuts], ""
-    # Every expert in one tensor: under expert parallelism this rank's experts, whole.
     if layer.experts is not None:
-        runs = _runs(layer.experts)
-        return ([((start, stop),) for start, stop in runs] if runs != [(0, shape[0])] else None), ""
+        return _own_experts(layer, shape), ""
     if layer.tp_size == 1 or len(shape) != 3:
         return None, ""
     # vLLM orients the tensor [E, N, K] first (transposing one stored [E, K, N] that uses the
@@ -375,8 +371,7 @@ def _gpt_oss_regions(layer, part, suffix, shape):
     `ceil(I / ranks)` of the intermediate dimension (twice that, interleaved gate and up, in
     `w13`)."""
     if layer.experts is not None:
-        runs = _runs(layer.experts)
-        return ([((a, b),) for a, b in runs] if runs != [(0, shape[0])] else None), ""
+        return _own_experts(layer, shape), ""
     if layer.tp_size == 1:
         return None, ""
     if "bias" in suffix and part == W2:
