@@ -524,19 +524,19 @@ class AutoAWQMoEMethod:
 
 
 class CompressedTensorsW8A8Int8MoEMethod:
+    dtype = torch.int8
+
     def create_weights(self, layer, e, h, i):
-        layer.add("w13_weight", torch.zeros(e, 2 * i, h, dtype=torch.int8), quant_method="channel")
-        layer.add("w2_weight", torch.zeros(e, h, i, dtype=torch.int8), quant_method="channel")
+        layer.add("w13_weight", torch.zeros(e, 2 * i, h, dtype=self.dtype), quant_method="channel")
+        layer.add("w2_weight", torch.zeros(e, h, i, dtype=self.dtype), quant_method="channel")
         layer.add("w13_weight_scale", torch.zeros(e, 2 * i, 1), quant_method="channel")
         layer.add("w2_weight_scale", torch.zeros(e, h, 1), quant_method="channel")
 
 
-class CompressedTensorsW8A8Fp8MoEMethod:
-    def create_weights(self, layer, e, h, i):
-        layer.add("w13_weight", torch.zeros(e, 2 * i, h, dtype=torch.float8_e4m3fn), quant_method="channel")
-        layer.add("w2_weight", torch.zeros(e, h, i, dtype=torch.float8_e4m3fn), quant_method="channel")
-        layer.add("w13_weight_scale", torch.zeros(e, 2 * i, 1), quant_method="channel")
-        layer.add("w2_weight_scale", torch.zeros(e, h, 1), quant_method="channel")
+class CompressedTensorsW8A8Fp8MoEMethod(CompressedTensorsW8A8Int8MoEMethod):
+    """The same per-channel layout with FP8 weights (a distinct method name in vLLM)."""
+
+    dtype = torch.float8_e4m3fn
 
 
 class CompressedTensorsWNA16MoEMethod:
