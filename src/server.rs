@@ -142,6 +142,9 @@ pub async fn serve(
         }
     }
     let rescans = tokio::spawn(Arc::clone(service).rescan_forever());
+    let scrub = service
+        .disk_cache()
+        .map(|cache| tokio::spawn(Arc::clone(cache).scrub_forever(server.config().cache.scrub_bytes_per_second)));
     let token_file = tokio::spawn(Arc::clone(&server.tokens).watch());
     let certificate = server.tls.clone().map(|tls| tokio::spawn(tls.watch()));
     let upkeep = tokio::spawn(async {
@@ -165,6 +168,9 @@ pub async fn serve(
     }
     rescans.abort();
     upkeep.abort();
+    if let Some(scrub) = scrub {
+        scrub.abort();
+    }
     token_file.abort();
     if let Some(certificate) = certificate {
         certificate.abort();

@@ -64,6 +64,7 @@ pub mod names {
     pub const DISK_CACHE_EVICTIONS: &str = "ztserve_disk_cache_evictions_total";
     pub const DISK_CACHE_FILL_FAILURES: &str = "ztserve_disk_cache_fill_failures_total";
     pub const DISK_CACHE_DAMAGED: &str = "ztserve_disk_cache_damaged_blocks_total";
+    pub const DISK_CACHE_SCRUBBED_BYTES: &str = "ztserve_disk_cache_scrubbed_bytes_total";
     pub const DISK_CACHE_BYTES: &str = "ztserve_disk_cache_bytes";
     pub const MODELS: &str = "ztserve_models";
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
@@ -154,7 +155,11 @@ fn describe() {
         DISK_CACHE_FILL_FAILURES,
         "Blocks that could not be kept in the disk cache (a full disk); served all the same."
     );
-    describe_counter!(DISK_CACHE_DAMAGED, "Cached blocks found damaged on disk (CRC-32C), dropped and fetched again.");
+    describe_counter!(
+        DISK_CACHE_DAMAGED,
+        "Cached blocks found damaged on disk (CRC-32C) by a read or the scrub, removed and fetched again."
+    );
+    describe_counter!(DISK_CACHE_SCRUBBED_BYTES, Unit::Bytes, "Bytes of cached blocks the background scrub checked.");
     describe_gauge!(DISK_CACHE_BYTES, Unit::Bytes, "Bytes held in the disk cache's blocks.");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
     describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
@@ -215,6 +220,7 @@ fn register_at_zero() {
         DISK_CACHE_EVICTIONS,
         DISK_CACHE_FILL_FAILURES,
         DISK_CACHE_DAMAGED,
+        DISK_CACHE_SCRUBBED_BYTES,
         SENDFILE_BYTES,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,

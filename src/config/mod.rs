@@ -416,11 +416,20 @@ pub struct Cache {
     pub prefetch: Vec<String>,
     /// Models (ids) whose blocks are never evicted.
     pub pinned: Vec<String>,
+    /// How fast the background scrub reads the blocks held to check them (0: no scrub).
+    pub scrub_bytes_per_second: u64,
 }
 
 impl Default for Cache {
     fn default() -> Cache {
-        Cache { dir: None, max_bytes: 100_000_000_000, block_bytes: 8 << 20, prefetch: Vec::new(), pinned: Vec::new() }
+        Cache {
+            dir: None,
+            max_bytes: 100_000_000_000,
+            block_bytes: 8 << 20,
+            prefetch: Vec::new(),
+            pinned: Vec::new(),
+            scrub_bytes_per_second: 32 << 20,
+        }
     }
 }
 

@@ -76,6 +76,8 @@ pub(crate) struct Service {
     hashing: hashing::Hashing,
     /// Prefetches into the disk cache, by model version.
     prefetches: prefetch::Prefetches,
+    /// The node's disk cache every remote source reads through, when there is one.
+    disk_cache: Option<Arc<DiskCache>>,
     /// The trust model signatures are checked against, when any source reads them.
     signatures: Option<signatures::Signatures>,
 }
@@ -158,6 +160,7 @@ impl Service {
             digests,
             hashing: hashing::Hashing::new(&config.digests),
             prefetches: prefetch::Prefetches::default(),
+            disk_cache,
             signatures,
             catalogs: Arc::new(catalogs::Catalogs::new(sources, options)),
             views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), config.serving.view_shard_bytes),
@@ -217,6 +220,11 @@ impl Service {
             interval.tick().await;
             self.rescan().await;
         }
+    }
+
+    /// The node's disk cache, when there is one (the server runs its scrub).
+    pub(crate) fn disk_cache(&self) -> Option<&Arc<DiskCache>> {
+        self.disk_cache.as_ref()
     }
 
     pub(crate) fn is_ready(&self) -> bool {

@@ -1,7 +1,7 @@
 //! The node's disk cache for remote sources, with a real S3-protocol server (moto): bytes come
 //! from the origin once (eight clients at once fetch each block once) and then from disk, also after the store is stopped and after a
-//! restart while it is down (from the listing and manifests the cache kept); a block damaged on disk is fetched again, never served; the cache stays under its
-//! bound; a start removes what is not a block.
+//! restart while it is down (from the listing and manifests the cache kept); a block damaged on disk, even under the filesystem where no
+//! stamp changes, is fetched again, never served, and the scrub finds it unread; the cache stays under its bound; a start removes what is not a block.
 
 use crate::common;
 
@@ -260,4 +260,99 @@ async fn a_cache_on_a_full_disk_serves_every_byte_and_stays_under_its_bound() {
         assert!(on_disk <= bound, "{on_disk} bytes on disk, bound {bound}");
     }
     assert_eq!(metric("ztserve_disk_cache_fill_failures_total", &[]), failures);
+}
+
+/// An ext4 filesystem in an image file, mounted through a loop device (unmounted when
+/// dropped), so a test can damage a file's bytes in the image, under the filesystem, as rot
+/// does: neither the file's inode nor its change time moves.
+struct Ext4Disk {
+    image: tempfile::NamedTempFile,
+    dir: tempfile::TempDir,
+}
+
+impl Ext4Disk {
+    fn mount(bytes: u64) -> Ext4Disk {
+        let image = tempfile::NamedTempFile::new().unwrap();
+        image.as_file().set_len(bytes).unwrap();
+        let run = |program: &str, args: &[&std::ffi::OsStr]| {
+            let status = std::process::Command::new(program).args(args).status().expect("e2fsprogs and mount run");
+            assert!(status.success(), "{program} failed (the test suite runs as root, as scripts/test needs)");
+        };
+        // 4 KiB blocks, the unit `rot` reads extents in (a small filesystem defaults to 1 KiB).
+        run("mkfs.ext4", &["-q".as_ref(), "-F".as_ref(), "-b".as_ref(), "4096".as_ref(), image.path().as_os_str()]);
+        let dir = tempfile::tempdir().unwrap();
+        run("mount", &["-o".as_ref(), "loop".as_ref(), image.path().as_os_str(), dir.path().as_os_str()]);
+        Ext4Disk { image, dir }
+    }
+
+    /// Flips one byte of `file`'s first block in the image, then drops the file's pages, so
+    /// the next read of it comes from the (damaged) device; whether it does (a page the
+    /// server holds mapped, a manifest's, stays in memory, undamaged).
+    fn rot(&self, file: &Path) -> bool {
+        // Written back first: a block still in delayed allocation has no place on the device.
+        std::fs::File::open(file).unwrap().sync_all().unwrap();
+        let out = std::process::Command::new("filefrag").args(["-v", "-b4096"]).arg(file).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        // "   0:        0..      48:        293..       341:     49:   last,eof"
+        let extent = text.lines().find(|l| l.trim_start().starts_with("0:")).expect("filefrag lists the first extent");
+        let physical: u64 = extent.split(':').nth(2).unwrap().split("..").next().unwrap().trim().parse().unwrap();
+        assert!(physical > 0, "{text}");
+        let stat = std::fs::metadata(file).unwrap();
+        use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+        let image = std::fs::OpenOptions::new().read(true).write(true).open(self.image.path()).unwrap();
+        let mut byte = [0u8];
+        image.read_exact_at(&mut byte, physical * 4096 + 10).unwrap();
+        image.write_all_at(&[byte[0] ^ 0x55], physical * 4096 + 10).unwrap();
+        image.sync_all().unwrap();
+        let opened = std::fs::File::open(file).unwrap();
+        rustix::fs::fadvise(&opened, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        let after = std::fs::metadata(file).unwrap();
+        assert_eq!((after.ino(), after.ctime(), after.ctime_nsec()), (stat.ino(), stat.ctime(), stat.ctime_nsec()));
+        let mut now = [0u8];
+        opened.read_exact_at(&mut now, 10).unwrap();
+        now != byte
+    }
+}
+
+impl Drop for Ext4Disk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_rotten_under_the_filesystem_is_never_served_and_the_scrub_finds_it_unread() {
+    let disk = Ext4Disk::mount(64 << 20);
+    let (_source, mut config, weights) = cached_server(disk.dir.path(), 1 << 30).await;
+    config.cache.scrub_bytes_per_second = 1 << 30;
+    let (address, _server) = serve(config).await;
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
+    // Read: every rotten block is found, removed, fetched again; the body is exact.
+    let (damaged, fetched) = (metric("ztserve_disk_cache_damaged_blocks_total", &[]), origin_bytes());
+    let rotten = blocks_in(disk.dir.path()).iter().filter(|block| disk.rot(block)).count();
+    assert!(rotten >= 16, "{rotten} blocks rotten");
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
+    assert!(metric("ztserve_disk_cache_damaged_blocks_total", &[]) >= damaged + 16.0);
+    assert!(origin_bytes() >= fetched + (1 << 20) as f64, "the rotten blocks were fetched again");
+
+    // Unread: the scrub finds each one and removes it, with no request.
+    // The weights' blocks only: the other models' manifest blocks are read again by rescans.
+    let damaged = metric("ztserve_disk_cache_damaged_blocks_total", &[]);
+    let blocks = blocks_in(disk.dir.path());
+    let object_of =
+        |block: &std::path::PathBuf| block.file_name().unwrap().to_str().unwrap().split('-').next().unwrap().to_owned();
+    let weights_object = object_of(
+        blocks.iter().max_by_key(|b| blocks.iter().filter(|o| object_of(o) == object_of(b)).count()).unwrap(),
+    );
+    let rotten: Vec<_> =
+        blocks.into_iter().filter(|block| object_of(block) == weights_object).filter(|block| disk.rot(block)).collect();
+    assert!(rotten.len() >= 16, "{} blocks rotten", rotten.len());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while metric("ztserve_disk_cache_damaged_blocks_total", &[]) < damaged + rotten.len() as f64 {
+        assert!(std::time::Instant::now() < deadline, "the scrub never found the rotten blocks");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(rotten.iter().all(|b| !b.exists()), "every rotten block was removed");
+    assert!(metric("ztserve_disk_cache_scrubbed_bytes_total", &[]) > 0.0);
+    assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
 }

@@ -1,10 +1,10 @@
 //! What the disk cache holds, as pure data: each block's identity (an object version's id and
 //! the block's index, and the file name that spells them), its size on disk, when it was last
-//! used and the file stamp its check last matched, and the eviction order (least recently used
-//! first) with the bytes held. No IO: the cache reads and writes the files and keeps this in
+//! used, and the eviction order (least recently used first) with the bytes held. No IO: the cache reads and writes the files and keeps this in
 //! step, so eviction and accounting are tested here alone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::ops::Bound;
 
 /// One block of one object version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,24 +34,6 @@ impl BlockId {
 pub(super) struct Held {
     pub(super) bytes: u64,
     used: u64,
-    /// The file's identity and change time when its CRC last matched (or when this process
-    /// wrote it): while they stay the same, the bytes are the ones checked.
-    pub(super) checked: Option<Stamp>,
-}
-
-/// What changes whenever a file's bytes are written: its inode and its change time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Stamp {
-    pub(super) inode: u64,
-    pub(super) changed_s: i64,
-    pub(super) changed_ns: i64,
-}
-
-impl Stamp {
-    pub(super) fn of(metadata: &std::fs::Metadata) -> Stamp {
-        use std::os::unix::fs::MetadataExt as _;
-        Stamp { inode: metadata.ino(), changed_s: metadata.ctime(), changed_ns: metadata.ctime_nsec() }
-    }
 }
 
 /// What [`Index::evict_next`] did.
@@ -69,7 +51,8 @@ pub(super) enum Eviction {
 /// is total.
 #[derive(Debug, Default)]
 pub(super) struct Index {
-    blocks: HashMap<BlockId, Held>,
+    /// By identity, in order, so the scrub walks them with a cursor.
+    blocks: BTreeMap<BlockId, Held>,
     /// By last use, oldest first.
     order: BTreeMap<u64, BlockId>,
     held: u64,
@@ -77,9 +60,9 @@ pub(super) struct Index {
 
 impl Index {
     /// Records block `id`, `bytes` on disk, used at tick `used` (replacing any record of it).
-    pub(super) fn insert(&mut self, id: BlockId, bytes: u64, used: u64, checked: Option<Stamp>) {
+    pub(super) fn insert(&mut self, id: BlockId, bytes: u64, used: u64) {
         self.remove(id);
-        self.blocks.insert(id, Held { bytes, used, checked });
+        self.blocks.insert(id, Held { bytes, used });
         self.order.insert(used, id);
         self.held += bytes;
     }
@@ -91,19 +74,20 @@ impl Index {
         Some(held)
     }
 
-    /// Block `id` was read at tick `now`, its file found as `stamp` after a passed check: it
-    /// becomes the most recently used.
-    pub(super) fn used(&mut self, id: BlockId, now: u64, stamp: Stamp) {
+    /// Block `id` was read at tick `now`: it becomes the most recently used.
+    pub(super) fn used(&mut self, id: BlockId, now: u64) {
         if let Some(held) = self.blocks.get_mut(&id) {
             self.order.remove(&held.used);
             held.used = now;
-            held.checked = Some(stamp);
             self.order.insert(now, id);
         }
     }
 
-    pub(super) fn get(&self, id: BlockId) -> Option<&Held> {
-        self.blocks.get(&id)
+    /// The block held after `after` (the first with `None`), in identity order, and its size
+    /// on disk: the scrub's next block.
+    pub(super) fn next_after(&self, after: Option<BlockId>) -> Option<(BlockId, u64)> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.blocks.range((from, Bound::Unbounded)).next().map(|(id, held)| (*id, held.bytes))
     }
 
     pub(super) fn contains(&self, id: BlockId) -> bool {
@@ -173,13 +157,11 @@ mod tests {
     fn eviction_takes_the_least_recently_used_block_it_may_until_the_bound_is_kept() {
         let mut index = Index::default();
         for (tick, id) in [block(1, 0), block(1, 1), block(2, 0), block(3, 0)].into_iter().enumerate() {
-            index.insert(id, 10, tick as u64, None);
+            index.insert(id, 10, tick as u64);
         }
         assert_eq!(index.held(), 40);
         // Reading block(1, 0) makes it the most recently used.
-        let stamp = Stamp { inode: 7, changed_s: 1, changed_ns: 2 };
-        index.used(block(1, 0), 10, stamp);
-        assert_eq!(index.get(block(1, 0)).unwrap().checked, Some(stamp));
+        index.used(block(1, 0), 10);
         // Object 2 is pinned: it is passed over.
         let evictable = |id: &BlockId| id.object != [2; 16];
         assert_eq!(index.evict_next(40, evictable), Eviction::WithinBound);
@@ -195,8 +177,8 @@ mod tests {
     #[test]
     fn a_block_recorded_again_is_counted_once_and_removed_blocks_leave_no_bytes() {
         let mut index = Index::default();
-        index.insert(block(1, 0), 10, 0, None);
-        index.insert(block(1, 0), 12, 1, None);
+        index.insert(block(1, 0), 10, 0);
+        index.insert(block(1, 0), 12, 1);
         assert_eq!((index.held(), index.len()), (12, 1));
         assert_eq!(index.remove(block(1, 0)).map(|h| h.bytes), Some(12));
         assert!(index.remove(block(1, 0)).is_none());
@@ -208,12 +190,27 @@ mod tests {
     fn an_object_s_held_bytes_count_only_its_blocks_on_disk_and_a_short_last_block() {
         let mut index = Index::default();
         // 25 bytes in blocks of 10: blocks 0, 1 and a last block of 5.
-        index.insert(block(1, 0), 18, 0, None);
-        index.insert(block(1, 2), 13, 1, None);
-        index.insert(block(2, 1), 18, 2, None);
+        index.insert(block(1, 0), 18, 0);
+        index.insert(block(1, 2), 13, 1);
+        index.insert(block(2, 1), 18, 2);
         assert_eq!(index.held_of([1; 16], 25, 10), 15);
         assert_eq!(index.held_of([2; 16], 25, 10), 10);
         assert_eq!(index.held_of([3; 16], 25, 10), 0);
         assert_eq!(index.held_of([1; 16], 0, 10), 0);
+    }
+
+    #[test]
+    fn the_scrub_walks_every_block_once_in_identity_order_whatever_is_removed_meanwhile() {
+        let mut index = Index::default();
+        for (tick, id) in [block(2, 0), block(1, 1), block(1, 0), block(3, 5)].into_iter().enumerate() {
+            index.insert(id, 10 + tick as u64, tick as u64);
+        }
+        assert_eq!(index.next_after(None), Some((block(1, 0), 12)));
+        assert_eq!(index.next_after(Some(block(1, 0))), Some((block(1, 1), 11)));
+        // The cursor's own block gone (evicted, or found damaged), the walk goes on after it.
+        index.remove(block(1, 1));
+        assert_eq!(index.next_after(Some(block(1, 1))), Some((block(2, 0), 10)));
+        assert_eq!(index.next_after(Some(block(2, 0))), Some((block(3, 5), 13)));
+        assert_eq!(index.next_after(Some(block(3, 5))), None);
     }
 }

@@ -5,10 +5,10 @@
 //! never serves old bytes. A block is filled once however many readers want it (one fill task,
 //! shared; a read of many missing blocks fetches them in one request), written to a temporary
 //! file and renamed into place, so a crash or a full disk mid-fill leaves nothing visible. It
-//! holds its bytes and a CRC-32C of them, checked before it is served unless the file is
-//! unchanged (same inode and change time) since it was written or last checked, so a block
-//! damaged on disk is dropped and fetched again, never served; a checked block is sent from
-//! its file with `sendfile`. Each source's last listing is kept too, so a server started while
+//! holds its bytes and a CRC-32C of them, checked each time it is read (rot under the
+//! filesystem changes no stamp a shortcut could trust) and by a background scrub at a set
+//! rate, so a block damaged on disk is removed, counted and fetched again, never served; a
+//! checked block is sent from its file with `sendfile`. Each source's last listing is kept too, so a server started while
 //! the source cannot be listed serves what the cache holds (its manifests are blocks like any
 //! other). On start the directory is scanned: temporaries and anything that is not a block are
 //! removed, and the eviction order (least recently used, by bytes) is rebuilt from the blocks'
@@ -29,7 +29,7 @@ use sha2::Digest as _;
 
 mod index;
 
-use self::index::{BlockId, Eviction, Index, Stamp};
+use self::index::{BlockId, Eviction, Index};
 use super::mapped::MappedFile;
 use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
 use crate::telemetry::names;
@@ -125,7 +125,7 @@ impl DiskCache {
         found.sort();
         let mut index = Index::default();
         for (tick, (_, id, bytes)) in found.into_iter().enumerate() {
-            index.insert(id, bytes, tick as u64, None);
+            index.insert(id, bytes, tick as u64);
         }
         let cache = DiskCache {
             clock: AtomicU64::new(index.len() as u64),
@@ -207,27 +207,67 @@ impl DiskCache {
     /// The bytes of block `id`, `len` long, from disk (blocking); `None` when it is not there,
     /// or is damaged (then it is removed).
     fn read_block(&self, id: BlockId, len: u64) -> Option<Bytes> {
-        let checked = self.index.lock().expect("never poisoned").get(id)?.checked;
+        if !self.index.lock().expect("never poisoned").contains(id) {
+            return None;
+        }
+        let mapping = self.checked(id, len)?;
+        self.index.lock().expect("never poisoned").used(id, self.now());
+        Some(Bytes::from_owner(mapping).slice(0..len as usize))
+    }
+
+    /// Block `id`'s file, `len` bytes long, mapped once its bytes match their CRC (blocking);
+    /// `None` when it is gone, unreadable or damaged, and then it is removed (a damaged block
+    /// counted).
+    fn checked(&self, id: BlockId, len: u64) -> Option<MappedFile> {
         let path = self.path(id);
-        match checked_block(&path, len, checked) {
-            Ok(Some((mapping, stamp))) => {
-                self.index.lock().expect("never poisoned").used(id, self.now(), stamp);
-                Some(Bytes::from_owner(mapping).slice(0..len as usize))
-            }
+        match checked_block(&path, len) {
+            Ok(Some(mapping)) => return Some(mapping),
             Ok(None) => {
                 metrics::counter!(names::DISK_CACHE_DAMAGED).increment(1);
-                tracing::warn!(block = %path.display(), "a cached block is damaged; it is fetched again");
-                self.forget(id);
-                None
+                tracing::warn!(block = %path.display(), "a cached block is damaged; it is removed and fetched again");
             }
             // Gone (evicted by another process sharing the directory), or unreadable.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(block = %path.display(), error = %e, "a cached block cannot be read; it is fetched again");
-                }
-                self.forget(id);
-                None
+                tracing::warn!(block = %path.display(), error = %e, "a cached block cannot be read; it is fetched again");
             }
+        }
+        self.forget(id);
+        None
+    }
+
+    /// Checks the block held after `after` (the first with `None`) against its CRC (blocking),
+    /// removing it when damaged; says which block it was and its bytes on disk, `None` past
+    /// the last.
+    fn scrub_next(&self, after: Option<BlockId>) -> Option<(BlockId, u64)> {
+        let (id, bytes) = self.index.lock().expect("never poisoned").next_after(after)?;
+        let _ = self.checked(id, bytes - TRAILER);
+        metrics::counter!(names::DISK_CACHE_SCRUBBED_BYTES).increment(bytes);
+        Some((id, bytes))
+    }
+
+    /// Checks every block held, one after another, over and over, at about `bytes_per_second`
+    /// (0: never), so a block damaged at rest is found before a reader needs it.
+    pub async fn scrub_forever(self: Arc<Self>, bytes_per_second: u64) {
+        if bytes_per_second == 0 {
+            return;
+        }
+        let mut after = None;
+        loop {
+            let cache = Arc::clone(&self);
+            let checked = tokio::task::spawn_blocking(move || cache.scrub_next(after)).await.ok().flatten();
+            let pause = match checked {
+                Some((id, bytes)) => {
+                    after = Some(id);
+                    std::time::Duration::from_secs_f64(bytes as f64 / bytes_per_second as f64)
+                }
+                // A pass is done (or nothing is held): the next starts a little later.
+                None => {
+                    after = None;
+                    SCRUB_PASS_PAUSE
+                }
+            };
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -241,12 +281,10 @@ impl DiskCache {
             file.write_all(bytes)?;
             file.write_all(&crc32c::crc32c(bytes).to_le_bytes())?;
             file.write_all(MAGIC)?;
-            std::fs::rename(&temporary, self.path(id))?;
-            // After the rename, which may change it: the bytes are the ones just written.
-            Ok::<_, std::io::Error>(Stamp::of(&file.metadata()?))
+            std::fs::rename(&temporary, self.path(id))
         })();
-        let stamp = match written {
-            Ok(stamp) => stamp,
+        match written {
+            Ok(()) => {}
             Err(e) => {
                 let _ = std::fs::remove_file(&temporary);
                 metrics::counter!(names::DISK_CACHE_FILL_FAILURES).increment(1);
@@ -254,7 +292,7 @@ impl DiskCache {
                 return;
             }
         };
-        self.index.lock().expect("never poisoned").insert(id, bytes.len() as u64 + TRAILER, self.now(), Some(stamp));
+        self.index.lock().expect("never poisoned").insert(id, bytes.len() as u64 + TRAILER, self.now());
         self.evict(Some(id));
     }
 
@@ -333,31 +371,28 @@ impl DiskCache {
     }
 }
 
+/// How long the scrub waits between one pass over every block and the next.
+const SCRUB_PASS_PAUSE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Blocks a read prepares (reads from disk and checks, or waits for) ahead of the one it sends.
 const BLOCKS_AHEAD: usize = 2;
 
 /// Bytes of a block's file checked at a time, in a buffer each blocking thread keeps.
 const CHECK_PIECE: usize = 1 << 20;
 
-/// The block file at `path`, mapped, with its stamp, when it holds `len` bytes and a trailer
-/// whose CRC-32C matches them (`None` when it does not). The CRC is computed unless the file is
-/// the one `checked` (same inode, not changed since): a write to a block, by anyone, changes
-/// its change time and has it checked again. The bytes are checked with `pread`, never loaded
-/// from the mapping, which is only ever sent (with `sendfile`, as local files are).
-fn checked_block(path: &Path, len: u64, checked: Option<Stamp>) -> std::io::Result<Option<(MappedFile, Stamp)>> {
+/// The block file at `path`, mapped, when it holds `len` bytes and a trailer whose CRC-32C
+/// matches them (`None` when it does not). The bytes are checked with `pread`, never loaded
+/// from the mapping, which is only ever sent (with `sendfile`, as local files are): the pages
+/// just checked are the page cache's pages `sendfile` sends.
+fn checked_block(path: &Path, len: u64) -> std::io::Result<Option<MappedFile>> {
     use std::os::unix::fs::FileExt as _;
     thread_local! {
         static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let mapping = MappedFile::open(path)?;
     let file = mapping.file();
-    let metadata = file.metadata()?;
-    let stamp = Stamp::of(&metadata);
-    if metadata.len() != len + TRAILER {
+    if file.metadata()?.len() != len + TRAILER {
         return Ok(None);
-    }
-    if checked == Some(stamp) {
-        return Ok(Some((mapping, stamp)));
     }
     let mut trailer = [0u8; TRAILER as usize];
     file.read_exact_at(&mut trailer, len)?;
@@ -375,7 +410,7 @@ fn checked_block(path: &Path, len: u64, checked: Option<Stamp>) -> std::io::Resu
         }
         Ok::<_, std::io::Error>(crc)
     })?;
-    Ok((trailer[..4] == crc.to_le_bytes()).then_some((mapping, stamp)))
+    Ok((trailer[..4] == crc.to_le_bytes()).then_some(mapping))
 }
 
 /// A remote backend whose reads go through the node's [`DiskCache`].
