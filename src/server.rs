@@ -142,6 +142,7 @@ pub async fn serve(
         }
     }
     let rescans = tokio::spawn(Arc::clone(service).rescan_forever());
+    let digest_syncs = tokio::spawn(Arc::clone(service).sync_digests_forever());
     let scrub = service
         .disk_cache()
         .map(|cache| tokio::spawn(Arc::clone(cache).scrub_forever(server.config().cache.scrub_bytes_per_second)));
@@ -168,6 +169,7 @@ pub async fn serve(
     }
     rescans.abort();
     upkeep.abort();
+    digest_syncs.abort();
     if let Some(scrub) = scrub {
         scrub.abort();
     }

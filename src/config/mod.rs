@@ -339,6 +339,9 @@ pub struct Digests {
     /// limit, and some (oras-py, the first page of `huggingface_hub` 0.36's tree) retry
     /// nothing, so the wait is long; it ends a second before `limits.request_timeout_secs`.
     pub listing_wait_secs: u64,
+    /// Seconds between syncs of the digests appended to the store to disk (a crash loses at
+    /// most this much, computed again after it).
+    pub sync_interval_secs: u64,
 }
 
 impl Default for Digests {
@@ -351,6 +354,7 @@ impl Default for Digests {
             spare_page_cache: true,
             file_wait_ms: 5000,
             listing_wait_secs: 540,
+            sync_interval_secs: 5,
         }
     }
 }

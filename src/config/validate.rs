@@ -118,6 +118,9 @@ impl Config {
         if self.cache.dir.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("cache.dir", "must not be empty: leave it out for no disk cache".into()));
         }
+        if self.digests.sync_interval_secs == 0 {
+            return Err(fail("digests.sync_interval_secs", "must be at least 1".into()));
+        }
         if !(64 << 10..=256 << 20).contains(&self.cache.block_bytes) {
             return Err(fail("cache.block_bytes", "must be between 65536 (64 KiB) and 268435456 (256 MiB)".into()));
         }

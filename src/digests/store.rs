@@ -3,8 +3,10 @@
 //! checksum) and of each file's image layer, kept in memory by the file's identity (its
 //! source, model, path and strong ETag, which its version determines) and, when
 //! `digests.store` is set, appended to a small file read back at start, so a restart reads no
-//! file again. A digest a list beside the files states (`SHA256SUMS`) is kept apart until a
-//! whole read checks it.
+//! file again. Each line carries a CRC-32C of itself, and the file is synced on a schedule: a
+//! torn, corrupt or contradicted line is dropped at start (the store rewritten without it) and
+//! its digest computed again, never published. A digest a list beside the files states
+//! (`SHA256SUMS`) is kept apart until a whole read checks it.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -43,42 +45,102 @@ pub(crate) struct FileDigests {
     /// Digests a source gives unread (a Hub file's LFS id): trusted for listings, never for a
     /// signature's check, and never stored, so no restart takes one for a computed digest.
     from_source: Mutex<HashMap<FileIdentity, [u8; 32]>>,
-    store: Option<Mutex<std::fs::File>>,
+    store: Option<Mutex<Store>>,
+}
+
+/// The store's file, and whether lines were appended since it was last synced.
+struct Store {
+    file: std::fs::File,
+    unsynced: bool,
+}
+
+/// What [`FileDigests::open`] made of the store's lines.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Loaded {
+    known: HashMap<FileIdentity, [u8; 32]>,
+    /// Lines that are not `IDENTITY SHA256 CRC` with a matching CRC (torn, damaged, or from a
+    /// version of the store without checksums).
+    unreadable: usize,
+    /// Identities whose lines disagree: none of their digests is trusted.
+    contradicted: usize,
+    /// Lines that repeat a digest already read.
+    repeated: usize,
+}
+
+impl Loaded {
+    fn from_text(text: &[u8]) -> Loaded {
+        let mut loaded = Loaded::default();
+        let mut dropped = std::collections::HashSet::new();
+        for line in text.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+            let Some((identity, digest)) = std::str::from_utf8(line).ok().and_then(parse_line) else {
+                loaded.unreadable += 1;
+                continue;
+            };
+            if dropped.contains(&identity) {
+                continue;
+            }
+            match loaded.known.insert(identity, digest) {
+                Some(earlier) if earlier != digest => {
+                    loaded.known.remove(&identity);
+                    dropped.insert(identity);
+                    loaded.contradicted += 1;
+                }
+                Some(_) => loaded.repeated += 1,
+                None => {}
+            }
+        }
+        loaded
+    }
+
+    /// Whether the store holds lines it should not keep.
+    fn needs_rewrite(&self) -> bool {
+        self.unreadable + self.contradicted + self.repeated > 0
+    }
 }
 
 impl FileDigests {
     /// The digests of `store` (created when missing), or none kept across restarts.
     pub(crate) fn open(store: Option<&Path>) -> Result<FileDigests, DigestStoreError> {
-        let mut known = HashMap::new();
         let Some(path) = store else {
-            let known = Mutex::new(known);
+            let known = Mutex::default();
             return Ok(FileDigests { known, stated: Mutex::default(), from_source: Mutex::default(), store: None });
         };
         let failed = |source| DigestStoreError { path: path.to_owned(), source };
-        let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path).map_err(failed)?;
-        let mut text = Vec::new();
-        std::io::Read::read_to_end(&mut file, &mut text).map_err(failed)?;
-        let mut unreadable = 0usize;
-        for line in text.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
-            match std::str::from_utf8(line).ok().and_then(parse_line) {
-                Some((identity, digest)) => {
-                    known.insert(identity, digest);
-                }
-                // A line torn by a crash mid-append, or not ours: its digest is computed again.
-                None => unreadable += 1,
-            }
+        let _ = std::fs::remove_file(aside_of(path));
+        let text = match std::fs::read(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(failed(e)),
+        };
+        let loaded = Loaded::from_text(&text);
+        let (unreadable, contradicted, repeated) = (loaded.unreadable, loaded.contradicted, loaded.repeated);
+        if loaded.needs_rewrite() {
+            // Only the lines trusted are kept: written aside, synced, renamed over the store.
+            tracing::warn!(store = %path.display(), unreadable, contradicted, "the digest store holds lines it cannot trust; they are dropped and their digests computed again");
+            rewrite(path, &loaded.known).map_err(failed)?;
         }
-        if text.last().is_some_and(|&b| b != b'\n') {
-            // Ends the torn line, so the next digest appended starts a line of its own.
-            file.write_all(b"\n").map_err(failed)?;
-        }
-        tracing::info!(store = %path.display(), digests = known.len(), unreadable, "file digests loaded");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(failed)?;
+        tracing::info!(store = %path.display(), digests = loaded.known.len(), unreadable, contradicted, repeated, "file digests loaded");
         Ok(FileDigests {
-            known: Mutex::new(known),
+            known: Mutex::new(loaded.known),
             stated: Mutex::default(),
             from_source: Mutex::default(),
-            store: Some(Mutex::new(file)),
+            store: Some(Mutex::new(Store { file, unsynced: false })),
         })
+    }
+
+    /// Syncs the lines appended since the last sync to disk (blocking): the server calls it
+    /// on a schedule (`digests.sync_interval_secs`), so a crash loses at most that much.
+    pub(crate) fn sync(&self) {
+        let Some(store) = &self.store else { return };
+        let mut store = store.lock().expect("never poisoned");
+        if !store.unsynced {
+            return;
+        }
+        match store.file.sync_data() {
+            Ok(()) => store.unsynced = false,
+            Err(e) => tracing::warn!(error = %e, "cannot sync the digest store"),
+        }
     }
 
     /// The digest of `identity` if it is known: computed, given by its source, or stated.
@@ -118,22 +180,55 @@ impl FileDigests {
             return;
         }
         if let Some(store) = &self.store {
-            let line = format!("{} {}\n", hex::encode(identity), hex::encode(digest));
-            if let Err(e) = store.lock().expect("never poisoned").write_all(line.as_bytes()) {
+            let mut store = store.lock().expect("never poisoned");
+            // One write of the whole line, which a torn append can only cut short.
+            match store.file.write_all(line(identity, digest).as_bytes()) {
+                Ok(()) => store.unsynced = true,
                 // Still known in memory; only a restart computes it again.
-                tracing::warn!(error = %e, "cannot append a file digest to the store");
+                Err(e) => tracing::warn!(error = %e, "cannot append a file digest to the store"),
             }
         }
     }
 }
 
-/// One stored line: `IDENTITY SHA256`, both hex.
+/// One stored line: `IDENTITY SHA256 CRC`, all hex, the CRC-32C that of `IDENTITY SHA256`.
+fn line(identity: FileIdentity, digest: [u8; 32]) -> String {
+    let body = format!("{} {}", hex::encode(identity), hex::encode(digest));
+    format!("{body} {:08x}\n", crc32c::crc32c(body.as_bytes()))
+}
+
+/// The identity and digest of a stored line whose CRC matches; `None` for anything else.
 fn parse_line(line: &str) -> Option<(FileIdentity, [u8; 32])> {
-    let (identity, digest) = line.split_once(' ')?;
+    let (body, crc) = line.rsplit_once(' ')?;
+    if crc.len() != 8 || u32::from_str_radix(crc, 16).ok()? != crc32c::crc32c(body.as_bytes()) {
+        return None;
+    }
+    let (identity, digest) = body.split_once(' ')?;
     let mut parsed = ([0u8; 16], [0u8; 32]);
     hex::decode_to_slice(identity, &mut parsed.0).ok()?;
     hex::decode_to_slice(digest, &mut parsed.1).ok()?;
     Some(parsed)
+}
+
+/// Replaces the store at `path` by `known`'s lines: written aside, synced, renamed, and the
+/// directory synced, so a crash leaves the old store or the new one.
+fn rewrite(path: &Path, known: &HashMap<FileIdentity, [u8; 32]>) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let aside = aside_of(path);
+    let text: String = known.iter().map(|(identity, digest)| line(*identity, *digest)).collect();
+    let mut file = std::fs::File::create(&aside)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_data()?;
+    std::fs::rename(&aside, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Where [`rewrite`] writes the new store before renaming it (a crash may leave it: the next
+/// open removes it).
+fn aside_of(path: &Path) -> PathBuf {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".rewrite");
+    PathBuf::from(aside)
 }
 
 #[cfg(test)]
@@ -159,6 +254,44 @@ mod tests {
         restarted.insert(other, [9; 32]);
         let again = FileDigests::open(Some(&path)).unwrap();
         assert_eq!((again.known(identity), again.known(other)), (Some([7; 32]), Some([9; 32])));
+    }
+
+    #[test]
+    fn a_flipped_digit_a_contradiction_or_a_line_without_its_checksum_is_dropped_and_the_store_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("digests");
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(|name| file_identity("src", "m", name, "\"etag\""));
+        let digests = FileDigests::open(Some(&path)).unwrap();
+        for (identity, digest) in [(a, [1; 32]), (b, [2; 32]), (c, [3; 32])] {
+            digests.insert(identity, digest);
+        }
+        digests.sync();
+        drop(digests);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        // b's line gets one hex digit of its digest flipped, as rot or a bad write would.
+        let b_line = text.lines().find(|l| l.starts_with(&hex::encode(b))).unwrap().to_owned();
+        let mut flipped = b_line.clone().into_bytes();
+        flipped[40] = if flipped[40] == b'0' { b'1' } else { b'0' };
+        text = text.replace(&b_line, std::str::from_utf8(&flipped).unwrap());
+        // c's line again, with another digest (and a valid checksum); a's line repeated as is;
+        // d's line as a store without checksums wrote it.
+        text.push_str(&line(c, [4; 32]));
+        text.push_str(&line(a, [1; 32]));
+        text.push_str(&format!("{} {}\n", hex::encode(d), hex::encode([5u8; 32])));
+        std::fs::write(&path, &text).unwrap();
+        let loaded = Loaded::from_text(text.as_bytes());
+        assert_eq!((loaded.unreadable, loaded.contradicted, loaded.repeated), (2, 1, 1));
+
+        let reopened = FileDigests::open(Some(&path)).unwrap();
+        assert_eq!([a, b, c, d].map(|i| reopened.known(i)), [Some([1; 32]), None, None, None]);
+        // Rewritten with only what is trusted; nothing left aside.
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), line(a, [1; 32]));
+        assert!(!aside_of(&path).exists());
+        // What is computed again is appended and read back.
+        reopened.insert(b, [2; 32]);
+        reopened.sync();
+        let again = FileDigests::open(Some(&path)).unwrap();
+        assert_eq!((again.known(a), again.known(b)), (Some([1; 32]), Some([2; 32])));
     }
 
     #[test]

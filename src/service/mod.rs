@@ -222,6 +222,17 @@ impl Service {
         }
     }
 
+    /// Syncs the digests appended to the store to disk every `digests.sync_interval_secs`.
+    pub(crate) async fn sync_digests_forever(self: Arc<Self>) {
+        let mut interval = tokio::time::interval(Duration::from_secs(self.config.digests.sync_interval_secs));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let service = Arc::clone(&self);
+            let _ = tokio::task::spawn_blocking(move || service.digests.sync()).await;
+        }
+    }
+
     /// The node's disk cache, when there is one (the server runs its scrub).
     pub(crate) fn disk_cache(&self) -> Option<&Arc<DiskCache>> {
         self.disk_cache.as_ref()

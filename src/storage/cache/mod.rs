@@ -378,7 +378,7 @@ const SCRUB_PASS_PAUSE: std::time::Duration = std::time::Duration::from_secs(10)
 const BLOCKS_AHEAD: usize = 2;
 
 /// Bytes of a block's file checked at a time, in a buffer each blocking thread keeps.
-const CHECK_PIECE: usize = 1 << 20;
+const CHECK_PIECE: usize = 128 << 10;
 
 /// The block file at `path`, mapped, when it holds `len` bytes and a trailer whose CRC-32C
 /// matches them (`None` when it does not). The bytes are checked with `pread`, never loaded
