@@ -1,6 +1,8 @@
 //! Hostile requests over raw sockets: path traversal in model ids, object names and roles in
 //! every spelling (raw, percent-encoded, double-encoded, backslashes, NUL, overlong UTF-8)
-//! never reaches a file outside the source; malformed request lines and headers answer 4xx or
+//! never reaches a file outside the source, on `/models`, the Hub API's `resolve`, tree and
+//! model routes and the OCI registry's `/v2`; an anonymous `/metrics` scrape names no model;
+//! malformed request lines and headers answer 4xx or
 //! close the connection; none of it stops other clients being served. Ids are looked up in
 //! the catalog, never joined onto a filesystem path, and these tests hold that in place.
 
@@ -147,6 +149,92 @@ async fn malformed_requests_answer_4xx_or_close_and_others_are_still_served() {
         assert!(matches!(status, Some(400 | 404)), "{status:?}");
         let (status, _) = send_raw(&address, b"DELETE /models/m HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         assert_eq!(status, Some(405));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traversal_on_the_hub_and_registry_routes_never_leaves_the_source_and_metrics_name_no_model() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = b"SECRET-BYTES-OUTSIDE-THE-SOURCE!";
+    fs::write(outside.path().join("secret.zt"), model(&[("w", DType::U8, secret, false)])).unwrap();
+    fs::write(outside.path().join("passwd"), secret).unwrap();
+    let source = outside.path().join("source");
+    fs::create_dir_all(source.join("org")).unwrap();
+    fs::write(source.join("org/llama.zt"), model(&[("w", DType::U8, &[1; 16], false)])).unwrap();
+    let mut config = Config::serving(vec![SourceSpec::local(source)]);
+    let token = "hostile-test-token-0123456789";
+    config.auth.tokens = vec![ztserve::config::TokenEntry::parse(token).unwrap()];
+    let (address, _state) = serve(config).await;
+
+    tokio::task::spawn_blocking(move || {
+        let auth = format!("Bearer {token}");
+        let headers = [("Authorization", auth.as_str())];
+        let names = [
+            "..%2Fsecret",
+            "%2E%2E%2Fsecret",
+            "..%252Fsecret",
+            "..%5Csecret",
+            "org%2F..%2F..%2Fsecret",
+            "%2Fetc%2Fpasswd",
+            "secret%00",
+            "%C0%AE%C0%AE%2Fsecret",
+            "..",
+            "org%2F.",
+            "org/..",
+            "org/../..",
+        ];
+        let files = ["..%2Fsecret.zt", "..%2F..%2Fpasswd", "%2E%2E%2Fsecret.zt", "..%5Csecret.zt", "llama.zt%00", ".."];
+        let mut paths = Vec::new();
+        for name in names {
+            for rest in ["resolve/main/llama.zt", "resolve/main/model.safetensors"] {
+                paths.push(format!("/hf/{name}/{rest}"));
+            }
+            paths.push(format!("/hf/api/models/{name}"));
+            paths.push(format!("/hf/api/models/{name}/tree/main"));
+            for rest in ["manifests/latest", "tags/list", &format!("blobs/sha256:{}", "0".repeat(64))] {
+                paths.push(format!("/v2/{name}/{rest}"));
+            }
+        }
+        for file in files {
+            for revision in ["main", "..", "%2E%2E"] {
+                paths.push(format!("/hf/org/resolve/{revision}/{file}"));
+                paths.push(format!("/hf/org/llama/resolve/{revision}/{file}"));
+            }
+            paths.push(format!("/hf/api/models/org/tree/main/{file}"));
+            paths.push(format!("/v2/org/llama/blobs/{file}"));
+            paths.push(format!("/v2/org/llama/manifests/{file}"));
+        }
+        for path in &paths {
+            let reply = request(&address, path, &headers);
+            assert!(matches!(reply.status, 400 | 401 | 404), "{path} answered {}", reply.status);
+            assert!(!reply.body.windows(secret.len()).any(|w| w == secret), "{path} leaked the secret");
+        }
+        // Raw traversal in the request target.
+        for target in
+            ["/hf/org/resolve/main/../../secret.zt", "/hf/../../passwd", "/v2/org/../../secret/manifests/latest"]
+        {
+            let (status, response) = send_raw(
+                &address,
+                format!("GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+            assert!(matches!(status, Some(400 | 401 | 404)), "{target} answered {status:?}");
+            assert!(!response.windows(secret.len()).any(|w| w == secret), "{target} leaked the secret");
+        }
+        // The model is served on every protocol; an anonymous scrape names none of it.
+        for path in ["/models/org%2Fllama/objects/w", "/hf/api/models/org/llama", "/v2/org/llama/manifests/latest"] {
+            let reply = request(&address, path, &headers);
+            assert_eq!(reply.status, 200, "{path}: {}", String::from_utf8_lossy(&reply.body));
+        }
+        let scrape = request(&address, "/metrics", &[]);
+        assert_eq!(scrape.status, 200);
+        let text = String::from_utf8_lossy(&scrape.body);
+        assert!(text.contains("ztserve_http_requests_total"), "{text}");
+        for leaked in ["llama", "org/", "secret"] {
+            assert!(!text.contains(leaked), "an anonymous scrape holds {leaked:?}");
+        }
     })
     .await
     .unwrap();
