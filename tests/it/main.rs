@@ -6,6 +6,7 @@ mod common;
 
 mod access;
 mod cli;
+mod crashes;
 mod decoding;
 mod digests_ahead;
 mod directories;
