@@ -65,6 +65,7 @@ pub mod names {
     pub const DISK_CACHE_FILL_FAILURES: &str = "ztserve_disk_cache_fill_failures_total";
     pub const DISK_CACHE_DAMAGED: &str = "ztserve_disk_cache_damaged_blocks_total";
     pub const DISK_CACHE_SCRUBBED_BYTES: &str = "ztserve_disk_cache_scrubbed_bytes_total";
+    pub const DISK_CACHE_CHECKED_FILLS: &str = "ztserve_disk_cache_checked_fills_total";
     pub const DISK_CACHE_BYTES: &str = "ztserve_disk_cache_bytes";
     pub const MODELS: &str = "ztserve_models";
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
@@ -160,6 +161,10 @@ fn describe() {
         "Cached blocks found damaged on disk (CRC-32C) by a read or the scrub, removed and fetched again."
     );
     describe_counter!(DISK_CACHE_SCRUBBED_BYTES, Unit::Bytes, "Bytes of cached blocks the background scrub checked.");
+    describe_counter!(
+        DISK_CACHE_CHECKED_FILLS,
+        "Fills of objects whose digest is known, by outcome (ok, mismatch: nothing kept, failed: the origin failed)."
+    );
     describe_gauge!(DISK_CACHE_BYTES, Unit::Bytes, "Bytes held in the disk cache's blocks.");
     describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
     describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
@@ -233,6 +238,9 @@ fn register_at_zero() {
     }
     for outcome in ["ok", "mismatch"] {
         counter!(DIGEST_CHECKS, "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["ok", "mismatch", "failed"] {
+        counter!(DISK_CACHE_CHECKED_FILLS, "outcome" => outcome).absolute(0);
     }
     for outcome in ["verified", "unsigned", "failed"] {
         counter!(SIGNATURE_CHECKS, "outcome" => outcome).absolute(0);

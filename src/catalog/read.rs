@@ -9,7 +9,7 @@ use super::CatalogError;
 use super::scan::{Parsed, ScanOptions};
 use crate::format::{FileKind, FormatError, Manifest, ManifestReads};
 use crate::format::{gguf, safetensors};
-use crate::storage::{ObjectVersion, StorageError};
+use crate::storage::{MANIFEST_READ, ObjectVersion, StorageError};
 
 /// Reads what a listed file holds, by its kind.
 pub(super) async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -> Result<Parsed, CatalogError> {
@@ -19,15 +19,15 @@ pub(super) async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -
                 let limit = safetensors::MAX_INDEX_LEN;
                 return Err(FormatError::ManifestTooLarge { size: object.size, limit }.into());
             }
-            let bytes = object.fetch(0..object.size, "manifest").await?;
+            let bytes = object.fetch(0..object.size, MANIFEST_READ).await?;
             let index = blocking(object, move || safetensors::parse_index(&bytes)).await?;
             Ok(Parsed::Index(Arc::new(index)))
         }
         Some(FileKind::Safetensors) => {
             let reads = safetensors::HeaderReads::new(object.size, options.manifest_suffix_bytes);
-            let first = object.fetch(reads.first(), "manifest").await?;
+            let first = object.fetch(reads.first(), MANIFEST_READ).await?;
             let (_, missing) = reads.locate(&first)?;
-            let missing = object.fetch(missing, "manifest").await?;
+            let missing = object.fetch(missing, MANIFEST_READ).await?;
             let size = object.size;
             let manifest = blocking(object, move || reads.parse(&first, &missing)?.into_manifest(size)).await?;
             Ok(Parsed::Manifest(Arc::new(manifest)))
@@ -49,12 +49,12 @@ pub(super) async fn read_listed(object: &ObjectVersion, options: &ScanOptions) -
 /// runs past what was read, the bytes after it (so that what is held at least quadruples).
 async fn read_gguf_header(object: &ObjectVersion, options: &ScanOptions) -> Result<gguf::Header, CatalogError> {
     let reads = gguf::HeaderReads { file_len: object.size };
-    let mut held = object.fetch(reads.first(options.manifest_suffix_bytes), "manifest").await?;
+    let mut held = object.fetch(reads.first(options.manifest_suffix_bytes), MANIFEST_READ).await?;
     loop {
         let (prefix, step) = (held.clone(), reads.clone());
         match blocking(object, move || step.step(&prefix)).await? {
             Ok(header) => return Ok(header),
-            Err(next) => held = [held.as_ref(), object.fetch(next, "manifest").await?.as_ref()].concat().into(),
+            Err(next) => held = [held.as_ref(), object.fetch(next, MANIFEST_READ).await?.as_ref()].concat().into(),
         }
     }
 }
@@ -81,16 +81,18 @@ async fn blocking<T: Send + 'static>(
 async fn read_remote_manifest(object: &ObjectVersion, options: &ScanOptions) -> Result<Manifest, CatalogError> {
     let reads = ManifestReads::new(object.size, options.manifest_suffix_bytes);
     let (head, tail) = if reads.tail().start == 0 {
-        let whole = object.fetch(reads.tail(), "manifest").await?;
+        let whole = object.fetch(reads.tail(), MANIFEST_READ).await?;
         (whole.slice(..reads.head().end as usize), whole)
     } else {
-        let (head, tail) =
-            futures_util::future::join(object.fetch(reads.head(), "manifest"), object.fetch(reads.tail(), "manifest"))
-                .await;
+        let (head, tail) = futures_util::future::join(
+            object.fetch(reads.head(), MANIFEST_READ),
+            object.fetch(reads.tail(), MANIFEST_READ),
+        )
+        .await;
         (head?, tail?)
     };
     let located = reads.locate(&head, &tail, &options.limits)?;
-    let missing = object.fetch(located.missing.clone(), "manifest").await?;
+    let missing = object.fetch(located.missing.clone(), MANIFEST_READ).await?;
     let limits = options.limits;
     blocking(object, move || located.parse(&tail, &missing, &limits)).await
 }

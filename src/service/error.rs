@@ -172,6 +172,7 @@ impl ServiceError {
             S::SeveralFiles { .. } => "several_files",
             S::ChangedOnDisk { .. } => "changed_on_disk",
             S::NotCached { .. } => "not_cached",
+            S::Storage { source: crate::storage::StorageError::Corrupt { .. }, .. } => "origin_corrupt",
             S::Storage { source, .. } if source.is_about_the_object() => "changed_in_source",
             S::Storage { .. } => "source_unavailable",
             S::BadSlice { source, .. } => source.code(),

@@ -217,9 +217,13 @@ impl Service {
             if !unknown.is_empty() {
                 let sums = self.stated_sums(catalog, model).await;
                 for (identity, file) in unknown {
-                    let built = self.object_behind(catalog, model, manifest, &file).is_none();
+                    let behind = self.object_behind(catalog, model, manifest, &file);
+                    let built = behind.is_none();
                     if let Some(digest) = sums.get(&file.path).filter(|_| !built) {
                         self.digests.state(identity, *digest);
+                        if let Some(object) = behind {
+                            object.storage.expect_sha256(&object.key, &object.version, *digest);
+                        }
                         continue;
                     }
                     unknown_files += 1;

@@ -157,6 +157,10 @@ pub enum StorageError {
     /// Temporary: the store did not answer, or answered an error worth retrying later.
     #[error("{source_name} is unavailable: {message}")]
     Unavailable { source_name: String, message: String },
+    /// The origin's bytes did not match the object's known digest, twice in a row: nothing
+    /// was kept, and the next read asks the origin again.
+    #[error("{source_name}: {key} arrived corrupt: {message}")]
+    Corrupt { source_name: String, key: String, message: String },
     /// Lasting until an operator acts: bad credentials, a missing bucket, a bad setting.
     #[error("{source_name} refuses access: {message}")]
     Refused { source_name: String, message: String },
@@ -183,6 +187,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>>;
     /// Reads `range` of `key`, only from the version `version`.
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>>;
+    /// [`Storage::read`] for the catalog's own parsing (a manifest, a header), never sent to a
+    /// client as it is: a backend that keeps only checked bytes (the disk cache, for an object
+    /// whose digest is known) may read it from the origin without keeping it, rather than
+    /// bring the whole object to check a header.
+    fn read_to_parse(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
+        self.read(key, range, version)
+    }
     /// The backend's name in metrics (`local`, `s3`).
     fn backend(&self) -> &'static str;
     /// Whether reads answer with file regions ([`Payload::File`]) that a response can send
@@ -217,12 +228,19 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn content_sha256(&self, _key: &str, _version: &str) -> Option<[u8; 32]> {
         None
     }
+    /// Says that the whole object at `version` has SHA-256 `digest` (a `SHA256SUMS` line): a
+    /// backend that keeps what it reads (the disk cache) keeps it only once it matches.
+    fn expect_sha256(&self, _key: &str, _version: &str, _digest: [u8; 32]) {}
     /// Waits until every byte read so far is kept in the disk cache (its blocks are written
     /// while readers already have them).
     fn settled(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::ready(()))
     }
 }
+
+/// The purpose of the catalog's reads of what it parses (in metrics too): see
+/// [`Storage::read_to_parse`].
+pub const MANIFEST_READ: &str = "manifest";
 
 /// One version of one object: every read through it is bound to that version, so the reads
 /// of one response never mix two versions.
@@ -260,7 +278,11 @@ impl ObjectVersion {
         let expected = range.end - range.start;
         let opened = async move {
             let started = std::time::Instant::now();
-            let read = this.storage.read(&this.key, ByteRange::Bounded(range), &this.version).await;
+            let range = ByteRange::Bounded(range);
+            let read = match purpose {
+                MANIFEST_READ => this.storage.read_to_parse(&this.key, range, &this.version).await,
+                _ => this.storage.read(&this.key, range, &this.version).await,
+            };
             record_read(this.storage.backend(), purpose, started, 0);
             read.map(|read| (this, read.into_stream()))
         };

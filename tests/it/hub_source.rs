@@ -173,14 +173,21 @@ async fn hub_repositories_load_through_the_cache_once_and_survive_their_origin()
     assert_eq!(scraped(&second.address, "ztserve_file_digest_bytes_total", &[]).await, 0.0, "the second hashed files");
     settle(&second.address, &repos).await;
     let sent = origin_file_bytes(&origin_address).await - sent_before;
-    assert_eq!(sent, file_bytes as f64, "each file's bytes sent by the origin once");
+    // Each file once, and the headers the first scan parsed: those of files whose digest is
+    // known are read from the origin and not kept, since the cache keeps only a whole file
+    // checked against its digest.
+    let parsed = scraped(&second.address, "ztserve_storage_read_bytes_total", &[("purpose", "manifest")]).await;
+    assert!(
+        sent >= file_bytes as f64 && sent <= file_bytes as f64 + parsed,
+        "each file's bytes sent by the origin once: {sent} sent, {file_bytes} in files, {parsed} parsed"
+    );
 
     // Restarted: everything from the cache, nothing from the origin but its listings.
     stop_gracefully(&mut second.child);
     let mut second = start_hub_sourced(&origin_address, &repos, &cache).await;
     eight_clients_load(&second.address, &files).await;
-    let sent = origin_file_bytes(&origin_address).await - sent_before;
-    assert_eq!(sent, file_bytes as f64, "sent again after a restart");
+    let sent_again = origin_file_bytes(&origin_address).await - sent_before;
+    assert_eq!(sent_again, sent, "sent again after a restart");
 
     // The origin stops: the cached models still load, before and after another restart.
     stop_gracefully(&mut origin.child);

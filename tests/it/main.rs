@@ -32,6 +32,7 @@ mod load;
 mod oci_registry;
 mod openapi_conformance;
 mod operations;
+mod origin_faults;
 mod proxy_cache;
 mod pull;
 mod s3;

@@ -28,8 +28,10 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use sha2::Digest as _;
 
 mod index;
+mod verify;
 
 use self::index::{BlockId, Eviction, Index};
+use self::verify::{Verification, Verify};
 use super::mapped::MappedFile;
 use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
 use crate::telemetry::names;
@@ -63,6 +65,8 @@ pub struct DiskCache {
     index: Mutex<Index>,
     /// Fills under way, so each block is fetched once however many readers want it.
     fills: Mutex<HashMap<BlockId, Fill>>,
+    /// Checked fills under way (objects whose digest is known), by object.
+    verifications: Mutex<HashMap<[u8; 16], Verification>>,
     /// Objects whose blocks are never evicted, by source.
     pinned: Mutex<HashMap<String, HashSet<[u8; 16]>>>,
     /// Blocks handed to their readers and still being written, and a wake-up when one is done.
@@ -136,12 +140,13 @@ impl DiskCache {
             block_bytes,
             index: Mutex::new(index),
             fills: Mutex::new(HashMap::new()),
+            verifications: Mutex::new(HashMap::new()),
             pinned: Mutex::new(HashMap::new()),
             writing: Mutex::new(0),
             written: tokio::sync::Notify::new(),
             temporaries: AtomicU64::new(0),
         };
-        cache.evict(None);
+        cache.evict(&|_| false);
         let held = cache.held();
         tracing::info!(dir = %dir.display(), held, max_bytes, removed, "disk cache opened");
         metrics::gauge!(names::DISK_CACHE_BYTES).set(held as f64);
@@ -184,10 +189,16 @@ impl DiskCache {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// What names one object version's blocks (with this block size).
-    fn object_id(&self, source: &str, key: &str, version: &str) -> [u8; 16] {
+    /// What names one object version's blocks (with this block size): those of an object
+    /// whose digest is known (`checked`) are named apart, so a block kept unchecked is never
+    /// taken for one of them.
+    fn object_id(&self, source: &str, key: &str, version: &str, checked: bool) -> [u8; 16] {
         let mut hasher = sha2::Sha256::new();
-        for part in [source, key, version, &self.block_bytes.to_string()] {
+        let mut parts = vec![source, key, version];
+        let block_bytes = self.block_bytes.to_string();
+        parts.push(&block_bytes);
+        parts.extend(checked.then_some("checked"));
+        for part in parts {
             hasher.update(part.as_bytes());
             hasher.update([0]);
         }
@@ -196,7 +207,11 @@ impl DiskCache {
 
     /// Makes `objects` (key, version) `source`'s pinned objects.
     fn pin(&self, source: &str, objects: &[(String, String)]) {
-        let ids = objects.iter().map(|(key, version)| self.object_id(source, key, version)).collect();
+        // Both names: whether a digest is known of an object may change with a rescan.
+        let ids = objects
+            .iter()
+            .flat_map(|(key, version)| [false, true].map(|checked| self.object_id(source, key, version, checked)))
+            .collect();
         self.pinned.lock().expect("never poisoned").insert(source.to_owned(), ids);
     }
 
@@ -275,33 +290,81 @@ impl DiskCache {
     /// the least recently used blocks while over the bound. A failure (a full disk) leaves
     /// nothing behind and is counted; the bytes are served all the same.
     fn store_block(&self, id: BlockId, bytes: &[u8]) {
+        let Some(temporary) = self.write_temporary(id, bytes) else { return };
+        if self.publish(id, &temporary, bytes.len() as u64) {
+            self.evict(&|held| *held == id);
+        }
+    }
+
+    /// Writes block `id`'s bytes and trailer to a temporary file (blocking), not yet visible;
+    /// `None` when the disk does not take them (counted, and nothing is left behind).
+    fn write_temporary(&self, id: BlockId, bytes: &[u8]) -> Option<PathBuf> {
         let temporary = self.temporary_dir.join(format!("{}.{}", id.file_name(), self.temporary_suffix()));
         let written = (|| {
             let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temporary)?;
             file.write_all(bytes)?;
             file.write_all(&crc32c::crc32c(bytes).to_le_bytes())?;
-            file.write_all(MAGIC)?;
-            std::fs::rename(&temporary, self.path(id))
+            file.write_all(MAGIC)
         })();
         match written {
-            Ok(()) => {}
+            Ok(()) => Some(temporary),
             Err(e) => {
                 let _ = std::fs::remove_file(&temporary);
                 metrics::counter!(names::DISK_CACHE_FILL_FAILURES).increment(1);
                 tracing::warn!(error = %e, dir = %self.blocks_dir.display(), "cannot keep a block in the disk cache");
-                return;
+                None
             }
-        };
-        self.index.lock().expect("never poisoned").insert(id, bytes.len() as u64 + TRAILER, self.now());
-        self.evict(Some(id));
+        }
     }
 
-    /// Removes the least recently used blocks (never `keep`, nor a pinned object's) while more
-    /// than the bound is held.
-    fn evict(&self, keep: Option<BlockId>) {
+    /// Renames `temporary` (block `id`, `len` bytes) into place and records it (blocking);
+    /// whether it is kept. Eviction is the caller's.
+    fn publish(&self, id: BlockId, temporary: &Path, len: u64) -> bool {
+        if let Err(e) = std::fs::rename(temporary, self.path(id)) {
+            let _ = std::fs::remove_file(temporary);
+            metrics::counter!(names::DISK_CACHE_FILL_FAILURES).increment(1);
+            tracing::warn!(error = %e, dir = %self.blocks_dir.display(), "cannot keep a block in the disk cache");
+            return false;
+        }
+        self.index.lock().expect("never poisoned").insert(id, len + TRAILER, self.now());
+        true
+    }
+
+    /// The first `len` bytes of a block written aside (blocking); `None` when it is gone (kept
+    /// into place, or removed) or cannot be read.
+    fn aside_bytes(&self, path: &Path, len: u64) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt as _;
+        let file = std::fs::File::open(path).ok()?;
+        let mut bytes = vec![0u8; len as usize];
+        file.read_exact_at(&mut bytes, 0).ok()?;
+        Some(bytes)
+    }
+
+    /// Block `id`'s bytes, `len` long, read with `pread` once they match their CRC (blocking),
+    /// for a check that reads them in user space; `None` when the block is not held, or is
+    /// damaged (then it is removed).
+    fn block_bytes(&self, id: BlockId, len: u64) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt as _;
+        if !self.index.lock().expect("never poisoned").contains(id) {
+            return None;
+        }
+        let mapping = self.checked(id, len)?;
+        let mut bytes = vec![0u8; len as usize];
+        match mapping.file().read_exact_at(&mut bytes, 0) {
+            Ok(()) => Some(bytes),
+            Err(_) => {
+                self.forget(id);
+                None
+            }
+        }
+    }
+
+    /// Removes the least recently used blocks (never one `keep` accepts, nor a pinned
+    /// object's) while more than the bound is held.
+    fn evict(&self, keep: &dyn Fn(&BlockId) -> bool) {
         let pinned: HashSet<[u8; 16]> =
             self.pinned.lock().expect("never poisoned").values().flatten().copied().collect();
-        let evictable = |id: &BlockId| Some(*id) != keep && !pinned.contains(&id.object);
+        let evictable = |id: &BlockId| !keep(id) && !pinned.contains(&id.object);
         loop {
             let victim = {
                 let mut index = self.index.lock().expect("never poisoned");
@@ -329,8 +392,8 @@ impl DiskCache {
     }
 
     /// How many of the blocks of `key` at `version` (`size` bytes) are on disk, in bytes.
-    fn held_of(&self, source: &str, key: &str, version: &str, size: u64) -> u64 {
-        let object = self.object_id(source, key, version);
+    fn held_of(&self, source: &str, key: &str, version: &str, size: u64, checked: bool) -> u64 {
+        let object = self.object_id(source, key, version, checked);
         self.index.lock().expect("never poisoned").held_of(object, size, self.block_bytes)
     }
 
@@ -422,11 +485,26 @@ pub struct CachedStorage {
     listed: Mutex<HashMap<String, (String, u64)>>,
     /// Where the last read of each object ended, to tell sequential reads.
     read_to: Mutex<HashMap<String, u64>>,
+    /// Digests stated for objects (key, version) beside what the source gives.
+    stated: Mutex<HashMap<(String, String), [u8; 32]>>,
 }
 
 impl CachedStorage {
     pub fn new(inner: Arc<dyn Storage>, cache: Arc<DiskCache>) -> CachedStorage {
-        CachedStorage { inner, cache, listed: Mutex::new(HashMap::new()), read_to: Mutex::new(HashMap::new()) }
+        CachedStorage {
+            inner,
+            cache,
+            listed: Mutex::new(HashMap::new()),
+            read_to: Mutex::new(HashMap::new()),
+            stated: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The best digest known of `key` at `version`: the source's own, else one stated.
+    fn expected_sha256(&self, key: &str, version: &str) -> Option<[u8; 32]> {
+        self.inner
+            .content_sha256(key, version)
+            .or_else(|| self.stated.lock().expect("never poisoned").get(&(key.to_owned(), version.to_owned())).copied())
     }
 
     /// Remembers each object's version and size, so its reads know its blocks.
@@ -471,7 +549,27 @@ impl Storage for CachedStorage {
     }
 
     fn cached_bytes(&self, key: &str, version: &str, size: u64) -> u64 {
-        self.cache.held_of(self.name(), key, version, size)
+        let checked = self.expected_sha256(key, version).is_some();
+        self.cache.held_of(self.name(), key, version, size, checked)
+    }
+
+    fn read_to_parse(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
+        let size = self.listed.lock().expect("never poisoned").get(key).filter(|(v, _)| v == version).map(|(_, s)| *s);
+        let checked = self.expected_sha256(key, version).is_some();
+        // An object not yet whole on disk whose digest is known: its header is read from the
+        // origin and not kept (a block is kept only once the whole object is checked).
+        match size {
+            Some(size) if checked && self.cache.held_of(self.name(), key, version, size, true) < size => {
+                self.inner.read(key, range, version)
+            }
+            _ => self.read(key, range, version),
+        }
+    }
+
+    fn expect_sha256(&self, key: &str, version: &str, digest: [u8; 32]) {
+        if self.inner.content_sha256(key, version).is_none() {
+            self.stated.lock().expect("never poisoned").insert((key.to_owned(), version.to_owned()), digest);
+        }
     }
 
     fn pin(&self, objects: &[(String, String)]) {
@@ -534,8 +632,10 @@ impl CachedStorage {
             return futures_util::stream::empty().boxed();
         }
         let block = self.cache.block_bytes;
+        let expected = self.expected_sha256(&key, &version);
         let reading = Reading {
-            object: self.cache.object_id(self.inner.name(), &key, &version),
+            object: self.cache.object_id(self.inner.name(), &key, &version, expected.is_some()),
+            expected,
             inner: Arc::clone(&self.inner),
             cache: Arc::clone(&self.cache),
             key,
@@ -544,11 +644,13 @@ impl CachedStorage {
             last: (range.end - 1) / block,
             fill_last: (fill_to.max(range.end) - 1) / block,
             range,
+            streamed: Mutex::new(Vec::new()),
         };
         let (first, last) = (reading.range.start / block, reading.last);
         let reading = Arc::new(reading);
+        let checking = Arc::clone(&reading);
         // The next block is read and checked while this one is sent.
-        futures_util::stream::iter(first..=last)
+        let blocks = futures_util::stream::iter(first..=last)
             .map(move |index| {
                 let reading = Arc::clone(&reading);
                 async move {
@@ -560,7 +662,11 @@ impl CachedStorage {
                 }
             })
             .buffered(BLOCKS_AHEAD)
-            .boxed()
+            .boxed();
+        match checking.expected {
+            Some(_) => verify::last_held_until(blocks, async move { checking.streamed_blocks_matched().await }),
+            None => blocks,
+        }
     }
 }
 
@@ -568,6 +674,12 @@ impl CachedStorage {
 struct Reading {
     /// What names the object version's blocks, hashed once per read rather than per block.
     object: [u8; 16],
+    /// The SHA-256 of the object's bytes, when known: then its blocks come only from a
+    /// checked fill of the whole object.
+    expected: Option<[u8; 32]>,
+    /// The checked fills this read took blocks from before they were done, and the attempt
+    /// of each block taken.
+    streamed: Mutex<Vec<(Verification, usize)>>,
     inner: Arc<dyn Storage>,
     cache: Arc<DiskCache>,
     key: String,
@@ -610,11 +722,53 @@ impl Reading {
                 metrics::counter!(names::DISK_CACHE_SERVED_BYTES).increment(len);
                 return Ok(bytes);
             }
+            if let Some(expected) = self.expected {
+                let run = self.verification(expected);
+                if let Some((bytes, attempt)) = run.block(&self.cache, index, len).await {
+                    self.streamed.lock().expect("never poisoned").push((run, attempt));
+                    return Ok(bytes);
+                }
+                run.done().await?;
+                continue;
+            }
             if let Some(fill) = self.fill(index, turn == 2) {
                 return fill.await;
             }
         }
-        unreachable!("the last turn always fills")
+        match self.expected {
+            // Checked and kept three times, and evicted each time before it could be read.
+            Some(_) => Err(self.failed(format!("{}: the disk cache cannot hold it while it is read", self.key))),
+            None => unreachable!("the last turn always fills"),
+        }
+    }
+
+    /// Whether every block this read took from a checked fill before it was done came from
+    /// the attempt that matched (waiting for those fills to end).
+    async fn streamed_blocks_matched(&self) -> Result<(), StorageError> {
+        let streamed = std::mem::take(&mut *self.streamed.lock().expect("never poisoned"));
+        for (run, attempt) in streamed {
+            if run.done().await? != attempt {
+                return Err(self.failed(format!(
+                    "{}: its bytes were sent from an attempt that did not match its digest",
+                    self.key
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The checked fill of the whole object: one under way, or a new one.
+    fn verification(&self, expected: [u8; 32]) -> Verification {
+        Verify {
+            inner: Arc::clone(&self.inner),
+            cache: Arc::clone(&self.cache),
+            object: self.object,
+            key: self.key.clone(),
+            version: self.version.clone(),
+            size: self.size,
+            expected,
+        }
+        .run()
     }
 
     /// The fill that brings block `index`: one under way, or a new one for every block from

@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod corpus;
+pub mod fault_proxy;
 pub mod nginx;
 pub mod registry;
 pub mod tls;

@@ -1,0 +1,90 @@
+//! Faults between ztserve and its origin, injected by a proxy of the tests' own
+//! (`common::fault_proxy`) in front of a Hub (another ztserve's `/hf`): bytes damaged on the
+//! wire are checked against the file's LFS SHA-256 before anything is kept or completed, so a
+//! client sees an error or a body cut short, never wrong bytes whole; nothing damaged is kept, the fill is tried once
+//! more, and a failure is not remembered: once the wire heals, the next read serves the file.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::fault_proxy::FaultProxy;
+use common::{metric, noise, request_async, serve};
+use ztserve::config::{Config, SourceSpec};
+
+/// A safetensors file of one U8 tensor holding `data`.
+fn safetensors(data: &[u8]) -> Vec<u8> {
+    let mut header =
+        format!(r#"{{"w":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}}"#, data.len(), data.len()).into_bytes();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend(data);
+    file
+}
+
+fn blocks_in(cache: &Path) -> usize {
+    std::fs::read_dir(cache.join("blocks")).map_or(0, |d| d.count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_damaged_on_the_wire_are_never_kept_or_served_and_the_next_read_tries_again() {
+    let work = tempfile::tempdir().unwrap();
+    let (origin_dir, cache) = (work.path().join("origin"), work.path().join("cache"));
+    std::fs::create_dir_all(origin_dir.join("org")).unwrap();
+    let (a, b) = (safetensors(&noise(1 << 20, 3)), safetensors(&noise(1 << 20, 4)));
+    std::fs::write(origin_dir.join("org/a.safetensors"), &a).unwrap();
+    std::fs::write(origin_dir.join("org/b.safetensors"), &b).unwrap();
+    let (origin, _origin_server) = serve(Config::serving(vec![SourceSpec::local(origin_dir)])).await;
+    let proxy = FaultProxy::start(&origin).await;
+
+    let mut config = Config::serving(vec![
+        SourceSpec::Hub { repo: "org/a".into(), revision: None },
+        SourceSpec::Hub { repo: "org/b".into(), revision: None },
+    ]);
+    config.hub_source.endpoint = Some(format!("http://{}/hf", proxy.address));
+    config.cache.dir = Some(cache.clone());
+    config.cache.block_bytes = 64 << 10;
+    let (address, _server) = serve(config).await;
+    let (a_file, b_file) = ("/models/org%2Fa/file", "/models/org%2Fb/file");
+
+    // The wire damages one byte of every body past 300 KiB: the file never arrives whole.
+    let mismatches = metric("ztserve_disk_cache_checked_fills_total", &[("outcome", "mismatch")]);
+    proxy.flip_body_byte(300 << 10);
+    let held = blocks_in(&cache);
+    let reply = request_async(&address, a_file, &[]).await;
+    // Bytes stream as they are hashed, the last held back: the body is cut short of its length.
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(!reply.complete && reply.body.len() < a.len(), "a damaged file was sent whole");
+    assert_eq!(
+        metric("ztserve_disk_cache_checked_fills_total", &[("outcome", "mismatch")]),
+        mismatches + 2.0,
+        "tried twice"
+    );
+    assert!(proxy.flipped() >= 2);
+    assert_eq!(blocks_in(&cache), held, "nothing damaged was kept");
+    // The other model still serves (its blocks are checked as they come).
+    proxy.heal();
+    let reply = request_async(&address, b_file, &[]).await;
+    assert!(reply.complete && reply.body == b);
+    proxy.flip_body_byte(300 << 10);
+    let reply = request_async(&address, a_file, &[]).await;
+    assert!(!reply.complete, "a failure is retried at the next read, and fails again: {}", reply.head);
+    // A range past the damage, with nothing streamed yet: the error comes before any byte.
+    let range = format!("bytes={}-", a.len() - 1000);
+    let reply = request_async(&address, a_file, &[("Range", range.as_str())]).await;
+    assert!(reply.status == 503 || !reply.complete, "{}", reply.head);
+    if reply.status == 503 {
+        assert_eq!(reply.json()["error"]["code"], "origin_corrupt");
+    }
+
+    // Healed: the next read tries the origin again, and every byte is right.
+    proxy.heal();
+    let reply = request_async(&address, a_file, &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(reply.complete && reply.body == a, "the file is served whole once the wire heals");
+    // From disk now, even with the wire damaging everything.
+    proxy.flip_body_byte(0);
+    let reply = request_async(&address, a_file, &[]).await;
+    assert!(reply.complete && reply.body == a);
+}
