@@ -1,15 +1,16 @@
 //! The node's disk cache for remote sources: [`CachedStorage`] wraps a remote backend (an S3
 //! prefix or a Hub repository) so that every byte read from it is kept on local disk in blocks
 //! of `block_bytes`, keyed by the source, the key, the object's version (an S3 ETag, a Hub
-//! file's content id) and the block size, so a replaced object
-//! never serves old bytes. A block is filled once however many readers want it (one fill task,
-//! shared; a read of many missing blocks fetches them in one request), written to a temporary
-//! file and renamed into place, so a crash or a full disk mid-fill leaves nothing visible. It
-//! holds its bytes and a CRC-32C of them, checked each time it is read (rot under the
-//! filesystem changes no stamp a shortcut could trust) and by a background scrub at a set
-//! rate, so a block damaged on disk is removed, counted and fetched again, never served; a
-//! checked block is sent from its file with `sendfile`. Each source's last listing is kept too, so a server started while
-//! the source cannot be listed serves what the cache holds (its manifests are blocks like any
+//! file's content id) and the block size, so a replaced object never serves old bytes. A block
+//! is filled once however many readers want it (one fill task, shared; a read of many missing
+//! blocks fetches them in one request), written to a temporary file and renamed into place, so
+//! a crash or a full disk mid-fill leaves nothing visible. It holds its bytes and a CRC-32C of
+//! them, checked each time it is read (rot under the filesystem changes no stamp a shortcut
+//! could trust) and by a background scrub at a set rate, so a block damaged on disk is
+//! removed, counted and fetched again, never served; a checked block is sent from its file
+//! with `sendfile`. An object whose digest is known is filled whole and kept only once it
+//! matches ([`verify`]). Each source's last listing is kept too, so a server started while the
+//! source cannot be listed serves what the cache holds (its manifests are blocks like any
 //! other). On start the directory is scanned: temporaries and anything that is not a block are
 //! removed, and the eviction order (least recently used, by bytes) is rebuilt from the blocks'
 //! modification times. Eviction unlinks a block's file (a read that already opened it keeps

@@ -238,13 +238,35 @@ impl Verify {
     async fn fetch(
         &self,
         blocks: Range<u64>,
-        mut hasher: sha2::Sha256,
+        hasher: sha2::Sha256,
         run: &Run,
         hashed_to: &impl Fn(u64),
         written: &mut Vec<(BlockId, PathBuf, u64)>,
     ) -> Result<sha2::Sha256, Failure> {
+        // The block being hashed and written while the next one arrives.
+        let mut pending: Option<(u64, Job)> = None;
+        let mut hasher = Some(hasher);
+        let outcome = self.fetch_into(blocks, &mut hasher, &mut pending, run, hashed_to, written).await;
+        if let Some((index, job)) = pending.take() {
+            let finished = self.finish(index, job, run, hashed_to, written).await;
+            if outcome.is_ok() {
+                hasher = Some(finished?);
+            }
+        }
+        outcome?;
+        Ok(hasher.expect("handed back by the last block's job"))
+    }
+
+    async fn fetch_into(
+        &self,
+        blocks: Range<u64>,
+        hasher: &mut Option<sha2::Sha256>,
+        pending: &mut Option<(u64, Job)>,
+        run: &Run,
+        hashed_to: &impl Fn(u64),
+        written: &mut Vec<(BlockId, PathBuf, u64)>,
+    ) -> Result<(), Failure> {
         let span = self.span(blocks.start).start..self.span(blocks.end - 1).end;
-        let failed = |message: String| StorageError::Unavailable { source_name: self.inner.name().to_owned(), message };
         let read = self.inner.read(&self.key, ByteRange::Bounded(span.clone()), &self.version).await?;
         let mut pieces = read.into_stream();
         let (mut index, mut buffer) = (blocks.start, Vec::new());
@@ -253,45 +275,65 @@ impl Verify {
             metrics::counter!(names::DISK_CACHE_ORIGIN_BYTES).increment(piece.len() as u64);
             while !piece.is_empty() {
                 if index == blocks.end {
-                    return Err(failed(format!(
-                        "{}: more bytes came than the {} asked for",
-                        self.key,
-                        span.end - span.start
-                    ))
-                    .into());
+                    let asked = span.end - span.start;
+                    return Err(self
+                        .failed(format!("{}: more bytes came than the {asked} asked for", self.key))
+                        .into());
                 }
                 let wanted = (self.span(index).end - self.span(index).start) as usize;
                 let take = (wanted - buffer.len()).min(piece.len());
                 buffer.extend_from_slice(&piece.split_to(take));
                 if buffer.len() == wanted {
+                    if let Some((done, job)) = pending.take() {
+                        *hasher = Some(self.finish(done, job, run, hashed_to, written).await?);
+                    }
                     let (cache, id, bytes) = (Arc::clone(&self.cache), self.id(index), std::mem::take(&mut buffer));
-                    let (kept, hashing) = tokio::task::spawn_blocking(move || {
-                        hasher.update(&bytes);
-                        (cache.write_temporary(id, &bytes), hasher)
-                    })
-                    .await
-                    .map_err(|e| failed(format!("a checked fill failed: {e}")))?;
-                    hasher = hashing;
-                    let Some(temporary) = kept else {
-                        return Err(failed(format!(
-                            "{}: the disk cache cannot keep its blocks to check them",
-                            self.key
-                        ))
-                        .into());
-                    };
-                    run.aside.lock().expect("never poisoned").insert(index, temporary.clone());
-                    written.push((id, temporary, wanted as u64));
+                    let mut taking = hasher.take().expect("handed back by the previous block's job");
+                    let job = tokio::task::spawn_blocking(move || {
+                        taking.update(&bytes);
+                        (cache.write_temporary(id, &bytes), taking)
+                    });
+                    *pending = Some((index, job));
                     index += 1;
-                    hashed_to(index);
                 }
             }
         }
         if index != blocks.end {
-            return Err(failed(format!("{}: the read ended before its last block", self.key)).into());
+            return Err(self.failed(format!("{}: the read ended before its last block", self.key)).into());
         }
+        Ok(())
+    }
+
+    /// Block `index`'s job done: its file aside is recorded, and readers told it is there.
+    async fn finish(
+        &self,
+        index: u64,
+        job: Job,
+        run: &Run,
+        hashed_to: &impl Fn(u64),
+        written: &mut Vec<(BlockId, PathBuf, u64)>,
+    ) -> Result<sha2::Sha256, Failure> {
+        let (kept, hasher) = job.await.map_err(|e| self.failed(format!("a checked fill failed: {e}")))?;
+        let Some(temporary) = kept else {
+            return Err(self
+                .failed(format!("{}: the disk cache cannot keep its blocks to check them", self.key))
+                .into());
+        };
+        let len = self.span(index).end - self.span(index).start;
+        run.aside.lock().expect("never poisoned").insert(index, temporary.clone());
+        written.push((self.id(index), temporary, len));
+        hashed_to(index + 1);
         Ok(hasher)
     }
+
+    fn failed(&self, message: String) -> StorageError {
+        StorageError::Unavailable { source_name: self.inner.name().to_owned(), message }
+    }
 }
+
+/// A block being hashed and written aside: the file it was written to (`None`: the disk did
+/// not take it), and the hasher having taken it.
+type Job = tokio::task::JoinHandle<(Option<PathBuf>, sha2::Sha256)>;
 
 /// `hasher` having taken `bytes`, on the blocking pool.
 async fn hashed(mut hasher: sha2::Sha256, bytes: bytes::Bytes) -> Result<sha2::Sha256, Failure> {
