@@ -1,5 +1,5 @@
 //! Fills checked against the object's digest: when the SHA-256 of an object's bytes is known
-//! (a Hub file's LFS id, a `SHA256SUMS` line, a signature's statement), its blocks are never
+//! (a Hub file's LFS id, a `SHA256SUMS` line beside it), its blocks are never
 //! kept one by one as they arrive. One run per object, shared by every reader, brings all of
 //! them onto disk: each block already held is read back (its CRC checked) and each missing run
 //! of blocks is fetched in one ranged read and written aside, every byte hashed in order. Only
