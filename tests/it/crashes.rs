@@ -14,13 +14,7 @@ use ztserve::config::{Config, SourceSpec};
 
 /// A safetensors file of one U8 tensor holding `data`.
 fn safetensors(data: &[u8]) -> Vec<u8> {
-    let mut header =
-        format!(r#"{{"w":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}}"#, data.len(), data.len()).into_bytes();
-    header.resize(header.len().div_ceil(8) * 8, b' ');
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend(header);
-    file.extend(data);
-    file
+    common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
