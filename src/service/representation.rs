@@ -26,39 +26,9 @@ pub(super) fn guard(check: impl std::future::Future<Output = Result<(), String>>
 /// Holds each piece back until the next arrives, and the last until `guard` passes; a failed
 /// guard ends the body with an error instead, which aborts the response.
 pub(crate) fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
-    struct Held {
-        // Fused: the last piece is returned after the body has ended, and the next poll must
-        // not poll the body again (an `unfold` panics when it is).
-        body: stream::Fuse<ByteStream>,
-        held: Option<Bytes>,
-        guard: Option<Guard>,
-    }
-    stream::unfold(Held { body: body.fuse(), held: None, guard: Some(guard) }, |mut s| async move {
-        loop {
-            match s.body.next().await {
-                Some(Ok(piece)) => {
-                    if let Some(previous) = s.held.replace(piece) {
-                        return Some((Ok(previous), s));
-                    }
-                }
-                Some(Err(e)) => {
-                    s.held = None;
-                    s.guard = None;
-                    return Some((Err(e), s));
-                }
-                None => {
-                    if let Some(guard) = s.guard.take() {
-                        if let Err(reason) = guard.await {
-                            s.held = None;
-                            return Some((Err(ServiceError::Internal(format!("response body aborted: {reason}"))), s));
-                        }
-                    }
-                    return s.held.take().map(|last| (Ok(last), s));
-                }
-            }
-        }
-    })
-    .boxed()
+    let check =
+        async move { guard.await.map_err(|reason| ServiceError::Internal(format!("response body aborted: {reason}"))) };
+    crate::storage::last_held_until(body, check)
 }
 
 /// Where a representation's bytes come from.

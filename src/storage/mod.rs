@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
-use futures_util::{StreamExt as _, TryStreamExt as _};
+use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::telemetry::names;
@@ -433,4 +433,46 @@ impl Ahead {
             self.queue[index] = Chunk::Fetching(AbortOnDrop(task));
         }
     }
+}
+
+/// `body` with each piece held back until the next arrives, and the last until `check`
+/// passes; a failed check ends the body with its error instead, so a response is cut short of
+/// its length, never completed. An error of the body drops the check.
+pub fn last_held_until<E: Send + 'static>(
+    body: BoxStream<'static, Result<Bytes, E>>,
+    check: impl std::future::Future<Output = Result<(), E>> + Send + 'static,
+) -> BoxStream<'static, Result<Bytes, E>> {
+    struct Held<E> {
+        // Fused: the last piece is returned after the body has ended, and the next poll must
+        // not poll the body again (an `unfold` panics when it is).
+        body: stream::Fuse<BoxStream<'static, Result<Bytes, E>>>,
+        held: Option<Bytes>,
+        check: Option<BoxFuture<'static, Result<(), E>>>,
+    }
+    let state = Held { body: body.fuse(), held: None, check: Some(check.boxed()) };
+    stream::unfold(state, |mut s| async move {
+        loop {
+            match s.body.next().await {
+                Some(Ok(piece)) => {
+                    if let Some(previous) = s.held.replace(piece) {
+                        return Some((Ok(previous), s));
+                    }
+                }
+                Some(Err(e)) => {
+                    (s.held, s.check) = (None, None);
+                    return Some((Err(e), s));
+                }
+                None => {
+                    if let Some(check) = s.check.take()
+                        && let Err(e) = check.await
+                    {
+                        s.held = None;
+                        return Some((Err(e), s));
+                    }
+                    return s.held.take().map(|last| (Ok(last), s));
+                }
+            }
+        }
+    })
+    .boxed()
 }

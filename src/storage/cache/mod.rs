@@ -665,7 +665,7 @@ impl CachedStorage {
             .buffered(BLOCKS_AHEAD)
             .boxed();
         match checking.expected {
-            Some(_) => verify::last_held_until(blocks, async move { checking.streamed_blocks_matched().await }),
+            Some(_) => super::last_held_until(blocks, async move { checking.streamed_blocks_matched().await }),
             None => blocks,
         }
     }
