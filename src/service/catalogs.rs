@@ -51,10 +51,10 @@ impl Catalogs {
 
     /// Lists every source and swaps in the new catalog, which makes the catalogs ready.
     /// `before_swap` sees the new catalog first, so what is kept per model version can be
-    /// trimmed before a request reads the new listing. `None` when the scan itself failed (it
+    /// trimmed, and what the disk cache must know told, before a request reads the new listing. `None` when the scan itself failed (it
     /// runs in its own task, so a panic in it is contained like one in a handler); the old
     /// catalog then stays.
-    pub(crate) async fn rescan(self: &Arc<Self>, before_swap: impl FnOnce(&Catalog)) -> Option<Arc<Catalog>> {
+    pub(crate) async fn rescan(self: &Arc<Self>, before_swap: impl AsyncFnOnce(&Catalog)) -> Option<Arc<Catalog>> {
         let _one_at_a_time = self.rescanning.lock().await;
         let (catalogs, previous) = (Arc::clone(self), self.current());
         let built =
@@ -74,7 +74,7 @@ impl Catalogs {
         tracing::debug!(models = total, broken, "catalog rescanned");
         metrics::gauge!(names::MODELS, "status" => "ok").set((total - broken) as f64);
         metrics::gauge!(names::MODELS, "status" => "broken").set(broken as f64);
-        before_swap(&catalog);
+        before_swap(&catalog).await;
         let catalog = Arc::new(catalog);
         *self.current.write().expect("catalog lock is never poisoned") = Arc::clone(&catalog);
         self.ready.store(true, Ordering::Release);
@@ -148,7 +148,8 @@ mod tests {
         assert!(matches!(catalogs.model("good"), Err(ServiceError::NotReady)));
 
         let mut seen_before_swap = 0;
-        let listed = catalogs.rescan(|catalog| seen_before_swap = catalog.models().count()).await.unwrap();
+        let listed =
+            catalogs.rescan(async |catalog: &Catalog| seen_before_swap = catalog.models().count()).await.unwrap();
         assert_eq!(seen_before_swap, 2);
         assert!(Arc::ptr_eq(&listed, &catalogs.current()));
 
@@ -168,10 +169,10 @@ mod tests {
     async fn a_rescan_swaps_in_what_the_sources_list_now() {
         let dir = tempfile::tempdir().unwrap();
         let catalogs = catalogs_of(dir.path());
-        catalogs.rescan(|_| {}).await.unwrap();
+        catalogs.rescan(async |_: &Catalog| {}).await.unwrap();
         assert!(matches!(catalogs.model("late"), Err(ServiceError::ModelNotFound(_))));
         std::fs::write(dir.path().join("late.safetensors"), safetensors_of_one_tensor()).unwrap();
-        catalogs.rescan(|_| {}).await.unwrap();
+        catalogs.rescan(async |_: &Catalog| {}).await.unwrap();
         assert!(catalogs.model("late").is_ok());
     }
 }

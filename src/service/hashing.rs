@@ -27,6 +27,7 @@ use crate::catalog::{Catalog, Model};
 use crate::digests::{DigestProgress, FileIdentity, ModelFiles, Queue, QueuedJob, Throughput, Urgency};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
+use crate::storage::ObjectVersion;
 use crate::telemetry::names;
 
 /// Which digest of a published file is asked for.
@@ -167,6 +168,31 @@ fn publish_gauges(queue: &Queue<Job>) {
 }
 
 impl Service {
+    /// Tells the disk cache the digest a `SHA256SUMS` states for each file of `catalog`'s
+    /// models read through it and not told yet, so that its fills are checked. Runs before the
+    /// catalog is swapped in, so no read of a new version (or of any, after a restart) fills
+    /// unchecked first.
+    pub(crate) async fn hand_down_statements(&self, catalog: &Catalog) {
+        for model in catalog.models() {
+            let Ok(manifest) = &model.state else { continue };
+            let untold: Vec<(String, ObjectVersion)> = self
+                .repository_files(catalog, model, manifest)
+                .into_iter()
+                .filter_map(|file| Some((file.path.clone(), self.object_behind(catalog, model, manifest, &file)?)))
+                .filter(|(_, o)| o.storage.is_cached() && !o.storage.expects_sha256(&o.key, &o.version))
+                .collect();
+            if untold.is_empty() {
+                continue;
+            }
+            let sums = self.stated_sums(catalog, model).await;
+            for (path, object) in untold {
+                if let Some(digest) = sums.get(&path) {
+                    object.storage.expect_sha256(&object.key, &object.version, *digest);
+                }
+            }
+        }
+    }
+
     /// Schedules the hashing of every file the models of `catalog` publish whose digest is
     /// not known, and drops what no listed model publishes any more. A digest the file's source
     /// gives (a Hub file's LFS id) is kept at once, unread; one a `SHA256SUMS` in the model's
@@ -217,13 +243,9 @@ impl Service {
             if !unknown.is_empty() {
                 let sums = self.stated_sums(catalog, model).await;
                 for (identity, file) in unknown {
-                    let behind = self.object_behind(catalog, model, manifest, &file);
-                    let built = behind.is_none();
+                    let built = self.object_behind(catalog, model, manifest, &file).is_none();
                     if let Some(digest) = sums.get(&file.path).filter(|_| !built) {
                         self.digests.state(identity, *digest);
-                        if let Some(object) = behind {
-                            object.storage.expect_sha256(&object.key, &object.version, *digest);
-                        }
                         continue;
                     }
                     unknown_files += 1;

@@ -182,9 +182,10 @@ impl Service {
     pub(crate) async fn rescan(self: &Arc<Self>) {
         let swapped = self
             .catalogs
-            .rescan(|catalog| {
+            .rescan(async |catalog| {
                 self.representations.retain_listed(catalog);
                 self.learnt.retain_listed(catalog);
+                self.hand_down_statements(catalog).await;
             })
             .await;
         if let Some(catalog) = swapped {

@@ -231,6 +231,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Says that the whole object at `version` has SHA-256 `digest` (a `SHA256SUMS` line): a
     /// backend that keeps what it reads (the disk cache) keeps it only once it matches.
     fn expect_sha256(&self, _key: &str, _version: &str, _digest: [u8; 32]) {}
+    /// Whether reads of the object at `version` are checked against a digest (its source's
+    /// own, or one [`Storage::expect_sha256`] handed down).
+    fn expects_sha256(&self, _key: &str, _version: &str) -> bool {
+        false
+    }
     /// Waits until every byte read so far is kept in the disk cache (its blocks are written
     /// while readers already have them).
     fn settled(&self) -> BoxFuture<'_, ()> {

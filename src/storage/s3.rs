@@ -2,18 +2,22 @@
 //! A source `s3://bucket/prefix` lists every model file below the prefix; every read is one ranged
 //! GET conditioned with `If-Match` on the ETag seen at listing, and the ETag of the answer is
 //! checked again on our side, so two versions of an object are never mixed even by a store
-//! that ignores the condition. Endpoint, region, credentials and addressing come from the
-//! standard `AWS_*` variables, overridden by [`S3Options`].
+//! that ignores the condition. Each object version listed is asked once, with a signed `HEAD`
+//! in checksum mode, for the full-object SHA-256 the store keeps when it was uploaded with one:
+//! the digest fills are checked against and published without reading the bytes. Endpoint,
+//! region, credentials and addressing come from the standard `AWS_*` variables, overridden by
+//! [`S3Options`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
+use object_store::signer::{HeaderName, HeaderValue, Method, SignedUrlOptions, Signer as _};
 use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 
 use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
@@ -30,6 +34,9 @@ const REFUSALS: [&str; 6] = [
     "403 Forbidden",
     "401 Unauthorized",
 ];
+
+/// Object versions asked for their checksum at once, after a listing.
+const CHECKSUM_REQUESTS: usize = 16;
 
 /// How to reach the store; `None` leaves the `AWS_*` environment's value.
 #[derive(Debug, Clone)]
@@ -73,7 +80,15 @@ pub struct S3Storage {
     name: String,
     prefix: Option<Path>,
     store: Arc<AmazonS3>,
+    /// For the checksum requests `object_store` cannot make (it never asks for checksums).
+    http: reqwest::Client,
+    /// Each listed object version's full-object SHA-256, by key and ETag: `None` when the
+    /// store keeps none (uploaded without one, or in parts).
+    checksums: Mutex<HashMap<KeyAndEtag, Option<[u8; 32]>>>,
 }
+
+/// An object version: its key and ETag.
+type KeyAndEtag = (String, String);
 
 impl S3Options {
     /// The configured settings, else the `AWS_*` variables in `env` for the switches.
@@ -134,7 +149,94 @@ impl S3Storage {
         }
         let store = builder.build().map_err(|e| refused(e.to_string()))?;
         let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
-        Ok(S3Storage { name: source.to_owned(), prefix, store: Arc::new(store) })
+        let mut http = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .read_timeout(options.read_timeout)
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(file) = &options.ca_file {
+            http =
+                http.tls_certs_merge(super::ca_bundle(file, reqwest::Certificate::from_pem_bundle).map_err(refused)?);
+        }
+        let http = http.build().map_err(|e| refused(e.to_string()))?;
+        let (name, store, checksums) = (source.to_owned(), Arc::new(store), Mutex::default());
+        Ok(S3Storage { name, prefix, store, http, checksums })
+    }
+
+    /// The full-object SHA-256 the store keeps for `key` at ETag `version`: a `HEAD` signed
+    /// with `x-amz-checksum-mode: ENABLED` and `If-Match`. `None` when it keeps none, or only
+    /// a checksum of parts (`COMPOSITE`, from a multipart upload), which no whole read checks.
+    async fn stored_sha256(&self, key: &str, version: &str) -> Result<Option<[u8; 32]>, String> {
+        use base64::Engine as _;
+        let mode = (HeaderName::from_static("x-amz-checksum-mode"), HeaderValue::from_static("ENABLED"));
+        let condition = HeaderValue::from_str(version).map_err(|e| e.to_string())?;
+        let options = SignedUrlOptions::new()
+            .with_signed_header(mode.0.clone(), mode.1.clone())
+            .with_signed_header(HeaderName::from_static("if-match"), condition.clone());
+        let url = self
+            .store
+            .signed_url_opts(Method::HEAD, &self.location(key), Duration::from_secs(300), &options)
+            .await
+            .map_err(|e| e.to_string())?;
+        let answer = self
+            .http
+            .head(url)
+            .header(mode.0, mode.1)
+            .header(reqwest::header::IF_MATCH, condition)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = answer.status();
+        if status == reqwest::StatusCode::PRECONDITION_FAILED || status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(format!("HEAD answered {status}"));
+        }
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok());
+        if header("etag").is_some_and(|tag| tag != version)
+            || header("x-amz-checksum-type").is_some_and(|t| t != "FULL_OBJECT")
+        {
+            return Ok(None);
+        }
+        let digest =
+            header("x-amz-checksum-sha256").and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok());
+        Ok(digest.and_then(|d| <[u8; 32]>::try_from(d).ok()))
+    }
+
+    /// Asks for the checksum of every object version of `listed` not asked yet, and forgets
+    /// those no longer listed. One that cannot be asked now is asked again after the next
+    /// listing; until then its fills go unchecked, as they did before.
+    async fn learn_checksums(&self, listed: &[Listed]) {
+        let unasked: Vec<(String, String)> = {
+            let known = self.checksums.lock().expect("never poisoned");
+            listed
+                .iter()
+                .map(|l| (l.key.clone(), l.version.clone()))
+                .filter(|object| !known.contains_key(object))
+                .collect()
+        };
+        let answers: Vec<_> = futures_util::stream::iter(unasked)
+            .map(|(key, version)| async move {
+                let answer = self.stored_sha256(&key, &version).await;
+                ((key, version), answer)
+            })
+            .buffer_unordered(CHECKSUM_REQUESTS)
+            .collect()
+            .await;
+        let current: std::collections::HashSet<(&str, &str)> =
+            listed.iter().map(|l| (l.key.as_str(), l.version.as_str())).collect();
+        let mut known = self.checksums.lock().expect("never poisoned");
+        known.retain(|(key, version), _| current.contains(&(key.as_str(), version.as_str())));
+        for (object, answer) in answers {
+            match answer {
+                Ok(digest) => {
+                    known.insert(object, digest);
+                }
+                Err(message) => {
+                    tracing::debug!(source = %self.name, key = %object.0, %message, "cannot ask for the object's checksum")
+                }
+            }
+        }
     }
 
     fn location(&self, key: &str) -> Path {
@@ -196,9 +298,15 @@ impl Storage for S3Storage {
                 .filter(|l| !l.key.split('/').any(|part| part.starts_with('.')))
                 .collect();
             listed.sort_by(|a, b| a.key.cmp(&b.key));
+            self.learn_checksums(&listed).await;
             Ok(listed)
         }
         .boxed()
+    }
+
+    fn content_sha256(&self, key: &str, version: &str) -> Option<[u8; 32]> {
+        let known = self.checksums.lock().expect("never poisoned");
+        known.get(&(key.to_owned(), version.to_owned())).copied().flatten()
     }
 
     fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {

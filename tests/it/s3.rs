@@ -314,3 +314,141 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     assert_eq!(reply.status, 206, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.body, new[..100]);
 }
+
+/// A safetensors file of one U8 tensor holding `data`.
+fn safetensors_of(data: &[u8]) -> Vec<u8> {
+    common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
+}
+
+/// Uploads `bytes` to `key` of bucket `models` with their SHA-256 as the object's checksum, as
+/// the AWS SDKs do (`x-amz-sdk-checksum-algorithm`, which moto needs to keep it).
+async fn put_with_sha256(server: &common::S3Server, key: &str, bytes: &[u8]) {
+    use base64::Engine as _;
+    use object_store::signer::{HeaderName, HeaderValue, Method, SignedUrlOptions, Signer as _};
+    use sha2::Digest as _;
+    let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(bytes));
+    let headers = [("x-amz-sdk-checksum-algorithm", "SHA256".to_owned()), ("x-amz-checksum-sha256", digest)];
+    let mut options = SignedUrlOptions::new();
+    for (name, value) in &headers {
+        options = options.with_signed_header(HeaderName::from_static(name), HeaderValue::from_str(value).unwrap());
+    }
+    let path = object_store::path::Path::from(key);
+    let url =
+        server.client("models").signed_url_opts(Method::PUT, &path, Duration::from_secs(60), &options).await.unwrap();
+    let mut put = reqwest::Client::new().put(url).body(bytes.to_vec());
+    for (name, value) in headers {
+        put = put.header(name, value);
+    }
+    let answer = put.send().await.unwrap();
+    assert!(answer.status().is_success(), "{answer:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
+    use common::fault_proxy::{Fault, FaultProxy};
+    use sha2::Digest as _;
+
+    let source = ModelSource::s3();
+    let ModelSource::S3 { server, .. } = &source else { unreachable!() };
+    // One object uploaded with its SHA-256 (the store keeps it), one covered by a SHA256SUMS
+    // beside it, and one per fault with no digest anywhere.
+    let checksummed = safetensors_of(&noise(1 << 20, 1));
+    put_with_sha256(server, "prod/checksummed.safetensors", &checksummed).await;
+    let summed = safetensors_of(&noise(1 << 20, 2));
+    source.put("summed/model.safetensors", &summed).await;
+    let sums = format!("{}  model.safetensors\n", hex::encode(sha2::Sha256::digest(&summed)));
+    source.put("summed/SHA256SUMS", sums.as_bytes()).await;
+    let faults = [
+        Fault::Status(500),
+        Fault::Status(503),
+        Fault::StallAfter(100 << 10),
+        Fault::ResetAfter(100 << 10),
+        Fault::CloseAfter(100 << 10),
+        Fault::DropRange,
+    ];
+    let plain: Vec<Vec<u8>> = (0..faults.len()).map(|i| safetensors_of(&noise(1 << 20, 10 + i as u64))).collect();
+    for (i, file) in plain.iter().enumerate() {
+        source.put(&format!("plain{i}.safetensors"), file).await;
+    }
+    source.put("spare.safetensors", &plain[0]).await;
+
+    let proxy = FaultProxy::start(server.endpoint.trim_start_matches("http://")).await;
+    let cache = tempfile::tempdir().unwrap();
+    let configure = || {
+        let mut config = source.config(Config::default());
+        config.s3_source.endpoint = Some(format!("http://{}", proxy.address));
+        config.s3_source.retries = 2;
+        config.s3_source.read_timeout_secs = 1;
+        config.cache.dir = Some(cache.path().to_owned());
+        config.cache.block_bytes = 64 << 10;
+        config
+    };
+    let (address, server) = serve(configure()).await;
+    let read = |path: &'static str| ask(&address, path, &[]);
+
+    // Damage on the wire is caught by the store's checksum and the SHA256SUMS line alike.
+    let mismatches = metric("ztserve_disk_cache_checked_fills_total", &[("outcome", "mismatch")]);
+    proxy.flip_body_byte(300 << 10);
+    for path in ["/models/checksummed/file", "/models/summed/file"] {
+        let reply = read(path).await;
+        assert!(!reply.complete || reply.status == 503, "{path}: damaged bytes were sent whole: {}", reply.head);
+    }
+    let counted = metric("ztserve_disk_cache_checked_fills_total", &[("outcome", "mismatch")]) - mismatches;
+    assert_eq!(counted, 4.0, "each object tried twice");
+    proxy.heal();
+    server.rescan().await;
+    assert!(read("/models/checksummed/file").await.body == checksummed);
+    assert!(read("/models/summed/file").await.body == summed);
+
+    // Each fault once on the next ranged GET of an object with no digest: retried, or an error
+    // or a body cut short; never wrong bytes whole, and exact once healed.
+    for (i, fault) in faults.iter().enumerate() {
+        let path: &'static str = format!("/models/plain{i}/file").leak();
+        proxy.inject(fault.clone());
+        let ranged = proxy.ranged_requests();
+        let reply = read(path).await;
+        let sent = proxy.ranged_requests() - ranged;
+        if reply.complete && reply.status == 200 {
+            assert!(reply.body == plain[i], "{fault:?}: a whole body with wrong bytes");
+        } else {
+            assert!(reply.status == 200 || reply.status == 503, "{fault:?}: {}", reply.head);
+        }
+        // 16 blocks, each read retried at most `retries` (2) times.
+        assert!(sent <= 16 + 2, "{fault:?}: {sent} ranged requests");
+        proxy.heal();
+        server.rescan().await;
+        let again = read(path).await;
+        assert!(again.complete && again.body == plain[i], "{fault:?}: after healing: {}", again.head);
+    }
+    // Errors past the retries: a bounded number of requests, then 503; what is cached is
+    // served without asking the origin.
+    for _ in 0..50 {
+        proxy.inject(Fault::Status(500));
+    }
+    let ranged = proxy.ranged_requests();
+    let reply = read("/models/spare/file").await;
+    // The head goes out with the first block, kept by the scan: the body is cut short.
+    assert!(reply.status == 503 || (reply.status == 200 && !reply.complete), "{}", reply.head);
+    assert_eq!(proxy.ranged_requests() - ranged, 3, "one GET and 2 retries");
+    let reply = ask(&address, "/models/plain0/file", &[("Range", "bytes=0-10")]).await;
+    assert!(reply.status == 206 && reply.body == plain[0][..11], "cached: {}", reply.head);
+    assert!(read("/models/plain1/file").await.body == plain[1], "cached");
+    assert_eq!(proxy.ranged_requests() - ranged, 3, "cached bytes went to the origin");
+    proxy.heal();
+    drop(server);
+
+    // After a restart the SHA256SUMS line is handed to the cache again: a fill (the cache
+    // emptied) is still checked.
+    std::fs::remove_dir_all(cache.path()).unwrap();
+    let (address, _server) = serve(configure()).await;
+    proxy.flip_body_byte(300 << 10);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reply = ask(&address, "/models/summed/file", &[]).await;
+        assert!(!(reply.complete && reply.status == 200 && reply.body != summed), "damaged bytes were sent whole");
+        if !reply.complete || reply.status == 503 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted server never checked the fill");
+    }
+}

@@ -573,6 +573,10 @@ impl Storage for CachedStorage {
         }
     }
 
+    fn expects_sha256(&self, key: &str, version: &str) -> bool {
+        self.expected_sha256(key, version).is_some()
+    }
+
     fn pin(&self, objects: &[(String, String)]) {
         self.cache.pin(self.name(), objects);
     }
