@@ -218,6 +218,9 @@ fn serve(asked: ServeFlags) -> anyhow::Result<ExitCode> {
         let listeners = ztserve::server::Listeners::bind(server.config()).await?;
         ztserve::server::serve(server, listeners, signals).await
     })?;
+    // The drain is over: a blocking task still running (a hash, a block being written) does
+    // not hold the exit past it.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -158,7 +158,11 @@ pub async fn serve(
     });
     let drain = Duration::from_secs(server.config().server.shutdown_drain_secs);
     let limits = ConnectionSettings::from_config(server.config());
-    let shutdown = futures_util::FutureExt::shared(Box::pin(shutdown));
+    let draining = Arc::clone(service);
+    let shutdown = futures_util::FutureExt::shared(Box::pin(async move {
+        shutdown.await;
+        draining.begin_drain();
+    }));
     let s3 = listeners.s3.map(|s3| {
         let (app, tls) = (server.s3_app(), server.tls.clone());
         tokio::spawn(crate::transport::serve(s3, app, limits.clone(), tls, shutdown.clone(), drain))
@@ -177,6 +181,16 @@ pub async fn serve(
     if let Some(certificate) = certificate {
         certificate.abort();
     }
+    // Nothing half-written is left: fills cut short by the drain leave no temporaries, and
+    // every digest appended is on disk.
+    let service = Arc::clone(service);
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(cache) = service.disk_cache() {
+            cache.discard_temporaries();
+        }
+        service.sync_digests();
+    })
+    .await;
     Ok(())
 }
 

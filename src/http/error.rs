@@ -118,13 +118,15 @@ pub(crate) enum Readiness {
     Degraded,
     /// No source answers.
     Unavailable,
+    /// Shutting down: requests in flight finish, new ones belong elsewhere.
+    Draining,
 }
 
 /// `/readyz`'s status: load balancers route only to a 200.
 pub(crate) fn readiness_status(readiness: Readiness) -> StatusCode {
     match readiness {
         Readiness::Ready | Readiness::Degraded => StatusCode::OK,
-        Readiness::Starting | Readiness::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Readiness::Starting | Readiness::Unavailable | Readiness::Draining => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 

@@ -16,10 +16,14 @@ pub(super) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// 503 until the first index completes. Then each source with its health: 200 `ready` when
-/// every source answers, 200 `degraded` when some do not (their models answer 503 while the
-/// others serve), 503 `unavailable` when none does.
+/// 503 until the first index completes, and 503 `draining` from the moment shutdown begins.
+/// Otherwise each source with its health: 200 `ready` when every source answers, 200
+/// `degraded` when some do not (their models answer 503 while the others serve), 503
+/// `unavailable` when none does.
 pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
+    if state.service.is_draining() {
+        return (readiness_status(Readiness::Draining), Json(json!({ "status": "draining" })));
+    }
     if !state.service.is_ready() {
         return (readiness_status(Readiness::Starting), Json(json!({ "status": "starting" })));
     }

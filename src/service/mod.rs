@@ -80,6 +80,8 @@ pub(crate) struct Service {
     disk_cache: Option<Arc<DiskCache>>,
     /// The trust model signatures are checked against, when any source reads them.
     signatures: Option<signatures::Signatures>,
+    /// Set when shutdown begins: readiness answers 503 while requests in flight finish.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Service {
@@ -162,6 +164,7 @@ impl Service {
             prefetches: prefetch::Prefetches::default(),
             disk_cache,
             signatures,
+            draining: std::sync::atomic::AtomicBool::new(false),
             catalogs: Arc::new(catalogs::Catalogs::new(sources, options)),
             views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), config.serving.view_shard_bytes),
             representations,
@@ -230,8 +233,14 @@ impl Service {
         loop {
             interval.tick().await;
             let service = Arc::clone(&self);
-            let _ = tokio::task::spawn_blocking(move || service.digests.sync()).await;
+            let _ = tokio::task::spawn_blocking(move || service.sync_digests()).await;
         }
+    }
+
+    /// Syncs the digests appended since the last sync (blocking): on a schedule, and once
+    /// more as the server stops.
+    pub(crate) fn sync_digests(&self) {
+        self.digests.sync();
     }
 
     /// The node's disk cache, when there is one (the server runs its scrub).
@@ -241,6 +250,15 @@ impl Service {
 
     pub(crate) fn is_ready(&self) -> bool {
         self.catalogs.is_ready()
+    }
+
+    /// Marks the service as shutting down: `/readyz` answers 503 `draining` from now on.
+    pub(crate) fn begin_drain(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub(crate) fn config(&self) -> &Config {

@@ -12,6 +12,7 @@ mod digests_ahead;
 mod directories;
 mod disk_cache;
 mod docs;
+mod drain;
 mod fan_out;
 mod faults;
 mod format_rules;

@@ -181,6 +181,18 @@ impl DiskCache {
         self.index.lock().expect("never poisoned").held()
     }
 
+    /// Removes this process's temporaries (fills cut short by a shutdown), so a drained
+    /// server leaves nothing half-written behind; a killed one's go at the next start.
+    pub fn discard_temporaries(&self) {
+        let own = format!(".{}.", std::process::id());
+        let Ok(entries) = std::fs::read_dir(&self.temporary_dir) else { return };
+        for entry in entries.flatten() {
+            if entry.file_name().to_str().is_some_and(|name| name.contains(&own)) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
     /// A temporary file's suffix, unique to this process and file.
     fn temporary_suffix(&self) -> String {
         format!("{}.{}", std::process::id(), self.temporaries.fetch_add(1, Ordering::Relaxed))
