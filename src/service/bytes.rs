@@ -13,7 +13,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::ServiceError;
 use super::components::Representations;
-use super::representation::{ByteStream, RangeSource};
+use super::representation::{ByteStream, RangeSource, guard, guarded};
 use crate::catalog::{Companion, Model, Source, StoredFile};
 use crate::decode::Stored;
 use crate::format::Manifest;
@@ -23,7 +23,7 @@ use crate::storage::{ObjectVersion, Readahead, StorageError};
 pub(crate) enum ModelBytes {
     /// The whole file, mapped (for sending only; see [`Stored::File`]), and the open file
     /// behind the mapping, which the server's own reads go through.
-    Mapped { bytes: Bytes, file: Arc<std::fs::File>, source_name: String, key: String },
+    Mapped { bytes: Bytes, file: Arc<std::fs::File>, source_name: String, key: String, version: String },
     /// The object version listed: every read of the response is bound to it.
     Remote { object: ObjectVersion, source: Arc<Source> },
 }
@@ -42,7 +42,11 @@ impl ModelBytes {
     /// The bytes at `range` of the file, served as they are.
     pub(crate) fn served(&self, readahead: &Readahead, model: &str, range: Range<u64>) -> Arc<dyn RangeSource> {
         match self {
-            ModelBytes::Mapped { bytes, .. } => Arc::new(bytes.slice(range.start as usize..range.end as usize)),
+            ModelBytes::Mapped { bytes, file, version, .. } => Arc::new(MappedVersion {
+                bytes: bytes.slice(range.start as usize..range.end as usize),
+                file: Arc::clone(file),
+                version: version.clone(),
+            }),
             ModelBytes::Remote { object, source } => Arc::new(RemoteRange {
                 object: object.clone(),
                 source: Arc::clone(source),
@@ -87,6 +91,33 @@ pub(crate) fn storage_failed(source: &Source, model: &str, error: StorageError) 
     ServiceError::Storage { model: model.to_owned(), source: error }
 }
 
+/// Bytes of a mapped file's version, sent by reference: the last piece of each body waits
+/// until the file is found still that version, so a file rewritten in place while it was sent
+/// (its size and modification time restored, even) ends the response short of its length.
+struct MappedVersion {
+    bytes: Bytes,
+    file: Arc<std::fs::File>,
+    version: String,
+}
+
+impl RangeSource for MappedVersion {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn open(&self, range: Range<u64>) -> ByteStream {
+        let (file, version) = (Arc::clone(&self.file), self.version.clone());
+        let unchanged = async move {
+            let same = tokio::task::spawn_blocking(move || crate::storage::local::is_version(&file, &version)).await;
+            match same {
+                Ok(Ok(true)) => Ok(()),
+                _ => Err("the file changed in place while it was sent".to_owned()),
+            }
+        };
+        guarded(self.bytes.open(range), guard(unchanged))
+    }
+}
+
 /// Raw bytes of a listed object read through its storage: ranged GETs from S3 (split and run in
 /// parallel when long), reads of a local file.
 struct RemoteRange {
@@ -123,8 +154,9 @@ impl RangeSource for RemoteRange {
 
 /// The model's stored bytes for one response. A file from a backend that maps files is
 /// mapped once per model version (the storage checks the mapping is of the version listed)
-/// and checked against the file's current length, so a file truncated in place is refused
-/// rather than read.
+/// and checked against the file's identity now (one `fstat`), so a file truncated or
+/// rewritten in place is refused rather than read; it is checked again before the last piece
+/// of the response goes out ([`ModelBytes::served`]).
 pub(crate) async fn model_bytes(
     model: &Arc<Model>,
     manifest: &Manifest,
@@ -149,8 +181,8 @@ pub(crate) async fn model_bytes(
             Err(e) => return Err(storage_failed(&model.source, &model.id, e)),
         },
     };
-    let current = mapping.current_len().map_err(|_| changed())?;
-    if mapping.len() as u64 != expected_len || current < expected_len {
+    let unchanged = crate::storage::local::is_version(mapping.file(), &object.version).unwrap_or(false);
+    if mapping.len() as u64 != expected_len || !unchanged {
         return Err(changed());
     }
     Ok(ModelBytes::Mapped {
@@ -158,6 +190,7 @@ pub(crate) async fn model_bytes(
         bytes: Bytes::from_owner(ArcBytes(mapping)),
         source_name: model.source.name.clone(),
         key: object.key.clone(),
+        version: object.version.clone(),
     })
 }
 

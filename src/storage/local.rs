@@ -28,9 +28,17 @@ pub struct LocalStorage {
     root: std::path::PathBuf,
 }
 
-/// A file version as a string: its identity (device, inode, size, modification time).
+/// A file version as a string: its identity (device, inode, size, modification and change
+/// times).
 pub fn version_of(identity: &super::scan::FileIdentity) -> String {
-    format!("{:x}-{:x}-{:x}-{:x}", identity.device, identity.inode, identity.size, identity.mtime_ns)
+    let super::scan::FileIdentity { device, inode, size, mtime_ns, ctime_ns } = identity;
+    format!("{device:x}-{inode:x}-{size:x}-{mtime_ns:x}-{ctime_ns:x}")
+}
+
+/// Whether the open `file` is still `version` (blocking: one `fstat`); a file written in
+/// place since is not, whatever times were restored.
+pub fn is_version(file: &File, version: &str) -> io::Result<bool> {
+    Ok(version_of(&super::scan::FileIdentity::of(&file.metadata()?)) == version)
 }
 
 /// Largest piece a local read yields at once.
@@ -168,7 +176,7 @@ impl super::Storage for LocalStorage {
     }
 
     /// The version without its device: a container's overlay is a new device at every start,
-    /// while the inode, size and modification time of an image's file stay what they were.
+    /// while the inode, size and times of an image's file stay what they were.
     fn content_version<'v>(&self, version: &'v str) -> &'v str {
         version.split_once('-').map_or(version, |(_device, rest)| rest)
     }
@@ -272,10 +280,11 @@ mod tests {
     fn a_files_content_is_named_without_its_device_which_a_remount_changes() {
         use crate::storage::Storage as _;
         let storage = LocalStorage::new("src", std::path::Path::new("/nowhere"));
-        let identity = |device| super::super::scan::FileIdentity { device, inode: 7, size: 9, mtime_ns: 11 };
+        let identity =
+            |device| super::super::scan::FileIdentity { device, inode: 7, size: 9, mtime_ns: 11, ctime_ns: 13 };
         let (here, remounted) = (version_of(&identity(1)), version_of(&identity(2)));
         assert_ne!(here, remounted);
         assert_eq!(storage.content_version(&here), storage.content_version(&remounted));
-        assert_eq!(storage.content_version(&here), "7-9-b");
+        assert_eq!(storage.content_version(&here), "7-9-b-d");
     }
 }

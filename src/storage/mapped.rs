@@ -99,12 +99,6 @@ impl MappedFile {
         MappedFile { file, map: Some(map) }
     }
 
-    /// The file's length now, from its descriptor: smaller than the mapping if it was
-    /// truncated in place since it was mapped.
-    pub fn current_len(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
-    }
-
     /// The open file mapped: what [`pread_stream`] reads the same bytes from.
     pub fn file(&self) -> &Arc<File> {
         &self.file

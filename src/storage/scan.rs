@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub struct FileIdentity {
     pub size: u64,
     pub mtime_ns: i128,
+    /// The inode's change time, which no one can set back: a file rewritten in place with
+    /// its size and modification time restored still changes it.
+    pub ctime_ns: i128,
     pub inode: u64,
     pub device: u64,
 }
@@ -22,6 +25,7 @@ impl FileIdentity {
         FileIdentity {
             size: metadata.len(),
             mtime_ns: i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec()),
+            ctime_ns: i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec()),
             inode: metadata.ino(),
             device: metadata.dev(),
         }

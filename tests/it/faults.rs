@@ -131,3 +131,56 @@ async fn a_file_truncated_while_its_digest_is_checked_on_every_read_ends_that_re
     .await
     .unwrap();
 }
+
+/// Writes `bytes` at `at` of `path` in place, then sets its modification time back: size and
+/// mtime are what they were (only the change time, which no one can set, tells).
+fn rewrite_in_place(path: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt as _;
+    let modified = fs::metadata(path).unwrap().modified().unwrap();
+    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, at).unwrap();
+    file.set_times(fs::FileTimes::new().set_modified(modified)).unwrap();
+    assert_eq!(fs::metadata(path).unwrap().modified().unwrap(), modified);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_rewritten_in_place_with_size_and_mtime_restored_is_never_served_whole_under_its_old_etag() {
+    // Safetensors: no digest inside the file to catch the rewrite, only the file's identity.
+    let raw = noise(48 * MIB, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim.safetensors");
+    fs::write(&victim, common::safetensors_file(&[("raw", safetensors::Dtype::U8, vec![raw.len()], &raw)])).unwrap();
+    let (address, server) = serve(config(dir.path())).await;
+    let path = "/models/victim/objects/raw";
+    let first = common::request_async(&address, path, &[]).await;
+    assert!(first.complete && first.body == raw);
+    let old_etag = first.header("etag").unwrap().to_owned();
+    let position = fs::read(&victim).unwrap().windows(64).position(|w| w == &raw[..64]).unwrap() as u64;
+
+    // Rewritten while a response is under way: the response ends short.
+    let (sent_from, victim_path) = (address.clone(), victim.clone());
+    let (body, raw) = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(&sent_from).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut received = vec![0; 64 << 10];
+        stream.read_exact(&mut received).unwrap();
+        rewrite_in_place(&victim_path, position + (40 * MIB) as u64, &[0xA5; 4096]);
+        let _ = stream.read_to_end(&mut received);
+        let head_end = received.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        (received.split_off(head_end), raw)
+    })
+    .await
+    .unwrap();
+    assert!(body.len() < raw.len(), "a body was completed under the ETag of the bytes before the rewrite");
+
+    // Before a response: 503, until a rescan lists the new version under a new ETag.
+    let refused = common::request_async(&address, path, &[]).await;
+    assert_eq!(refused.status, 503, "{}", refused.head);
+    server.rescan().await;
+    let mut expected = raw.clone();
+    expected[40 * MIB..40 * MIB + 4096].fill(0xA5);
+    let now = common::request_async(&address, path, &[]).await;
+    assert!(now.complete && now.body == expected, "{}", now.head);
+    assert_ne!(now.header("etag").unwrap(), old_etag);
+}

@@ -293,6 +293,26 @@ def test_a_server_that_disappears_mid_load_fails_it_with_a_transfer_error(tmp_pa
             pass
 
 
+def test_bytes_that_miss_the_digest_the_server_states_fail_the_load_loudly(tmp_path):
+    import subprocess
+
+    # The checkpoint as a .zt with a SHA-256 per tensor, one byte of each flipped on disk, served
+    # by a server that does not check digests itself: only the load can catch it.
+    source, converted = tmp_path / "model.safetensors", tmp_path / "model.zt"
+    save_file(checkpoint(), source, metadata={"format": "pt"})
+    subprocess.run([str(live.binary()), "convert", "--digest", "sha256", str(source), str(converted)], check=True)
+    models = tmp_path / "models"
+    (models / "org").mkdir(parents=True)
+    assert live.flip_digested_blobs(converted, models / "org" / "llama.zt")
+    server = live.Server(models, env={"ZTSERVE_SERVING__VERIFY": "never"})
+    try:
+        # Tensors every rank reads whole (the norms) are checked against their digest.
+        with pytest.raises(ztserve_client.DigestMismatch, match="sha256"):
+            load(server.url, 0, 2)
+    finally:
+        server.stop()
+
+
 def server_of(full, fetched):
     """A stand-in for the server's `?slice=` of `full`: each region asked for is recorded."""
 
