@@ -107,10 +107,11 @@ impl RangeSource for MappedVersion {
 
     fn open(&self, range: Range<u64>) -> ByteStream {
         let (file, version) = (Arc::clone(&self.file), self.version.clone());
+        // One `fstat`, on this thread: a hop to the blocking pool cost 14% of the requests
+        // a second of 1 MiB ranges at 4 connections.
         let unchanged = async move {
-            let same = tokio::task::spawn_blocking(move || crate::storage::local::is_version(&file, &version)).await;
-            match same {
-                Ok(Ok(true)) => Ok(()),
+            match crate::storage::local::is_version(&file, &version) {
+                Ok(true) => Ok(()),
                 _ => Err("the file changed in place while it was sent".to_owned()),
             }
         };
