@@ -139,6 +139,9 @@ pub struct S3Source {
     pub read_timeout_secs: u64,
     /// Retries of a failed S3 request, with exponential backoff.
     pub retries: usize,
+    /// Ask each listed object version once (a signed `HEAD`) for the SHA-256 checksum the
+    /// store keeps, to check fills against and publish as its digest.
+    pub ask_checksums: bool,
     /// A PEM bundle of CA certificates trusted for an `https://` endpoint, beside the system's
     /// roots (absent: the system's roots alone).
     pub ca_file: Option<PathBuf>,
@@ -175,6 +178,7 @@ impl Default for S3Source {
             connect_timeout_secs: 5,
             read_timeout_secs: 30,
             retries: 3,
+            ask_checksums: true,
             ca_file: None,
         }
     }
@@ -193,6 +197,7 @@ impl std::fmt::Debug for S3Source {
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("read_timeout_secs", &self.read_timeout_secs)
             .field("retries", &self.retries)
+            .field("ask_checksums", &self.ask_checksums)
             .field("ca_file", &self.ca_file)
             .finish()
     }

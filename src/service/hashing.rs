@@ -174,7 +174,13 @@ impl Service {
     /// unchecked first.
     pub(crate) async fn hand_down_statements(&self, catalog: &Catalog) {
         for model in catalog.models() {
+            // Every file of a model is of its source: only a cached source's are read checked,
+            // and only a model with a SHA256SUMS has lines to hand down.
             let Ok(manifest) = &model.state else { continue };
+            let has_sums = || catalog.companions(&model.id).iter().any(|c| c.name == crate::format::sums::SUMS_FILE);
+            if !model.source.storage.is_cached() || !has_sums() {
+                continue;
+            }
             let untold: Vec<(String, ObjectVersion)> = self
                 .repository_files(catalog, model, manifest)
                 .into_iter()
