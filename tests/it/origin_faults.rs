@@ -119,7 +119,8 @@ async fn origin_errors_stalls_resets_short_bodies_and_whole_answers_never_reach_
     let specs = (0..files.len()).map(|i| SourceSpec::Hub { repo: format!("org/m{i}"), revision: None }).collect();
     let mut config = Config::serving(specs);
     config.hub_source.endpoint = Some(format!("http://{}/hf", proxy.address));
-    config.hub_source.read_timeout_secs = 1;
+    // Long enough that a busy machine never stalls a healthy answer this long.
+    config.hub_source.read_timeout_secs = 3;
     config.hub_source.retries = 2;
     config.hub_source.token = Some("hf_secret".into());
     config.cache.dir = Some(cache.clone());

@@ -378,7 +378,7 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
         let mut config = source.config(Config::default());
         config.s3_source.endpoint = Some(format!("http://{}", proxy.address));
         config.s3_source.retries = 2;
-        config.s3_source.read_timeout_secs = 1;
+        config.s3_source.read_timeout_secs = 3;
         config.cache.dir = Some(cache.path().to_owned());
         config.cache.block_bytes = 64 << 10;
         config
