@@ -36,9 +36,15 @@ pub fn version_of(identity: &super::scan::FileIdentity) -> String {
 }
 
 /// Whether the open `file` is still `version` (blocking: one `fstat`); a file written in
-/// place since is not, whatever times were restored.
+/// place since is not, whatever times were restored. A file replaced by a rename (or removed)
+/// still is: the unlink changed its change time, and nothing can change its bytes through the
+/// path any more.
 pub fn is_version(file: &File, version: &str) -> io::Result<bool> {
-    Ok(version_of(&super::scan::FileIdentity::of(&file.metadata()?)) == version)
+    use std::os::unix::fs::MetadataExt as _;
+    let metadata = file.metadata()?;
+    let now = version_of(&super::scan::FileIdentity::of(&metadata));
+    let without_change_time = |v: &str| v.rsplit_once('-').map(|(rest, _)| rest.to_owned());
+    Ok(now == version || (metadata.nlink() == 0 && without_change_time(&now) == without_change_time(version)))
 }
 
 /// Largest piece a local read yields at once.
