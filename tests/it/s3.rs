@@ -7,20 +7,9 @@ use crate::common;
 use std::io::{Read as _, Write as _};
 use std::time::{Duration, Instant};
 
-use common::{ModelSource, Reply, metric, model, noise, request, serve};
+use common::{ModelSource, metric, model, noise, request, request_async as ask, serve};
 use ztserve::config::Config;
 use ztserve::format::DType;
-
-/// [`request`] off the test's runtime.
-async fn ask(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let (address, path) = (address.to_owned(), path.to_owned());
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    blocking(move || {
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        request(&address, &path, &headers)
-    })
-    .await
-}
 
 /// Runs a blocking client off the test's runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -411,7 +400,7 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
         if reply.complete && reply.status == 200 {
             assert!(reply.body == plain[i], "{fault:?}: a whole body with wrong bytes");
         } else {
-            assert!(reply.status == 200 || reply.status == 503, "{fault:?}: {}", reply.head);
+            assert!(matches!(reply.status, 0 | 200 | 503), "{fault:?}: {}", reply.head);
         }
         // 16 blocks, each read retried at most `retries` (2) times.
         assert!(sent <= 16 + 2, "{fault:?}: {sent} ranged requests");
@@ -427,8 +416,9 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
     }
     let ranged = proxy.ranged_requests();
     let reply = read("/models/spare/file").await;
-    // The head goes out with the first block, kept by the scan: the body is cut short.
-    assert!(reply.status == 503 || (reply.status == 200 && !reply.complete), "{}", reply.head);
+    // The head goes out with the first block, kept by the scan: the body is cut short (status
+    // 0 when hyper had not flushed the head yet).
+    assert!(reply.status == 503 || (matches!(reply.status, 0 | 200) && !reply.complete), "{}", reply.head);
     assert_eq!(proxy.ranged_requests() - ranged, 3, "one GET and 2 retries");
     let reply = ask(&address, "/models/plain0/file", &[("Range", "bytes=0-10")]).await;
     assert!(reply.status == 206 && reply.body == plain[0][..11], "cached: {}", reply.head);
