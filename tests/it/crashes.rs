@@ -9,13 +9,7 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{RunningServer, noise, request_async, serve, start_binary};
-use ztserve::config::{Config, SourceSpec};
-
-/// A safetensors file of one U8 tensor holding `data`.
-fn safetensors(data: &[u8]) -> Vec<u8> {
-    common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
-}
+use common::{RunningServer, hub_origin, noise, one_tensor_safetensors, request_async, start_binary};
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
@@ -112,14 +106,13 @@ async fn check_after_restart(
 async fn a_server_killed_at_24_seeded_moments_of_fills_and_digest_writes_restarts_whole() {
     let work = tempfile::tempdir().unwrap();
     let (origin_dir, local, cache) = (work.path().join("origin"), work.path().join("local"), work.path().join("cache"));
-    std::fs::create_dir_all(origin_dir.join("org")).unwrap();
     std::fs::create_dir_all(local.join("team")).unwrap();
-    let hub: Vec<(&str, Vec<u8>)> =
-        vec![("org/a", safetensors(&noise(2 << 20, 1))), ("org/b", safetensors(&noise(2 << 20, 2)))];
-    for (repo, bytes) in &hub {
-        std::fs::write(origin_dir.join(format!("{repo}.safetensors")), bytes).unwrap();
-    }
-    let (origin, _origin_server) = serve(Config::serving(vec![SourceSpec::local(origin_dir)])).await;
+    let hub: Vec<(&str, Vec<u8>)> = vec![
+        ("org/a", one_tensor_safetensors(&noise(2 << 20, 1))),
+        ("org/b", one_tensor_safetensors(&noise(2 << 20, 2))),
+    ];
+    let repos: Vec<_> = hub.iter().map(|(repo, bytes)| (repo.to_string(), bytes.as_slice())).collect();
+    let (origin, _origin_server) = hub_origin(&origin_dir, &repos).await;
 
     // The moments, in milliseconds after a new local file appears: a fixed seed, so a failure
     // names a point that can be run again.
@@ -141,7 +134,7 @@ async fn a_server_killed_at_24_seeded_moments_of_fills_and_digest_writes_restart
         });
         std::fs::write(
             local.join(format!("team/m{point}.safetensors")),
-            safetensors(&noise(1 << 20, 100 + point as u64)),
+            one_tensor_safetensors(&noise(1 << 20, 100 + point as u64)),
         )
         .unwrap();
         tokio::time::sleep(Duration::from_millis(*moment)).await;

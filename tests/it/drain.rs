@@ -11,13 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fault_proxy::{Fault, FaultProxy};
-use common::{noise, request_async, serve, start_binary};
+use common::{hub_origin, noise, one_tensor_safetensors, request_async, start_binary};
 use ztserve::config::{Config, SourceSpec};
-
-/// A safetensors file of one U8 tensor holding `data`.
-fn safetensors(data: &[u8]) -> Vec<u8> {
-    common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
-}
 
 /// Seconds the victim gives requests in flight once told to stop.
 const DRAIN_SECS: u64 = 5;
@@ -82,16 +77,14 @@ fn slow_client(
 async fn sigterm_with_64_connections_and_stalled_fills_drains_in_time_and_leaves_nothing_half_written() {
     let work = tempfile::tempdir().unwrap();
     let (origin_dir, local, cache) = (work.path().join("origin"), work.path().join("local"), work.path().join("cache"));
-    std::fs::create_dir_all(origin_dir.join("org")).unwrap();
     std::fs::create_dir_all(local.join("team")).unwrap();
-    let hub = [("org/a", safetensors(&noise(4 << 20, 1))), ("org/b", safetensors(&noise(4 << 20, 2)))];
-    for (repo, bytes) in &hub {
-        std::fs::write(origin_dir.join(format!("{repo}.safetensors")), bytes).unwrap();
-    }
+    let hub =
+        [("org/a", one_tensor_safetensors(&noise(4 << 20, 1))), ("org/b", one_tensor_safetensors(&noise(4 << 20, 2)))];
     // Larger than what the sockets' buffers hold: the stalled client holds the drain open.
-    let big = Arc::new(safetensors(&noise(32 << 20, 3)));
+    let big = Arc::new(one_tensor_safetensors(&noise(32 << 20, 3)));
     std::fs::write(local.join("team/big.safetensors"), big.as_slice()).unwrap();
-    let (origin, _origin_server) = serve(Config::serving(vec![SourceSpec::local(origin_dir)])).await;
+    let repos: Vec<_> = hub.iter().map(|(repo, bytes)| (repo.to_string(), bytes.as_slice())).collect();
+    let (origin, _origin_server) = hub_origin(&origin_dir, &repos).await;
     let proxy = FaultProxy::start(&origin).await;
 
     let endpoint = format!("http://{}/hf", proxy.address);
@@ -197,7 +190,7 @@ async fn readiness_turns_503_draining_the_moment_shutdown_begins() {
     use tower::ServiceExt as _;
     let models = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(models.path().join("team")).unwrap();
-    let big = Arc::new(safetensors(&noise(32 << 20, 5)));
+    let big = Arc::new(one_tensor_safetensors(&noise(32 << 20, 5)));
     std::fs::write(models.path().join("team/big.safetensors"), big.as_slice()).unwrap();
     let mut config = Config::serving(vec![SourceSpec::local(models.path())]);
     config.server.shutdown_drain_secs = 30;

@@ -12,13 +12,8 @@ use crate::common;
 use std::path::Path;
 
 use common::fault_proxy::{Fault, FaultProxy};
-use common::{metric, noise, request_async, serve};
+use common::{hub_origin, metric, noise, one_tensor_safetensors, request_async, serve};
 use ztserve::config::{Config, SourceSpec};
-
-/// A safetensors file of one U8 tensor holding `data`.
-fn safetensors(data: &[u8]) -> Vec<u8> {
-    common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
-}
 
 fn blocks_in(cache: &Path) -> usize {
     std::fs::read_dir(cache.join("blocks")).map_or(0, |d| d.count())
@@ -28,11 +23,8 @@ fn blocks_in(cache: &Path) -> usize {
 async fn bytes_damaged_on_the_wire_are_never_kept_or_served_and_the_next_read_tries_again() {
     let work = tempfile::tempdir().unwrap();
     let (origin_dir, cache) = (work.path().join("origin"), work.path().join("cache"));
-    std::fs::create_dir_all(origin_dir.join("org")).unwrap();
-    let (a, b) = (safetensors(&noise(1 << 20, 3)), safetensors(&noise(1 << 20, 4)));
-    std::fs::write(origin_dir.join("org/a.safetensors"), &a).unwrap();
-    std::fs::write(origin_dir.join("org/b.safetensors"), &b).unwrap();
-    let (origin, _origin_server) = serve(Config::serving(vec![SourceSpec::local(origin_dir)])).await;
+    let (a, b) = (one_tensor_safetensors(&noise(1 << 20, 3)), one_tensor_safetensors(&noise(1 << 20, 4)));
+    let (origin, _origin_server) = hub_origin(&origin_dir, &[("org/a".into(), &a), ("org/b".into(), &b)]).await;
     let proxy = FaultProxy::start(&origin).await;
 
     let mut config = Config::serving(vec![
@@ -97,7 +89,6 @@ struct Case {
 async fn origin_errors_stalls_resets_short_bodies_and_whole_answers_never_reach_a_client_as_bytes() {
     let work = tempfile::tempdir().unwrap();
     let (origin_dir, cache) = (work.path().join("origin"), work.path().join("cache"));
-    std::fs::create_dir_all(origin_dir.join("org")).unwrap();
     let cases = [
         Case { fault: Fault::Status(500), times: 1 },
         Case { fault: Fault::Status(503), times: 1 },
@@ -108,11 +99,10 @@ async fn origin_errors_stalls_resets_short_bodies_and_whole_answers_never_reach_
         Case { fault: Fault::DropRange, times: 2 },
     ];
     // One file per case, one read between cases, one redirected.
-    let files: Vec<Vec<u8>> = (0..cases.len() + 2).map(|i| safetensors(&noise(512 << 10, 10 + i as u64))).collect();
-    for (i, file) in files.iter().enumerate() {
-        std::fs::write(origin_dir.join(format!("org/m{i}.safetensors")), file).unwrap();
-    }
-    let (origin, _origin_server) = serve(Config::serving(vec![SourceSpec::local(origin_dir)])).await;
+    let files: Vec<Vec<u8>> =
+        (0..cases.len() + 2).map(|i| one_tensor_safetensors(&noise(512 << 10, 10 + i as u64))).collect();
+    let repos: Vec<_> = files.iter().enumerate().map(|(i, file)| (format!("org/m{i}"), file.as_slice())).collect();
+    let (origin, _origin_server) = hub_origin(&origin_dir, &repos).await;
     let proxy = FaultProxy::start(&origin).await;
     let elsewhere = FaultProxy::start(&origin).await;
 

@@ -7,7 +7,7 @@ use crate::common;
 use std::io::{Read as _, Write as _};
 use std::time::{Duration, Instant};
 
-use common::{ModelSource, metric, model, noise, request, request_async as ask, serve};
+use common::{ModelSource, metric, model, noise, one_tensor_safetensors, request, request_async as ask, serve};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -304,9 +304,26 @@ async fn an_object_replaced_during_a_long_download_gives_the_old_bytes_or_an_err
     assert_eq!(reply.body, new[..100]);
 }
 
-/// A safetensors file of one U8 tensor holding `data`.
-fn safetensors_of(data: &[u8]) -> Vec<u8> {
-    common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_is_asked_for_checksums_only_when_ask_checksums_is_on() {
+    use common::fault_proxy::FaultProxy;
+
+    let source = ModelSource::s3();
+    let ModelSource::S3 { server, .. } = &source else { unreachable!() };
+    let file = one_tensor_safetensors(&noise(64 << 10, 5));
+    put_with_sha256(server, "prod/checksummed.safetensors", &file).await;
+    let proxy = FaultProxy::start(server.endpoint.trim_start_matches("http://")).await;
+    for ask_checksums in [false, true] {
+        let mut config = source.config(Config::default());
+        config.s3_source.endpoint = Some(format!("http://{}", proxy.address));
+        config.s3_source.ask_checksums = ask_checksums;
+        let asked = proxy.checksum_requests();
+        let (address, _server) = serve(config).await;
+        let reply = ask(&address, "/models/checksummed/file", &[]).await;
+        assert!(reply.complete && reply.body == file, "ask_checksums = {ask_checksums}: {}", reply.head);
+        let sent = proxy.checksum_requests() - asked;
+        assert_eq!(sent > 0, ask_checksums, "ask_checksums = {ask_checksums}: {sent} checksum requests");
+    }
 }
 
 /// Uploads `bytes` to `key` of bucket `models` with their SHA-256 as the object's checksum, as
@@ -341,9 +358,9 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
     let ModelSource::S3 { server, .. } = &source else { unreachable!() };
     // One object uploaded with its SHA-256 (the store keeps it), one covered by a SHA256SUMS
     // beside it, and one per fault with no digest anywhere.
-    let checksummed = safetensors_of(&noise(1 << 20, 1));
+    let checksummed = one_tensor_safetensors(&noise(1 << 20, 1));
     put_with_sha256(server, "prod/checksummed.safetensors", &checksummed).await;
-    let summed = safetensors_of(&noise(1 << 20, 2));
+    let summed = one_tensor_safetensors(&noise(1 << 20, 2));
     source.put("summed/model.safetensors", &summed).await;
     let sums = format!("{}  model.safetensors\n", hex::encode(sha2::Sha256::digest(&summed)));
     source.put("summed/SHA256SUMS", sums.as_bytes()).await;
@@ -355,7 +372,8 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
         Fault::CloseAfter(100 << 10),
         Fault::DropRange,
     ];
-    let plain: Vec<Vec<u8>> = (0..faults.len()).map(|i| safetensors_of(&noise(1 << 20, 10 + i as u64))).collect();
+    let plain: Vec<Vec<u8>> =
+        (0..faults.len()).map(|i| one_tensor_safetensors(&noise(1 << 20, 10 + i as u64))).collect();
     for (i, file) in plain.iter().enumerate() {
         source.put(&format!("plain{i}.safetensors"), file).await;
     }
@@ -419,11 +437,15 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
     // The head goes out with the first block, kept by the scan: the body is cut short (status
     // 0 when hyper had not flushed the head yet).
     assert!(reply.status == 503 || (matches!(reply.status, 0 | 200) && !reply.complete), "{}", reply.head);
-    assert_eq!(proxy.ranged_requests() - ranged, 3, "one GET and 2 retries");
+    // One GET and 2 retries for each fill: one fill, or two when the next block's read (two
+    // are read at once) looked for its fill before the first had recorded it.
+    let sent = proxy.ranged_requests() - ranged;
+    assert!(sent == 3 || sent == 6, "{sent} GETs: not 3 for each fill");
+    let ranged = proxy.ranged_requests();
     let reply = ask(&address, "/models/plain0/file", &[("Range", "bytes=0-10")]).await;
     assert!(reply.status == 206 && reply.body == plain[0][..11], "cached: {}", reply.head);
     assert!(read("/models/plain1/file").await.body == plain[1], "cached");
-    assert_eq!(proxy.ranged_requests() - ranged, 3, "cached bytes went to the origin");
+    assert_eq!(proxy.ranged_requests(), ranged, "cached bytes went to the origin");
     proxy.heal();
     drop(server);
 

@@ -47,9 +47,11 @@ struct Shared {
     flipped: AtomicU64,
     /// Faults for the next ranged requests, in order.
     faults: Mutex<VecDeque<Fault>>,
-    /// Ranged requests seen, and requests that carried `Authorization`.
+    /// Ranged requests seen, requests that carried `Authorization`, and requests that asked
+    /// an S3 store for an object's checksum (`x-amz-checksum-mode`).
     ranged: AtomicU64,
     authorized: AtomicU64,
+    checksum_asked: AtomicU64,
 }
 
 impl Drop for FaultProxy {
@@ -118,6 +120,11 @@ impl FaultProxy {
         self.shared.authorized.load(Ordering::SeqCst)
     }
 
+    /// Requests seen so far that asked for an object's checksum (`x-amz-checksum-mode`).
+    pub fn checksum_requests(&self) -> u64 {
+        self.shared.checksum_asked.load(Ordering::SeqCst)
+    }
+
     /// Faults queued and not yet done.
     pub fn faults_left(&self) -> usize {
         self.shared.faults.lock().unwrap().len()
@@ -135,6 +142,9 @@ fn take_request(head: &[u8], shared: &Shared) -> (Vec<u8>, Sent) {
         |l: &&str, name: &str| l.len() > name.len() && l[..name.len() + 1].eq_ignore_ascii_case(&format!("{name}:"));
     if headers.iter().any(|l| named(l, "authorization")) {
         shared.authorized.fetch_add(1, Ordering::SeqCst);
+    }
+    if headers.iter().any(|l| named(l, "x-amz-checksum-mode")) {
+        shared.checksum_asked.fetch_add(1, Ordering::SeqCst);
     }
     let ranged = headers.iter().any(|l| named(l, "range"));
     let fault = if ranged {

@@ -463,6 +463,17 @@ pub async fn serve(config: Config) -> (String, Arc<Server>) {
     (running.address, running.server)
 }
 
+/// A Hub for tests: another ztserve serving `dir` (its `/hf` API), where each `(repo, file)`
+/// is written first as `dir/{repo}.safetensors`, so `org/a` is a repository of one file.
+pub async fn hub_origin(dir: &std::path::Path, repos: &[(String, &[u8])]) -> (String, Arc<Server>) {
+    for (repo, bytes) in repos {
+        let path = dir.join(format!("{repo}.safetensors"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+    serve(Config::serving(vec![ztserve::config::SourceSpec::local(dir)])).await
+}
+
 /// [`serve`] with the S3 endpoint on its own 127.0.0.1:0 listener: the HTTP and S3 addresses.
 pub async fn serve_with_s3(config: Config) -> (String, String, Arc<Server>) {
     let running = InProcess::start(config, true).await;
@@ -727,6 +738,11 @@ pub type StTensor<'a> = ztserve::tools::CheckpointTensor<'a>;
 /// A safetensors file of `tensors`, with `__metadata__` `{"format": "pt"}` as torch writes it.
 pub fn safetensors_file(tensors: &[StTensor<'_>]) -> Vec<u8> {
     ztserve::tools::safetensors_file(tensors).unwrap()
+}
+
+/// A safetensors file of one U8 tensor `w` holding `data`.
+pub fn one_tensor_safetensors(data: &[u8]) -> Vec<u8> {
+    safetensors_file(&[("w", safetensors::Dtype::U8, vec![data.len()], data)])
 }
 
 /// A sharded checkpoint in Hugging Face's layout, as the demo's is written: the index, then
