@@ -508,14 +508,13 @@ impl Service {
             }),
         };
         if let Some(index) = stored {
-            if let ModelBytes::Mapped { file: open, source_name, key, .. } = model_bytes(model, manifest, index).await?
-            {
+            if let ModelBytes::Mapped { mapping, source_name, key, .. } = model_bytes(model, manifest, index).await? {
                 let len = model.file_len(manifest, index);
                 let (buffer, spare) = (self.hashing.read_buffer, self.hashing.spare_page_cache);
                 let model_id = model.id.clone();
                 return tokio::task::spawn_blocking(move || {
                     let hasher = FileHasher::new(own, layer.as_ref());
-                    hash_local_file(hasher, &open, len, buffer, spare, &hashed, (&source_name, &key))
+                    hash_local_file(hasher, mapping.file(), len, buffer, spare, &hashed, (&source_name, &key))
                         .map_err(|source| ServiceError::Storage { model: model_id, source })
                 })
                 .await

@@ -6,6 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::mapped::MappedFile;
+use super::scan::FileIdentity;
 
 /// Records one blocking read from local storage (`kind`: what it was for) and its bytes.
 pub fn record_read(kind: &'static str, started: std::time::Instant, bytes: u64) {
@@ -30,9 +31,20 @@ pub struct LocalStorage {
 
 /// A file version as a string: its identity (device, inode, size, modification and change
 /// times).
-pub fn version_of(identity: &super::scan::FileIdentity) -> String {
-    let super::scan::FileIdentity { device, inode, size, mtime_ns, ctime_ns } = identity;
+pub fn version_of(identity: &FileIdentity) -> String {
+    let FileIdentity { device, inode, size, mtime_ns, ctime_ns } = identity;
     format!("{device:x}-{inode:x}-{size:x}-{mtime_ns:x}-{ctime_ns:x}")
+}
+
+/// The identity [`version_of`] wrote into `version`; `None` for a version it did not write.
+fn identity_in(version: &str) -> Option<FileIdentity> {
+    let mut fields = version.split('-').map(|field| u128::from_str_radix(field, 16).ok());
+    let mut next = || fields.next().flatten();
+    let (device, inode, size) =
+        (u64::try_from(next()?).ok()?, u64::try_from(next()?).ok()?, u64::try_from(next()?).ok()?);
+    // Times before 1970 are written as their two's complement.
+    let (mtime_ns, ctime_ns) = (next()? as i128, next()? as i128);
+    fields.next().is_none().then_some(FileIdentity { device, inode, size, mtime_ns, ctime_ns })
 }
 
 /// Whether the open `file` is still `version` (blocking: one `fstat`); a file written in
@@ -42,9 +54,10 @@ pub fn version_of(identity: &super::scan::FileIdentity) -> String {
 pub fn is_version(file: &File, version: &str) -> io::Result<bool> {
     use std::os::unix::fs::MetadataExt as _;
     let metadata = file.metadata()?;
-    let now = version_of(&super::scan::FileIdentity::of(&metadata));
-    let without_change_time = |v: &str| v.rsplit_once('-').map(|(rest, _)| rest.to_owned());
-    Ok(now == version || (metadata.nlink() == 0 && without_change_time(&now) == without_change_time(version)))
+    let now = FileIdentity::of(&metadata);
+    Ok(identity_in(version).is_some_and(|listed| {
+        now == listed || (metadata.nlink() == 0 && FileIdentity { ctime_ns: listed.ctime_ns, ..now } == listed)
+    }))
 }
 
 /// Largest piece a local read yields at once.
@@ -225,7 +238,7 @@ impl super::Storage for LocalStorage {
             // replaced meanwhile.
             let opened = tokio::task::spawn_blocking(move || match MappedFile::open(&path) {
                 Ok(mapping) => {
-                    let identity = super::scan::FileIdentity::of(&mapping.file().metadata()?);
+                    let identity = FileIdentity::of(&mapping.file().metadata()?);
                     Ok(Some((version_of(&identity) == version, identity.size, mapping)))
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -286,11 +299,19 @@ mod tests {
     fn a_files_content_is_named_without_its_device_which_a_remount_changes() {
         use crate::storage::Storage as _;
         let storage = LocalStorage::new("src", std::path::Path::new("/nowhere"));
-        let identity =
-            |device| super::super::scan::FileIdentity { device, inode: 7, size: 9, mtime_ns: 11, ctime_ns: 13 };
+        let identity = |device| FileIdentity { device, inode: 7, size: 9, mtime_ns: 11, ctime_ns: 13 };
         let (here, remounted) = (version_of(&identity(1)), version_of(&identity(2)));
         assert_ne!(here, remounted);
         assert_eq!(storage.content_version(&here), storage.content_version(&remounted));
         assert_eq!(storage.content_version(&here), "7-9-b-d");
+    }
+
+    #[test]
+    fn a_version_names_the_identity_it_was_written_from() {
+        let identity = FileIdentity { device: 0xfd01, inode: 42, size: 1 << 40, mtime_ns: -1_500, ctime_ns: 1 << 62 };
+        assert_eq!(identity_in(&version_of(&identity)), Some(identity));
+        for foreign in ["", "1-2-3-4", "1-2-3-4-5-6", "1-2-x-4-5", "\"etag\""] {
+            assert_eq!(identity_in(foreign), None, "{foreign:?}");
+        }
     }
 }

@@ -103,6 +103,12 @@ impl MappedFile {
     pub fn file(&self) -> &Arc<File> {
         &self.file
     }
+
+    /// Whether the file mapped is still the version its backend listed (one `fstat`,
+    /// blocking; see [`super::local::is_version`]); a failed `fstat` says it is not.
+    pub fn is_version(&self, version: &str) -> bool {
+        super::local::is_version(&self.file, version).unwrap_or(false)
+    }
 }
 
 impl Drop for MappedFile {
