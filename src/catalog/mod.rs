@@ -10,9 +10,9 @@
 //! a checkpoint ([`checkpoints`]). A GGUF file is a model, and the parts of a split GGUF model
 //! (`name-00001-of-00003.gguf` …) are one ([`gguf_splits`]). The other files listed belong to
 //! the models of the nearest directory above them that holds a model file ([`companions`]).
-//! One concern a file: the
-//! sources and their health ([`source`]), a model as its files say ([`model`]), listing a
-//! source into models ([`scan`]), and reading what a listed file holds ([`read`]).
+//! One concern a file: the sources and their health ([`source`]), a model as its files say
+//! ([`model`]), listing a source into models ([`scan`]), reading what a listed file holds
+//! ([`read`]), and which models one repository publishes together ([`repositories`]).
 
 mod checkpoints;
 mod companions;
@@ -20,6 +20,7 @@ mod gguf_splits;
 mod ids;
 mod model;
 mod read;
+mod repositories;
 mod scan;
 mod shards;
 mod signatures;

@@ -5,8 +5,8 @@
 //! clients ask for). Each model is a repository ([`repos`]: ids map to repo ids without
 //! collisions) holding its companions and its weights as safetensors (stored `.zt` files are
 //! not listed, so a snapshot does not fetch the weights twice), except GGUF models: a
-//! directory's GGUF files are one repository of their directory ([`repository_of`]), as the
-//! Hub holds a model's quantizations. A revision is a model version: `main` is the current one,
+//! directory's GGUF files are one repository of their directory
+//! ([`Catalog::repository_of`]), as the Hub holds a model's quantizations. A revision is a model version: `main` is the current one,
 //! its commit id is derived from every file's version, and a `resolve` of `main` redirects to
 //! the commit, so a download never mixes versions. Every file is an LFS file whose oid and
 //! ETag are the SHA-256 of its bytes. Access uses the existing tokens as bearer tokens, with
@@ -193,7 +193,7 @@ async fn answer(
 struct RepoAt {
     repo: String,
     catalog: Arc<Catalog>,
-    /// The models whose files it holds ([`repository_of`]): one, or a directory's GGUF models.
+    /// The models whose files it holds ([`Catalog::members_of`]): one, or a directory's.
     members: Vec<(Arc<Model>, Arc<Manifest>)>,
     /// Its files, sorted by path.
     files: Vec<PublishedFile>,
@@ -222,52 +222,13 @@ impl RepoAt {
     }
 }
 
-/// The directory of `model`'s first file, without its last `/` (empty at the top of a source).
-fn directory_of(model: &Model) -> &str {
-    let key = &model.files[0].object.key;
-    key.rsplit_once('/').map_or("", |(dir, _)| dir)
-}
-
-/// The id of the repository `model` is published in, as the Hub holds a directory of files: the
-/// model named after its directory (a Hugging Face checkpoint's, `org/llama` of
-/// `org/llama/model.safetensors`) when there is one, every model of that directory with it (a
-/// GGUF file beside the checkpoint; a checkpoint's `model.safetensors` beside its index); a GGUF
-/// model's directory otherwise (a directory's GGUF files are one repository, as the Hub holds a
-/// model's quantizations, which `llama.cpp -hf org/repo:Q4_K_M` picks among); else the model's
-/// own id.
-fn repository_of(catalog: &Catalog, model: &Model) -> String {
-    let dir = directory_of(model);
-    if dir.is_empty() || model.id == dir {
-        return model.id.clone();
-    }
-    let joins = match catalog.get(dir) {
-        Some(named) => Arc::ptr_eq(&named.source, &model.source) && directory_of(named) == dir,
-        None => model.container == Some(crate::format::Container::Gguf),
-    };
-    if joins { dir.to_owned() } else { model.id.clone() }
-}
-
-/// The models of repository `id` (their ids, the model of that id first, then sorted), among
-/// those `allows` lets through: the model of that id, and the valid models of that directory
-/// that join it ([`repository_of`]).
-fn members_of(catalog: &Catalog, id: &str, allows: impl Fn(&str) -> bool) -> Vec<String> {
-    let mut members: Vec<String> = catalog
-        .models()
-        .filter(|m| allows(&m.id) && (m.id == id || (m.id.starts_with(id) && m.state.is_ok())))
-        .filter(|m| repository_of(catalog, m) == id)
-        .map(|m| m.id.clone())
-        .collect();
-    members.sort_by(|a, b| (a != id).cmp(&(b != id)).then_with(|| a.cmp(b)));
-    members
-}
-
 impl HubState {
     /// The model id of repository `repo` in `catalog`, if a model or a directory's models are
     /// published under it: the first of its readings ([`repos::model_ids_of`]) that is.
     fn model_id_of(&self, catalog: &Catalog, repo: &str) -> Option<String> {
         repos::model_ids_of(repo, &self.namespace)
             .into_iter()
-            .find(|id| catalog.get(id).is_some() || !members_of(catalog, id, |_| true).is_empty())
+            .find(|id| catalog.get(id).is_some() || !catalog.members_of(id, |_| true).is_empty())
     }
 
     /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
@@ -279,7 +240,7 @@ impl HubState {
             .model_id_of(&catalog, repo)
             .or_else(|| repos::model_ids_of(repo, &self.namespace).into_iter().next())
             .ok_or_else(missing)?;
-        let mut ids = members_of(&catalog, &id, |m| access.allows(m));
+        let mut ids = catalog.members_of(&id, |m| access.allows(m));
         if ids.is_empty() {
             if self.service.is_ready() || !access.allows(&id) {
                 return Err(missing());
@@ -294,10 +255,7 @@ impl HubState {
         for member in &ids {
             let (model, manifest, status) = self.service.servable_model(member).await?;
             signature.get_or_insert(status);
-            // A member not named after the directory shows its files as they are stored, as
-            // the Hub lists a directory's files: its safetensors view would take the names of
-            // the checkpoint's own files.
-            let files = if *member == id || model.container == Some(crate::format::Container::Gguf) {
+            let files = if catalog.shows_published_files(&id, &model) {
                 self.service.repository_files(&catalog, &model, &manifest)
             } else {
                 self.service.files_as_stored(&catalog, &model, &manifest)
@@ -605,14 +563,14 @@ async fn list_models(
         // Not listed until its signature lets it be served: refused, or still being checked.
         .filter(|m| state.service.signature_refusal(&catalog, m).is_none())
         .filter(|m| !state.service.signature_status(&catalog, m).is_pending())
-        .filter_map(|m| Some((repos::repo_id_of(&repository_of(&catalog, m), &state.namespace)?, Arc::clone(m))))
+        .filter_map(|m| Some((repos::repo_id_of(&catalog.repository_of(m), &state.namespace)?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
         .filter(|(_, model)| tags.iter().all(|t| repo_tags(model).contains(t)))
         .collect();
     // A repository of several models is listed once: as the model named after it, else as its
     // earliest (a directory of GGUF files).
-    let joins_another = |model: &Model| repository_of(&catalog, model) != model.id;
+    let joins_another = |model: &Model| catalog.repository_of(model) != model.id;
     listed.sort_by(|a, b| {
         a.0.cmp(&b.0)
             .then_with(|| joins_another(&a.1).cmp(&joins_another(&b.1)))

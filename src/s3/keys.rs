@@ -1,11 +1,13 @@
 //! A bucket's key space: every key, sorted as S3 sorts them (by UTF-8 bytes), built once per
-//! catalog. A model's keys are `{id}/{path}` for each file the bucket holds of it ([`Holds`]:
-//! what the Hub API lists, companions and safetensors files; or its files as stored);
-//! only models that serve are listed. Listing pages
+//! catalog. A repository's keys ([`Catalog::repository_of`]: a model, or the models of one
+//! directory) are `{id}/{path}` for each file the bucket holds of its models ([`Holds`]: the
+//! paths the Hub API lists, companions and safetensors files; or their files as stored), so
+//! a folder's files keep their paths; only models that serve are listed. Listing pages
 //! (prefix, delimiter, start-after, continuation tokens, max-keys) run over the sorted keys,
 //! filtered by what the request may read; a key is found by binary search, so no key can name
 //! anything but a listed file of a listed model.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::catalog::{Catalog, Model};
@@ -24,9 +26,11 @@ pub(super) enum Holds {
     Stored,
 }
 
-/// One key of the bucket: a published file of a model, below the model's id.
+/// One key of the bucket: a published file of a model, below its repository's id.
 pub(super) struct Key {
     pub key: String,
+    /// Where the file's path starts in `key`.
+    pub path_start: usize,
     pub model: Arc<Model>,
     pub manifest: Arc<Manifest>,
     pub target: Published,
@@ -35,10 +39,10 @@ pub(super) struct Key {
 }
 
 impl Key {
-    /// The published file the key names: its path below the model's id.
+    /// The published file the key names: its path below the repository's id.
     pub(super) fn published(&self) -> PublishedFile {
-        let path = self.key.strip_prefix(self.model.id.as_str()).and_then(|p| p.strip_prefix('/')).unwrap_or(&self.key);
-        PublishedFile { path: path.to_owned(), what: self.target.clone(), size: self.size, etag: self.etag.clone() }
+        let path = self.key[self.path_start..].to_owned();
+        PublishedFile { path, what: self.target.clone(), size: self.size, etag: self.etag.clone() }
     }
 }
 
@@ -51,30 +55,47 @@ pub(super) struct Keys {
 impl Keys {
     /// The keys of what the bucket `holds` of every model of `catalog` that serves.
     pub(super) fn build(service: &Service, catalog: Arc<Catalog>, holds: Holds) -> Keys {
+        // Each repository's members, the model named after it first (`models()` is sorted).
+        let mut repositories: BTreeMap<String, Vec<&Arc<Model>>> = BTreeMap::new();
+        for model in catalog.models().filter(|m| m.state.is_ok()) {
+            repositories.entry(catalog.repository_of(model)).or_default().push(model);
+        }
         let mut sorted = Vec::new();
-        for model in catalog.models() {
-            let Ok(manifest) = &model.state else { continue };
-            let files = match holds {
-                Holds::Repository => service.repository_files(&catalog, model, manifest),
-                Holds::Stored => service.files_as_stored(&catalog, model, manifest),
-            };
-            for file in files {
-                sorted.push(Key {
-                    key: format!("{}/{}", model.id, file.path),
-                    model: Arc::clone(model),
-                    manifest: Arc::clone(manifest),
-                    target: file.what,
-                    size: file.size,
-                    etag: file.etag,
-                });
+        for (id, mut members) in repositories {
+            // The Hub API refuses a repository whose named model is broken: so is it here.
+            if catalog.get(&id).is_some_and(|named| named.state.is_err()) {
+                continue;
+            }
+            members.sort_by_key(|m| m.id != id);
+            for model in members {
+                let Ok(manifest) = &model.state else { continue };
+                let files = match holds {
+                    Holds::Repository if catalog.shows_published_files(&id, model) => {
+                        service.repository_files(&catalog, model, manifest)
+                    }
+                    Holds::Repository | Holds::Stored => service.files_as_stored(&catalog, model, manifest),
+                };
+                for file in files {
+                    sorted.push(Key {
+                        key: format!("{id}/{}", file.path),
+                        path_start: id.len() + 1,
+                        model: Arc::clone(model),
+                        manifest: Arc::clone(manifest),
+                        target: file.what,
+                        size: file.size,
+                        etag: file.etag,
+                    });
+                }
             }
         }
+        // Stable: of the keys that meet, the first member's comes first.
         sorted.sort_by(|a, b| a.key.cmp(&b.key));
-        // Two models whose keys meet (a stored file named like a view file of a model one level
-        // down) keep the first: every key names one thing.
+        // Two files whose keys meet (a README beside several models of one directory, a stored
+        // file named like a view file of a model one level down) keep the first: every key
+        // names one thing.
         sorted.dedup_by(|later, first| {
             let same = later.key == first.key;
-            if same {
+            if same && later.etag != first.etag {
                 tracing::warn!(key = %later.key, "two files have the same S3 key; the first is served");
             }
             same

@@ -299,14 +299,15 @@ async fn stored_files_over_s3(s3_address: &str, dir: &Path, kind: &str) {
         .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
         .build()
         .unwrap();
-    for (key, file) in [
-        ("org/tiny-split/tiny-Q8_0/tiny-Q8_0-00002-of-00003.gguf", "org/tiny-split/tiny-Q8_0-00002-of-00003.gguf"),
-        ("org/tiny-quants/tiny-Q4_K/tiny-Q4_K.gguf", "org/tiny-quants/tiny-Q4_K.gguf"),
-        ("org/tiny-quants/tiny-Q4_K/README.md", "org/tiny-quants/README.md"),
-        ("org/tiny-gguf/model.gguf", "org/tiny-gguf/model.gguf"),
+    // A folder's GGUF files are one repository: each key is the file's own path.
+    for key in [
+        "org/tiny-split/tiny-Q8_0-00002-of-00003.gguf",
+        "org/tiny-quants/tiny-Q4_K.gguf",
+        "org/tiny-quants/README.md",
+        "org/tiny-gguf/model.gguf",
     ] {
         let over_s3 = stored.get(&key.into()).await.unwrap().bytes().await.unwrap();
-        assert!(over_s3[..] == fs::read(dir.join(file)).unwrap()[..], "{kind}: {key}");
+        assert!(over_s3[..] == fs::read(dir.join(key)).unwrap()[..], "{kind}: {key}");
     }
 }
 

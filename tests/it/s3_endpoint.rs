@@ -581,3 +581,52 @@ async fn files_beside_several_models_belong_to_the_model_they_are_named_after() 
         "each file under the model it is named after; notes.txt and llamas.json under none"
     );
 }
+
+/// The loaders' bucket holds, for every repository the Hub API lists, exactly the paths its
+/// tree lists, below the repository's id: a folder's GGUF file beside its checkpoint and a
+/// folder of GGUF quantizations keep the paths they have in the folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_models_bucket_lists_each_hub_repository_under_its_own_paths() {
+    use futures_util::TryStreamExt as _;
+    use object_store::ObjectStore as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gguf/tiny");
+    let checkpoint = common::safetensors_file(&[("w", safetensors::Dtype::U8, vec![2], &[1, 2])]);
+    for (name, bytes) in [
+        ("org/x/model.safetensors", checkpoint.clone()),
+        ("org/x/config.json", b"{}".to_vec()),
+        ("org/x/model.gguf", fs::read(gguf.join("tiny-Q8_0.gguf")).unwrap()),
+        ("org/quants/tiny-Q8_0.gguf", fs::read(gguf.join("tiny-Q8_0.gguf")).unwrap()),
+        ("org/quants/tiny-F16.gguf", fs::read(gguf.join("tiny-F16.gguf")).unwrap()),
+        ("org/quants/README.md", b"# quants".to_vec()),
+        ("org/solo.safetensors", checkpoint),
+    ] {
+        let path = dir.path().join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+    let config =
+        Config::serving(vec![ztserve::config::SourceSpec::try_from(dir.path().display().to_string()).unwrap()]);
+    let (address, s3_address, _state) = serve_with_s3(config).await;
+
+    let mut hub_keys = Vec::new();
+    for repo in request_async(&address, "/hf/api/models", &[]).await.json().as_array().unwrap() {
+        let repo = repo["id"].as_str().unwrap();
+        let tree = request_async(&address, &format!("/hf/api/models/{repo}/tree/main?recursive=true"), &[]).await;
+        for entry in tree.json().as_array().unwrap().iter().filter(|e| e["type"] == "file") {
+            hub_keys.push(format!("{repo}/{}", entry["path"].as_str().unwrap()));
+        }
+    }
+    hub_keys.sort();
+    let keys: Vec<String> = signed_client(&s3_address, "any", "any")
+        .list(None)
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(keys, hub_keys, "the bucket lists what the Hub lists");
+    for key in ["org/x/model.gguf", "org/x/config.json", "org/quants/tiny-F16.gguf", "org/quants/README.md"] {
+        assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
+    }
+}
