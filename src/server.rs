@@ -1,5 +1,6 @@
-//! The composition root: builds the service and the tokens from the config, every wire
-//! protocol's router over them (HTTP with the Hub API at `/hf` and the registry at `/v2` on the
+//! The composition root: builds the storage backends (from the config and the `AWS_*` and
+//! `HF_*` environment), the node's disk cache, the digest store, the service over them and the
+//! tokens, and every wire protocol's router over those, each given its own settings (HTTP with the Hub API at `/hf` and the registry at `/v2` on the
 //! main listener, and the S3 endpoint when `s3_endpoint.listen` is set), binds their listeners,
 //! runs the background tasks (rescans, the token file watch, metrics upkeep), and when the
 //! shutdown future it is given completes (SIGTERM or SIGINT, for the binary) drains every
@@ -12,13 +13,19 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::access::Tokens;
-use crate::config::{Config, OnUnreadableSource};
-use crate::service::Service;
+use crate::config::{Config, OnUnreadableSource, SourceSpec};
+use crate::service::{Service, ServiceParts};
+use crate::storage::Storage;
+use crate::storage::cache::{CachedStorage, DiskCache};
+use crate::storage::hub::{HubOptions, HubStorage};
+use crate::storage::local::LocalStorage;
+use crate::storage::s3::{S3Options, S3Storage};
 use crate::transport::{ConnectionSettings, Tls, TlsSettings};
 
 /// What every protocol serves from: the domain, the tokens every protocol checks, and TLS
 /// for every listener when configured.
 pub struct Server {
+    config: Arc<Config>,
     service: Arc<Service>,
     tokens: Arc<Tokens>,
     tls: Option<Tls>,
@@ -29,6 +36,7 @@ impl Server {
     pub fn new(config: Config) -> anyhow::Result<Arc<Server>> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
+        crate::telemetry::register_routes(crate::api::routes::ALL);
         if !crate::hf::is_namespace(&config.serving.hub_namespace) {
             anyhow::bail!(
                 "serving.hub_namespace {:?} is no Hub namespace: 1 to 96 of A-Z a-z 0-9 - _ ., starting and \
@@ -45,11 +53,12 @@ impl Server {
         )?);
         // Read and checked now: a missing, mismatched or expired certificate stops the start.
         let tls = TlsSettings::from_config(&config).map(|settings| Tls::new(&settings)).transpose()?;
-        Ok(Arc::new(Server { service: Service::new(config, crate::http::render_manifest)?, tokens, tls }))
+        let service = Service::new(service_parts(&config)?, crate::http::render_manifest)?;
+        Ok(Arc::new(Server { config: Arc::new(config), service, tokens, tls }))
     }
 
     pub fn config(&self) -> &Config {
-        self.service.config()
+        &self.config
     }
 
     /// Whether the first scan has completed (`/readyz` answers 200 from then on).
@@ -70,18 +79,64 @@ impl Server {
     /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the
     /// HTTP contract's.
     pub fn http_app(&self) -> Router {
-        let hub = crate::hf::app(Arc::clone(&self.service), Arc::clone(&self.tokens));
-        let registry = crate::oci::app(Arc::clone(&self.service), Arc::clone(&self.tokens));
+        let (service, tokens, config) = (&self.service, &self.tokens, &self.config);
+        let hub = crate::hf::app(Arc::clone(service), Arc::clone(tokens), config);
+        let registry = crate::oci::app(Arc::clone(service), Arc::clone(tokens), config);
         Router::new()
             .nest_service(crate::api::routes::HUB, hub)
             .nest_service(crate::api::routes::OCI, registry)
-            .fallback_service(crate::http::app(Arc::clone(&self.service), Arc::clone(&self.tokens)))
+            .fallback_service(crate::http::app(Arc::clone(service), Arc::clone(tokens), Arc::clone(config)))
     }
 
     /// The S3-compatible endpoint's router.
     pub fn s3_app(&self) -> Router {
-        crate::s3::app(Arc::clone(&self.service), Arc::clone(&self.tokens))
+        crate::s3::app(Arc::clone(&self.service), Arc::clone(&self.tokens), &self.config)
     }
+}
+
+/// What the service is built from: every source's storage backend (S3 from the config and the
+/// `AWS_*` environment, the Hub from the config, `HF_ENDPOINT` and `HF_TOKEN`), a remote one
+/// read through the node's disk cache when there is one; the digest store; and the sections
+/// of the configuration the service's components read. Nothing is contacted yet.
+fn service_parts(config: &Config) -> anyhow::Result<ServiceParts> {
+    let env: std::collections::BTreeMap<String, String> =
+        std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
+    let s3 = S3Options::from_config(&config.s3_source, &env);
+    let hub = HubOptions::from_config(&config.hub_source, |var| std::env::var(var).ok());
+    let disk_cache = match &config.cache.dir {
+        Some(dir) => Some(DiskCache::open(dir, config.cache.max_bytes, config.cache.block_bytes)?),
+        None => None,
+    };
+    let cached = |remote: Arc<dyn Storage>| -> Arc<dyn Storage> {
+        match &disk_cache {
+            Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
+            None => remote,
+        }
+    };
+    let mut storages = Vec::new();
+    for spec in &config.sources.paths {
+        let name = spec.to_string();
+        storages.push(match spec {
+            SourceSpec::S3 { bucket, prefix } => cached(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?)),
+            SourceSpec::Hub { repo, revision } => {
+                cached(Arc::new(HubStorage::new(&name, repo, revision.as_deref(), &hub)?))
+            }
+            SourceSpec::Local(path) => Arc::new(LocalStorage::new(&name, path)),
+        });
+    }
+    Ok(ServiceParts {
+        storages,
+        disk_cache,
+        digest_store: crate::digests::FileDigests::open(config.digests.store.as_deref())?,
+        sources: config.sources.clone(),
+        remote: config.remote.clone(),
+        limits: config.limits.clone(),
+        decode: config.decode.clone(),
+        serving: config.serving.clone(),
+        digests: config.digests.clone(),
+        cache: config.cache.clone(),
+        signing: config.signing.clone(),
+    })
 }
 
 /// The sockets a server answers on: the main listener (the HTTP contract, the Hub API, the

@@ -283,9 +283,16 @@ fn register_at_zero() {
             let _ = histogram!(STORAGE_READ_DURATION, "backend" => backend, "kind" => *purpose);
         }
     }
-    for route in crate::api::routes::ALL {
-        counter!(HTTP_REQUESTS, "route" => *route, "method" => "GET", "status" => "200").absolute(0);
-        counter!(HTTP_RESPONSE_BYTES, "route" => *route).absolute(0);
+}
+
+/// Registers the per-route request series of `routes` (the composition root's), so they are
+/// scraped from the start; a series already counting keeps its count.
+pub fn register_routes(routes: &[&'static str]) {
+    use metrics::{counter, histogram};
+    use names::*;
+    for route in routes {
+        counter!(HTTP_REQUESTS, "route" => *route, "method" => "GET", "status" => "200").increment(0);
+        counter!(HTTP_RESPONSE_BYTES, "route" => *route).increment(0);
         let _ = histogram!(HTTP_DURATION, "route" => *route);
     }
 }

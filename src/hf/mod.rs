@@ -30,6 +30,7 @@ use self::repos::{HubRoute, TreeEntry};
 use crate::access::{Access, Tokens, Verdict};
 use crate::api::routes;
 use crate::catalog::{Catalog, Model};
+use crate::config::Config;
 use crate::format::Manifest;
 use crate::service::{DigestOf, PublishedFile, Service};
 use crate::transport::Refusals;
@@ -46,20 +47,22 @@ struct HubState {
     tokens: Arc<Tokens>,
     /// The namespace of the repositories of models at the top of a source.
     namespace: String,
+    limits: crate::config::Limits,
 }
 
 /// The Hub API's router (mounted at [`routes::HUB`] by the server), over `service`, checking
-/// `tokens`.
-pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
-    let config = service.config().clone();
+/// `tokens`, as `config` says.
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: &Config) -> Router {
     let namespace = config.serving.hub_namespace.clone();
-    let state = Arc::new(HubState { service, tokens, namespace });
+    let limits = config.limits.clone();
+    let state = Arc::new(HubState { service, tokens, namespace, limits });
     let router = Router::new().fallback(dispatch).with_state(state);
     let refusals = Refusals {
         panicked: || HubError::Internal("a handler panicked".into()).into_response(),
         timed_out: || HubError::RequestTimeout.into_response(),
     };
-    crate::transport::with_common_layers(router, &config, route_label, refusals)
+    let labels = crate::transport::RouteLabels { routes: &[], unmatched: route_label };
+    crate::transport::with_common_layers(router, config, labels, refusals)
 }
 
 /// The label of a request below the prefix (its path without it): the JSON API, a file, or
@@ -741,7 +744,7 @@ async fn safetensors_metadata(state: &HubState, at: &RepoAt, path: &str) -> Resu
         _ => return Err(not_an_index()),
     };
     let directory = path.rfind('/').map_or("", |slash| &path[..=slash]);
-    let max_header = state.service.config().limits.max_manifest_bytes;
+    let max_header = state.limits.max_manifest_bytes;
     let mut headers = serde_json::Map::with_capacity(shards.len());
     let mut reads = futures_util::stream::iter(shards.into_iter().map(|shard| async move {
         let file = at.file(&format!("{directory}{shard}"))?;
@@ -810,5 +813,5 @@ async fn resolve(
         ],
         guard: None,
     };
-    Ok(bytes_response(headers, head, representation, state.service.config().limits.max_ranges).await?)
+    Ok(bytes_response(headers, head, representation, state.limits.max_ranges).await?)
 }

@@ -35,22 +35,24 @@ use crate::transport::Refusals;
 
 pub(crate) use self::manifest::render as render_manifest;
 
-/// What every handler shares: the domain, and the bearer tokens the HTTP layer checks.
+/// What every handler shares: the domain, the bearer tokens the HTTP layer checks, and the
+/// configuration the composition root read.
 pub(crate) struct AppState {
     pub service: Arc<Service>,
     /// The bearer tokens accepted, if any are required.
     pub tokens: Arc<Tokens>,
+    config: Arc<Config>,
 }
 
 impl AppState {
     pub(crate) fn config(&self) -> &Config {
-        self.service.config()
+        &self.config
     }
 }
 
-/// The router with every route and layer, over `service` and checking `tokens`.
-pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
-    let state = Arc::new(AppState { service, tokens });
+/// The router with every route and layer, over `service`, checking `tokens`, as `config` says.
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: Arc<Config>) -> Router {
+    let state = Arc::new(AppState { service, tokens, config });
     let state_for_ids = Arc::clone(&state);
     let router = Router::new()
         .route(routes::HEALTHZ, get(ops::healthz))
@@ -78,7 +80,8 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
         panicked: || ApiError::Internal("a handler panicked".into()).into_response(),
         timed_out: || ApiError::RequestTimeout.into_response(),
     };
-    let routed = crate::transport::with_common_layers(router, state.config(), |_| "unmatched", refusals);
+    let labels = crate::transport::RouteLabels { routes: routes::ALL, unmatched: |_| "unmatched" };
+    let routed = crate::transport::with_common_layers(router, state.config(), labels, refusals);
     // Natural ids (`/models/org/llama/...`) are rewritten before the routes match: the whole
     // router sits behind the rewrite, which middleware of its own would run too late for.
     let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {

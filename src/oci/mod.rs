@@ -33,6 +33,7 @@ use self::names::OciRoute;
 use crate::access::{Access, Tokens};
 use crate::api::routes;
 use crate::catalog::{Catalog, Model};
+use crate::config::Config;
 use crate::format::Manifest;
 use crate::service::{DigestOf, LayerFraming, PublishedFile, Service, TarLayer, version_token};
 use crate::transport::Refusals;
@@ -52,19 +53,20 @@ const TOKEN_SECONDS: u64 = 3600;
 struct OciState {
     service: Arc<Service>,
     tokens: Arc<Tokens>,
+    max_ranges: usize,
 }
 
 /// The registry's router (mounted at [`routes::OCI`] by the server), over `service`, checking
-/// `tokens`.
-pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
-    let config = service.config().clone();
-    let state = Arc::new(OciState { service, tokens });
+/// `tokens`, as `config` says.
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: &Config) -> Router {
+    let state = Arc::new(OciState { service, tokens, max_ranges: config.limits.max_ranges });
     let router = Router::new().fallback(dispatch).with_state(state);
     let refusals = Refusals {
         panicked: || OciError::Internal("a handler panicked".into()).into_response(),
         timed_out: || OciError::RequestTimeout.into_response(),
     };
-    crate::transport::with_common_layers(router, &config, route_label, refusals)
+    let labels = crate::transport::RouteLabels { routes: &[], unmatched: route_label };
+    crate::transport::with_common_layers(router, config, labels, refusals)
 }
 
 /// The label of a request below the prefix: a manifest, a blob, or anything else.
@@ -536,5 +538,5 @@ async fn blob(
     };
     let representation =
         Representation { source, etag, content_type, headers: vec![digest_header, immutable], guard: None };
-    Ok(bytes_response(headers, head, representation, state.service.config().limits.max_ranges).await?)
+    Ok(bytes_response(headers, head, representation, state.max_ranges).await?)
 }

@@ -32,17 +32,18 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use self::error::{internal_error, request_timeout, service_error};
 use self::keys::{After, Holds, Key, Keys, Query};
 use crate::access::{Access, Refused, Tokens, Verdict};
+use crate::config::Config;
 use crate::service::{PublishedFile, Service, ServiceError, StoredBytes};
 use crate::transport::ClientIdentity;
 
 /// The most keys one listing page holds, as on S3.
 const MAX_KEYS: usize = 1000;
 
-/// The router of the S3 endpoint over `service`, checking `tokens`: `s3s`'s service behind
-/// the same panic catching, concurrency limit, tracing and metrics as every listener.
-pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
+/// The router of the S3 endpoint over `service`, checking `tokens`, its buckets and limits as
+/// `config` says: `s3s`'s service behind the same panic catching, concurrency limit, tracing
+/// and metrics as every listener.
+pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: &Config) -> Router {
     let open = !tokens.required();
-    let config = service.config().clone();
     let bucket = |name: String, holds: Holds| Bucket { name, holds, keys: Mutex::new(None) };
     let buckets = [
         bucket(config.s3_endpoint.bucket.clone(), Holds::Repository),
@@ -62,7 +63,8 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>) -> Router {
     let router = Router::new().fallback_service(handled);
     let router = if open { router.layer(axum::middleware::map_request(unsigned)) } else { router };
     let refusals = crate::transport::Refusals { panicked: internal_error, timed_out: request_timeout };
-    crate::transport::with_common_layers(router, &config, |_| "s3", refusals)
+    let labels = crate::transport::RouteLabels { routes: &[], unmatched: |_| "s3" };
+    crate::transport::with_common_layers(router, config, labels, refusals)
 }
 
 /// With no tokens, every request is served as it comes: its signature, which no configured

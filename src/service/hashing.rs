@@ -532,13 +532,13 @@ impl Service {
     /// `limits.request_timeout_secs`, so that the client gets the refusal and its Retry-After,
     /// not the timeout's.
     pub(crate) fn digest_wait(&self, listing: bool) -> Duration {
-        let digests = &self.config.digests;
+        let digests = &self.settings.digests;
         let wait = if listing {
             Duration::from_secs(digests.listing_wait_secs)
         } else {
             Duration::from_millis(digests.file_wait_ms)
         };
-        match self.config.limits.request_timeout_secs {
+        match self.settings.request_timeout_secs {
             Some(limit) => wait.min(Duration::from_secs(limit).saturating_sub(Duration::from_secs(1))),
             None => wait,
         }

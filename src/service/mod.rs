@@ -40,13 +40,9 @@ pub(crate) use signatures::SignatureStatus;
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
-use crate::config::{Config, SourceSpec};
 use crate::decode::DecodeCache;
 use crate::format::{Limits, Manifest};
-use crate::storage::cache::{CachedStorage, DiskCache};
-use crate::storage::hub::{HubOptions, HubStorage};
-use crate::storage::local::LocalStorage;
-use crate::storage::s3::{S3Options, S3Storage};
+use crate::storage::cache::DiskCache;
 use crate::storage::{Readahead, Storage};
 
 /// Models with at least this many objects have their manifest rendered ahead of need: about
@@ -62,7 +58,7 @@ pub(crate) type RenderManifest = fn(&Model, &Manifest, &crate::format::view::Vie
 /// which keeps what they share (what is learnt per model version) and the work that spans them
 /// (a rescan's upkeep, manifests rendered ahead).
 pub(crate) struct Service {
-    config: Config,
+    settings: Settings,
     catalogs: Arc<catalogs::Catalogs>,
     representations: Arc<components::Representations>,
     views: view::Views,
@@ -84,92 +80,110 @@ pub(crate) struct Service {
     draining: std::sync::atomic::AtomicBool,
 }
 
+/// What a service is built from, by the composition root (`server`): each source's storage
+/// (a remote one already behind the node's disk cache), that cache, the digest store, and the
+/// sections of the configuration its own components are built from. Nothing here reads the
+/// environment or holds the whole configuration.
+pub(crate) struct ServiceParts {
+    pub storages: Vec<Arc<dyn Storage>>,
+    pub disk_cache: Option<Arc<DiskCache>>,
+    pub digest_store: crate::digests::FileDigests,
+    pub sources: crate::config::Sources,
+    pub remote: crate::config::Remote,
+    pub limits: crate::config::Limits,
+    pub decode: crate::config::Decode,
+    pub serving: crate::config::Serving,
+    pub digests: crate::config::Digests,
+    pub cache: crate::config::Cache,
+    pub signing: crate::config::Signing,
+}
+
+/// The settings the facade itself reads after it is built.
+struct Settings {
+    rescan_interval: Duration,
+    request_timeout_secs: Option<u64>,
+    digests: crate::config::Digests,
+    /// Models fetched whole into the disk cache, and those kept there.
+    prefetch: Vec<String>,
+    pinned: Vec<String>,
+    signing: crate::config::Signing,
+}
+
 impl Service {
-    /// A service with an empty catalog, not yet ready. S3 sources are set up (from the config
-    /// and the `AWS_*` environment), read through the disk cache when one is configured, but
-    /// not contacted.
-    pub(crate) fn new(config: Config, render_manifest: RenderManifest) -> Result<Arc<Service>, SetupError> {
+    /// A service with an empty catalog, not yet ready: nothing is contacted yet.
+    pub(crate) fn new(parts: ServiceParts, render_manifest: RenderManifest) -> Result<Arc<Service>, SetupError> {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
-        let env: std::collections::BTreeMap<String, String> =
-            std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
-        let s3 = S3Options::from_config(&config.s3_source, &env);
-        let hub = HubOptions::from_config(&config.hub_source, |var| std::env::var(var).ok());
-        let disk_cache = match &config.cache.dir {
-            Some(dir) => Some(DiskCache::open(dir, config.cache.max_bytes, config.cache.block_bytes)?),
-            None => None,
-        };
-        // A remote source is read through the disk cache when there is one.
-        let cached = |remote: Arc<dyn Storage>| -> Arc<dyn Storage> {
-            match &disk_cache {
-                Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
-                None => remote,
-            }
-        };
-        let mut sources = Vec::new();
-        for spec in &config.sources.paths {
-            let name = spec.to_string();
-            let storage: Arc<dyn Storage> = match spec {
-                SourceSpec::S3 { bucket, prefix } => cached(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?)),
-                SourceSpec::Hub { repo, revision } => {
-                    cached(Arc::new(HubStorage::new(&name, repo, revision.as_deref(), &hub)?))
-                }
-                SourceSpec::Local(path) => Arc::new(LocalStorage::new(&name, path)),
-            };
-            sources.push(Source::new(storage));
-        }
-        let decoders = match config.decode.max_concurrent {
+        let ServiceParts {
+            storages,
+            disk_cache,
+            digest_store,
+            sources,
+            remote,
+            limits,
+            decode,
+            serving,
+            digests,
+            cache,
+            signing,
+        } = parts;
+        let decoders = match decode.max_concurrent {
             None => std::thread::available_parallelism().map_or(1, usize::from),
             Some(n) => n,
         };
-        let cache = DecodeCache::new(config.decode.cache_bytes, decoders);
+        let decode_cache = DecodeCache::new(decode.cache_bytes, decoders);
         let readahead = Readahead {
-            chunk: config.remote.range_chunk_bytes,
-            concurrency: config.remote.range_concurrency,
+            chunk: remote.range_chunk_bytes,
+            concurrency: remote.range_concurrency,
             budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(config.remote.readahead_bytes / 1024)
+                usize::try_from(remote.readahead_bytes / 1024)
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
         };
-        let digests = crate::digests::FileDigests::open(config.digests.store.as_deref())?;
+        let enforced = signatures::Signatures::any_enforced(&signing);
         let options = ScanOptions {
             limits: Limits {
-                max_manifest_bytes: config.limits.max_manifest_bytes,
-                max_decoded_bytes: config.limits.max_decoded_bytes,
+                max_manifest_bytes: limits.max_manifest_bytes,
+                max_decoded_bytes: limits.max_decoded_bytes,
                 ..Limits::default()
             },
-            manifest_suffix_bytes: config.sources.manifest_suffix_bytes,
-            concurrent_reads: config.sources.scan_concurrency,
-            check_shard_digests: config.serving.verify != crate::config::VerifyPolicy::Never,
-            signature_file: signatures::Signatures::any_enforced(&config.signing)
-                .then(|| config.signing.signature_file.clone()),
+            manifest_suffix_bytes: sources.manifest_suffix_bytes,
+            concurrent_reads: sources.scan_concurrency,
+            check_shard_digests: serving.verify != crate::config::VerifyPolicy::Never,
+            signature_file: enforced.then(|| signing.signature_file.clone()),
         };
-        let signatures = match signatures::Signatures::any_enforced(&config.signing) {
-            true => Some(signatures::Signatures::new(&config.signing)?),
-            false => None,
-        };
+        let signatures = if enforced { Some(signatures::Signatures::new(&signing)?) } else { None };
         let learnt = Arc::new(learnt::LearntByVersion::default());
         let representations = Arc::new(components::Representations::new(
-            cache,
-            Duration::from_millis(config.decode.wait_ms),
+            decode_cache,
+            Duration::from_millis(decode.wait_ms),
             readahead,
-            config.serving.verify,
+            serving.verify,
             Arc::clone(&learnt),
         ));
+        let rescan_interval = Duration::from_secs(sources.rescan_interval_secs);
+        let sources = storages.into_iter().map(Source::new).collect();
         Ok(Arc::new(Service {
             render_manifest,
-            digests,
-            hashing: hashing::Hashing::new(&config.digests),
+            digests: digest_store,
+            hashing: hashing::Hashing::new(&digests),
             prefetches: prefetch::Prefetches::default(),
             disk_cache,
             signatures,
             draining: std::sync::atomic::AtomicBool::new(false),
             catalogs: Arc::new(catalogs::Catalogs::new(sources, options)),
-            views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), config.serving.view_shard_bytes),
+            views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), serving.view_shard_bytes),
             representations,
             learnt,
-            config,
+            settings: Settings {
+                rescan_interval,
+                request_timeout_secs: limits.request_timeout_secs,
+                digests,
+                prefetch: cache.prefetch,
+                pinned: cache.pinned,
+                signing,
+            },
         }))
     }
 
@@ -218,7 +232,7 @@ impl Service {
 
     /// Rescans on the configured interval, forever.
     pub(crate) async fn rescan_forever(self: Arc<Self>) {
-        let mut interval = tokio::time::interval(Duration::from_secs(self.config.sources.rescan_interval_secs));
+        let mut interval = tokio::time::interval(self.settings.rescan_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
@@ -228,7 +242,7 @@ impl Service {
 
     /// Syncs the digests appended to the store to disk every `digests.sync_interval_secs`.
     pub(crate) async fn sync_digests_forever(self: Arc<Self>) {
-        let mut interval = tokio::time::interval(Duration::from_secs(self.config.digests.sync_interval_secs));
+        let mut interval = tokio::time::interval(Duration::from_secs(self.settings.digests.sync_interval_secs));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
@@ -259,10 +273,6 @@ impl Service {
 
     pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    pub(crate) fn config(&self) -> &Config {
-        &self.config
     }
 
     /// The configured sources, in order, with their health.

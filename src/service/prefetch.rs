@@ -120,10 +120,10 @@ impl Service {
         });
         let mut pinned = Vec::new();
         for model in catalog.models().filter(|m| m.source.storage.is_cached() && m.state.is_ok()) {
-            if self.config.cache.prefetch.contains(&model.id) {
+            if self.settings.prefetch.contains(&model.id) {
                 self.prefetch(model);
             }
-            if self.config.cache.pinned.contains(&model.id) {
+            if self.settings.pinned.contains(&model.id) {
                 pinned.extend(objects_of(catalog, model));
             }
         }

@@ -150,7 +150,7 @@ fn rfc3339(at: SystemTime) -> String {
 impl Service {
     /// The signing policy of `model`'s source.
     pub(crate) fn signing_policy(&self, model: &Model) -> SigningPolicy {
-        self.config.signing.policy_of(&model.source.name)
+        self.settings.signing.policy_of(&model.source.name)
     }
 
     /// The signature of `model` as far as it is known, without waiting.
@@ -174,7 +174,7 @@ impl Service {
 
     /// Why `model` is not served under its source's policy, when its verdict says so already.
     pub(crate) fn signature_refusal(&self, catalog: &Catalog, model: &Model) -> Option<ServiceError> {
-        self.signature_status(catalog, model).refusal(&model.id, &self.config.signing.signature_file)
+        self.signature_status(catalog, model).refusal(&model.id, &self.settings.signing.signature_file)
     }
 
     /// The model `id` and its manifest, as [`Service::model`] gives them, once its signature
@@ -207,7 +207,7 @@ impl Service {
             None => self.reach_verdict(catalog, model, manifest, wait).await?,
         };
         let status = SignatureStatus::Reached(policy, verdict);
-        match status.refusal(&model.id, &self.config.signing.signature_file) {
+        match status.refusal(&model.id, &self.settings.signing.signature_file) {
             Some(refused) => Err(refused),
             None => Ok(status),
         }
@@ -292,7 +292,7 @@ impl Service {
         dir: &Arc<SignedDirectory>,
         wait: Duration,
     ) -> Result<Arc<SignedModel>, Checked> {
-        let signing = &self.config.signing;
+        let signing = &self.settings.signing;
         let limit = signing.max_signature_bytes;
         if dir.signature.size > limit {
             return Err(Checked::Refused(SignatureError::TooLarge { size: dir.signature.size, limit }));

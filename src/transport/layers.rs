@@ -12,13 +12,17 @@ use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::routes;
 use crate::config::Config;
 use crate::telemetry::names;
 
-/// What metrics and logs call the route of a request no route pattern matched, by its URI.
+/// What metrics and logs call the route of a request: the route pattern it matched, among
+/// the protocol's `routes`, or what `unmatched` calls its URI. Each protocol gives its own, so
+/// nothing here knows a route.
 #[derive(Clone, Copy)]
-struct RouteLabel(fn(&axum::http::Uri) -> &'static str);
+pub(crate) struct RouteLabels {
+    pub routes: &'static [&'static str],
+    pub unmatched: fn(&axum::http::Uri) -> &'static str,
+}
 
 /// How a protocol answers what the layers refuse, in its own error format: a handler that
 /// panicked, and an answer not started within `request_timeout_secs`.
@@ -28,17 +32,12 @@ pub(crate) struct Refusals {
     pub timed_out: fn() -> Response,
 }
 
-/// The layers every listener's requests pass: metrics (labelled by the matched route, else
-/// what `unmatched_route` calls the request's URI), tracing, panic catching, the request timeout and the concurrency limit.
-pub(crate) fn with_common_layers(
-    router: Router,
-    config: &Config,
-    unmatched_route: fn(&axum::http::Uri) -> &'static str,
-    refusals: Refusals,
-) -> Router {
+/// The layers every listener's requests pass: metrics and logs (labelled as `labels` says),
+/// tracing, panic catching, the request timeout and the concurrency limit.
+pub(crate) fn with_common_layers(router: Router, config: &Config, labels: RouteLabels, refusals: Refusals) -> Router {
     let timeout = config.limits.request_timeout_secs;
     let layers = ServiceBuilder::new()
-        .layer(axum::Extension(RouteLabel(unmatched_route)))
+        .layer(axum::Extension(labels))
         .layer(axum::middleware::from_fn(metered))
         .layer(
             // No `on_failure`: every response is logged once by `record_response`, and each
@@ -59,9 +58,10 @@ pub(crate) fn with_common_layers(
 
 /// The route a request is counted and logged under.
 fn route_of(request: &Request) -> &'static str {
+    let Some(labels) = request.extensions().get::<RouteLabels>() else { return "unmatched" };
     match request.extensions().get::<axum::extract::MatchedPath>() {
-        Some(path) => routes::ALL.iter().copied().find(|r| *r == path.as_str()).unwrap_or("unmatched"),
-        None => request.extensions().get::<RouteLabel>().map_or("unmatched", |label| (label.0)(request.uri())),
+        Some(path) => labels.routes.iter().copied().find(|r| *r == path.as_str()).unwrap_or("unmatched"),
+        None => (labels.unmatched)(request.uri()),
     }
 }
 

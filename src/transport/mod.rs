@@ -17,5 +17,5 @@ pub(crate) mod tls;
 mod zero_copy;
 
 pub(crate) use connections::{ConnectionSettings, serve};
-pub(crate) use layers::{Refusals, with_common_layers};
+pub(crate) use layers::{Refusals, RouteLabels, with_common_layers};
 pub(crate) use tls::{ClientIdentity, Tls, TlsSettings, client_names};
