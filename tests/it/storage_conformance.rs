@@ -1,6 +1,6 @@
 //! One suite every storage backend passes: a local directory, an S3 bucket prefix served by a
-//! real S3-protocol server (moto) on 127.0.0.1, and that prefix read through the node's disk
-//! cache.
+//! real S3-protocol server (moto) on 127.0.0.1, that prefix read through the node's disk
+//! cache, and a Hub repository served by another ztserve's `/hf`.
 
 use crate::common;
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt as _;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStoreExt as _, PutPayload};
+use ztserve::storage::hub::{HubOptions, HubStorage};
 use ztserve::storage::local::LocalStorage;
 use ztserve::storage::s3::S3Storage;
 use ztserve::storage::{ByteRange, ObjectVersion, Payload, Storage, StorageError};
@@ -22,6 +23,19 @@ trait Fixture {
     /// Whether a version already read stays readable after the object is replaced or removed
     /// (a disk cache keeps the bytes of each version it read, and serves exactly those).
     fn keeps_versions_read(&self) -> bool {
+        false
+    }
+    /// The backend's key for the suite's `key`.
+    fn key(&self, key: &str) -> String {
+        key.to_owned()
+    }
+    /// Keys the backend lists besides the suite's, with their sizes.
+    fn resident(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Whether a read names the commit the version was listed at, which a removal replaces
+    /// as any change does: a removed object's version then reads as changed, not missing.
+    fn reads_at_commits(&self) -> bool {
         false
     }
 }
@@ -84,52 +98,62 @@ async fn collect(
 
 async fn suite(fixture: &impl Fixture) {
     let big = bytes(3 << 20, 7);
-    fixture.put("a.zt", b"first version").await;
-    fixture.put("org/big.zt", &big).await;
+    fixture.put("a.bin", b"first version").await;
+    fixture.put("org/big.bin", &big).await;
     fixture.put("org/notes.txt", b"not a model").await;
-    fixture.put("org/.cache/partial.zt", b"hidden").await;
+    fixture.put("org/.cache/partial.bin", b"hidden").await;
     let storage = fixture.storage();
+    let (a_key, big_key) = (fixture.key("a.bin"), fixture.key("org/big.bin"));
 
     // Listing: every visible file below the root (model files and the files beside them; no
     // hidden path), relative keys, sizes, in key order.
     let listed = storage.list().await.unwrap();
-    let keys: Vec<(&str, u64)> = listed.iter().map(|l| (l.key.as_str(), l.size)).collect();
-    assert_eq!(keys, [("a.zt", 13), ("org/big.zt", 3 << 20), ("org/notes.txt", 11)], "{}", storage.name());
-    let (a, big_version) = (listed[0].version.clone(), listed[1].version.clone());
+    let keys: Vec<(String, u64)> = listed.iter().map(|l| (l.key.clone(), l.size)).collect();
+    let mut expected = fixture.resident();
+    expected.extend([("a.bin", 13), ("org/big.bin", 3 << 20), ("org/notes.txt", 11)].map(|(k, n)| (fixture.key(k), n)));
+    expected.sort();
+    assert_eq!(keys, expected, "{}", storage.name());
+    let version_of = |key: &str| listed.iter().find(|l| l.key == key).unwrap().version.clone();
+    let (a, big_version) = (version_of(&a_key), version_of(&big_key));
 
     // Ranges: bounded, suffix, suffix longer than the object; large reads arrive whole.
-    assert_eq!(collect(storage, "a.zt", ByteRange::Bounded(6..13), &a).await.unwrap(), (13, b"version".to_vec()));
-    assert_eq!(collect(storage, "a.zt", ByteRange::Suffix(7), &a).await.unwrap(), (13, b"version".to_vec()));
+    assert_eq!(collect(storage, &a_key, ByteRange::Bounded(6..13), &a).await.unwrap(), (13, b"version".to_vec()));
+    assert_eq!(collect(storage, &a_key, ByteRange::Suffix(7), &a).await.unwrap(), (13, b"version".to_vec()));
     assert_eq!(
-        collect(storage, "a.zt", ByteRange::Suffix(64 << 10), &a).await.unwrap(),
+        collect(storage, &a_key, ByteRange::Suffix(64 << 10), &a).await.unwrap(),
         (13, b"first version".to_vec())
     );
     let middle = (1 << 20) + 3..(3 << 20) - 5;
-    let (_, got) = collect(storage, "org/big.zt", ByteRange::Bounded(middle.clone()), &big_version).await.unwrap();
+    let (_, got) = collect(storage, &big_key, ByteRange::Bounded(middle.clone()), &big_version).await.unwrap();
     assert!(got == big[middle.start as usize..middle.end as usize], "{}: large range differs", storage.name());
 
     // A replaced object is a new version: reads of the old one fail, never mix.
-    fixture.put("a.zt", b"second version!").await;
-    let stale = collect(storage, "a.zt", ByteRange::Bounded(0..5), &a).await;
+    fixture.put("a.bin", b"second version!").await;
+    let stale = collect(storage, &a_key, ByteRange::Bounded(0..5), &a).await;
     let kept = fixture.keeps_versions_read() && stale == Ok((13, b"first".to_vec()));
     assert!(matches!(stale, Err(StorageError::Changed { .. })) || kept, "{}: {stale:?}", storage.name());
     if fixture.keeps_versions_read() {
         // Not read before, so not kept: the source's answer.
-        let unread = collect(storage, "org/big.zt", ByteRange::Bounded(0..5), "another version").await;
+        let unread = collect(storage, &big_key, ByteRange::Bounded(0..5), "another version").await;
         assert!(unread.is_err(), "{}: {unread:?}", storage.name());
     }
-    let fresh = storage.list().await.unwrap().into_iter().find(|l| l.key == "a.zt").unwrap();
+    let fresh = storage.list().await.unwrap().into_iter().find(|l| l.key == a_key).unwrap();
     assert_ne!(fresh.version, a);
     assert_eq!(
-        collect(storage, "a.zt", ByteRange::Suffix(8), &fresh.version).await.unwrap(),
+        collect(storage, &a_key, ByteRange::Suffix(8), &fresh.version).await.unwrap(),
         (15, b"version!".to_vec())
     );
 
-    // A removed object is missing.
-    fixture.remove("a.zt").await;
-    let missing = collect(storage, "a.zt", ByteRange::Bounded(0..1), &fresh.version).await;
+    // A removed object is missing (or, read at a commit the removal replaced, changed).
+    fixture.remove("a.bin").await;
+    let missing = collect(storage, &a_key, ByteRange::Bounded(0..1), &fresh.version).await;
     let kept = fixture.keeps_versions_read() && missing == Ok((15, b"s".to_vec()));
-    assert!(matches!(missing, Err(StorageError::NotFound { .. })) || kept, "{}: {missing:?}", storage.name());
+    let changed = fixture.reads_at_commits() && matches!(missing, Err(StorageError::Changed { .. }));
+    assert!(
+        matches!(missing, Err(StorageError::NotFound { .. })) || kept || changed,
+        "{}: {missing:?}",
+        storage.name()
+    );
 }
 
 #[tokio::test]
@@ -226,4 +250,67 @@ async fn an_unreachable_store_fails_promptly_as_unavailable_and_a_missing_bucket
         .expect("no hang");
     assert!(matches!(read, Err(StorageError::Unavailable { .. })), "{:?}", read.map(|r| r.size));
     assert!(started.elapsed() < Duration::from_secs(15), "gave up after {:?}", started.elapsed());
+}
+
+/// A Hub repository served by another ztserve's `/hf` over a directory: the suite's files sit
+/// beside the repository's model (`org/repo/model.safetensors`), so its tree lists them, and
+/// the origin rescans after each change (as it would at its next interval).
+struct Hub {
+    dir: tempfile::TempDir,
+    origin: Arc<ztserve::server::Server>,
+    model_len: u64,
+    storage: HubStorage,
+}
+
+impl Hub {
+    async fn start() -> Hub {
+        let dir = tempfile::tempdir().unwrap();
+        let model = common::one_tensor_safetensors(&bytes(100, 1));
+        std::fs::create_dir_all(dir.path().join("org/repo")).unwrap();
+        std::fs::write(dir.path().join("org/repo/model.safetensors"), &model).unwrap();
+        let config = ztserve::config::Config::serving(vec![ztserve::config::SourceSpec::local(dir.path())]);
+        let (address, origin) = common::serve(config).await;
+        let options = HubOptions {
+            endpoint: format!("http://{address}/hf"),
+            token: None,
+            connect_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(30),
+            retries: 1,
+            ca_file: None,
+        };
+        let storage = HubStorage::new("hf://org/repo", "org/repo", None, &options).unwrap();
+        Hub { dir, origin, model_len: model.len() as u64, storage }
+    }
+}
+
+impl Fixture for Hub {
+    fn storage(&self) -> &dyn Storage {
+        &self.storage
+    }
+    async fn put(&self, key: &str, bytes: &[u8]) {
+        let path = self.dir.path().join("org/repo").join(key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, bytes).unwrap();
+        std::fs::rename(&temporary, &path).unwrap();
+        self.origin.rescan().await;
+    }
+    async fn remove(&self, key: &str) {
+        std::fs::remove_file(self.dir.path().join("org/repo").join(key)).unwrap();
+        self.origin.rescan().await;
+    }
+    fn key(&self, key: &str) -> String {
+        format!("org/repo/{key}")
+    }
+    fn resident(&self) -> Vec<(String, u64)> {
+        vec![(self.key("model.safetensors"), self.model_len)]
+    }
+    fn reads_at_commits(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_repository_passes_the_storage_suite() {
+    suite(&Hub::start().await).await;
 }
