@@ -1,7 +1,7 @@
 //! The manual stays true to the repository: every relative link and anchor in the README and
 //! `docs/` resolves inside the repository, and every setting the manual names exists in
 //! `config/ztserve.toml`, which lists each setting, and each setting there is in the manual; the
-//! test sets it gives split the suite.
+//! test sets it gives split the suite; every route of the HTTP contract is in `openapi.yaml`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -186,5 +186,16 @@ fn the_hermetic_and_external_test_sets_split_the_suite_as_the_manual_says() {
     for profile in ["hermetic", "external"] {
         let command = format!("cargo nextest run --workspace --all-targets --profile {profile}");
         assert!(section.contains(&format!("```sh\n{command}\n```")), "docs/development.md gives {command}");
+    }
+}
+
+/// Every route the router declares for the HTTP contract (the Hub's and the registry's are
+/// labels of their own prefixes, described path by path) is a path of `openapi.yaml`.
+#[test]
+fn every_http_route_is_a_path_of_openapi_yaml() {
+    let spec = std::fs::read_to_string(root().join("openapi.yaml")).unwrap();
+    let paths: BTreeSet<&str> = spec.lines().filter_map(|l| l.strip_prefix("  /")?.strip_suffix(':')).collect();
+    for route in ztserve::api::routes::ALL.iter().filter(|r| !r.starts_with("/hf") && !r.starts_with("/v2")) {
+        assert!(paths.contains(&route[1..]), "{route} is routed but not a path of openapi.yaml");
     }
 }
