@@ -400,8 +400,10 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
         let reply = read(path).await;
         assert!(!reply.complete || reply.status == 503, "{path}: damaged bytes were sent whole: {}", reply.head);
     }
+    // Each object's damage is caught and counted: twice when both attempts read it whole; once
+    // when, on a loaded machine, the second attempt ends on the 3 s read timeout first.
     let counted = metric("ztserve_disk_cache_checked_fills_total", &[("outcome", "mismatch")]) - mismatches;
-    assert_eq!(counted, 4.0, "each object tried twice");
+    assert!((2.0..=4.0).contains(&counted), "{counted} mismatches counted for two damaged objects");
     proxy.heal();
     server.rescan().await;
     assert!(read("/models/checksummed/file").await.body == checksummed);
@@ -433,14 +435,12 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
         proxy.inject(Fault::Status(500));
     }
     let ranged = proxy.ranged_requests();
-    let reply = read("/models/spare/file").await;
-    // The head goes out with the first block, kept by the scan: the body is cut short (status
-    // 0 when hyper had not flushed the head yet).
-    assert!(reply.status == 503 || (matches!(reply.status, 0 | 200) && !reply.complete), "{}", reply.head);
-    // One GET and 2 retries for each fill: one fill, or two when the next block's read (two
-    // are read at once) looked for its fill before the first had recorded it.
+    // A range within one block not cached yet: one fill, so a count that no fill still under
+    // way can change (a whole read's next block may start a fill that goes on after the reply).
+    let reply = ask(&address, "/models/spare/file", &[("Range", "bytes=70000-70010")]).await;
+    assert_eq!(reply.status, 503, "{}", reply.head);
     let sent = proxy.ranged_requests() - ranged;
-    assert!(sent == 3 || sent == 6, "{sent} GETs: not 3 for each fill");
+    assert_eq!(sent, 3, "one GET and 2 retries");
     let ranged = proxy.ranged_requests();
     let reply = ask(&address, "/models/plain0/file", &[("Range", "bytes=0-10")]).await;
     assert!(reply.status == 206 && reply.body == plain[0][..11], "cached: {}", reply.head);
