@@ -73,7 +73,7 @@ impl Server {
 
     /// The decoders' permits: a test holds them all to make decoders busy.
     pub fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
-        self.service.decoders()
+        self.service.representations().decoders()
     }
 
     /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the
@@ -243,7 +243,7 @@ pub async fn serve(
         if let Some(cache) = service.disk_cache() {
             cache.discard_temporaries();
         }
-        service.sync_digests();
+        service.hashing().digests().sync();
     })
     .await;
     Ok(())

@@ -259,9 +259,9 @@ impl HubState {
             let (model, manifest, status) = self.service.servable_model(member).await?;
             signature.get_or_insert(status);
             let files = if catalog.shows_published_files(&id, &model) {
-                self.service.repository_files(&catalog, &model, &manifest)
+                self.service.publication().repository_files(&catalog, &model, &manifest)
             } else {
-                self.service.files_as_stored(&catalog, &model, &manifest)
+                self.service.publication().files_as_stored(&catalog, &model, &manifest)
             };
             listed.extend(files.into_iter().map(|f| (f, members.len())));
             members.push((model, manifest));
@@ -286,7 +286,7 @@ impl HubState {
     async fn published_prefix(&self, at: &RepoAt, index: usize, len: u64) -> Result<Vec<u8>, HubError> {
         let (model, manifest) = &at.members[at.owners[index]];
         let file = &at.files[index];
-        let bytes = self.service.published_bytes(&at.catalog, model, manifest, &file.what).await?;
+        let bytes = self.service.publication().published_bytes(&at.catalog, model, manifest, &file.what).await?;
         let end = len.min(bytes.source.len());
         let mut read = Vec::with_capacity(end as usize);
         let mut stream = bytes.source.open(0..end);
@@ -298,15 +298,15 @@ impl HubState {
 
     /// The SHA-256 of file `index` of `at`, waiting `digests.file_wait_ms` at most.
     async fn sha256(&self, at: &RepoAt, index: usize) -> Result<[u8; 32], HubError> {
-        let wait = self.service.digest_wait(false);
+        let wait = self.service.hashing().wait(false);
         let (model, manifest) = &at.members[at.owners[index]];
-        Ok(self.service.published_sha256(&at.catalog, model, manifest, &at.files[index], wait).await?)
+        Ok(self.service.hashing().published_sha256(&at.catalog, model, manifest, &at.files[index], wait).await?)
     }
 
     /// The SHA-256 of each of the files `indices` of `at`, for a listing: waiting
     /// `digests.listing_wait_secs` at most.
     async fn sha256s(&self, at: &RepoAt, indices: &[usize]) -> Result<Vec<[u8; 32]>, HubError> {
-        let wait = self.service.digest_wait(true);
+        let wait = self.service.hashing().wait(true);
         let mut digests = vec![[0u8; 32]; indices.len()];
         for (member, (model, manifest)) in at.members.iter().enumerate() {
             let mine: Vec<usize> = (0..indices.len()).filter(|&i| at.owners[indices[i]] == member).collect();
@@ -314,8 +314,11 @@ impl HubState {
                 continue;
             }
             let files: Vec<&PublishedFile> = mine.iter().map(|&i| &at.files[indices[i]]).collect();
-            let found =
-                self.service.published_sha256s(&at.catalog, model, manifest, &files, DigestOf::File, wait).await?;
+            let found = self
+                .service
+                .hashing()
+                .published_sha256s(&at.catalog, model, manifest, &files, DigestOf::File, wait)
+                .await?;
             for (i, digest) in mine.into_iter().zip(found) {
                 digests[i] = digest;
             }
@@ -564,8 +567,8 @@ async fn list_models(
         .models()
         .filter(|m| m.state.is_ok() && access.allows(&m.id))
         // Not listed until its signature lets it be served: refused, or still being checked.
-        .filter(|m| state.service.signature_refusal(&catalog, m).is_none())
-        .filter(|m| !state.service.signature_status(&catalog, m).is_pending())
+        .filter(|m| state.service.signatures().refusal(&catalog, m).is_none())
+        .filter(|m| !state.service.signatures().status(&catalog, m).is_pending())
         .filter_map(|m| Some((repos::repo_id_of(&catalog.repository_of(m), &state.namespace)?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
@@ -799,7 +802,7 @@ async fn resolve(
     }
     let digest = state.sha256(at, index).await?;
     let (model, manifest) = &at.members[at.owners[index]];
-    let bytes = state.service.published_file_bytes(&at.catalog, model, manifest, file).await?;
+    let bytes = state.service.hashing().published_file_bytes(&at.catalog, model, manifest, file).await?;
     let etag = format!("\"{}\"", hex::encode(digest));
     let representation = Representation {
         source: bytes.source,

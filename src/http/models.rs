@@ -42,17 +42,17 @@ pub(super) async fn list(
             }
             if m.source.storage.is_cached() {
                 // Its stored files and the files beside it, as a prefetch fetches them.
-                let held = state.service.held(m);
+                let held = service::Held::of(&catalog, m);
                 entry["disk_cache"] = json!({ "bytes": held.bytes, "complete": held.bytes == held.total });
                 if m.source.failure().is_some() {
                     entry["serving_from"] = json!("disk_cache");
                 }
             }
-            let signature = state.service.signature_status(&catalog, m);
+            let signature = state.service.signatures().status(&catalog, m);
             if let Some(json) = signature.to_json() {
                 entry["signature"] = json;
             }
-            match (&m.state, state.service.signature_refusal(&catalog, m)) {
+            match (&m.state, state.service.signatures().refusal(&catalog, m)) {
                 (Ok(_), Some(refused)) => {
                     entry["status"] = json!("broken");
                     let code = refused.reason().unwrap_or(refused.code());
@@ -61,7 +61,7 @@ pub(super) async fn list(
                 (Ok(manifest), None) => {
                     entry["status"] = json!("ok");
                     entry["objects"] = json!(manifest.objects.len());
-                    entry["digests"] = state.service.digest_progress(m).to_json();
+                    entry["digests"] = state.service.hashing().digest_progress(m).to_json();
                 }
                 (Err(e), _) => {
                     entry["status"] = json!("broken");
@@ -141,12 +141,12 @@ pub(super) async fn file(
         Some((_, name)) => state.service.file_named(&ready.model, &ready.manifest, name).await?,
         None => (
             state.service.representations().stored_file(&ready.model, &ready.manifest).await?,
-            service::FileKind::Stored,
+            service::FoundFile::Stored,
         ),
     };
     let cache = match kind {
-        service::FileKind::Stored => ready.cache.clone(),
-        service::FileKind::Companion => (header::CACHE_CONTROL, crate::transport::respond::REVALIDATE),
+        service::FoundFile::Stored => ready.cache.clone(),
+        service::FoundFile::Companion => (header::CACHE_CONTROL, crate::transport::respond::REVALIDATE),
     };
     file_response(&state, &headers, &method, &ready, file, cache, "application/octet-stream").await
 }
@@ -181,7 +181,7 @@ pub(super) async fn view_file(
     method: axum::http::Method,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let file = state.service.view_file(&ready.model, &ready.manifest, &name).await?;
+    let file = state.service.publication().view_file(&ready.model, &ready.manifest, &name).await?;
     let cache = ready.cache.clone();
     file_response(&state, &headers, &method, &ready, file, cache, crate::format::view::media_type(&name)).await
 }
@@ -211,7 +211,7 @@ async fn file_response(
 
 /// How much of `model` the disk cache holds, as JSON.
 fn held_json(service: &service::Service, model: &Model) -> Value {
-    let held = service.held(model);
+    let held = service::Held::of(&service.catalog(), model);
     json!({
         "model": model.id,
         "cached_bytes": held.bytes,
@@ -237,7 +237,7 @@ pub(super) async fn prefetch_progress(State(state): State<Arc<AppState>>, ready:
 pub(super) async fn prefetch(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
     let ReadyModel { model, .. } = ready;
     let service = Arc::clone(&state.service);
-    let running = model.source.storage.is_cached().then(|| service.prefetch(&model));
+    let running = model.source.storage.is_cached().then(|| service.prefetches().start(&service.catalog(), &model));
     let lines = futures_util::stream::unfold(false, move |finished| {
         let (service, model, running) = (Arc::clone(&service), Arc::clone(&model), running.clone());
         async move {

@@ -58,7 +58,7 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
         _ => (Readiness::Unavailable, "unavailable"),
     };
     // Digests are computed in the background: readiness never waits for them.
-    let digests = state.service.digest_totals().to_json();
+    let digests = state.service.hashing().digest_totals(&state.service.catalog()).to_json();
     let body = json!({
         "status": word,
         "models": catalog.models().count(),
@@ -71,7 +71,7 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
 
 /// Prometheus text exposition of every metric the process records.
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> impl axum::response::IntoResponse {
-    state.service.publish_signature_gauge(&state.service.catalog());
+    state.service.signatures().publish_gauge(&state.service.catalog());
     let handle = crate::telemetry::metrics();
     handle.run_upkeep();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())

@@ -381,7 +381,7 @@ impl OciState {
         }
         tracing::Span::current().record("model", model.id.as_str());
         let (model, manifest, signature) = self.service.servable_model(&model.id).await?;
-        let files = self.service.repository_files(&catalog, &model, &manifest);
+        let files = self.service.publication().repository_files(&catalog, &model, &manifest);
         Ok(RepositoryAt { catalog, model, manifest, files, signature })
     }
 
@@ -394,8 +394,8 @@ impl OciState {
     /// those being computed as a listing does.
     async fn digests(&self, at: &RepositoryAt, of: DigestOf) -> Result<Vec<[u8; 32]>, OciError> {
         let files: Vec<&PublishedFile> = at.files.iter().collect();
-        let wait = self.service.digest_wait(true);
-        Ok(self.service.published_sha256s(&at.catalog, &at.model, &at.manifest, &files, of, wait).await?)
+        let wait = self.service.hashing().wait(true);
+        Ok(self.service.hashing().published_sha256s(&at.catalog, &at.model, &at.manifest, &files, of, wait).await?)
     }
 
     /// The artifact, and its layers (in the order of `at.files`).
@@ -517,7 +517,7 @@ async fn blob(
     } else if let Some(index) = layers.iter().position(|layer| hex::encode(layer.sha256) == hex) {
         let file = &at.files[index];
         (
-            state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?.source,
+            state.service.hashing().published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?.source,
             "application/octet-stream",
         )
     } else {
@@ -531,7 +531,8 @@ async fn blob(
                 .position(|layer| hex::encode(layer.sha256) == hex)
                 .ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
             let file = &at.files[index];
-            let bytes = state.service.published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
+            let bytes =
+                state.service.hashing().published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
             let framing = LayerFraming::of(&file.path, file.size).expect("framed when its digest was computed");
             (Arc::new(TarLayer { framing, file: bytes.source }), image::LAYER_MEDIA_TYPE)
         }

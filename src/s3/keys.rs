@@ -71,9 +71,11 @@ impl Keys {
                 let Ok(manifest) = &model.state else { continue };
                 let files = match holds {
                     Holds::Repository if catalog.shows_published_files(&id, model) => {
-                        service.repository_files(&catalog, model, manifest)
+                        service.publication().repository_files(&catalog, model, manifest)
                     }
-                    Holds::Repository | Holds::Stored => service.files_as_stored(&catalog, model, manifest),
+                    Holds::Repository | Holds::Stored => {
+                        service.publication().files_as_stored(&catalog, model, manifest)
+                    }
                 };
                 for file in files {
                     sorted.push(Key {

@@ -202,7 +202,8 @@ impl Endpoint {
         let keys = self.keys(bucket);
         let catalog = keys.catalog();
         // A model its signature refuses is not listed, as a broken one is not.
-        let refused = |id: &str| catalog.get(id).is_some_and(|m| self.service.signature_refusal(catalog, m).is_some());
+        let refused =
+            |id: &str| catalog.get(id).is_some_and(|m| self.service.signatures().refusal(catalog, m).is_some());
         let page = keys.list(query, |id| access.allows(id) && !refused(id));
         let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
         let contents = page
@@ -229,10 +230,15 @@ impl Endpoint {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
         let found = keys.at(index);
-        let wait = self.service.digest_wait(false);
-        self.service.admit(keys.catalog(), &found.model, &found.manifest, wait).await.map_err(service_error)?;
+        let wait = self.service.hashing().wait(false);
+        self.service
+            .signatures()
+            .admit(keys.catalog(), &found.model, &found.manifest, wait)
+            .await
+            .map_err(service_error)?;
         let bytes = self
             .service
+            .hashing()
             .published_file_bytes(keys.catalog(), &found.model, &found.manifest, &found.published())
             .await
             .map_err(service_error)?;
@@ -255,7 +261,7 @@ impl Endpoint {
             return None;
         }
         let file = PublishedFile { etag: etag.to_owned(), ..key.published() };
-        let digest = self.service.known_sha256(keys.catalog(), &key.model, &key.manifest, &file)?;
+        let digest = self.service.hashing().known_sha256(keys.catalog(), &key.model, &key.manifest, &file)?;
         Some(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, digest))
     }
 

@@ -1,4 +1,4 @@
-//! A model's stored bytes for one response, the stored-file half of [`Representations`]: its
+//! A model's stored bytes for one response: its
 //! local file's mapping (sent by `sendfile`) with the descriptor behind it (read with
 //! `pread`), or its listed S3 object version, with the source's health updated by every remote
 //! read; the strong entity tags of what a model version serves and the model version, which
@@ -12,7 +12,6 @@ use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::ServiceError;
-use super::components::Representations;
 use super::representation::{ByteStream, RangeSource, guard, guarded};
 use crate::catalog::{Companion, Model, Source, StoredFile};
 use crate::decode::Stored;
@@ -125,13 +124,13 @@ impl RangeSource for MappedVersion {
 
 /// Raw bytes of a listed object read through its storage: ranged GETs from S3 (split and run in
 /// parallel when long), reads of a local file.
-struct RemoteRange {
-    object: ObjectVersion,
-    source: Arc<Source>,
-    model: String,
-    start: u64,
-    len: u64,
-    readahead: Readahead,
+pub(super) struct RemoteRange {
+    pub(super) object: ObjectVersion,
+    pub(super) source: Arc<Source>,
+    pub(super) model: String,
+    pub(super) start: u64,
+    pub(super) len: u64,
+    pub(super) readahead: Readahead,
 }
 
 /// A gap of a remote object shorter than this is read through rather than asked for in a new
@@ -200,7 +199,7 @@ pub(crate) async fn model_bytes(
 
 /// Refuses at once, rather than partway through a body, an object its source cannot give now:
 /// the source is failing and its disk cache holds only part of the object.
-fn servable(source: &Source, model: &str, object: &ObjectVersion) -> Result<(), ServiceError> {
+pub(super) fn servable(source: &Source, model: &str, object: &ObjectVersion) -> Result<(), ServiceError> {
     if source.storage.is_cached() && source.failure().is_some() {
         let cached = source.storage.cached_bytes(&object.key, &object.version, object.size);
         if cached < object.size {
@@ -247,115 +246,6 @@ pub(crate) fn model_version(model: &Model) -> String {
 /// `X-Zt-Model-Version` value without its quotes.
 pub(crate) fn version_token(model: &Model) -> String {
     model_version(model).trim_matches('"').to_owned()
-}
-
-impl Representations {
-    /// The stored file of a model stored in one, byte for byte.
-    pub(crate) async fn stored_file(
-        &self,
-        model: &Arc<Model>,
-        manifest: &Manifest,
-    ) -> Result<StoredBytes, ServiceError> {
-        if model.files.len() != 1 {
-            return Err(ServiceError::SeveralFiles { model: model.id.clone(), count: model.files.len() });
-        }
-        self.stored_file_at(model, manifest, 0).await
-    }
-
-    /// The model's stored file `index` (in the model's file order), byte for byte.
-    pub(crate) async fn stored_file_at(
-        &self,
-        model: &Arc<Model>,
-        manifest: &Manifest,
-        index: usize,
-    ) -> Result<StoredBytes, ServiceError> {
-        let bytes = model_bytes(model, manifest, index).await?;
-        // The file holding the manifest is as long as the manifest says; the others as listed.
-        let len = model.file_len(manifest, index);
-        Ok(StoredBytes {
-            source: bytes.served(&self.readahead, &model.id, 0..len),
-            etag: stored_file_etag(model, index),
-        })
-    }
-
-    /// A file beside the model (`config.json`, …), byte for byte, bound to its listed version.
-    pub(crate) fn companion_file(
-        &self,
-        model: &Arc<Model>,
-        companion: &Companion,
-    ) -> Result<StoredBytes, ServiceError> {
-        servable(&model.source, &model.id, &companion.object)?;
-        Ok(StoredBytes {
-            source: Arc::new(RemoteRange {
-                object: companion.object.clone(),
-                source: Arc::clone(&model.source),
-                model: model.id.clone(),
-                start: 0,
-                len: companion.object.size,
-                readahead: self.readahead.clone(),
-            }),
-            etag: companion_etag(model, companion),
-        })
-    }
-
-    /// The model's stored file `name` (the root or a shard), byte for byte.
-    pub(crate) async fn stored_file_named(
-        &self,
-        model: &Arc<Model>,
-        manifest: &Manifest,
-        name: &str,
-    ) -> Result<StoredBytes, ServiceError> {
-        let Some(index) = model.files.iter().position(|f| f.name == name) else {
-            let names: Vec<&str> = model.files.iter().map(|f| f.name.as_str()).collect();
-            return Err(ServiceError::FileNotFound {
-                model: model.id.clone(),
-                name: name.to_owned(),
-                available: names.join(", "),
-            });
-        };
-        self.stored_file_at(model, manifest, index).await
-    }
-
-    /// The model's file `name`: one of its stored files, or else one of the files beside it
-    /// (`companions`) by its path below the model's directory (`config.json`,
-    /// `tokenizer/vocab.txt`). Which of the two it is comes with it: a companion is not covered
-    /// by the model version.
-    pub(crate) async fn file_named(
-        &self,
-        model: &Arc<Model>,
-        manifest: &Manifest,
-        companions: &[Companion],
-        name: &str,
-    ) -> Result<(StoredBytes, FileKind), ServiceError> {
-        if let Some(index) = model.files.iter().position(|f| f.name == name) {
-            return Ok((self.stored_file_at(model, manifest, index).await?, FileKind::Stored));
-        }
-        match companions.iter().find(|c| c.name == name) {
-            Some(companion) => Ok((self.companion_file(model, companion)?, FileKind::Companion)),
-            None => {
-                let names: Vec<&str> = model
-                    .files
-                    .iter()
-                    .map(|f| f.name.as_str())
-                    .chain(companions.iter().map(|c| c.name.as_str()))
-                    .collect();
-                Err(ServiceError::FileNotFound {
-                    model: model.id.clone(),
-                    name: name.to_owned(),
-                    available: names.join(", "),
-                })
-            }
-        }
-    }
-}
-
-/// Which of a model's files a name found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FileKind {
-    /// One of the model's stored files: bound to the model version.
-    Stored,
-    /// A file beside the model (config, tokenizer): its own version, not the model's.
-    Companion,
 }
 
 /// The ETag of a file beside the model: its own version's, within the model's.

@@ -116,27 +116,13 @@ pub(crate) fn component<'o>(model: &Model, object: &'o Object, role: &str) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::Limits;
-    use crate::storage::local::LocalStorage;
 
     fn catalogs_of(dir: &std::path::Path) -> Arc<Catalogs> {
-        let source = Source::new(Arc::new(LocalStorage::new("test", dir)));
-        let options = ScanOptions {
-            limits: Limits::default(),
-            manifest_suffix_bytes: 64 * 1024,
-            concurrent_reads: 2,
-            check_shard_digests: true,
-            signature_file: None,
-        };
-        Arc::new(Catalogs::new(vec![source], options))
+        crate::service::fixture::catalogs_of(dir, None)
     }
 
     fn safetensors_of_one_tensor() -> Vec<u8> {
-        let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
-        let mut file = (header.len() as u64).to_le_bytes().to_vec();
-        file.extend_from_slice(header);
-        file.extend_from_slice(&[0; 8]);
-        file
+        crate::service::fixture::one_tensor_safetensors(&[0.0, 0.0])
     }
 
     #[tokio::test]

@@ -42,10 +42,10 @@ pub(super) struct Learnt {
     /// By object name and component role.
     facts: Mutex<HashMap<(String, String), Arc<ComponentFacts>>>,
     /// The signature's verdict, for the version of the signed directory it was reached for.
-    pub signature: arc_swap::ArcSwapOption<super::signatures::SignatureVerdict>,
+    pub signature: arc_swap::ArcSwapOption<super::verdict::SignatureVerdict>,
     /// The signature file read and checked once for a version of the signed directory, shared
     /// by every asker while the files' digests are still being computed.
-    pub signed_statement: Mutex<Option<(String, Arc<super::signatures::StatementCheck>)>>,
+    pub signed_statement: Mutex<Option<(String, Arc<super::verdict::StatementCheck>)>>,
 }
 
 impl Learnt {

@@ -1,16 +1,21 @@
 //! The domain between the catalog and the wire protocols, as a facade (`Service`) over one
 //! type per concern: the catalogs and their versions ([`catalogs`]), a model's bytes as each
-//! request gets them (stored files, companions and components: [`components`], [`bytes`]),
-//! slices ([`slices`]), the safetensors views ([`view`]), prefetches into the node's disk
-//! cache ([`prefetch`]), and the files each model version publishes ([`published`]) with their
-//! content digests (`crate::digests`, computed ahead of need by [`hashing`]). The facade keeps
-//! what they share: what is learnt per model version ([`learnt`]) and a rescan's upkeep.
+//! request gets them (components, stored files and companions: [`components`], [`files`],
+//! [`bytes`], decoded by [`decoded`] and [`seekable`]), slices ([`slices`]), the safetensors
+//! views ([`view`]), the files each model version publishes ([`published`]), their content
+//! digests ([`hashing`], over `crate::digests`), signature admission ([`signatures`]) and
+//! prefetches into the node's disk cache ([`prefetch`]). The facade keeps what they share:
+//! what is learnt per model version ([`learnt`]) and a rescan's upkeep.
 //! Handlers of any protocol extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod catalogs;
 mod components;
+mod decoded;
 mod error;
+mod files;
+#[cfg(test)]
+mod fixture;
 mod hashing;
 mod image_layer;
 mod learnt;
@@ -21,21 +26,26 @@ mod seekable;
 mod sha256;
 mod signatures;
 mod slices;
+mod verdict;
 mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use self::bytes::{FileKind, StoredBytes, companion_etag, model_version, stored_file_etag, version_token};
+pub(crate) use self::bytes::{StoredBytes, companion_etag, model_version, stored_file_etag, version_token};
+pub(crate) use self::files::FoundFile;
 pub(crate) use self::view::view_file_etag;
 pub(crate) use catalogs::{component, object};
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::{ErrorKind, INTERNAL_MESSAGE, ServiceError, SetupError};
-pub(crate) use hashing::DigestOf;
+pub(crate) use hashing::{DigestOf, Hashing};
 pub(crate) use image_layer::{LayerFraming, MODELS_DIR, TarLayer};
 pub(crate) use learnt::Rendered;
+pub(crate) use prefetch::Held;
+pub(crate) use published::Publication;
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
+pub(crate) use signatures::SignatureAdmission;
 pub(crate) use signatures::SignatureStatus;
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
@@ -54,28 +64,27 @@ const RENDER_AHEAD_OBJECTS: usize = 10_000;
 pub(crate) type RenderManifest = fn(&Model, &Manifest, &crate::format::view::View) -> Rendered;
 
 /// The domain every wire protocol serves from: a facade over the catalogs, the
-/// representations of a model's bytes, the safetensors views, the digests and the prefetches,
-/// which keeps what they share (what is learnt per model version) and the work that spans them
-/// (a rescan's upkeep, manifests rendered ahead).
+/// representations of a model's bytes, the published files, their digests, signature admission
+/// and the prefetches, which keeps what they share (what is learnt per model version) and the
+/// work that spans them (a rescan's upkeep, manifests rendered ahead).
 pub(crate) struct Service {
     settings: Settings,
     catalogs: Arc<catalogs::Catalogs>,
     representations: Arc<components::Representations>,
-    views: view::Views,
+    /// The files each model version publishes, with its safetensors view.
+    publication: Arc<Publication>,
     /// How the manifest is rendered (by the HTTP contract, which serves it), once per version.
     render_manifest: RenderManifest,
     /// What has been learnt about each model version the catalog lists.
     learnt: Arc<learnt::LearntByVersion>,
-    /// The SHA-256 of each published file version, once known.
-    digests: crate::digests::FileDigests,
-    /// The background hashing of published files whose digests are not known.
-    hashing: hashing::Hashing,
+    /// The digests of published files, and their hashing in the background.
+    hashing: Arc<Hashing>,
+    /// Models admitted under their sources' signing policies.
+    signatures: Arc<SignatureAdmission>,
     /// Prefetches into the disk cache, by model version.
     prefetches: prefetch::Prefetches,
     /// The node's disk cache every remote source reads through, when there is one.
     disk_cache: Option<Arc<DiskCache>>,
-    /// The trust model signatures are checked against, when any source reads them.
-    signatures: Option<signatures::Signatures>,
     /// Set when shutdown begins: readiness answers 503 while requests in flight finish.
     draining: std::sync::atomic::AtomicBool,
 }
@@ -101,12 +110,8 @@ pub(crate) struct ServiceParts {
 /// The settings the facade itself reads after it is built.
 struct Settings {
     rescan_interval: Duration,
-    request_timeout_secs: Option<u64>,
-    digests: crate::config::Digests,
-    /// Models fetched whole into the disk cache, and those kept there.
-    prefetch: Vec<String>,
-    pinned: Vec<String>,
-    signing: crate::config::Signing,
+    /// How often the digests appended to the store are synced to disk.
+    digest_sync_interval: Duration,
 }
 
 impl Service {
@@ -132,16 +137,8 @@ impl Service {
             Some(n) => n,
         };
         let decode_cache = DecodeCache::new(decode.cache_bytes, decoders);
-        let readahead = Readahead {
-            chunk: remote.range_chunk_bytes,
-            concurrency: remote.range_concurrency,
-            budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(remote.readahead_bytes / 1024)
-                    .unwrap_or(usize::MAX)
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
-        };
-        let enforced = signatures::Signatures::any_enforced(&signing);
+        let readahead = readahead_of(&remote);
+        let enforced = SignatureAdmission::any_enforced(&signing);
         let options = ScanOptions {
             limits: Limits {
                 max_manifest_bytes: limits.max_manifest_bytes,
@@ -153,7 +150,6 @@ impl Service {
             check_shard_digests: serving.verify != crate::config::VerifyPolicy::Never,
             signature_file: enforced.then(|| signing.signature_file.clone()),
         };
-        let signatures = if enforced { Some(signatures::Signatures::new(&signing)?) } else { None };
         let learnt = Arc::new(learnt::LearntByVersion::default());
         let representations = Arc::new(components::Representations::new(
             decode_cache,
@@ -162,28 +158,37 @@ impl Service {
             serving.verify,
             Arc::clone(&learnt),
         ));
-        let rescan_interval = Duration::from_secs(sources.rescan_interval_secs);
-        let sources = storages.into_iter().map(Source::new).collect();
+        let views = view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), serving.view_shard_bytes);
+        let publication = Arc::new(Publication::new(views, Arc::clone(&representations)));
+        let waits = hashing::DigestWaits {
+            file: Duration::from_millis(digests.file_wait_ms),
+            listing: Duration::from_secs(digests.listing_wait_secs),
+            request_timeout: limits.request_timeout_secs.map(Duration::from_secs),
+        };
+        let settings = Settings {
+            rescan_interval: Duration::from_secs(sources.rescan_interval_secs),
+            digest_sync_interval: Duration::from_secs(digests.sync_interval_secs),
+        };
+        let hashing = Arc::new(Hashing::new(&digests, digest_store, Arc::clone(&publication), signing.clone(), waits));
+        let catalogs = Arc::new(catalogs::Catalogs::new(storages.into_iter().map(Source::new).collect(), options));
+        let admission = signatures::AdmissionParts {
+            learnt: Arc::clone(&learnt),
+            publication: Arc::clone(&publication),
+            hashing: Arc::clone(&hashing),
+            catalogs: Arc::clone(&catalogs),
+        };
         Ok(Arc::new(Service {
             render_manifest,
-            digests: digest_store,
-            hashing: hashing::Hashing::new(&digests),
-            prefetches: prefetch::Prefetches::default(),
+            signatures: Arc::new(SignatureAdmission::new(signing, admission)?),
+            hashing,
+            prefetches: prefetch::Prefetches::new(cache),
             disk_cache,
-            signatures,
             draining: std::sync::atomic::AtomicBool::new(false),
-            catalogs: Arc::new(catalogs::Catalogs::new(sources, options)),
-            views: view::Views::new(Arc::clone(&representations), Arc::clone(&learnt), serving.view_shard_bytes),
+            catalogs,
+            publication,
             representations,
             learnt,
-            settings: Settings {
-                rescan_interval,
-                request_timeout_secs: limits.request_timeout_secs,
-                digests,
-                prefetch: cache.prefetch,
-                pinned: cache.pinned,
-                signing,
-            },
+            settings,
         }))
     }
 
@@ -197,37 +202,21 @@ impl Service {
     /// listed are dropped before the swap, and after it, prefetches, manifests rendered ahead
     /// and the digests to compute follow the new listing.
     pub(crate) async fn rescan(self: &Arc<Self>) {
+        let mut stated = hashing::StatedByModel::new();
         let swapped = self
             .catalogs
             .rescan(async |catalog| {
                 self.representations.retain_listed(catalog);
                 self.learnt.retain_listed(catalog);
-                self.hand_down_statements(catalog).await;
+                stated = self.hashing.hand_down_statements(catalog).await;
             })
             .await;
         if let Some(catalog) = swapped {
-            self.upkeep_prefetches(&catalog);
-            self.render_manifests_ahead(&catalog);
-            self.schedule_digests(&catalog).await;
-            self.verify_signatures_ahead(&catalog);
+            self.prefetches.upkeep(&catalog, self.sources());
+            render_manifests_ahead(self, &catalog);
+            self.hashing.schedule(&catalog, stated).await;
+            self.signatures.verify_ahead(&catalog);
         }
-    }
-
-    /// Renders the manifest JSON of every large model of `catalog` not rendered yet, on the
-    /// blocking pool in the background: a model of 100k tensors is tens of MB of JSON and
-    /// seconds of work, which no request should wait for. Small ones render in milliseconds
-    /// when first asked, and are not all held (a large rendering is kept in a temporary file).
-    fn render_manifests_ahead(self: &Arc<Self>, catalog: &Arc<Catalog>) {
-        let (service, catalog) = (Arc::clone(self), Arc::clone(catalog));
-        tokio::task::spawn_blocking(move || {
-            for model in catalog.models() {
-                if let Ok(manifest) = &model.state {
-                    if manifest.objects.len() >= RENDER_AHEAD_OBJECTS {
-                        service.rendered_manifest(model, manifest);
-                    }
-                }
-            }
-        });
     }
 
     /// Rescans on the configured interval, forever.
@@ -242,19 +231,13 @@ impl Service {
 
     /// Syncs the digests appended to the store to disk every `digests.sync_interval_secs`.
     pub(crate) async fn sync_digests_forever(self: Arc<Self>) {
-        let mut interval = tokio::time::interval(Duration::from_secs(self.settings.digests.sync_interval_secs));
+        let mut interval = tokio::time::interval(self.settings.digest_sync_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
-            let service = Arc::clone(&self);
-            let _ = tokio::task::spawn_blocking(move || service.sync_digests()).await;
+            let hashing = Arc::clone(&self.hashing);
+            let _ = tokio::task::spawn_blocking(move || hashing.digests().sync()).await;
         }
-    }
-
-    /// Syncs the digests appended since the last sync (blocking): on a schedule, and once
-    /// more as the server stops.
-    pub(crate) fn sync_digests(&self) {
-        self.digests.sync();
     }
 
     /// The node's disk cache, when there is one (the server runs its scrub).
@@ -285,30 +268,42 @@ impl Service {
         &self.representations
     }
 
-    /// The decoders' permits.
-    pub(crate) fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
-        self.representations.decoders()
-    }
-
     /// The model `id` and its manifest: refused when the catalog is not ready, the model is
     /// unknown or it is broken. Whoever asks has already checked that the caller may read it.
     pub(crate) fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
         self.catalogs.model(id)
     }
 
-    /// The model's safetensors view, planned on first use and kept for its version.
-    pub(crate) fn view(&self, model: &Model, manifest: &Manifest) -> Arc<crate::format::view::View> {
-        self.views.view(model, manifest)
+    /// The files each model version publishes, its views and their bytes.
+    pub(crate) fn publication(&self) -> &Publication {
+        &self.publication
     }
 
-    /// The view file `name` of the model (`model.safetensors`, or the index and shards).
-    pub(crate) async fn view_file(
+    /// The digests of published files (known, stated, or computed in the background).
+    pub(crate) fn hashing(&self) -> &Arc<Hashing> {
+        &self.hashing
+    }
+
+    /// Models' signatures, and their admission under each source's policy.
+    pub(crate) fn signatures(&self) -> &Arc<SignatureAdmission> {
+        &self.signatures
+    }
+
+    /// Prefetches into the disk cache.
+    pub(crate) fn prefetches(&self) -> &prefetch::Prefetches {
+        &self.prefetches
+    }
+
+    /// The model `id` and its manifest, as [`Service::model`] gives them, once its signature
+    /// lets it be served (waiting for its digests as a request for one file does).
+    pub(crate) async fn servable_model(
         &self,
-        model: &Arc<Model>,
-        manifest: &Arc<Manifest>,
-        name: &str,
-    ) -> Result<StoredBytes, ServiceError> {
-        self.views.view_file(model, manifest, name).await
+        id: &str,
+    ) -> Result<(Arc<Model>, Arc<Manifest>, SignatureStatus), ServiceError> {
+        let catalog = self.catalog();
+        let (model, manifest) = self.model(id)?;
+        let status = self.signatures.admit(&catalog, &model, &manifest, self.hashing.wait(false)).await?;
+        Ok((model, manifest, status))
     }
 
     /// The model's file `name`: one of its stored files, or else a file beside it by its path
@@ -318,7 +313,7 @@ impl Service {
         model: &Arc<Model>,
         manifest: &Manifest,
         name: &str,
-    ) -> Result<(StoredBytes, FileKind), ServiceError> {
+    ) -> Result<(StoredBytes, FoundFile), ServiceError> {
         let catalog = self.catalog();
         self.representations.file_named(model, manifest, catalog.companions(&model.id), name).await
     }
@@ -327,8 +322,9 @@ impl Service {
     /// per model version.
     pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
         let learnt = self.learnt.of(model);
-        let rendered =
-            learnt.manifest_json.get_or_init(|| (self.render_manifest)(model, manifest, &self.view(model, manifest)));
+        let rendered = learnt
+            .manifest_json
+            .get_or_init(|| (self.render_manifest)(model, manifest, &self.publication.view(model, manifest)));
         rendered.clone()
     }
 
@@ -336,5 +332,35 @@ impl Service {
     /// to the blocking pool, which at thousands of requests a second costs more than the answer.
     pub(crate) fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
         self.learnt.of(model).manifest_json.get().cloned()
+    }
+}
+
+/// Renders the manifest JSON of every large model of `catalog` not rendered yet, on the
+/// blocking pool in the background: a model of 100k tensors is tens of MB of JSON and seconds
+/// of work, which no request should wait for. Small ones render in milliseconds when first
+/// asked, and are not all held (a large rendering is kept in a temporary file).
+fn render_manifests_ahead(service: &Arc<Service>, catalog: &Arc<Catalog>) {
+    let (service, catalog) = (Arc::clone(service), Arc::clone(catalog));
+    tokio::task::spawn_blocking(move || {
+        for model in catalog.models() {
+            if let Ok(manifest) = &model.state {
+                if manifest.objects.len() >= RENDER_AHEAD_OBJECTS {
+                    service.rendered_manifest(model, manifest);
+                }
+            }
+        }
+    });
+}
+
+/// How raw reads from remote sources are split, and the memory they may hold ahead.
+fn readahead_of(remote: &crate::config::Remote) -> Readahead {
+    Readahead {
+        chunk: remote.range_chunk_bytes,
+        concurrency: remote.range_concurrency,
+        budget: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(remote.readahead_bytes / 1024)
+                .unwrap_or(usize::MAX)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
     }
 }

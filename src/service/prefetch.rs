@@ -10,8 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt as _;
 
-use super::Service;
-use crate::catalog::{Catalog, Model};
+use crate::catalog::{Catalog, Model, Source};
 use crate::storage::ObjectVersion;
 
 /// One model version's prefetch: its outcome once it has one.
@@ -36,9 +35,15 @@ impl Prefetch {
     }
 }
 
-/// Prefetches by model id and version.
+/// Prefetches by model id and version, and the models `[cache]` names.
 #[derive(Debug, Default)]
-pub(crate) struct Prefetches(Mutex<HashMap<(String, String), Arc<Prefetch>>>);
+pub(crate) struct Prefetches {
+    running: Mutex<HashMap<(String, String), Arc<Prefetch>>>,
+    /// Models fetched whole after each rescan that finds a new version (`[cache] prefetch`).
+    prefetched: Vec<String>,
+    /// Models whose blocks are never evicted (`[cache] pinned`).
+    pinned: Vec<String>,
+}
 
 /// How much of a model the disk cache holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +62,12 @@ fn objects_of(catalog: &Catalog, model: &Model) -> Vec<ObjectVersion> {
         .collect()
 }
 
-impl Service {
-    /// How much of `model` (its stored files and companions) the disk cache holds; all of it
-    /// for a model of a source without one (its bytes are local, or read from the source).
-    pub(crate) fn held(&self, model: &Model) -> Held {
-        let objects = objects_of(&self.catalog(), model);
+impl Held {
+    /// How much of `model` (its stored files and companions, as `catalog` lists them) the disk
+    /// cache holds; all of it for a model of a source without one (its bytes are local, or
+    /// read from the source).
+    pub(crate) fn of(catalog: &Catalog, model: &Model) -> Held {
+        let objects = objects_of(catalog, model);
         let total = objects.iter().map(|o| o.size).sum();
         if !model.source.storage.is_cached() {
             return Held { bytes: total, total };
@@ -69,10 +75,17 @@ impl Service {
         let bytes = objects.iter().map(|o| o.storage.cached_bytes(&o.key, &o.version, o.size)).sum();
         Held { bytes, total }
     }
+}
 
-    /// The prefetch of `model`'s version: the one under way or done, or a new one.
-    pub(crate) fn prefetch(self: &Arc<Self>, model: &Arc<Model>) -> Arc<Prefetch> {
-        let mut running = self.prefetches.0.lock().expect("never poisoned");
+impl Prefetches {
+    pub(super) fn new(config: crate::config::Cache) -> Prefetches {
+        Prefetches { running: Mutex::default(), prefetched: config.prefetch, pinned: config.pinned }
+    }
+
+    /// The prefetch of `model`'s version (as `catalog` lists it): the one under way or done,
+    /// or a new one.
+    pub(crate) fn start(&self, catalog: &Catalog, model: &Arc<Model>) -> Arc<Prefetch> {
+        let mut running = self.running.lock().expect("never poisoned");
         let key = (model.id.clone(), model.version.clone());
         if let Some(prefetch) = running.get(&key) {
             return Arc::clone(prefetch);
@@ -80,7 +93,7 @@ impl Service {
         let (sender, outcome) = tokio::sync::watch::channel(None);
         let prefetch = Arc::new(Prefetch { outcome });
         running.insert(key, Arc::clone(&prefetch));
-        let objects = objects_of(&self.catalog(), model);
+        let objects = objects_of(catalog, model);
         let id = model.id.clone();
         tokio::spawn(async move {
             tracing::info!(model = %id, "prefetching into the disk cache");
@@ -114,20 +127,20 @@ impl Service {
     /// After a rescan: forgets the prefetches of versions no longer listed (a failed one is
     /// tried again when asked), starts those `[cache] prefetch` names, and tells the disk cache
     /// which objects `[cache] pinned` names.
-    pub(crate) fn upkeep_prefetches(self: &Arc<Self>, catalog: &Catalog) {
-        self.prefetches.0.lock().expect("never poisoned").retain(|(id, version), prefetch| {
+    pub(crate) fn upkeep(&self, catalog: &Catalog, sources: &[Arc<Source>]) {
+        self.running.lock().expect("never poisoned").retain(|(id, version), prefetch| {
             catalog.get(id).is_some_and(|m| &m.version == version) && !matches!(prefetch.outcome(), Some(Err(_)))
         });
         let mut pinned = Vec::new();
         for model in catalog.models().filter(|m| m.source.storage.is_cached() && m.state.is_ok()) {
-            if self.settings.prefetch.contains(&model.id) {
-                self.prefetch(model);
+            if self.prefetched.contains(&model.id) {
+                self.start(catalog, model);
             }
-            if self.settings.pinned.contains(&model.id) {
+            if self.pinned.contains(&model.id) {
                 pinned.extend(objects_of(catalog, model));
             }
         }
-        for source in self.sources() {
+        for source in sources {
             let of_source: Vec<(String, String)> = pinned
                 .iter()
                 .filter(|o| o.storage.name() == source.name)

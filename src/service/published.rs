@@ -3,8 +3,8 @@
 //! each file of its safetensors view (the stored files themselves when it is stored as
 //! safetensors), and each stored file not already in the view (every stored file of a GGUF
 //! model, whose view is not published), with its size and strong ETag;
-//! the bytes each serves, and the digest already known of each (how they come to be known is
-//! [`super::hashing`]'s).
+//! the bytes each serves, and what identifies those bytes for their digest (how digests come
+//! to be known is [`super::hashing`]'s). [`Publication`] owns it, with the views it lists.
 
 use std::sync::Arc;
 
@@ -13,7 +13,9 @@ use crate::format::view::ViewBytes;
 use crate::format::{Container, Manifest};
 use crate::storage::ObjectVersion;
 
-use super::{Service, ServiceError, StoredBytes, companion_etag, stored_file_etag, view_file_etag};
+use super::components::Representations;
+use super::view::Views;
+use super::{ServiceError, StoredBytes, companion_etag, stored_file_etag, view_file_etag};
 use crate::digests::{FileIdentity, file_identity};
 
 /// What a published file is.
@@ -41,7 +43,33 @@ pub(crate) struct PublishedFile {
     pub(crate) etag: String,
 }
 
-impl Service {
+/// The files every model version publishes, and their bytes: over the representations of a
+/// model's bytes and its safetensors views.
+pub(crate) struct Publication {
+    views: Views,
+    representations: Arc<Representations>,
+}
+
+impl Publication {
+    pub(super) fn new(views: Views, representations: Arc<Representations>) -> Publication {
+        Publication { views, representations }
+    }
+
+    /// The model's safetensors view, planned on first use and kept for its version.
+    pub(crate) fn view(&self, model: &Model, manifest: &Manifest) -> Arc<crate::format::view::View> {
+        self.views.view(model, manifest)
+    }
+
+    /// The view file `name` of the model (`model.safetensors`, or the index and shards).
+    pub(crate) async fn view_file(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        name: &str,
+    ) -> Result<StoredBytes, ServiceError> {
+        self.views.view_file(model, manifest, name).await
+    }
+
     /// The files `model` (listed in `catalog`, serving `manifest`) publishes: companions, then
     /// the view's files, then the stored files the view does not give; a GGUF model's
     /// companions and stored files.
@@ -88,6 +116,19 @@ impl Service {
         files.extend((0..model.files.len()).map(|index| stored_file(model, manifest, index)));
         files
     }
+
+    /// Every file of `model`'s signed directory, as published files by their path below it:
+    /// those whose digests its verdict may need (which the signature leaves out is known only
+    /// once it is read).
+    pub(crate) fn signature_files(&self, catalog: &Catalog, model: &Model) -> Vec<PublishedFile> {
+        let Some(dir) = catalog.signed_directory(&model.id) else { return Vec::new() };
+        dir.files.iter().enumerate().map(|(index, file)| signed_file(model, index, file)).collect()
+    }
+
+    /// The representations of every model's bytes.
+    pub(crate) fn representations(&self) -> &Representations {
+        &self.representations
+    }
 }
 
 /// The files beside `model`, published as they are.
@@ -102,6 +143,16 @@ fn companion_files(catalog: &Catalog, model: &Model) -> Vec<PublishedFile> {
     companions.iter().enumerate().map(file).collect()
 }
 
+/// File `index` of `model`'s signed directory, as a published file.
+pub(super) fn signed_file(model: &Model, index: usize, file: &Companion) -> PublishedFile {
+    PublishedFile {
+        path: file.name.clone(),
+        what: Published::Signed(index),
+        size: file.object.size,
+        etag: companion_etag(model, file),
+    }
+}
+
 /// Stored file `index` of `model`, published as it is.
 fn stored_file(model: &Model, manifest: &Manifest, index: usize) -> PublishedFile {
     let name = &model.files[index].name;
@@ -113,7 +164,7 @@ fn stored_file(model: &Model, manifest: &Manifest, index: usize) -> PublishedFil
     }
 }
 
-impl Service {
+impl Publication {
     /// The files a repository of `model` holds for the protocols that serve models as
     /// repositories of files (the Hub API, the OCI registry): its companions and its weights
     /// as safetensors (a GGUF model's as its GGUF files), sorted by path. Stored `.zt` files are
@@ -143,7 +194,7 @@ impl Service {
 
     /// The bytes `file` of `model` serves (`catalog` is the one `file` was listed from).
     pub(crate) async fn published_bytes(
-        self: &Arc<Self>,
+        &self,
         catalog: &Catalog,
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
@@ -161,17 +212,6 @@ impl Service {
                 None => Err(ServiceError::Internal(format!("no signed file {index} of {:?}", model.id))),
             },
         }
-    }
-
-    /// The SHA-256 of `file` of `model`, if it is already known.
-    pub(crate) fn known_sha256(
-        &self,
-        catalog: &Catalog,
-        model: &Arc<Model>,
-        manifest: &Arc<Manifest>,
-        file: &PublishedFile,
-    ) -> Option<[u8; 32]> {
-        self.digests.known(self.digest_identity(catalog, model, manifest, file))
     }
 
     /// What identifies the bytes of `file` for their digest: the stored object behind it when

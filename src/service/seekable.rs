@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 
 use super::ServiceError;
-use super::components::Decoding;
+use super::decoded::Decoding;
 use super::learnt::ComponentFacts;
 use super::representation::{ByteStream, RangeSource};
 use crate::decode::{ComponentKey, DecodeError, Decoded, Hold, Stored};

@@ -9,7 +9,12 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::{Published, PublishedFile, Service, ServiceError, companion_etag};
+use super::catalogs::Catalogs;
+use super::hashing::Hashing;
+use super::learnt::LearntByVersion;
+use super::published::Publication;
+use super::verdict::{SignatureState, SignatureVerdict, StatementCheck};
+use super::{PublishedFile, ServiceError};
 use crate::catalog::{Catalog, Model, SignedDirectory};
 use crate::config::SigningPolicy;
 use crate::format::Manifest;
@@ -19,43 +24,49 @@ use crate::telemetry::names;
 /// How long the background verification waits for digests between looks at the catalog.
 const BACKGROUND_WAIT: Duration = Duration::from_secs(30);
 
-/// What signatures are checked against: the keys and CAs configured, loaded at start.
-pub(crate) struct Signatures {
-    trust: Trust,
+/// The admission of models under their sources' signing policies: the verdicts, reached and
+/// kept per version, and the background verification after each scan.
+pub(crate) struct SignatureAdmission {
+    /// What signatures are checked against (the keys and CAs configured, loaded at start),
+    /// when any source reads them.
+    trust: Option<Trust>,
+    signing: crate::config::Signing,
+    learnt: Arc<LearntByVersion>,
+    /// The signed files' bytes.
+    publication: Arc<Publication>,
+    /// The digests a verdict compares.
+    hashing: Arc<Hashing>,
+    /// The current catalog, which the background verification follows.
+    catalogs: Arc<Catalogs>,
 }
 
-impl Signatures {
-    pub(super) fn new(config: &crate::config::Signing) -> Result<Signatures, crate::signing::TrustError> {
-        let trust = Trust::load(&config.public_keys, config.ca_file.as_deref())?;
-        Ok(Signatures { trust })
+/// What a [`SignatureAdmission`] reads from the rest of the service.
+pub(crate) struct AdmissionParts {
+    pub(crate) learnt: Arc<LearntByVersion>,
+    pub(crate) publication: Arc<Publication>,
+    pub(crate) hashing: Arc<Hashing>,
+    pub(crate) catalogs: Arc<Catalogs>,
+}
+
+impl SignatureAdmission {
+    /// Loads the trust when any source reads signatures.
+    pub(super) fn new(
+        signing: crate::config::Signing,
+        parts: AdmissionParts,
+    ) -> Result<SignatureAdmission, crate::signing::TrustError> {
+        let trust = if Self::any_enforced(&signing) {
+            Some(Trust::load(&signing.public_keys, signing.ca_file.as_deref())?)
+        } else {
+            None
+        };
+        let AdmissionParts { learnt, publication, hashing, catalogs } = parts;
+        Ok(SignatureAdmission { trust, signing, learnt, publication, hashing, catalogs })
     }
 
     /// Whether any source reads signatures.
     pub(super) fn any_enforced(config: &crate::config::Signing) -> bool {
         config.policy != SigningPolicy::None || config.source_policies.iter().any(|p| p.policy != SigningPolicy::None)
     }
-}
-
-/// What a model version's signature was found to say.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SignatureState {
-    /// No signature file covers it.
-    Unsigned,
-    /// Its signature verifies, and every file of its signed directory matches.
-    Verified {
-        signer: String,
-        files: usize,
-    },
-    Failed(SignatureError),
-}
-
-/// A verdict, with when it was reached and for which version of the signed directory.
-#[derive(Debug)]
-pub(crate) struct SignatureVerdict {
-    pub(crate) state: SignatureState,
-    pub(crate) checked_at: SystemTime,
-    /// The signed directory's version it holds for (empty for an unsigned model).
-    directory_version: String,
 }
 
 /// A model's signature as a listing shows it.
@@ -147,15 +158,15 @@ fn rfc3339(at: SystemTime) -> String {
     format!("{:04}-{month:02}-{:02}T{:02}:{:02}:{:02}Z", t.year(), t.day(), t.hour(), t.minute(), t.second())
 }
 
-impl Service {
+impl SignatureAdmission {
     /// The signing policy of `model`'s source.
-    pub(crate) fn signing_policy(&self, model: &Model) -> SigningPolicy {
-        self.settings.signing.policy_of(&model.source.name)
+    pub(crate) fn policy(&self, model: &Model) -> SigningPolicy {
+        self.signing.policy_of(&model.source.name)
     }
 
     /// The signature of `model` as far as it is known, without waiting.
-    pub(crate) fn signature_status(&self, catalog: &Catalog, model: &Model) -> SignatureStatus {
-        let policy = self.signing_policy(model);
+    pub(crate) fn status(&self, catalog: &Catalog, model: &Model) -> SignatureStatus {
+        let policy = self.policy(model);
         if policy == SigningPolicy::None {
             return SignatureStatus::NotChecked;
         }
@@ -173,20 +184,8 @@ impl Service {
     }
 
     /// Why `model` is not served under its source's policy, when its verdict says so already.
-    pub(crate) fn signature_refusal(&self, catalog: &Catalog, model: &Model) -> Option<ServiceError> {
-        self.signature_status(catalog, model).refusal(&model.id, &self.settings.signing.signature_file)
-    }
-
-    /// The model `id` and its manifest, as [`Service::model`] gives them, once its signature
-    /// lets it be served (waiting for its digests as a request for one file does).
-    pub(crate) async fn servable_model(
-        self: &Arc<Self>,
-        id: &str,
-    ) -> Result<(Arc<Model>, Arc<Manifest>, SignatureStatus), ServiceError> {
-        let catalog = self.catalog();
-        let (model, manifest) = self.model(id)?;
-        let status = self.admit(&catalog, &model, &manifest, self.digest_wait(false)).await?;
-        Ok((model, manifest, status))
+    pub(crate) fn refusal(&self, catalog: &Catalog, model: &Model) -> Option<ServiceError> {
+        self.status(catalog, model).refusal(&model.id, &self.signing.signature_file)
     }
 
     /// Whether `model` may be served under its source's policy: its verdict reached (waiting at
@@ -198,7 +197,7 @@ impl Service {
         manifest: &Arc<Manifest>,
         wait: Duration,
     ) -> Result<SignatureStatus, ServiceError> {
-        let policy = self.signing_policy(model);
+        let policy = self.policy(model);
         if policy == SigningPolicy::None {
             return Ok(SignatureStatus::NotChecked);
         }
@@ -207,7 +206,7 @@ impl Service {
             None => self.reach_verdict(catalog, model, manifest, wait).await?,
         };
         let status = SignatureStatus::Reached(policy, verdict);
-        match status.refusal(&model.id, &self.settings.signing.signature_file) {
+        match status.refusal(&model.id, &self.signing.signature_file) {
             Some(refused) => Err(refused),
             None => Ok(status),
         }
@@ -266,13 +265,13 @@ impl Service {
 
     /// Sets `ztserve_model_signatures{state}` from `catalog`'s models whose policy reads them:
     /// at each scrape, so it is exact then and costs nothing between scrapes.
-    pub(crate) fn publish_signature_gauge(&self, catalog: &Catalog) {
-        if self.signatures.is_none() {
+    pub(crate) fn publish_gauge(&self, catalog: &Catalog) {
+        if self.trust.is_none() {
             return;
         }
         let mut counts = [("verified", 0u64), ("unsigned", 0), ("failed", 0), ("pending", 0)];
         for model in catalog.models().filter(|m| m.state.is_ok()) {
-            let state = self.signature_status(catalog, model).state();
+            let state = self.status(catalog, model).state();
             if let Some((_, count)) = counts.iter_mut().find(|(name, _)| *name == state) {
                 *count += 1;
             }
@@ -292,7 +291,7 @@ impl Service {
         dir: &Arc<SignedDirectory>,
         wait: Duration,
     ) -> Result<Arc<SignedModel>, Checked> {
-        let signing = &self.settings.signing;
+        let signing = &self.signing;
         let limit = signing.max_signature_bytes;
         if dir.signature.size > limit {
             return Err(Checked::Refused(SignatureError::TooLarge { size: dir.signature.size, limit }));
@@ -312,10 +311,10 @@ impl Service {
         let checked = check
             .get_or_try_init(|| async {
                 let bytes = self.signature_bytes(model, dir).await?;
-                let signatures = self.signatures.as_ref();
-                let signatures = signatures
-                    .ok_or_else(|| ServiceError::Internal("signatures are read with no trust loaded".into()))?;
-                Ok(signatures.trust.verify(&bytes, limit).map(Arc::new))
+                let trust = self.trust.as_ref();
+                let trust =
+                    trust.ok_or_else(|| ServiceError::Internal("signatures are read with no trust loaded".into()))?;
+                Ok(trust.verify(&bytes, limit).map(Arc::new))
             })
             .await
             .map_err(Checked::NotYet)?;
@@ -324,6 +323,7 @@ impl Service {
         signed.match_names(files.iter().map(|f| f.path.as_str())).map_err(Checked::Refused)?;
         let asked: Vec<&PublishedFile> = files.iter().collect();
         let digests = self
+            .hashing
             .published_sha256s(catalog, model, manifest, &asked, super::DigestOf::ComputedFile, wait)
             .await
             .map_err(Checked::NotYet)?;
@@ -337,37 +337,29 @@ impl Service {
     async fn signature_bytes(&self, model: &Arc<Model>, dir: &SignedDirectory) -> Result<Vec<u8>, ServiceError> {
         use futures_util::TryStreamExt as _;
         let companion = crate::catalog::Companion { name: String::new(), object: dir.signature.clone() };
-        let bytes = self.representations.companion_file(model, &companion)?;
+        let bytes = self.publication.representations().companion_file(model, &companion)?;
         bytes.source.open(0..bytes.source.len()).map_ok(|piece| piece.to_vec()).try_concat().await
-    }
-
-    /// Every file of `model`'s signed directory, as published files by their path below it:
-    /// those whose digests its verdict may need (which the signature leaves out is known only
-    /// once it is read).
-    pub(crate) fn signature_files(&self, catalog: &Catalog, model: &Model) -> Vec<PublishedFile> {
-        let Some(dir) = catalog.signed_directory(&model.id) else { return Vec::new() };
-        dir.files.iter().enumerate().map(|(index, file)| signed_file(model, index, file)).collect()
     }
 
     /// Verifies every signed model of `catalog` whose source reads signatures, in the
     /// background, one at a time, each as soon as its digests are known; stops when a newer
     /// catalog replaces this one.
-    pub(super) fn verify_signatures_ahead(self: &Arc<Self>, catalog: &Arc<Catalog>) {
-        if self.signatures.is_none() {
+    pub(super) fn verify_ahead(self: &Arc<Self>, catalog: &Arc<Catalog>) {
+        if self.trust.is_none() {
             return;
         }
-        let (service, catalog) = (Arc::clone(self), Arc::clone(catalog));
+        let (admission, catalog) = (Arc::clone(self), Arc::clone(catalog));
         tokio::spawn(async move {
             for model in catalog.models() {
                 let Ok(manifest) = &model.state else { continue };
-                if service.signing_policy(model) == SigningPolicy::None {
+                if admission.policy(model) == SigningPolicy::None {
                     continue;
                 }
                 loop {
-                    if !Arc::ptr_eq(&service.catalog(), &catalog) {
+                    if !Arc::ptr_eq(&admission.catalogs.current(), &catalog) {
                         return;
                     }
-                    match service.admit(&catalog, model, manifest, BACKGROUND_WAIT).await {
+                    match admission.admit(&catalog, model, manifest, BACKGROUND_WAIT).await {
                         Err(ServiceError::DigestPending { .. }) => continue,
                         Err(ServiceError::SignatureFailed { .. } | ServiceError::Unsigned { .. }) | Ok(_) => break,
                         Err(e) => {
@@ -380,10 +372,6 @@ impl Service {
         });
     }
 }
-
-/// A signature file's check (its signer and statement), once per version of its directory: a
-/// statement of 100k files is tens of MB of JSON, read once however many ask.
-pub(crate) type StatementCheck = tokio::sync::OnceCell<Result<Arc<SignedModel>, SignatureError>>;
 
 /// Why a check reached no verdict, or the verdict it reached.
 enum Checked {
@@ -402,16 +390,95 @@ fn signed_files(
         .iter()
         .enumerate()
         .filter(|(_, file)| !signed.ignores(&file.name, signature_file))
-        .map(|(index, file)| signed_file(model, index, file))
+        .map(|(index, file)| super::published::signed_file(model, index, file))
         .collect()
 }
 
-/// File `index` of `model`'s signed directory, as a published file.
-fn signed_file(model: &Model, index: usize, file: &crate::catalog::Companion) -> PublishedFile {
-    PublishedFile {
-        path: file.name.clone(),
-        what: Published::Signed(index),
-        size: file.object.size,
-        etag: companion_etag(model, file),
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::digests::FileDigests;
+    use crate::service::fixture::{Scanned, one_tensor_safetensors, scanned};
+    use crate::service::hashing::DigestWaits;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    fn admission_over(scanned: &Scanned, policy: SigningPolicy) -> Arc<SignatureAdmission> {
+        let signing = crate::config::Signing { policy, ..Default::default() };
+        let waits = DigestWaits { file: LONG, listing: LONG, request_timeout: None };
+        let digests = crate::config::Digests::default();
+        let publication = Arc::clone(&scanned.publication);
+        let hashing =
+            Arc::new(Hashing::new(&digests, FileDigests::open(None).unwrap(), publication, signing.clone(), waits));
+        let parts = AdmissionParts {
+            learnt: Arc::clone(&scanned.learnt),
+            publication: Arc::clone(&scanned.publication),
+            hashing,
+            catalogs: Arc::clone(&scanned.catalogs),
+        };
+        Arc::new(SignatureAdmission::new(signing, parts).unwrap())
+    }
+
+    fn one_model(dir: &Path) {
+        std::fs::create_dir_all(dir.join("org/m")).unwrap();
+        std::fs::write(dir.join("org/m/model.safetensors"), one_tensor_safetensors(&[1.0])).unwrap();
+    }
+
+    fn the_model(scanned: &Scanned) -> (Arc<Model>, Arc<Manifest>) {
+        let model = Arc::clone(scanned.catalog.models().next().expect("a model listed"));
+        let manifest = model.state.as_ref().expect("the model reads").clone();
+        (model, manifest)
+    }
+
+    #[tokio::test]
+    async fn a_source_whose_policy_is_none_is_not_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        one_model(dir.path());
+        let scanned = scanned(dir.path(), None).await;
+        let admission = admission_over(&scanned, SigningPolicy::None);
+        let (model, manifest) = the_model(&scanned);
+        assert!(matches!(admission.status(&scanned.catalog, &model), SignatureStatus::NotChecked));
+        let admitted = admission.admit(&scanned.catalog, &model, &manifest, LONG).await.unwrap();
+        assert!(matches!(admitted, SignatureStatus::NotChecked));
+        assert!(admission.trust.is_none(), "no trust is loaded when no source reads signatures");
+    }
+
+    #[tokio::test]
+    async fn an_unsigned_model_is_refused_when_required_and_served_if_signed() {
+        let dir = tempfile::tempdir().unwrap();
+        one_model(dir.path());
+        let signature_file = crate::config::Signing::default().signature_file;
+        let scanned = scanned(dir.path(), Some(&signature_file)).await;
+        let (model, manifest) = the_model(&scanned);
+
+        let required = admission_over(&scanned, SigningPolicy::Required);
+        assert!(required.status(&scanned.catalog, &model).is_pending(), "no verdict before anyone asks");
+        let refused = required.admit(&scanned.catalog, &model, &manifest, LONG).await.unwrap_err();
+        assert!(matches!(refused, ServiceError::Unsigned { .. }), "{refused:?}");
+        assert_eq!(required.status(&scanned.catalog, &model).state(), "unsigned", "the verdict is kept");
+        assert!(required.refusal(&scanned.catalog, &model).is_some());
+
+        let if_signed = admission_over(&scanned, SigningPolicy::IfSigned);
+        let admitted = if_signed.admit(&scanned.catalog, &model, &manifest, LONG).await.unwrap();
+        assert_eq!(admitted.state(), "unsigned");
+        assert!(if_signed.refusal(&scanned.catalog, &model).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_signature_that_is_no_bundle_fails_the_model_under_either_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        one_model(dir.path());
+        let signature_file = crate::config::Signing::default().signature_file;
+        std::fs::write(dir.path().join("org/m").join(&signature_file), b"not a sigstore bundle").unwrap();
+        let scanned = scanned(dir.path(), Some(&signature_file)).await;
+        let (model, manifest) = the_model(&scanned);
+        for policy in [SigningPolicy::IfSigned, SigningPolicy::Required] {
+            let admission = admission_over(&scanned, policy);
+            let refused = admission.admit(&scanned.catalog, &model, &manifest, LONG).await.unwrap_err();
+            assert!(matches!(refused, ServiceError::SignatureFailed { .. }), "{policy:?}: {refused:?}");
+            assert_eq!(admission.status(&scanned.catalog, &model).state(), "failed");
+        }
     }
 }
