@@ -35,6 +35,12 @@ use std::ops::Range;
 
 pub use ciborium::Value;
 pub use error::{FormatError, Location, Result};
+/// What a published repository's files say of a block-quantized model, by capability: the file
+/// of a quantization tag, the multimodal projector beside it, and a tensor's quantization.
+pub use gguf::{
+    GgmlType, file_of_quantization_tag, projector_file, quantized_object as quantization_of,
+    quantized_type as quantization_of_type,
+};
 
 /// The magic of the 0.1 container (`ZTEN0001`): no footer, a CBOR array index.
 pub const LEGACY_MAGIC: &[u8; 8] = b"ZTEN0001";
@@ -67,6 +73,19 @@ pub enum Container {
 }
 
 impl Container {
+    /// Whether a model of this container is published as its stored files, which its loaders
+    /// read as they are, rather than as its safetensors view (which would hold only its dense
+    /// tensors).
+    pub fn publishes_stored_files(self) -> bool {
+        self == Container::Gguf
+    }
+
+    /// The format of the weights a published model of this container holds, as the Hub tags
+    /// its repository and ModelPack's `config.format` names it.
+    pub fn published_weights_format(self) -> &'static str {
+        if self.publishes_stored_files() { "gguf" } else { "safetensors" }
+    }
+
     /// Identifies the container from the first 8 bytes of a file.
     pub fn sniff(head: &[u8]) -> Result<Container> {
         let magic = head.get(..8).ok_or(FormatError::Truncated { len: head.len() as u64, min: 8 })?;

@@ -1,11 +1,11 @@
 //! The Hugging Face Hub's read API over the service, so `huggingface_hub` (and through it
 //! transformers, vLLM, SGLang, `hf download`) loads models from ztserve with
 //! `HF_ENDPOINT=http://HOST:PORT/hf`: the model list, model info, refs, trees, paths-info and
-//! `resolve`, the GGUF file of a quantization tag (and the empty agent-harness registry
+//! `resolve`, llama.cpp's model file of a quantization tag (and the empty agent-harness registry
 //! clients ask for). Each model is a repository ([`repos`]: ids map to repo ids without
 //! collisions) holding its companions and its weights as safetensors (stored `.zt` files are
-//! not listed, so a snapshot does not fetch the weights twice), except GGUF models: a
-//! directory's GGUF files are one repository of their directory
+//! not listed, so a snapshot does not fetch the weights twice), except models published as
+//! their stored files: a directory of those is one repository
 //! ([`Catalog::repository_of`]), as the Hub holds a model's quantizations. A revision is a model version: `main` is the current one,
 //! its commit id is derived from every file's version, and a `resolve` of `main` redirects to
 //! the commit, so a download never mixes versions. Every file is an LFS file whose oid and
@@ -156,10 +156,10 @@ async fn answer(
             let at = state.repo_at(&caller, &repo, Some(&revision)).await?;
             paths_info(state, &at, headers, body).await
         }
-        HubRoute::GgufManifest { repo, tag } => {
+        HubRoute::QuantizationManifest { repo, tag } => {
             only("GET")?;
             let at = state.repo_at(&caller, &repo, None).await?;
-            gguf_manifest(&at, &tag)
+            quantization_manifest(&at, &tag)
         }
         HubRoute::SafetensorsMetadata { repo, path } => {
             only("GET")?;
@@ -219,7 +219,7 @@ impl RepoAt {
         })
     }
 
-    /// The model the repository is named after, or its first GGUF model.
+    /// The model the repository is named after, or the first model of its directory.
     fn model(&self) -> &Arc<Model> {
         &self.members[0].0
     }
@@ -575,7 +575,7 @@ async fn list_models(
         .filter(|(_, model)| tags.iter().all(|t| repo_tags(model).contains(t)))
         .collect();
     // A repository of several models is listed once: as the model named after it, else as its
-    // earliest (a directory of GGUF files).
+    // earliest (a directory of models published as their stored files).
     let joins_another = |model: &Model| catalog.repository_of(model) != model.id;
     listed.sort_by(|a, b| {
         a.0.cmp(&b.0)
@@ -624,13 +624,10 @@ async fn list_models(
     Ok(response)
 }
 
-/// The tags of the repository of `model`: the format of the weights it holds (`gguf` for a
-/// directory of GGUF models, as the Hub tags them; every other holds safetensors).
+/// The tags of the repository of `model`: the format of the weights it holds, as the Hub tags
+/// them.
 fn repo_tags(model: &Model) -> [&'static str; 1] {
-    match model.container {
-        Some(crate::format::Container::Gguf) => ["gguf"],
-        _ => ["safetensors"],
-    }
+    [model.container.map_or("safetensors", crate::format::Container::published_weights_format)]
 }
 
 /// Where the next page starts, from a cursor this listing gave (`{commit}.{offset}`) for the
@@ -708,19 +705,19 @@ fn refs(at: &RepoAt, include_prs: bool) -> Response {
     json_response(&refs, &at.commit)
 }
 
-/// `GET /v2/{repo}/manifests/{tag}`: the GGUF file of quantization `tag` (`latest`: llama.cpp's
+/// `GET /v2/{repo}/manifests/{tag}`: the model file of quantization `tag` (`latest`: llama.cpp's
 /// default choice) as `ggufFile`, and the repository's multimodal projector as `mmprojFile`,
 /// which llama.cpp releases before its tree listing ask for (the Hub's answer to the
-/// `llama-cpp` user agent); 404 `EntryNotFound` when no GGUF model file has that tag.
-fn gguf_manifest(at: &RepoAt, tag: &str) -> Result<Response, HubError> {
+/// `llama-cpp` user agent); 404 `EntryNotFound` when no model file has that tag.
+fn quantization_manifest(at: &RepoAt, tag: &str) -> Result<Response, HubError> {
     let paths: Vec<&str> = at.files.iter().map(|f| f.path.as_str()).collect();
     let entry = |index: usize| json!({ "rfilename": at.files[index].path, "size": at.files[index].size });
-    let Some(model) = repos::gguf_of_tag(&paths, tag) else {
-        let path = format!("a GGUF model file of tag {tag}");
+    let Some(model) = crate::format::file_of_quantization_tag(&paths, tag) else {
+        let path = format!("a model file of quantization tag {tag}");
         return Err(HubError::EntryNotFound { repo: at.repo.clone(), path, commit: at.commit.clone() });
     };
     let mut manifest = json!({ "ggufFile": entry(model) });
-    if let Some(mmproj) = repos::gguf_mmproj(&paths) {
+    if let Some(mmproj) = crate::format::projector_file(&paths) {
         manifest["mmprojFile"] = entry(mmproj);
     }
     Ok(json_response(&manifest, &at.commit))

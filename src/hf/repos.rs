@@ -100,9 +100,9 @@ pub(crate) enum HubRoute {
     /// `GET /api/models/{repo}/safetensors-metadata/{path}`: a sharded checkpoint's index (less
     /// its weight map) and every shard's header, at `main`, in one answer.
     SafetensorsMetadata { repo: String, path: String },
-    /// `GET /v2/{repo}/manifests/{tag}`: the GGUF file of a quantization tag, as llama.cpp
+    /// `GET /v2/{repo}/manifests/{tag}`: the model file of a quantization tag, as llama.cpp
     /// releases before its tree listing ask for it.
-    GgufManifest { repo: String, tag: String },
+    QuantizationManifest { repo: String, tag: String },
     /// `GET|HEAD /{repo}/resolve/{revision}/{path}`.
     Resolve { repo: String, revision: String, path: String },
     /// `GET /api/models`: the repositories, filtered, sorted and paged.
@@ -137,8 +137,10 @@ pub(crate) fn route(segments: &[String], is_repo: impl Fn(&str) -> bool) -> HubR
     match segments.first().map(String::as_str) {
         Some("v2") if segments.len() >= 4 && segments[segments.len() - 2] == "manifests" => {
             match &segments[1..segments.len() - 2] {
-                [one] => HubRoute::GgufManifest { repo: one.clone(), tag: segments[segments.len() - 1].clone() },
-                [namespace, name] => HubRoute::GgufManifest {
+                [one] => {
+                    HubRoute::QuantizationManifest { repo: one.clone(), tag: segments[segments.len() - 1].clone() }
+                }
+                [namespace, name] => HubRoute::QuantizationManifest {
                     repo: format!("{namespace}/{name}"),
                     tag: segments[segments.len() - 1].clone(),
                 },
@@ -230,43 +232,6 @@ pub(crate) fn directory_oid(commit: &str, path: &str) -> String {
     let mut hasher = sha1::Sha1::new();
     hasher.update(format!("tree {commit}\0{path}").as_bytes());
     hex::encode(hasher.finalize())
-}
-
-/// Whether the GGUF file at `path` is a model rather than one loaded beside a model (a
-/// multimodal projector, an importance matrix, speculative-decoding heads), by llama.cpp's rule.
-fn is_gguf_model(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    path.ends_with(".gguf")
-        && !["mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-"].iter().any(|sidecar| name.contains(sidecar))
-}
-
-/// The index among `paths` of the GGUF model file llama.cpp's `-hf REPO:TAG` takes: the first
-/// whose path holds `TAG.` or `TAG-` (any case), a split model's first part only; for `latest`
-/// (no tag), `Q4_K_M`, then `Q8_0`, then the first GGUF model file of any tag.
-pub(crate) fn gguf_of_tag(paths: &[&str], tag: &str) -> Option<usize> {
-    let is_first_part = |path: &str| {
-        let name = path.rsplit('/').next().unwrap_or(path);
-        crate::format::gguf::split_name(name).is_none_or(|(_, part, _)| part == 1)
-    };
-    let candidates = || (0..paths.len()).filter(|&i| is_gguf_model(paths[i]) && is_first_part(paths[i]));
-    let tags: &[&str] = if tag.is_empty() || tag == "latest" { &["Q4_K_M", "Q8_0"] } else { &[tag] };
-    for tag in tags {
-        let tag = tag.to_ascii_uppercase();
-        let tagged = |i: &usize| {
-            let upper = paths[*i].to_ascii_uppercase();
-            upper.contains(&format!("{tag}.")) || upper.contains(&format!("{tag}-"))
-        };
-        if let Some(found) = candidates().find(tagged) {
-            return Some(found);
-        }
-    }
-    if tag.is_empty() || tag == "latest" { candidates().next() } else { None }
-}
-
-/// The index among `paths` of the first multimodal projector (`mmproj` in its name), which a
-/// model's manifest names beside its GGUF file.
-pub(crate) fn gguf_mmproj(paths: &[&str]) -> Option<usize> {
-    paths.iter().position(|p| p.ends_with(".gguf") && p.rsplit('/').next().unwrap_or(p).contains("mmproj"))
 }
 
 /// One entry of a tree listing, by index into the repository's files for a file.
@@ -386,8 +351,11 @@ mod tests {
                 HubRoute::PathsInfo { repo: "org/llama".into(), revision: "abc".into() },
             ),
             ("api/models/org/llama/refs", HubRoute::Refs { repo: "org/llama".into() }),
-            ("v2/org/tiny/manifests/Q4_K_M", HubRoute::GgufManifest { repo: "org/tiny".into(), tag: "Q4_K_M".into() }),
-            ("v2/gpt2/manifests/latest", HubRoute::GgufManifest { repo: "gpt2".into(), tag: "latest".into() }),
+            (
+                "v2/org/tiny/manifests/Q4_K_M",
+                HubRoute::QuantizationManifest { repo: "org/tiny".into(), tag: "Q4_K_M".into() },
+            ),
+            ("v2/gpt2/manifests/latest", HubRoute::QuantizationManifest { repo: "gpt2".into(), tag: "latest".into() }),
             ("api/models/gpt2/refs", HubRoute::Refs { repo: "gpt2".into() }),
             (
                 "api/models/org/llama/safetensors-metadata/model.safetensors.index.json",
@@ -418,31 +386,6 @@ mod tests {
             // Segments arrive percent-decoded; one holding `%2F` stands for a decoded `/`.
             assert_eq!(route(&segments(path), known), expected, "{path}");
         }
-    }
-
-    #[test]
-    fn a_quantization_tag_picks_the_gguf_file_llama_cpp_would() {
-        let paths = [
-            "README.md",
-            "mmproj-tiny-F16.gguf",
-            "tiny-IQ4_XS.gguf",
-            "tiny-Q4_K_M-00002-of-00002.gguf",
-            "tiny-Q4_K_M-00001-of-00002.gguf",
-            "tiny-Q4_K_S.gguf",
-            "tiny-Q8_0.gguf",
-            "tiny.imatrix.gguf",
-        ];
-        let pick = |tag: &str| gguf_of_tag(&paths, tag).map(|i| paths[i]);
-        assert_eq!(pick("Q4_K_M"), Some("tiny-Q4_K_M-00001-of-00002.gguf"));
-        assert_eq!(pick("q4_k_s"), Some("tiny-Q4_K_S.gguf"));
-        assert_eq!(pick("IQ4_XS"), Some("tiny-IQ4_XS.gguf"));
-        assert_eq!(pick("latest"), Some("tiny-Q4_K_M-00001-of-00002.gguf"));
-        assert_eq!(pick("F16"), None, "a projector is not a model");
-        assert_eq!(pick("Q2_K"), None);
-        assert_eq!(gguf_mmproj(&paths).map(|i| paths[i]), Some("mmproj-tiny-F16.gguf"));
-        let only_q6 = ["x/tiny-Q6_K.gguf"];
-        assert_eq!(gguf_of_tag(&only_q6, "latest"), Some(0), "no default tag: the first model");
-        assert_eq!(gguf_of_tag(&only_q6, "Q8_0"), None);
     }
 
     #[test]

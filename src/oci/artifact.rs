@@ -77,13 +77,13 @@ fn param_size(count: u64) -> Option<String> {
 /// block-quantized tensors, their GGML type (`q4_k`; its norms stay f32 whatever the
 /// quantization).
 fn precision(manifest: &Manifest) -> Option<String> {
-    let quantized = |o: &&crate::format::Object| crate::format::gguf::quantized_object(o).is_some();
+    let quantized = |o: &&crate::format::Object| crate::format::quantization_of(o).is_some();
     let any_quantized = manifest.objects.iter().any(|o| quantized(&o));
     let mut seen: Option<String> = None;
     for object in manifest.objects.iter().filter(|o| if any_quantized { quantized(o) } else { o.format == "dense" }) {
         let Some(data) = object.component("data") else { continue };
         let logical = data.logical_type.as_deref();
-        let name = match logical.and_then(crate::format::gguf::quantized_type) {
+        let name = match logical.and_then(crate::format::quantization_of_type) {
             Some(ggml) => ggml.name.to_ascii_lowercase(),
             None => precision_name(logical, data.dtype),
         };
@@ -125,11 +125,11 @@ pub(crate) fn build(
     let parameters: u64 = manifest
         .objects
         .iter()
-        .filter(|o| o.format == "dense" || crate::format::gguf::quantized_object(o).is_some())
+        .filter(|o| o.format == "dense" || crate::format::quantization_of(o).is_some())
         .filter_map(|o| o.element_count())
         .fold(0u64, u64::saturating_add);
     let mut model_config = serde_json::Map::new();
-    let format = if manifest.container == crate::format::Container::Gguf { "gguf" } else { "safetensors" };
+    let format = manifest.container.published_weights_format();
     model_config.insert("format".into(), json!(format));
     if let Some(size) = param_size(parameters) {
         model_config.insert("paramSize".into(), json!(size));

@@ -1,16 +1,16 @@
 //! The files a model version publishes, the same to every protocol that lists files (the S3
 //! endpoint's keys; the Hub API's repositories): each companion beside it (config, tokenizer),
 //! each file of its safetensors view (the stored files themselves when it is stored as
-//! safetensors), and each stored file not already in the view (every stored file of a GGUF
-//! model, whose view is not published), with its size and strong ETag;
+//! safetensors), and each stored file not already in the view (every stored file of a model
+//! published as its stored files, whose view is not), with its size and strong ETag;
 //! the bytes each serves, and what identifies those bytes for their digest (how digests come
 //! to be known is [`super::hashing`]'s). [`Publication`] owns it, with the views it lists.
 
 use std::sync::Arc;
 
 use crate::catalog::{Catalog, Companion, Model};
+use crate::format::Manifest;
 use crate::format::view::ViewBytes;
-use crate::format::{Container, Manifest};
 use crate::storage::ObjectVersion;
 
 use super::components::Representations;
@@ -71,8 +71,8 @@ impl Publication {
     }
 
     /// The files `model` (listed in `catalog`, serving `manifest`) publishes: companions, then
-    /// the view's files, then the stored files the view does not give; a GGUF model's
-    /// companions and stored files.
+    /// the view's files, then the stored files the view does not give; of a model published
+    /// as its stored files, its companions and stored files.
     pub(crate) fn published_files(
         &self,
         catalog: &Catalog,
@@ -80,9 +80,9 @@ impl Publication {
         manifest: &Arc<Manifest>,
     ) -> Vec<PublishedFile> {
         let mut files = companion_files(catalog, model);
-        if manifest.container == Container::Gguf {
-            // A GGUF model's weights go as they are stored: its view holds only the dense
-            // tensors, and loaders of GGUF read the files themselves.
+        if manifest.container.publishes_stored_files() {
+            // Its weights go as they are stored: its view would hold only the dense tensors,
+            // and its loaders read the files themselves.
             files.extend((0..model.files.len()).map(|i| stored_file(model, manifest, i)));
             return files;
         }
@@ -167,7 +167,7 @@ fn stored_file(model: &Model, manifest: &Manifest, index: usize) -> PublishedFil
 impl Publication {
     /// The files a repository of `model` holds for the protocols that serve models as
     /// repositories of files (the Hub API, the OCI registry): its companions and its weights
-    /// as safetensors (a GGUF model's as its GGUF files), sorted by path. Stored `.zt` files are
+    /// as safetensors (or its stored files, for a model published as them), sorted by path. Stored `.zt` files are
     /// left out, so a client that takes every file does not fetch the weights twice; a
     /// companion named like one of the view's files gives way to it.
     pub(crate) fn repository_files(
@@ -179,7 +179,7 @@ impl Publication {
         let mut files: Vec<PublishedFile> = self
             .published_files(catalog, model, manifest)
             .into_iter()
-            .filter(|f| manifest.container == Container::Gguf || !matches!(f.what, Published::Stored(_)))
+            .filter(|f| manifest.container.publishes_stored_files() || !matches!(f.what, Published::Stored(_)))
             .collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
         files.dedup_by(|later, first| {

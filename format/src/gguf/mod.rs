@@ -907,6 +907,43 @@ impl HeaderReads {
     }
 }
 
+/// Whether the GGUF file at `path` is a model rather than one loaded beside a model (a
+/// multimodal projector, an importance matrix, speculative-decoding heads), by llama.cpp's rule.
+fn is_model_file(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    path.ends_with(".gguf")
+        && !["mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-"].iter().any(|sidecar| name.contains(sidecar))
+}
+
+/// The index among `paths` of the GGUF model file llama.cpp's `-hf REPO:TAG` takes: the first
+/// whose path holds `TAG.` or `TAG-` (any case), a split model's first part only; for `latest`
+/// (no tag), `Q4_K_M`, then `Q8_0`, then the first GGUF model file of any tag.
+pub fn file_of_quantization_tag(paths: &[&str], tag: &str) -> Option<usize> {
+    let is_first_part = |path: &str| {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        split_name(name).is_none_or(|(_, part, _)| part == 1)
+    };
+    let candidates = || (0..paths.len()).filter(|&i| is_model_file(paths[i]) && is_first_part(paths[i]));
+    let tags: &[&str] = if tag.is_empty() || tag == "latest" { &["Q4_K_M", "Q8_0"] } else { &[tag] };
+    for tag in tags {
+        let tag = tag.to_ascii_uppercase();
+        let tagged = |i: &usize| {
+            let upper = paths[*i].to_ascii_uppercase();
+            upper.contains(&format!("{tag}.")) || upper.contains(&format!("{tag}-"))
+        };
+        if let Some(found) = candidates().find(tagged) {
+            return Some(found);
+        }
+    }
+    if tag.is_empty() || tag == "latest" { candidates().next() } else { None }
+}
+
+/// The index among `paths` of the first multimodal projector (`mmproj` in its name), which a
+/// model's manifest names beside its GGUF file.
+pub fn projector_file(paths: &[&str]) -> Option<usize> {
+    paths.iter().position(|p| p.ends_with(".gguf") && p.rsplit('/').next().unwrap_or(p).contains("mmproj"))
+}
+
 /// The name parts of a split file: `(prefix, part, count)` of `prefix-00001-of-00003.gguf`
 /// (1-based part, five digits each as the naming convention says).
 pub fn split_name(name: &str) -> Option<(&str, u64, u64)> {
@@ -1013,6 +1050,31 @@ pub fn assemble(parts: &[(&str, &Header, u64)]) -> Result<Manifest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quantization_tag_picks_the_gguf_file_llama_cpp_would() {
+        let paths = [
+            "README.md",
+            "mmproj-tiny-F16.gguf",
+            "tiny-IQ4_XS.gguf",
+            "tiny-Q4_K_M-00002-of-00002.gguf",
+            "tiny-Q4_K_M-00001-of-00002.gguf",
+            "tiny-Q4_K_S.gguf",
+            "tiny-Q8_0.gguf",
+            "tiny.imatrix.gguf",
+        ];
+        let pick = |tag: &str| file_of_quantization_tag(&paths, tag).map(|i| paths[i]);
+        assert_eq!(pick("Q4_K_M"), Some("tiny-Q4_K_M-00001-of-00002.gguf"));
+        assert_eq!(pick("q4_k_s"), Some("tiny-Q4_K_S.gguf"));
+        assert_eq!(pick("IQ4_XS"), Some("tiny-IQ4_XS.gguf"));
+        assert_eq!(pick("latest"), Some("tiny-Q4_K_M-00001-of-00002.gguf"));
+        assert_eq!(pick("F16"), None, "a projector is not a model");
+        assert_eq!(pick("Q2_K"), None);
+        assert_eq!(projector_file(&paths).map(|i| paths[i]), Some("mmproj-tiny-F16.gguf"));
+        let only_q6 = ["x/tiny-Q6_K.gguf"];
+        assert_eq!(file_of_quantization_tag(&only_q6, "latest"), Some(0), "no default tag: the first model");
+        assert_eq!(file_of_quantization_tag(&only_q6, "Q8_0"), None);
+    }
 
     fn code_of<T: std::fmt::Debug>(read: Parsed<T>) -> &'static str {
         match read {
