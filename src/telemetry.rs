@@ -105,7 +105,16 @@ pub fn metrics() -> &'static PrometheusHandle {
     })
 }
 
+/// The help text of every metric, by concern.
 fn describe() {
+    describe_requests();
+    describe_digests();
+    describe_disk_cache();
+    describe_access();
+}
+
+/// Requests, connections, decoding and storage reads.
+fn describe_requests() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     use names::*;
     describe_counter!(HTTP_REQUESTS, "Requests answered, by route, method and status.");
@@ -118,6 +127,26 @@ fn describe() {
     describe_counter!(CACHE_MISSES, "Component reads that needed decoding.");
     describe_gauge!(CACHE_BYTES, Unit::Bytes, "Bytes reserved by decoded components in the cache.");
     describe_counter!(CACHE_EVICTIONS, "Decoded components evicted to make room.");
+    describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
+    describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
+    describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
+    describe_counter!(
+        HTTP_IDLE_TIMEOUTS,
+        "Connections closed after idle_timeout_secs without progress (a client that stopped reading)."
+    );
+    describe_counter!(DECODE_REFUSALS, "Requests answered 503 because every decoder stayed busy for decode_wait_ms.");
+    describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
+    describe_counter!(
+        SENDFILE_BYTES,
+        Unit::Bytes,
+        "Response bytes sent from files with sendfile, never copied through the process."
+    );
+}
+
+/// Digests of stored bytes and published files, and model signatures.
+fn describe_digests() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    use names::*;
     describe_counter!(DIGEST_CHECKS, "Stored-bytes digest checks completed, by outcome (ok or mismatch).");
     describe_counter!(DIGEST_FAILURES, "Stored-bytes digest checks that found a mismatch.");
     describe_counter!(
@@ -142,7 +171,12 @@ fn describe() {
         DIGEST_FILES,
         "Published files of the listed models by digest state (queued, hashing, known, failed)."
     );
-    describe_gauge!(MODELS, "Models indexed, by status (ok or broken).");
+}
+
+/// The node's disk cache.
+fn describe_disk_cache() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    use names::*;
     describe_counter!(DISK_CACHE_HITS, "Blocks of remote sources read from the node's disk cache.");
     describe_counter!(DISK_CACHE_MISSES, "Blocks of remote sources fetched from their origin into the disk cache.");
     describe_counter!(
@@ -166,13 +200,12 @@ fn describe() {
         "Fills of objects whose digest is known, by outcome (ok, mismatch: nothing kept, failed: the origin failed)."
     );
     describe_gauge!(DISK_CACHE_BYTES, Unit::Bytes, "Bytes held in the disk cache's blocks.");
-    describe_histogram!(STORAGE_READ_DURATION, Unit::Seconds, "Duration of reads from storage, by backend and kind.");
-    describe_gauge!(HTTP_CONNECTIONS, "Client connections open.");
-    describe_counter!(
-        HTTP_IDLE_TIMEOUTS,
-        "Connections closed after idle_timeout_secs without progress (a client that stopped reading)."
-    );
-    describe_counter!(DECODE_REFUSALS, "Requests answered 503 because every decoder stayed busy for decode_wait_ms.");
+}
+
+/// Tokens, client certificates and TLS.
+fn describe_access() {
+    use metrics::{describe_counter, describe_gauge};
+    use names::*;
     describe_counter!(
         AUTH_FAILURES,
         "Requests refused for want of a valid bearer token, by reason (missing or invalid)."
@@ -193,12 +226,6 @@ fn describe() {
     describe_counter!(
         TLS_RELOADS,
         "Reloads of the changed TLS certificate and key, by outcome (ok, or error: the old one kept)."
-    );
-    describe_counter!(STORAGE_READ_BYTES, Unit::Bytes, "Bytes read from storage, by backend and purpose.");
-    describe_counter!(
-        SENDFILE_BYTES,
-        Unit::Bytes,
-        "Response bytes sent from files with sendfile, never copied through the process."
     );
 }
 

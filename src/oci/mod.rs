@@ -161,32 +161,7 @@ async fn answer(
         OciRoute::Manifest { name, reference } => {
             only(method, "GET, HEAD")?;
             let at = state.repository(&access, &name).await?;
-            let version = version_token(&at.model);
-            let head = method == Method::HEAD;
-            let image_tag = reference.strip_suffix(IMAGE_TAG_SUFFIX);
-            if reference == "latest" || reference == version {
-                let artifact = state.artifact(&at).await?;
-                return manifest_response(headers, Served::artifact(&artifact), head, &name);
-            }
-            if image_tag == Some("latest") || image_tag == Some(version.as_str()) {
-                let image = state.image(&at).await?;
-                return manifest_response(headers, Served::index(&image), head, &name);
-            }
-            if names::sha256_hex(&reference).is_none() {
-                return Err(OciError::ManifestUnknown { name, reference });
-            }
-            let artifact = state.artifact(&at).await?;
-            if reference == artifact.manifest_digest {
-                return manifest_response(headers, Served::artifact(&artifact), head, &name);
-            }
-            let image = state.image(&at).await?;
-            if reference == image.index_digest {
-                return manifest_response(headers, Served::index(&image), head, &name);
-            }
-            match image.manifest(&reference) {
-                Some(platform) => manifest_response(headers, Served::platform(platform), head, &name),
-                None => Err(OciError::ManifestUnknown { name, reference }),
-            }
+            manifest(state, &at, (&name, reference), method == Method::HEAD, headers).await
         }
         OciRoute::Blob { name, digest } => {
             only(method, "GET, HEAD")?;
@@ -210,6 +185,43 @@ async fn answer(
         OciRoute::Upload => Err(OciError::Unsupported { method: method.to_string(), allowed: "GET, HEAD" }),
         OciRoute::Token => unreachable!("answered above"),
         OciRoute::Unknown => Err(OciError::RouteUnknown(uri.path().to_owned())),
+    }
+}
+
+/// `GET|HEAD /v2/{name}/manifests/{reference}` of repository `at`: the artifact by `latest`, its
+/// version or its digest; the image index by `latest-image` (and the version's image tag) or
+/// its digest; a platform's image manifest by its digest.
+async fn manifest(
+    state: &OciState,
+    at: &RepositoryAt,
+    (name, reference): (&str, String),
+    head: bool,
+    headers: &HeaderMap,
+) -> Result<Response, OciError> {
+    let version = version_token(&at.model);
+    let image_tag = reference.strip_suffix(IMAGE_TAG_SUFFIX);
+    if reference == "latest" || reference == version {
+        let artifact = state.artifact(at).await?;
+        return manifest_response(headers, Served::artifact(&artifact), head, name);
+    }
+    if image_tag == Some("latest") || image_tag == Some(version.as_str()) {
+        let image = state.image(at).await?;
+        return manifest_response(headers, Served::index(&image), head, name);
+    }
+    if names::sha256_hex(&reference).is_none() {
+        return Err(OciError::ManifestUnknown { name: name.to_owned(), reference });
+    }
+    let artifact = state.artifact(at).await?;
+    if reference == artifact.manifest_digest {
+        return manifest_response(headers, Served::artifact(&artifact), head, name);
+    }
+    let image = state.image(at).await?;
+    if reference == image.index_digest {
+        return manifest_response(headers, Served::index(&image), head, name);
+    }
+    match image.manifest(&reference) {
+        Some(platform) => manifest_response(headers, Served::platform(platform), head, name),
+        None => Err(OciError::ManifestUnknown { name: name.to_owned(), reference }),
     }
 }
 
