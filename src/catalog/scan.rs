@@ -98,36 +98,11 @@ pub(super) async fn models_of(
     options: &ScanOptions,
     digests: &shards::DigestMemo,
 ) -> Listing {
-    let model_files: Vec<Listed> = listed.iter().filter(|l| FileKind::of(&l.key).is_some()).cloned().collect();
-    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(model_files)
-        .map(|object: Listed| async move {
-            let known = previous.files.get(&(source.name.clone(), object.key.clone()));
-            if let Some(parsed) = known.filter(|p| p.version == object.version) {
-                if parsed.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true) {
-                    return (object, parsed.clone());
-                }
-            }
-            let version = version_of(source, &object);
-            let state = read_listed(&version, options).await;
-            if let Err(CatalogError::Storage(e)) = &state {
-                source.report_failure(e);
-            }
-            (object, ParsedFile { version: version.version, state })
-        })
-        .buffer_unordered(options.concurrent_reads.max(1))
-        .collect()
-        .await;
-    parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    let parsed = parse_listed(source, &listed, previous, options).await;
     let claimed = checkpoints::claimed_shards(&parsed);
     let ids = ids::assign(parsed.iter().filter_map(|(object, file)| {
         let kind = FileKind::of(&object.key)?;
-        let stands = match kind {
-            FileKind::SafetensorsIndex => true,
-            FileKind::Safetensors if claimed.contains(object.key.as_str()) => false,
-            FileKind::Gguf if gguf_splits::is_part(&object.key) => gguf_splits::stands_for_model(&object.key, &parsed),
-            _ => !matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))),
-        };
-        stands.then_some((object.key.as_str(), kind))
+        stands_for_a_model(object, kind, file, &claimed, &parsed).then_some((object.key.as_str(), kind))
     }));
     let mut models = Vec::with_capacity(parsed.len());
     for (object, file) in &parsed {
@@ -190,6 +165,54 @@ pub(super) async fn models_of(
     };
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
     (models, files, companions, signed)
+}
+
+/// Whether `object` (a file of `kind`, read as `file`) is a model of its own rather than part of
+/// one: a checkpoint's shard (`claimed`), a split GGUF's later part, or a `.zt` data shard.
+fn stands_for_a_model(
+    object: &Listed,
+    kind: FileKind,
+    file: &ParsedFile,
+    claimed: &std::collections::HashSet<String>,
+    parsed: &[(Listed, ParsedFile)],
+) -> bool {
+    match kind {
+        FileKind::SafetensorsIndex => true,
+        FileKind::Safetensors if claimed.contains(object.key.as_str()) => false,
+        FileKind::Gguf if gguf_splits::is_part(&object.key) => gguf_splits::stands_for_model(&object.key, parsed),
+        _ => !matches!(file.state, Err(CatalogError::Format(FormatError::DataShard))),
+    }
+}
+
+/// Each model file of `listed` (a listing of `source`) read: its manifest parsed, or kept from
+/// `previous` when its version is unchanged and its outcome lasts; sorted by key.
+async fn parse_listed(
+    source: &Arc<Source>,
+    listed: &[Listed],
+    previous: &Catalog,
+    options: &ScanOptions,
+) -> Vec<(Listed, ParsedFile)> {
+    let model_files: Vec<Listed> = listed.iter().filter(|l| FileKind::of(&l.key).is_some()).cloned().collect();
+    let mut parsed: Vec<(Listed, ParsedFile)> = futures_util::stream::iter(model_files)
+        .map(|object: Listed| async move {
+            let known = previous.files.get(&(source.name.clone(), object.key.clone()));
+            if let Some(parsed) = known.filter(|p| p.version == object.version) {
+                if parsed.state.as_ref().map_or_else(CatalogError::is_lasting, |_| true) {
+                    return (object, parsed.clone());
+                }
+            }
+            let version = version_of(source, &object);
+            let state = read_listed(&version, options).await;
+            if let Err(CatalogError::Storage(e)) = &state {
+                source.report_failure(e);
+            }
+            (object, ParsedFile { version: version.version, state })
+        })
+        .buffer_unordered(options.concurrent_reads.max(1))
+        .collect()
+        .await;
+    parsed.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    parsed
 }
 
 /// The directory part of a key (`org/` of `org/llama.zt`; empty at the source's root).

@@ -196,93 +196,9 @@ impl Config {
             Merging { shape: shape(), merged: defaults.clone(), origin: BTreeMap::new(), notices: Vec::new() };
 
         if let Some(path) = file {
-            let text =
-                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-            let table: toml::Table = toml::from_str(&text)
-                .map_err(|e| ConfigError::File { path: path.to_owned(), message: e.to_string() })?;
-            let from = format!("config file {}", path.display());
-            let unknown =
-                |key: &str| ConfigError::File { path: path.to_owned(), message: format!("unknown key {key:?}") };
-            // The file's keys as written: an old name and its new one together are ambiguous.
-            let mut written: BTreeMap<String, String> = BTreeMap::new();
-            let mut once = |key: String, as_written: String| match written.insert(key.clone(), as_written.clone()) {
-                Some(other) => Err(ConfigError::File {
-                    path: path.to_owned(),
-                    message: format!(
-                        "{key} is set twice, as {other} and as {as_written}: set it once, by its new name"
-                    ),
-                }),
-                None => Ok(()),
-            };
-            for (name, value) in table {
-                match value {
-                    toml::Value::Table(keys) if merging.shape.contains_key(&name) => {
-                        for (key, value) in keys {
-                            if merging.knows(&name, &key) {
-                                once(format!("{name}.{key}"), format!("{key} in [{name}]"))?;
-                                merging.set(&name, &key, Some(value), from.clone());
-                                continue;
-                            }
-                            let used_as = format!("config key {key:?} in [{name}] ({from})");
-                            let (section, new_key) = merging
-                                .alias(&format!("{name}.{key}"), used_as, |section, key| {
-                                    format!("{key} in [{section}]")
-                                })
-                                .ok_or_else(|| unknown(&format!("{name}.{key}")))?;
-                            once(format!("{section}.{new_key}"), format!("{key} in [{name}]"))?;
-                            merging.set(section, new_key, Some(value), from.clone());
-                        }
-                    }
-                    value => {
-                        let used_as = format!("config key {name:?} ({from})");
-                        let (section, key) = merging
-                            .alias(&name, used_as, |section, key| format!("{key} in [{section}]"))
-                            .ok_or_else(|| unknown(&name))?;
-                        once(format!("{section}.{key}"), format!("{name:?}"))?;
-                        merging.set(section, key, from_flat(&name, value), from.clone());
-                    }
-                }
-            }
+            merge_file(&mut merging, path)?;
         }
-
-        let env: BTreeMap<String, String> = env.into_iter().filter(|(k, _)| k.starts_with("ZTSERVE_")).collect();
-        // Which variable set each key: an old name and its new one together are ambiguous.
-        let mut set_by: BTreeMap<String, String> = BTreeMap::new();
-        let keys = shape();
-        let is_key = |section: &str, key: &str| {
-            keys.get(section).and_then(toml::Value::as_table).is_some_and(|t| t.contains_key(key))
-        };
-        for (var, text) in &env {
-            let name = var["ZTSERVE_".len()..].to_ascii_lowercase();
-            let env_error = |section: &str, key: &str, message: String| {
-                let shown = is_key(section, key) && !SECRET_KEYS.contains(&(section, key));
-                ConfigError::Env { var: var.clone(), shown: shown.then(|| text.clone()), message }
-            };
-            let (section, key, flat) = match name.split_once("__") {
-                Some((section, key)) if merging.knows(section, key) => (section.to_owned(), key.to_owned(), None),
-                Some((section, key)) => match merging.alias(&format!("{section}.{key}"), var.clone(), env_name) {
-                    Some((section, key)) => (section.to_owned(), key.to_owned(), None),
-                    None => return Err(env_error(section, key, "no such configuration key".into())),
-                },
-                // Other ZTSERVE_ variables (the client's ZTSERVE_TOKEN, the tests' own) are not
-                // configuration, unless they are an earlier release's flat names.
-                None => match merging.alias(&name, var.clone(), env_name) {
-                    Some((section, key)) => (section.to_owned(), key.to_owned(), Some(name.clone())),
-                    None => continue,
-                },
-            };
-            if let Some(other) = set_by.insert(format!("{section}.{key}"), var.clone()) {
-                let message = format!("{section}.{key} is set by {other} too: set it once, by its new name");
-                return Err(env_error(&section, &key, message));
-            }
-            let typed = &merging.shape[section.as_str()][key.as_str()];
-            let value = parse_env(typed, text).map_err(|message| env_error(&section, &key, message))?;
-            let value = match &flat {
-                Some(flat) => from_flat(flat, value),
-                None => Some(value),
-            };
-            merging.set(&section, &key, value, format!("environment variable {var}"));
-        }
+        merge_env(&mut merging, env.into_iter().filter(|(k, _)| k.starts_with("ZTSERVE_")).collect())?;
 
         for (path, value) in flags {
             let (section, key) = path.split_once('.').expect("flags are keyed section.key");
@@ -303,6 +219,96 @@ impl Config {
         }
         Ok(Loaded { config, notices })
     }
+}
+
+/// Merges the config file at `path` over `merging`: its sections' keys, and the flat names of
+/// earlier releases; an unknown key, or a key set under its old and new names, is refused.
+fn merge_file(merging: &mut Merging, path: &Path) -> Result<(), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| ConfigError::File { path: path.to_owned(), message: e.to_string() })?;
+    let from = format!("config file {}", path.display());
+    let unknown = |key: &str| ConfigError::File { path: path.to_owned(), message: format!("unknown key {key:?}") };
+    // The file's keys as written: an old name and its new one together are ambiguous.
+    let mut written: BTreeMap<String, String> = BTreeMap::new();
+    let mut once = |key: String, as_written: String| match written.insert(key.clone(), as_written.clone()) {
+        Some(other) => Err(ConfigError::File {
+            path: path.to_owned(),
+            message: format!("{key} is set twice, as {other} and as {as_written}: set it once, by its new name"),
+        }),
+        None => Ok(()),
+    };
+    for (name, value) in table {
+        match value {
+            toml::Value::Table(keys) if merging.shape.contains_key(&name) => {
+                for (key, value) in keys {
+                    if merging.knows(&name, &key) {
+                        once(format!("{name}.{key}"), format!("{key} in [{name}]"))?;
+                        merging.set(&name, &key, Some(value), from.clone());
+                        continue;
+                    }
+                    let used_as = format!("config key {key:?} in [{name}] ({from})");
+                    let (section, new_key) = merging
+                        .alias(&format!("{name}.{key}"), used_as, |section, key| format!("{key} in [{section}]"))
+                        .ok_or_else(|| unknown(&format!("{name}.{key}")))?;
+                    once(format!("{section}.{new_key}"), format!("{key} in [{name}]"))?;
+                    merging.set(section, new_key, Some(value), from.clone());
+                }
+            }
+            value => {
+                let used_as = format!("config key {name:?} ({from})");
+                let (section, key) = merging
+                    .alias(&name, used_as, |section, key| format!("{key} in [{section}]"))
+                    .ok_or_else(|| unknown(&name))?;
+                once(format!("{section}.{key}"), format!("{name:?}"))?;
+                merging.set(section, key, from_flat(&name, value), from.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Merges the `ZTSERVE_*` variables of `env` over `merging`: `ZTSERVE_<SECTION>__<KEY>`, and
+/// the flat names of earlier releases; other `ZTSERVE_` variables are not configuration.
+fn merge_env(merging: &mut Merging, env: BTreeMap<String, String>) -> Result<(), ConfigError> {
+    // Which variable set each key: an old name and its new one together are ambiguous.
+    let mut set_by: BTreeMap<String, String> = BTreeMap::new();
+    let keys = shape();
+    let is_key = |section: &str, key: &str| {
+        keys.get(section).and_then(toml::Value::as_table).is_some_and(|t| t.contains_key(key))
+    };
+    for (var, text) in &env {
+        let name = var["ZTSERVE_".len()..].to_ascii_lowercase();
+        let env_error = |section: &str, key: &str, message: String| {
+            let shown = is_key(section, key) && !SECRET_KEYS.contains(&(section, key));
+            ConfigError::Env { var: var.clone(), shown: shown.then(|| text.clone()), message }
+        };
+        let (section, key, flat) = match name.split_once("__") {
+            Some((section, key)) if merging.knows(section, key) => (section.to_owned(), key.to_owned(), None),
+            Some((section, key)) => match merging.alias(&format!("{section}.{key}"), var.clone(), env_name) {
+                Some((section, key)) => (section.to_owned(), key.to_owned(), None),
+                None => return Err(env_error(section, key, "no such configuration key".into())),
+            },
+            // Other ZTSERVE_ variables (the client's ZTSERVE_TOKEN, the tests' own) are not
+            // configuration, unless they are an earlier release's flat names.
+            None => match merging.alias(&name, var.clone(), env_name) {
+                Some((section, key)) => (section.to_owned(), key.to_owned(), Some(name.clone())),
+                None => continue,
+            },
+        };
+        if let Some(other) = set_by.insert(format!("{section}.{key}"), var.clone()) {
+            let message = format!("{section}.{key} is set by {other} too: set it once, by its new name");
+            return Err(env_error(&section, &key, message));
+        }
+        let typed = &merging.shape[section.as_str()][key.as_str()];
+        let value = parse_env(typed, text).map_err(|message| env_error(&section, &key, message))?;
+        let value = match &flat {
+            Some(flat) => from_flat(flat, value),
+            None => Some(value),
+        };
+        merging.set(&section, &key, value, format!("environment variable {var}"));
+    }
+    Ok(())
 }
 
 /// The first key whose merged value alone makes the configuration fail, as that key's error

@@ -5,12 +5,23 @@ use std::collections::BTreeMap;
 
 use super::*;
 
+/// Makes the error of a key's value, naming where it came from.
+type Fail<'a> = dyn Fn(&str, String) -> ConfigError + 'a;
+
 impl Config {
     pub(super) fn validate(&self, origin: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         let fail = |key: &str, message: String| ConfigError::Invalid {
             origin: format!("{key} (from {})", origin.get(key).map_or("default", String::as_str)),
             message,
         };
+        self.validate_sources(&fail)?;
+        self.validate_access(&fail)?;
+        self.validate_digests_and_cache(&fail)?;
+        self.validate_limits(&fail)
+    }
+
+    /// Sources, the stores they are read from, and the S3 endpoint's buckets.
+    fn validate_sources(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
         if self.sources.paths.is_empty() {
             return Err(fail("sources.paths", "at least one source directory is needed".into()));
         }
@@ -57,6 +68,11 @@ impl Config {
         if stored == self.s3_endpoint.bucket {
             return Err(fail("s3_endpoint.stored_bucket", "must differ from s3_endpoint.bucket".into()));
         }
+        Ok(())
+    }
+
+    /// Tokens, TLS and signing.
+    fn validate_access(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
         if self.auth.token_file.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("auth.token_file", "must not be empty: leave it out for no token file".into()));
         }
@@ -108,6 +124,11 @@ impl Config {
         if tls.handshake_timeout_secs == 0 {
             return Err(fail("tls.handshake_timeout_secs", "must be at least 1".into()));
         }
+        Ok(())
+    }
+
+    /// The digest store, the disk cache and the view's shards.
+    fn validate_digests_and_cache(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
         if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
         }
@@ -133,6 +154,12 @@ impl Config {
             );
             return Err(fail("serving.view_shard_bytes", message));
         }
+        Ok(())
+    }
+
+    /// Counts, sizes and times that must be at least 1, and the request head's bounds.
+    fn validate_limits(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
+        let s3 = &self.s3_source;
         for (key, value) in [
             ("s3_source.connect_timeout_secs", Some(s3.connect_timeout_secs)),
             ("s3_source.read_timeout_secs", Some(s3.read_timeout_secs)),

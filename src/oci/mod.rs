@@ -146,17 +146,7 @@ async fn answer(
         OciRoute::Tags { name } => {
             only(method, "GET")?;
             let at = state.repository(&access, &name).await?;
-            let version = version_token(&at.model);
-            let tags = vec![
-                "latest".to_owned(),
-                format!("latest{IMAGE_TAG_SUFFIX}"),
-                format!("{version}{IMAGE_TAG_SUFFIX}"),
-                version,
-            ];
-            let (page, next) = page(tags, &query)?;
-            let mut response = json_response(&json!({ "name": name, "tags": page }), false);
-            link_next(&mut response, &format!("/{name}/tags/list"), next);
-            Ok(response)
+            tags_list(&at, &name, &query)
         }
         OciRoute::Manifest { name, reference } => {
             only(method, "GET, HEAD")?;
@@ -186,6 +176,18 @@ async fn answer(
         OciRoute::Token => unreachable!("answered above"),
         OciRoute::Unknown => Err(OciError::RouteUnknown(uri.path().to_owned())),
     }
+}
+
+/// `GET /v2/{name}/tags/list` of repository `at`: the artifact's and the image's tags, `latest`
+/// and the version's, a page at a time.
+fn tags_list(at: &RepositoryAt, name: &str, query: &[(String, String)]) -> Result<Response, OciError> {
+    let version = version_token(&at.model);
+    let tags =
+        vec!["latest".to_owned(), format!("latest{IMAGE_TAG_SUFFIX}"), format!("{version}{IMAGE_TAG_SUFFIX}"), version];
+    let (page, next) = page(tags, query)?;
+    let mut response = json_response(&json!({ "name": name, "tags": page }), false);
+    link_next(&mut response, &format!("/{name}/tags/list"), next);
+    Ok(response)
 }
 
 /// `GET|HEAD /v2/{name}/manifests/{reference}` of repository `at`: the artifact by `latest`, its

@@ -45,25 +45,7 @@ pub(super) async fn transfer(
         output_len: layout.output_len,
     };
 
-    let (mut journal, kept) =
-        Journal::open(&journal_path, &identity).with_context(|| format!("cannot open {}", journal_path.display()))?;
-    let partial = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(!kept)
-        .open(&partial_path)
-        .with_context(|| format!("cannot write {}", partial_path.display()))?;
-    if kept && partial.metadata()?.len() != layout.output_len {
-        bail!(
-            "{} does not have the length its journal implies; delete it and {} to start over",
-            partial_path.display(),
-            journal_path.display()
-        );
-    }
-    partial.set_len(layout.output_len)?;
-    let partial = Arc::new(partial);
-    journal.describe(Arc::clone(&partial));
+    let (mut journal, partial) = open_partial(&partial_path, &journal_path, &identity, layout.output_len)?;
 
     let progress =
         ProgressDisplay::new(options.progress, layout.units.iter().map(|u| u.output.end - u.output.start).sum());
@@ -106,14 +88,7 @@ pub(super) async fn transfer(
     partial.sync_all()?;
     journal.synced(journal.lines())?;
     if let Some(kind) = check {
-        let bytes = crate::storage::mapped::MappedFile::open(&partial_path)?;
-        let parsed = match kind {
-            FileKind::Zt => format::parse_file(&bytes, &options.limits).map(drop),
-            FileKind::Safetensors => format::safetensors::parse_file(&bytes).map(drop),
-            FileKind::SafetensorsIndex => format::safetensors::parse_index(&bytes).map(drop),
-            FileKind::Gguf => format::gguf::parse_file(&bytes).map(drop),
-        };
-        parsed.context("the pulled file does not parse; it was not moved into place")?;
+        check_parses(&partial_path, kind, &options.limits)?;
     }
     std::fs::rename(&partial_path, output)
         .with_context(|| format!("cannot move the pulled file to {}", output.display()))?;
@@ -122,6 +97,48 @@ pub(super) async fn transfer(
     }
     std::fs::remove_file(&journal_path).ok();
     Ok(report)
+}
+
+/// The journal of `identity`'s pull and the partial file beside the output it describes:
+/// both kept from an earlier run of the same pull, or started anew.
+fn open_partial(
+    partial_path: &std::path::Path,
+    journal_path: &std::path::Path,
+    identity: &Identity,
+    output_len: u64,
+) -> anyhow::Result<(Journal, Arc<std::fs::File>)> {
+    let (mut journal, kept) =
+        Journal::open(journal_path, identity).with_context(|| format!("cannot open {}", journal_path.display()))?;
+    let partial = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(!kept)
+        .open(partial_path)
+        .with_context(|| format!("cannot write {}", partial_path.display()))?;
+    if kept && partial.metadata()?.len() != output_len {
+        bail!(
+            "{} does not have the length its journal implies; delete it and {} to start over",
+            partial_path.display(),
+            journal_path.display()
+        );
+    }
+    partial.set_len(output_len)?;
+    let partial = Arc::new(partial);
+    journal.describe(Arc::clone(&partial));
+    Ok((journal, partial))
+}
+
+/// Whether the pulled file at `path` parses as the kind of file `kind` is.
+fn check_parses(path: &std::path::Path, kind: FileKind, limits: &format::Limits) -> anyhow::Result<()> {
+    let bytes = crate::storage::mapped::MappedFile::open(path)?;
+    let parsed = match kind {
+        FileKind::Zt => format::parse_file(&bytes, limits).map(drop),
+        FileKind::Safetensors => format::safetensors::parse_file(&bytes).map(drop),
+        FileKind::SafetensorsIndex => format::safetensors::parse_index(&bytes).map(drop),
+        FileKind::Gguf => format::gguf::parse_file(&bytes).map(drop),
+    };
+    parsed.context("the pulled file does not parse; it was not moved into place")
 }
 
 /// A unit's GETs for what the journal lacks: chunks of at most `chunk` bytes, or one GET for
