@@ -63,6 +63,11 @@ bench_start_moto() {  # port
   return 1
 }
 
+# Every run's time of a hyperfine JSON export: per command, in order, comma-separated.
+bench_runs() {  # hyperfine.json
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results']; print(' '.join(','.join(map(str, x['times'])) for x in r))" "$1"
+}
+
 # The medians of a hyperfine JSON export, in command order, space-separated.
 bench_medians() {  # hyperfine.json
   python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results']; print(' '.join(str(x['median']) for x in r))" "$1"

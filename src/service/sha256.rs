@@ -82,9 +82,9 @@ pub(crate) async fn sha256_of(
         let mut copy = Vec::new();
         while let Some(piece) = received.blocking_recv() {
             match crate::storage::mapped::file_behind(&piece) {
-                Some((file, offset)) => {
+                Some(behind) => {
                     copy.resize(piece.len(), 0);
-                    crate::storage::local::pread_exact_into(&file, offset, &mut copy, "", "")?;
+                    crate::storage::local::pread_exact_into(&behind.file, behind.offset, &mut copy, "", "")?;
                     hasher.update(&copy);
                 }
                 None => hasher.update(&piece),

@@ -22,21 +22,43 @@ pub struct MappedFile {
     map: Option<Mmap>,
 }
 
-/// Live mappings by start address: their length and the file mapped (from offset 0).
-static MAPPINGS: RwLock<BTreeMap<usize, (usize, Arc<File>)>> = RwLock::new(BTreeMap::new());
+/// A live mapping, by its start address in [`MAPPINGS`].
+struct Mapping {
+    len: usize,
+    file: Arc<File>,
+    /// A body written once and sent whole to many clients (a rendered manifest): sent with
+    /// `sendfile` even where the server copies model bytes with `writev`.
+    always_sendfile: bool,
+}
+
+/// Live mappings by start address.
+static MAPPINGS: RwLock<BTreeMap<usize, Mapping>> = RwLock::new(BTreeMap::new());
+
+/// Where a slice of a live mapping lies in its file.
+pub struct FileBehind {
+    pub file: Arc<File>,
+    pub offset: u64,
+    /// Whether the slice is to leave with `sendfile` whatever `server.sendfile` says
+    /// ([`MappedFile::temporary`]).
+    pub always_sendfile: bool,
+}
 
 /// The file whose mapping holds all of `slice`, and the slice's offset in it; `None` for
 /// bytes that are not in a live mapping. The answer stays true while `slice` is borrowed:
 /// the mapping cannot be dropped, and so deregistered, while its bytes are in use.
-pub fn file_behind(slice: &[u8]) -> Option<(Arc<File>, u64)> {
+pub fn file_behind(slice: &[u8]) -> Option<FileBehind> {
     mapping_at(slice.as_ptr() as usize, slice.len())
 }
 
 /// The file mapped at addresses `start..start + len`, if one mapping spans them all.
-fn mapping_at(start: usize, len: usize) -> Option<(Arc<File>, u64)> {
+fn mapping_at(start: usize, len: usize) -> Option<FileBehind> {
     let mappings = MAPPINGS.read().unwrap_or_else(PoisonError::into_inner);
-    let (&base, (mapped, file)) = mappings.range(..=start).next_back()?;
-    (start + len <= base + mapped).then(|| (Arc::clone(file), (start - base) as u64))
+    let (&base, mapping) = mappings.range(..=start).next_back()?;
+    (start + len <= base + mapping.len).then(|| FileBehind {
+        file: Arc::clone(&mapping.file),
+        offset: (start - base) as u64,
+        always_sendfile: mapping.always_sendfile,
+    })
 }
 
 impl MappedFile {
@@ -71,13 +93,15 @@ impl MappedFile {
         let map = unsafe { Mmap::map(&file)? };
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
-        Ok(Self::registered(file, map))
+        Ok(Self::registered(file, map, false))
     }
 
     /// A copy of `bytes` in an unlinked temporary file, mapped: responses send its slices
-    /// from the mapping, as they do a model file's, instead of copying them. A regular file,
-    /// not a memfd: the kernel splices a memfd's pages one lookup at a time and a page-cache
-    /// file's in batches (bench/README.md: "Design choices measured").
+    /// with `sendfile` from the file, even where `server.sendfile` is off, instead of copying
+    /// them. A body sent whole to many clients at once (a manifest) costs its server a copy
+    /// per response otherwise, a third of its CPU; one large stream does not gain the same
+    /// (bench/README.md: "Design choices measured"). A regular file, not a memfd: the kernel
+    /// splices a memfd's pages one lookup at a time and a page-cache file's in batches.
     pub fn temporary(bytes: &[u8]) -> io::Result<MappedFile> {
         use std::io::Write as _;
         let mut file = tempfile::tempfile()?;
@@ -87,15 +111,13 @@ impl MappedFile {
         }
         // SAFETY: no other process can reach this unlinked file, and it is never written again.
         let map = unsafe { Mmap::map(&file)? };
-        Ok(Self::registered(file, map))
+        Ok(Self::registered(file, map, true))
     }
 
-    fn registered(file: File, map: Mmap) -> MappedFile {
+    fn registered(file: File, map: Mmap, always_sendfile: bool) -> MappedFile {
         let file = Arc::new(file);
-        MAPPINGS
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(map.as_ptr() as usize, (map.len(), Arc::clone(&file)));
+        let mapping = Mapping { len: map.len(), file: Arc::clone(&file), always_sendfile };
+        MAPPINGS.write().unwrap_or_else(PoisonError::into_inner).insert(map.as_ptr() as usize, mapping);
         MappedFile { file, map: Some(map) }
     }
 
@@ -148,12 +170,13 @@ mod tests {
     fn slices_of_a_live_mapping_lead_to_its_file_and_nothing_else_does() {
         let bytes: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let mapped = MappedFile::temporary(&bytes).unwrap();
-        let (file, offset) = file_behind(&mapped[1000..5000]).expect("a slice of the mapping");
-        assert_eq!(offset, 1000);
+        let behind = file_behind(&mapped[1000..5000]).expect("a slice of the mapping");
+        assert_eq!(behind.offset, 1000);
+        assert!(behind.always_sendfile, "a rendered body leaves with sendfile");
         let mut read = vec![0; 4000];
-        std::os::unix::fs::FileExt::read_exact_at(&*file, &mut read, offset).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&*behind.file, &mut read, behind.offset).unwrap();
         assert_eq!(read, bytes[1000..5000]);
-        assert_eq!(file_behind(&mapped[..]).map(|(_, offset)| offset), Some(0));
+        assert_eq!(file_behind(&mapped[..]).map(|behind| behind.offset), Some(0));
         assert!(file_behind(&bytes[1000..5000]).is_none(), "heap bytes are not in a mapping");
         let start = mapped.as_ptr() as usize;
         assert!(mapping_at(start + 99_999, 1).is_some(), "the last byte");
