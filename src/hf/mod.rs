@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
@@ -35,11 +35,14 @@ use crate::catalog::{Catalog, Model};
 use crate::config::Config;
 use crate::format::Manifest;
 use crate::service::{DigestOf, PublishedFile, Service};
-use crate::transport::Refusals;
+use crate::transport::prefixed::{self, Grammar, PrefixedRequest};
 use crate::transport::respond::{Representation, bytes_response};
 
 /// Entries per page of a tree listing, as the Hub pages them.
 const TREE_PAGE: usize = 1000;
+
+/// The largest paths-info body read (axum's default body limit, which bounded it before).
+const PATHS_INFO_MAX_BYTES: usize = 2 << 20;
 
 pub(crate) use repos::is_namespace;
 
@@ -57,24 +60,32 @@ struct HubState {
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: &Config) -> Router {
     let namespace = config.serving.hub_namespace.clone();
     let limits = config.limits.clone();
-    let state = Arc::new(HubState { service, tokens, namespace, limits });
-    let router = Router::new().fallback(dispatch).with_state(state);
-    let refusals = Refusals {
-        panicked: || HubError::Internal("a handler panicked".into()).into_response(),
-        timed_out: || HubError::RequestTimeout.into_response(),
-    };
-    let labels = crate::transport::RouteLabels { routes: &[], unmatched: route_label };
-    crate::transport::with_common_layers(router, config, labels, refusals)
+    prefixed::app(Arc::new(HubState { service, tokens, namespace, limits }), config)
 }
 
-/// The label of a request below the prefix (its path without it): the JSON API, a file, or
-/// anything else.
-fn route_label(uri: &Uri) -> &'static str {
-    let segments: Vec<&str> = uri.path().trim_start_matches('/').split('/').collect();
-    match segments[..] {
-        ["api", ..] => routes::HUB_API,
-        [_, "resolve", _, _, ..] | [_, _, "resolve", _, _, ..] => routes::HUB_FILE,
-        _ => routes::HUB,
+impl Grammar for HubState {
+    type Error = HubError;
+
+    async fn answer(self: Arc<Self>, request: PrefixedRequest, body: Body) -> Result<Response, HubError> {
+        answer(&self, &request, body).await
+    }
+
+    /// The JSON API, a file, or anything else.
+    fn route_label(uri: &Uri) -> &'static str {
+        let segments: Vec<&str> = uri.path().trim_start_matches('/').split('/').collect();
+        match segments[..] {
+            ["api", ..] => routes::HUB_API,
+            [_, "resolve", _, _, ..] | [_, _, "resolve", _, _, ..] => routes::HUB_FILE,
+            _ => routes::HUB,
+        }
+    }
+
+    fn panicked() -> Response {
+        HubError::Internal("a handler panicked".into()).into_response()
+    }
+
+    fn timed_out() -> Response {
+        HubError::RequestTimeout.into_response()
     }
 }
 
@@ -102,28 +113,8 @@ impl Caller {
     }
 }
 
-async fn dispatch(
-    State(state): State<Arc<HubState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    identity: Option<axum::Extension<Arc<crate::transport::ClientIdentity>>>,
-    body: axum::body::Bytes,
-) -> Response {
-    let client = identity.as_ref().map(|identity| identity.names.as_slice());
-    match answer(&state, &method, &uri, (&headers, client), &body).await {
-        Ok(response) => response,
-        Err(error) => error.into_response(),
-    }
-}
-
-async fn answer(
-    state: &Arc<HubState>,
-    method: &Method,
-    uri: &Uri,
-    (headers, client): (&HeaderMap, Option<&[String]>),
-    body: &[u8],
-) -> Result<Response, HubError> {
+async fn answer(state: &Arc<HubState>, request: &PrefixedRequest, body: Body) -> Result<Response, HubError> {
+    let (method, uri, headers) = (&request.method, &request.uri, &request.headers);
     let segments = uri
         .path()
         .trim_start_matches('/')
@@ -134,14 +125,8 @@ async fn answer(
     let catalog = state.service.catalog();
     let route = repos::route(&segments, |repo| state.model_id_of(&catalog, repo).is_some());
     let query = Query::of(uri);
-    let caller = Caller::of(&state.tokens, headers, client)?;
-    let only = |allowed: &'static str| {
-        if allowed.split(", ").any(|m| m == method.as_str()) {
-            Ok(())
-        } else {
-            Err(HubError::MethodNotAllowed { method: method.to_string(), allowed })
-        }
-    };
+    let caller = Caller::of(&state.tokens, headers, request.client_names())?;
+    let only = |allowed| request.only(allowed, |method, allowed| HubError::MethodNotAllowed { method, allowed });
     match route {
         HubRoute::Info { repo, revision } => {
             only("GET")?;
@@ -156,7 +141,10 @@ async fn answer(
         HubRoute::PathsInfo { repo, revision } => {
             only("POST")?;
             let at = state.repo_at(&caller, &repo, Some(&revision)).await?;
-            paths_info(state, &at, headers, body).await
+            let body = axum::body::to_bytes(body, PATHS_INFO_MAX_BYTES)
+                .await
+                .map_err(|e| HubError::BadRequest(format!("paths-info takes a body of at most 2 MiB: {e}")))?;
+            paths_info(state, &at, headers, &body).await
         }
         HubRoute::QuantizationManifest { repo, tag } => {
             only("GET")?;

@@ -20,7 +20,7 @@ mod names;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -36,7 +36,7 @@ use crate::catalog::{Catalog, Model};
 use crate::config::Config;
 use crate::format::Manifest;
 use crate::service::{DigestOf, LayerFraming, PublishedFile, Service, TarLayer, version_token};
-use crate::transport::Refusals;
+use crate::transport::prefixed::{self, Grammar, PrefixedRequest};
 use crate::transport::respond::{Representation, bytes_response};
 
 /// The header every answer carries, as registries send it.
@@ -59,57 +59,48 @@ struct OciState {
 /// The registry's router (mounted at [`routes::OCI`] by the server), over `service`, checking
 /// `tokens`, as `config` says.
 pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: &Config) -> Router {
-    let state = Arc::new(OciState { service, tokens, max_ranges: config.limits.max_ranges });
-    let router = Router::new().fallback(dispatch).with_state(state);
-    let refusals = Refusals {
-        panicked: || OciError::Internal("a handler panicked".into()).into_response(),
-        timed_out: || OciError::RequestTimeout.into_response(),
-    };
-    let labels = crate::transport::RouteLabels { routes: &[], unmatched: route_label };
-    crate::transport::with_common_layers(router, config, labels, refusals)
+    prefixed::app(Arc::new(OciState { service, tokens, max_ranges: config.limits.max_ranges }), config)
 }
 
-/// The label of a request below the prefix: a manifest, a blob, or anything else.
-fn route_label(uri: &Uri) -> &'static str {
-    let path = percent_encoding::percent_decode_str(uri.path()).decode_utf8_lossy();
-    match names::route(&path) {
-        OciRoute::Manifest { .. } => routes::OCI_MANIFEST,
-        OciRoute::Blob { .. } => routes::OCI_BLOB,
-        _ => routes::OCI,
+impl Grammar for OciState {
+    type Error = OciError;
+
+    /// The registry takes no bodies: pushes are refused unread.
+    async fn answer(self: Arc<Self>, request: PrefixedRequest, _body: Body) -> Result<Response, OciError> {
+        answer(&self, &request).await
+    }
+
+    /// A manifest, a blob, or anything else.
+    fn route_label(uri: &Uri) -> &'static str {
+        let path = percent_encoding::percent_decode_str(uri.path()).decode_utf8_lossy();
+        match names::route(&path) {
+            OciRoute::Manifest { .. } => routes::OCI_MANIFEST,
+            OciRoute::Blob { .. } => routes::OCI_BLOB,
+            _ => routes::OCI,
+        }
+    }
+
+    fn panicked() -> Response {
+        OciError::Internal("a handler panicked".into()).into_response()
+    }
+
+    fn timed_out() -> Response {
+        OciError::RequestTimeout.into_response()
+    }
+
+    fn finish(response: &mut Response) {
+        response.headers_mut().insert(API_VERSION.0, HeaderValue::from_static(API_VERSION.1));
     }
 }
 
-async fn dispatch(
-    State(state): State<Arc<OciState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    identity: Option<axum::Extension<Arc<crate::transport::ClientIdentity>>>,
-) -> Response {
-    let client = identity.as_ref().map(|identity| identity.names.as_slice());
-    let mut response = match answer(&state, &method, &uri, (&headers, client)).await {
-        Ok(response) => response,
-        Err(error) => error.into_response(),
-    };
-    response.headers_mut().insert(API_VERSION.0, HeaderValue::from_static(API_VERSION.1));
-    response
+/// Refuses `request` unless its method is one of `allowed` (a push or a delete, on a read-only
+/// registry).
+fn only(request: &PrefixedRequest, allowed: &'static str) -> Result<(), OciError> {
+    request.only(allowed, |method, allowed| OciError::Unsupported { method, allowed })
 }
 
-/// Refuses `method` unless it is one of `allowed` (a push or a delete, on a read-only registry).
-fn only(method: &Method, allowed: &'static str) -> Result<(), OciError> {
-    if allowed.split(", ").any(|m| m == method.as_str()) {
-        Ok(())
-    } else {
-        Err(OciError::Unsupported { method: method.to_string(), allowed })
-    }
-}
-
-async fn answer(
-    state: &OciState,
-    method: &Method,
-    uri: &Uri,
-    (headers, client): (&HeaderMap, Option<&[String]>),
-) -> Result<Response, OciError> {
+async fn answer(state: &OciState, request: &PrefixedRequest) -> Result<Response, OciError> {
+    let (method, uri, headers) = (&request.method, &request.uri, &request.headers);
     // Repository names, tags and digests hold no `%`: a client that escapes a digest's `:`
     // means the digest.
     let path = percent_encoding::percent_decode_str(uri.path())
@@ -117,7 +108,7 @@ async fn answer(
         .map_err(|e| OciError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
     let route = names::route(&path);
     if let OciRoute::Token = route {
-        only(method, "GET")?;
+        only(request, "GET")?;
         return token(state, headers);
     }
     let scope = match &route {
@@ -131,30 +122,30 @@ async fn answer(
         OciRoute::Catalog => Some("registry:catalog:*".into()),
         _ => None,
     };
-    let access = caller(state, (headers, client), scope.as_deref())?;
+    let access = caller(state, (headers, request.client_names()), scope.as_deref())?;
     let query: Vec<(String, String)> =
         form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect();
     match route {
         OciRoute::Base => {
-            only(method, "GET, HEAD")?;
+            only(request, "GET, HEAD")?;
             Ok(json_response(&json!({}), method == Method::HEAD))
         }
         OciRoute::Catalog => {
-            only(method, "GET")?;
+            only(request, "GET")?;
             catalog(state, &access, &query)
         }
         OciRoute::Tags { name } => {
-            only(method, "GET")?;
+            only(request, "GET")?;
             let at = state.repository(&access, &name).await?;
             tags_list(&at, &name, &query)
         }
         OciRoute::Manifest { name, reference } => {
-            only(method, "GET, HEAD")?;
+            only(request, "GET, HEAD")?;
             let at = state.repository(&access, &name).await?;
             manifest(state, &at, (&name, reference), method == Method::HEAD, headers).await
         }
         OciRoute::Blob { name, digest } => {
-            only(method, "GET, HEAD")?;
+            only(request, "GET, HEAD")?;
             if names::sha256_hex(&digest).is_none() {
                 return Err(OciError::DigestInvalid(digest));
             }
@@ -162,7 +153,7 @@ async fn answer(
             blob(state, &at, &name, &digest, method == Method::HEAD, headers).await
         }
         OciRoute::Referrers { name, digest } => {
-            only(method, "GET")?;
+            only(request, "GET")?;
             if names::sha256_hex(&digest).is_none() {
                 return Err(OciError::DigestInvalid(digest));
             }

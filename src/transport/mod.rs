@@ -2,7 +2,8 @@
 //! its limits ([`connections`]: count, head size, header and idle timeouts, graceful drain),
 //! connections that send slices of mapped files with `sendfile` instead of copying them
 //! ([`zero_copy`]), the layers every request passes ([`layers`]: metrics, tracing, panic
-//! catching, timeout, concurrency limit), byte responses with ranges and conditionals
+//! catching, timeout, concurrency limit), the one dispatcher of protocols that route below
+//! their prefix by a grammar of their own ([`prefixed`]), byte responses with ranges and conditionals
 //! ([`respond`] over the pure [`range`]) for the protocols that answer plain GETs for bytes,
 //! what every protocol's error response has in common ([`error_parts`]), and TLS with its
 //! reloading certificate and client identities ([`tls`]).
@@ -11,6 +12,7 @@
 mod connections;
 pub(crate) mod error_parts;
 mod layers;
+pub(crate) mod prefixed;
 pub(crate) mod range;
 pub(crate) mod respond;
 pub(crate) mod tls;
