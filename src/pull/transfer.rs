@@ -164,6 +164,34 @@ pub(super) fn unit_jobs(index: usize, unit: &Unit, journal: &Journal, chunk: u64
     jobs
 }
 
+/// Fetches `job`'s range of `source` and writes it (decoded, for a unit rebuilt from a blob) at
+/// its place in the partial output: the job, and how many bytes were fetched.
+async fn fetch_and_write(
+    job: Job,
+    source: &SourceFile,
+    units: Arc<Vec<Unit>>,
+    partial: Arc<std::fs::File>,
+) -> anyhow::Result<(Job, u64)> {
+    let bytes = source.remote.range(job.source.clone(), &source.etag).await?;
+    let fetched = bytes.len() as u64;
+    let output = job.output.clone();
+    let unit = job.unit;
+    tokio::task::spawn_blocking(move || {
+        let unit = &units[unit];
+        let written = match &unit.transform {
+            Some((object, component)) => bytes::Bytes::from(decode_blob(object, component, &bytes)?),
+            None => bytes,
+        };
+        if written.len() as u64 != output.end - output.start {
+            bail!("internal error: {} bytes for the {output:?} of {}", written.len(), unit.label);
+        }
+        partial.write_all_at(&written, output.start)?;
+        anyhow::Ok(())
+    })
+    .await??;
+    Ok((job, fetched))
+}
+
 /// Runs the GETs, writes their bytes, journals them, and checks each unit as soon as its
 /// last job lands (on the blocking pool, overlapping the GETs still in flight).
 #[allow(clippy::too_many_arguments)]
@@ -193,28 +221,8 @@ pub(super) async fn copy_and_verify(
     }
     let mut transfers = futures_util::stream::iter(jobs)
         .map(|job| {
-            let (partial, units) = (partial.clone(), units.clone());
             let source = &sources[units[job.unit].file];
-            let (remote, etag) = (source.remote.clone(), source.etag.clone());
-            async move {
-                let bytes = remote.range(job.source.clone(), &etag).await?;
-                let fetched = bytes.len() as u64;
-                let output = job.output.clone();
-                tokio::task::spawn_blocking(move || {
-                    let unit = &units[job.unit];
-                    let written = match &unit.transform {
-                        Some((object, component)) => bytes::Bytes::from(decode_blob(object, component, &bytes)?),
-                        None => bytes,
-                    };
-                    if written.len() as u64 != output.end - output.start {
-                        bail!("internal error: {} bytes for the {output:?} of {}", written.len(), unit.label);
-                    }
-                    partial.write_all_at(&written, output.start)?;
-                    anyhow::Ok(())
-                })
-                .await??;
-                anyhow::Ok((job, fetched))
-            }
+            fetch_and_write(job, source, Arc::clone(&units), Arc::clone(partial))
         })
         .buffer_unordered(options.concurrency);
     // The partial output is synced in the background every SYNC_EVERY or SYNC_BYTES, one sync
@@ -258,13 +266,18 @@ pub(super) async fn copy_and_verify(
             else => break,
         }
     }
-    if !mismatched.is_empty() {
-        // Forgotten, so the next run fetches these again instead of trusting them.
-        for &index in &mismatched {
-            journal.forget(&layout.units[index].output)?;
-        }
-        let names: Vec<_> = mismatched.iter().map(|&i| layout.units[i].label.as_str()).collect();
-        bail!("bytes received do not match their declared digest: {}", names.join(", "));
+    refuse_mismatched(&mismatched, layout, journal)
+}
+
+/// Fails the pull when units `mismatched` did not match their digests, after forgetting them,
+/// so the next run fetches them again instead of trusting them.
+fn refuse_mismatched(mismatched: &[usize], layout: &Layout, journal: &mut Journal) -> anyhow::Result<()> {
+    if mismatched.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    for &index in mismatched {
+        journal.forget(&layout.units[index].output)?;
+    }
+    let names: Vec<_> = mismatched.iter().map(|&i| layout.units[i].label.as_str()).collect();
+    bail!("bytes received do not match their declared digest: {}", names.join(", "))
 }

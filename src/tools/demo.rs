@@ -18,6 +18,25 @@ fn text_map(entries: &[(&str, Value)]) -> Value {
     Value::Map(entries.iter().map(|(k, v)| (Value::Text((*k).to_owned()), v.clone())).collect())
 }
 
+/// f32 → f16, for values f16 holds exactly (small multiples of 1/8).
+fn exact_f16(x: f32) -> [u8; 2] {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    if x == 0.0 {
+        return sign.to_le_bytes();
+    }
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    let mantissa = ((bits >> 13) & 0x3ff) as u16;
+    (sign | ((exp as u16) << 10) | mantissa).to_le_bytes()
+}
+
+/// The write options the demo files mix: SHA-256 digests, CRC-32C digests, zstd with SHA-256,
+/// and raw bytes with no digest.
+const SHA: WriteOptions = WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Sha256) };
+const CRC: WriteOptions = WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Crc32c) };
+const ZSTD: WriteOptions = WriteOptions { zstd_level: Some(9), digest: Some(DigestAlgorithm::Sha256) };
+const RAW: WriteOptions = WriteOptions { zstd_level: None, digest: None };
+
 /// `write-demo`: the demo models `serve` shows by default, written by our own writer. They
 /// cover every format, raw and zstd, both digests, file and object attributes, a logical type
 /// and names that need percent-encoding. Output is deterministic, so the committed files can
@@ -25,24 +44,17 @@ fn text_map(entries: &[(&str, Value)]) -> Value {
 pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let demo = dir.join("demo");
     std::fs::create_dir_all(&demo)?;
-    let half = |x: f32| -> [u8; 2] {
-        // f32 → f16 for values that f16 holds exactly (small multiples of 1/8).
-        let bits = x.to_bits();
-        let sign = ((bits >> 16) & 0x8000) as u16;
-        if x == 0.0 {
-            return sign.to_le_bytes();
-        }
-        let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-        let mantissa = ((bits >> 13) & 0x3ff) as u16;
-        (sign | ((exp as u16) << 10) | mantissa).to_le_bytes()
-    };
-    let sha = WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Sha256) };
-    let crc = WriteOptions { zstd_level: None, digest: Some(DigestAlgorithm::Crc32c) };
-    let zstd = WriteOptions { zstd_level: Some(9), digest: Some(DigestAlgorithm::Sha256) };
-    let raw = WriteOptions::default();
+    let mut written = vec![write_dense_demo(&demo)?, write_structured_demo(&demo)?];
+    written.extend(write_v2_demo(&dir.join("v2"))?);
+    written.extend(write_safetensors_demo(&dir.join("hf/tiny-llama"))?);
+    written.extend(write_gguf_demo(&dir.join("gguf/tiny"))?);
+    Ok(written)
+}
 
+/// `demo/dense.zt`: dense tensors of several dtypes, a logical type, zstd and both digests.
+fn write_dense_demo(demo: &Path) -> anyhow::Result<std::path::PathBuf> {
     let embed = le_bytes(64 * 32, |i| ((i % 97) as f32 - 48.0) / 16.0, f32::to_le_bytes);
-    let bias = le_bytes(32, |i| (i as f32 - 16.0) / 8.0, half);
+    let bias = le_bytes(32, |i| (i as f32 - 16.0) / 8.0, exact_f16);
     let counts = le_bytes(4096, |i| (i / 64) as i64, i64::to_le_bytes);
     let mask: Vec<u8> = (0..16).map(|i| u8::from(i % 3 == 0)).collect();
     let scalar = 2.5f64.to_le_bytes().to_vec();
@@ -61,13 +73,13 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let layer_attributes = text_map(&[("layer", Value::Integer(0.into())), ("trainable", Value::Bool(true))]);
     let mut writer = Writer::new(Vec::new())?;
     for (object, options) in [
-        (dense("embed.weight", &[64, 32], DType::F32, None, leak(embed), None), sha),
-        (dense("layers.0.bias", &[32], DType::F16, None, leak(bias), Some(layer_attributes)), crc),
-        (dense("counts", &[4096], DType::I64, None, leak(counts), None), zstd),
-        (dense("mask", &[16], DType::Bool, None, leak(mask), None), raw),
-        (dense("scale", &[], DType::F64, None, leak(scalar), None), raw),
-        (dense("head.weight", &[8, 8], DType::BF16, None, leak(bf16), None), zstd),
-        (dense("fp8.weight", &[32], DType::U8, Some("f8_e4m3fn"), leak(fp8), None), crc),
+        (dense("embed.weight", &[64, 32], DType::F32, None, leak(embed), None), SHA),
+        (dense("layers.0.bias", &[32], DType::F16, None, leak(bias), Some(layer_attributes)), CRC),
+        (dense("counts", &[4096], DType::I64, None, leak(counts), None), ZSTD),
+        (dense("mask", &[16], DType::Bool, None, leak(mask), None), RAW),
+        (dense("scale", &[], DType::F64, None, leak(scalar), None), RAW),
+        (dense("head.weight", &[8, 8], DType::BF16, None, leak(bf16), None), ZSTD),
+        (dense("fp8.weight", &[32], DType::U8, Some("f8_e4m3fn"), leak(fp8), None), CRC),
     ] {
         writer.add(&object, &options)?;
     }
@@ -76,9 +88,14 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         ("license", Value::Text("Apache-2.0".into())),
         ("written_by", Value::Text("ztserve write-demo".into())),
     ]);
-    let dense_path = demo.join("dense.zt");
-    std::fs::write(&dense_path, writer.finish(Some(file_attributes))?)?;
+    let path = demo.join("dense.zt");
+    std::fs::write(&path, writer.finish(Some(file_attributes))?)?;
+    Ok(path)
+}
 
+/// `demo/structured.zt`: sparse CSR and COO, `quantized_group` and a custom format whose name
+/// needs percent-encoding.
+fn write_structured_demo(demo: &Path) -> anyhow::Result<std::path::PathBuf> {
     let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let csr_values = le_bytes(6, |i| i as f32 + 1.0, f32::to_le_bytes);
     let csr_indices = u64s(&[0, 3, 1, 7, 2, 5]);
@@ -86,8 +103,8 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let coo_values = le_bytes(3, |i| (i as i32 + 1) * 10, i32::to_le_bytes);
     let coo_coords = u64s(&[0, 1, 3, 4, 0, 2, 5, 0, 1]);
     let packed = le_bytes(64 * 64 / 8, |i| (i as u32).wrapping_mul(2_654_435_761) as i32, i32::to_le_bytes);
-    let scales = le_bytes(64 * 64 / 32, |i| (i % 8) as f32 / 8.0 + 0.125, half);
-    let zeros = le_bytes(64 * 64 / 32, |i| (i % 4) as f32, half);
+    let scales = le_bytes(64 * 64 / 32, |i| (i % 8) as f32 / 8.0 + 0.125, exact_f16);
+    let zeros = le_bytes(64 * 64 / 32, |i| (i % 4) as f32, exact_f16);
     let lut: Vec<u8> = (0..=255).collect();
     let quant_attributes = text_map(&[
         ("bits", Value::Integer(4.into())),
@@ -109,7 +126,7 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
                     c("indptr", DType::U64, &csr_indptr),
                 ],
             },
-            sha,
+            SHA,
         ),
         (
             ObjectInput {
@@ -119,7 +136,7 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
                 attributes: None,
                 components: vec![c("values", DType::I32, &coo_values), c("coords", DType::U64, &coo_coords)],
             },
-            zstd,
+            ZSTD,
         ),
         (
             ObjectInput {
@@ -133,7 +150,7 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
                     c("zeros", DType::F16, &zeros),
                 ],
             },
-            crc,
+            CRC,
         ),
         (
             ObjectInput {
@@ -143,23 +160,19 @@ pub fn write_demo(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
                 attributes: None,
                 components: vec![c("table", DType::U8, &lut)],
             },
-            raw,
+            RAW,
         ),
     ];
     for (object, options) in &objects {
         writer.add(object, options)?;
     }
-    let structured_path = demo.join("structured.zt");
+    let path = demo.join("structured.zt");
     let attributes = text_map(&[(
         "description",
         Value::Text("ztserve demo: sparse CSR and COO, quantized_group, a custom format".into()),
     )]);
-    std::fs::write(&structured_path, writer.finish(Some(attributes))?)?;
-    let mut written = vec![dense_path, structured_path];
-    written.extend(write_v2_demo(&dir.join("v2"))?);
-    written.extend(write_safetensors_demo(&dir.join("hf/tiny-llama"))?);
-    written.extend(write_gguf_demo(&dir.join("gguf/tiny"))?);
-    Ok(written)
+    std::fs::write(&path, writer.finish(Some(attributes))?)?;
+    Ok(path)
 }
 
 /// `gguf/tiny/`: one tiny llama-shaped model as two GGUF files, `tiny-F16.gguf` and

@@ -188,3 +188,67 @@ fn nothing_below_the_protocols_reaches_api_by_any_chain_of_imports() {
     }
     assert!(reaching.is_empty(), "modules below the protocols that reach api:\n{}", reaching.join("\n"));
 }
+
+/// The modules of `src/service` (a file, or a folder of files) and the siblings each names,
+/// outside its tests: `super::x` in a module's own file, `super::super::x` in a file of its
+/// folder, `crate::service::x` anywhere.
+fn service_imports(service: &Path) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let modules: Vec<String> = fs::read_dir(service)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter_map(|path| {
+            let stem = path.file_stem()?.to_str()?.to_owned();
+            // `mod.rs` is the service's own; `fixture.rs` and `tests.rs` are its tests'.
+            let module = path.is_dir() || path.extension().is_some_and(|e| e == "rs") && stem != "mod";
+            (module && stem != "fixture" && stem != "tests").then_some(stem)
+        })
+        .collect();
+    let sibling = "\u{1}";
+    modules
+        .iter()
+        .map(|module| {
+            let named = files_of(service, module)
+                .iter()
+                .filter(|file| file.file_name().is_some_and(|name| name != "tests.rs"))
+                .flat_map(|file| {
+                    let code = fs::read_to_string(file).unwrap();
+                    let code = code.split("#[cfg(test)]").next().unwrap().replace("crate::service::", sibling);
+                    let code = code.replace("crate::", "elsewhere::");
+                    let nested = file.parent() != Some(service) && file.file_name().is_some_and(|n| n != "mod.rs");
+                    let code = match nested {
+                        true => code.replace("super::super::", sibling).replace("super::", "elsewhere::"),
+                        false => code.replace("super::", sibling),
+                    };
+                    named_modules(&code.replace(sibling, "crate::"))
+                })
+                .filter(|named| named != module && modules.contains(named))
+                .collect();
+            (module.clone(), named)
+        })
+        .collect()
+}
+
+/// One type per concern needs one module per concern: no two modules of the service lean on
+/// each other, by any chain of imports.
+#[test]
+fn the_modules_of_the_service_import_each_other_without_a_cycle() {
+    let imports = service_imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service"));
+    assert!(imports.len() >= 15, "only {} modules were found in src/service", imports.len());
+    assert!(imports["hashing"].contains("published"), "the imports were not read: {imports:?}");
+    let mut cycles = Vec::new();
+    for start in imports.keys() {
+        let mut chains = vec![vec![start.clone()]];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(chain) = chains.pop() {
+            for next in &imports[chain.last().unwrap()] {
+                let longer = [chain.clone(), vec![next.clone()]].concat();
+                if next == start {
+                    cycles.push(longer.join(" -> "));
+                } else if seen.insert(next.clone()) {
+                    chains.push(longer);
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "modules of the service that import each other:\n{}", cycles.join("\n"));
+}
