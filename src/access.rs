@@ -170,6 +170,19 @@ pub(crate) struct Tokens {
 }
 
 impl Tokens {
+    /// The tokens granted writing to the artifact store: `entries` alone, counted in no gauge
+    /// (`ztserve_auth_tokens` counts the readers').
+    pub(crate) fn writers(entries: &[TokenEntry]) -> Tokens {
+        Tokens {
+            open: entries.is_empty(),
+            identities: Vec::new(),
+            from_config: entries.iter().map(|e| grant(e, false)).collect(),
+            file: None,
+            from_file: RwLock::new((Vec::new(), None)),
+            keep_s3_secrets: false,
+        }
+    }
+
     /// The tokens of `entries` (config and environment, checked as they loaded) and `file`.
     /// An invalid line, or an unreadable file, is an error: the server must not start with
     /// less protection than configured. With `keep_s3_secrets`, each token is also kept as the

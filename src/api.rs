@@ -43,6 +43,16 @@ pub mod routes {
     /// A blob (a layer: one of the model's files; or the config), by digest.
     pub const OCI_BLOB: &str = "/v2/{name}/blobs/{digest}";
 
+    /// The artifact store's prefix, mounted only with `[artifacts] dir`; requests below it that
+    /// are none of its routes are labelled with it.
+    pub const ARTIFACTS: &str = "/artifacts";
+    /// A blob of the artifact store, by its digest (`sha256:HEX`).
+    pub const ARTIFACT_BLOB: &str = "/artifacts/blobs/{digest}";
+    /// The names of the bundles published.
+    pub const ARTIFACT_BUNDLES: &str = "/artifacts/bundles";
+    /// A bundle, by its name (which may hold `/`).
+    pub const ARTIFACT_BUNDLE: &str = "/artifacts/bundles/{*name}";
+
     /// Every route, for the per-route series registered at start.
     pub const ALL: &[&str] = &[
         HEALTHZ,
@@ -64,6 +74,10 @@ pub mod routes {
         OCI,
         OCI_MANIFEST,
         OCI_BLOB,
+        ARTIFACTS,
+        ARTIFACT_BLOB,
+        ARTIFACT_BUNDLES,
+        ARTIFACT_BUNDLE,
     ];
 }
 

@@ -1,9 +1,9 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files, safetensors checkpoints and GGUF files.
 //!
-//! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} -> service ->
-//! {catalog, decode, digests, signing} -> storage -> format, with `api`, `config` and `telemetry` beside
-//! them; no module imports one above it, and the wire protocols never name each other
-//! (`tests/it/layers.rs` keeps it so). `docs/architecture.md` says more of each.
+//! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} ->
+//! {service, artifacts} -> {catalog, decode, digests, signing} -> storage -> format, with `api`,
+//! `config` and `telemetry` beside them; no module imports one above it, and the wire protocols
+//! never name each other (`tests/it/layers.rs` keeps it so). `docs/architecture.md` says more.
 //! - [`api`]: what server and clients share: route templates, URL builders, header names.
 //! - [`config`]: the typed configuration: defaults < file < `ZTSERVE_<SECTION>__<KEY>` < flags.
 //! - [`format`]: the `ztserve-format` crate, pure byte layout: every `.zt` generation,
@@ -13,6 +13,7 @@
 //! - `catalog`: which models the listed files make, their manifests, companions and broken
 //!   files, and which models one repository publishes together.
 //! - `decode`: shared, cached decoding of components not stored verbatim.
+//! - `artifacts`: the one writable store: blobs by digest, bundles published once and whole.
 //! - `digests`: where each published file's SHA-256 is kept and the queue that computes them.
 //! - `signing`: OpenSSF model signatures checked against trusted keys and CAs.
 //! - `service`: the domain between the catalog and the protocols: the catalog swap, a model's
@@ -36,6 +37,7 @@
 // `pub` only what main, the tests, the examples and the benchmarks use.
 mod access;
 pub mod api;
+mod artifacts;
 mod catalog;
 pub mod config;
 mod decode;

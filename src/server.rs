@@ -13,6 +13,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::access::Tokens;
+use crate::artifacts::ArtifactStore;
 use crate::config::{Config, OnUnreadableSource, SourceSpec};
 use crate::service::{Service, ServiceParts};
 use crate::storage::Storage;
@@ -29,6 +30,8 @@ pub struct Server {
     service: Arc<Service>,
     tokens: Arc<Tokens>,
     tls: Option<Tls>,
+    /// The artifact store and who may write to it, with `[artifacts] dir`.
+    artifacts: Option<(Arc<ArtifactStore>, Option<Arc<Tokens>>)>,
 }
 
 impl Server {
@@ -54,7 +57,15 @@ impl Server {
         // Read and checked now: a missing, mismatched or expired certificate stops the start.
         let tls = TlsSettings::from_config(&config).map(|settings| Tls::new(&settings)).transpose()?;
         let service = Service::new(service_parts(&config)?, crate::http::render_manifest)?;
-        Ok(Arc::new(Server { config: Arc::new(config), service, tokens, tls }))
+        let artifacts = match &config.artifacts.dir {
+            Some(dir) => {
+                let store = Arc::new(ArtifactStore::open(dir, config.artifacts.max_bytes)?);
+                let writers = &config.artifacts.writers;
+                Some((store, (!writers.is_empty()).then(|| Arc::new(Tokens::writers(writers)))))
+            }
+            None => None,
+        };
+        Ok(Arc::new(Server { config: Arc::new(config), service, tokens, tls, artifacts }))
     }
 
     pub fn config(&self) -> &Config {
@@ -76,16 +87,20 @@ impl Server {
         self.service.representations().decoders()
     }
 
-    /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub API below `/hf`, the OCI registry below `/v2`, every other path the
-    /// HTTP contract's.
+    /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub
+    /// API below `/hf`, the OCI registry below `/v2`, the artifact store below `/artifacts`
+    /// when there is one, every other path the HTTP contract's.
     pub fn http_app(&self) -> Router {
         let (service, tokens, config) = (&self.service, &self.tokens, &self.config);
         let hub = crate::hf::app(Arc::clone(service), Arc::clone(tokens), config);
         let registry = crate::oci::app(Arc::clone(service), Arc::clone(tokens), config);
-        Router::new()
-            .nest_service(crate::api::routes::HUB, hub)
-            .nest_service(crate::api::routes::OCI, registry)
-            .fallback_service(crate::http::app(Arc::clone(service), Arc::clone(tokens), Arc::clone(config)))
+        let mut router =
+            Router::new().nest_service(crate::api::routes::HUB, hub).nest_service(crate::api::routes::OCI, registry);
+        if let Some((store, writers)) = &self.artifacts {
+            let store = crate::http::artifacts::app(Arc::clone(store), Arc::clone(tokens), writers.clone(), config);
+            router = router.merge(store);
+        }
+        router.fallback_service(crate::http::app(Arc::clone(service), Arc::clone(tokens), Arc::clone(config)))
     }
 
     /// The S3-compatible endpoint's router.

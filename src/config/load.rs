@@ -32,7 +32,8 @@ pub struct Loaded {
 }
 
 /// Keys whose values are secrets: never shown in an error.
-const SECRET_KEYS: &[(&str, &str)] = &[("auth", "tokens"), ("s3_source", "secret_access_key"), ("hub_source", "token")];
+const SECRET_KEYS: &[(&str, &str)] =
+    &[("auth", "tokens"), ("artifacts", "writers"), ("s3_source", "secret_access_key"), ("hub_source", "token")];
 
 /// The release that stops reading the names of earlier releases ([`ALIASES`]).
 pub(super) const ALIASES_REMOVED_IN: &str = "0.2.0";
@@ -130,6 +131,7 @@ pub(super) fn shape() -> toml::Table {
         digests: Digests { store: Some(PathBuf::new()), hash_concurrency: Some(1), ..Digests::default() },
         cache: Cache { dir: Some(PathBuf::new()), ..Cache::default() },
         signing: Signing { ca_file: Some(PathBuf::new()), ..Signing::default() },
+        artifacts: Artifacts { dir: Some(PathBuf::new()), ..Artifacts::default() },
         ..Config::default()
     };
     toml::Table::try_from(example).expect("the configuration serializes")

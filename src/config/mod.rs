@@ -47,6 +47,7 @@ pub struct Config {
     pub auth: Auth,
     pub tls: Tls,
     pub signing: Signing,
+    pub artifacts: Artifacts,
 }
 
 impl Config {
@@ -443,6 +444,26 @@ impl Default for Cache {
             pinned: Vec::new(),
             scrub_bytes_per_second: 32 << 20,
         }
+    }
+}
+
+/// The artifact store: bundles publishers upload (engine compile caches), the only writes the
+/// server takes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Artifacts {
+    /// The store's directory (absent: no store, and no writes at all).
+    pub dir: Option<PathBuf>,
+    /// The most bytes its blobs hold; the least recently read bundles are evicted past it.
+    pub max_bytes: u64,
+    /// Tokens granted writing, each `TOKEN [PREFIX ...]` as in `[auth] tokens`: the prefixes
+    /// limit the bundle names it may publish (none: nobody writes).
+    pub writers: Vec<TokenEntry>,
+}
+
+impl Default for Artifacts {
+    fn default() -> Artifacts {
+        Artifacts { dir: None, max_bytes: 50_000_000_000, writers: Vec::new() }
     }
 }
 

@@ -228,6 +228,23 @@ fn invalid_configuration_fails_with_the_key_and_its_origin() {
 }
 
 #[test]
+fn the_artifact_store_takes_writers_from_the_environment_and_none_without_a_directory() {
+    let writer = "writer-0123456789abcdef";
+    let both = format!("{writer} vllm,other-writer-0123456789");
+    let loaded =
+        load(None, &[("ZTSERVE_ARTIFACTS__DIR", "/var/lib/a"), ("ZTSERVE_ARTIFACTS__WRITERS", &both)]).unwrap();
+    let writers = &loaded.config.artifacts.writers;
+    assert_eq!(writers.len(), 2);
+    assert_eq!((writers[0].token.as_str(), writers[0].prefixes.as_slice()), (writer, &["vllm".to_owned()][..]));
+    let e = load(None, &[("ZTSERVE_ARTIFACTS__WRITERS", writer)]).unwrap_err().to_string();
+    assert!(e.contains("artifacts.writers") && e.contains("artifacts.dir"), "{e}");
+    let e = load(None, &[("ZTSERVE_ARTIFACTS__WRITERS", "short")]).unwrap_err().to_string();
+    assert!(e.contains("ZTSERVE_ARTIFACTS__WRITERS"), "{e}");
+    let e = load(None, &[("ZTSERVE_ARTIFACTS__DIR", "/a"), ("ZTSERVE_ARTIFACTS__MAX_BYTES", "0")]).unwrap_err();
+    assert!(e.to_string().contains("artifacts.max_bytes"), "{e}");
+}
+
+#[test]
 fn sources_are_directories_or_a_bucket_with_an_optional_prefix() {
     let spec = |text: &str| SourceSpec::try_from(text.to_owned());
     let s3 = |bucket: &str, prefix: &str| SourceSpec::S3 { bucket: bucket.into(), prefix: prefix.into() };

@@ -127,7 +127,7 @@ impl Config {
         Ok(())
     }
 
-    /// The digest store, the disk cache and the view's shards.
+    /// The digest store, the disk cache, the artifact store and the view's shards.
     fn validate_digests_and_cache(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
         if self.digests.store.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(fail("digests.store", "must not be empty: leave it out to keep digests in memory only".into()));
@@ -147,6 +147,15 @@ impl Config {
         }
         if self.cache.max_bytes < 2 * self.cache.block_bytes {
             return Err(fail("cache.max_bytes", "must hold at least two blocks (2 × cache.block_bytes)".into()));
+        }
+        if self.artifacts.dir.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("artifacts.dir", "must not be empty: leave it out for no artifact store".into()));
+        }
+        if self.artifacts.dir.is_none() && !self.artifacts.writers.is_empty() {
+            return Err(fail("artifacts.writers", "grants writing to a store there is not: set artifacts.dir".into()));
+        }
+        if self.artifacts.max_bytes == 0 {
+            return Err(fail("artifacts.max_bytes", "must be at least 1".into()));
         }
         if self.serving.view_shard_bytes > MAX_HUB_FILE_BYTES {
             let message = format!(

@@ -8,6 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::artifacts::ArtifactError;
 use crate::service::{ErrorKind, ServiceError};
 use crate::transport::error_parts::{ErrorClass, ErrorParts};
 use crate::transport::respond::ByteRefusal;
@@ -35,6 +36,14 @@ pub(crate) enum ApiError {
     /// What the service refused or failed at, with its cause.
     #[error(transparent)]
     Service(#[from] ServiceError),
+    /// What the artifact store refused or failed at.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// A write by a token `[artifacts] writers` does not grant it.
+    #[error("{0}")]
+    WriteNotGranted(String),
+    #[error("the artifact store holds no blob {0}")]
+    NoSuchBlob(String),
 }
 
 impl From<ByteRefusal> for ApiError {
@@ -47,6 +56,23 @@ impl From<ByteRefusal> for ApiError {
             ByteRefusal::Source(e) => ApiError::Service(e),
             ByteRefusal::Internal(message) => ApiError::Internal(message),
         }
+    }
+}
+
+/// The status and code of what the artifact store refused.
+fn artifact_status(error: &ArtifactError) -> (StatusCode, &'static str) {
+    match error {
+        ArtifactError::BadName { .. } => (StatusCode::BAD_REQUEST, "bad_bundle_name"),
+        ArtifactError::BadDigest(_) => (StatusCode::BAD_REQUEST, "bad_digest"),
+        ArtifactError::BadBundle { .. } => (StatusCode::BAD_REQUEST, "bad_bundle"),
+        ArtifactError::Cut(_) => (StatusCode::BAD_REQUEST, "upload_cut"),
+        ArtifactError::DigestMismatch { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "digest_mismatch"),
+        ArtifactError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+        ArtifactError::Full { .. } => (StatusCode::INSUFFICIENT_STORAGE, "store_full"),
+        ArtifactError::MissingBlob { .. } => (StatusCode::CONFLICT, "missing_blob"),
+        ArtifactError::Exists(_) => (StatusCode::CONFLICT, "bundle_exists"),
+        ArtifactError::NoBundle(_) => (StatusCode::NOT_FOUND, "no_such_bundle"),
+        ArtifactError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     }
 }
 
@@ -73,13 +99,16 @@ impl ApiError {
             ApiError::RequestTimeout => (StatusCode::SERVICE_UNAVAILABLE, "request_timeout"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             ApiError::Service(error) => (service_status(error.kind()), error.code()),
+            ApiError::Artifact(error) => artifact_status(error),
+            ApiError::WriteNotGranted(_) => (StatusCode::FORBIDDEN, "write_not_granted"),
+            ApiError::NoSuchBlob(_) => (StatusCode::NOT_FOUND, "no_such_blob"),
         }
     }
 
     fn class(&self) -> ErrorClass<'_> {
         match self {
             ApiError::Service(error) => ErrorClass::Service(error),
-            ApiError::Internal(_) => ErrorClass::Internal,
+            ApiError::Internal(_) | ApiError::Artifact(ArtifactError::Io { .. }) => ErrorClass::Internal,
             ApiError::RequestTimeout => ErrorClass::TimedOut,
             ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {
                 ErrorClass::Unsatisfiable { length: *length }

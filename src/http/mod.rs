@@ -6,6 +6,7 @@
 //! ([`natural`]). The connection loop and the layers every protocol shares are
 //! [`crate::transport`]'s; the server builds [`app`] and runs it.
 
+pub(crate) mod artifacts;
 mod auth;
 mod coding;
 mod error;

@@ -189,13 +189,20 @@ fn the_hermetic_and_external_test_sets_split_the_suite_as_the_manual_says() {
     }
 }
 
-/// Every route the router declares for the HTTP contract (the Hub's and the registry's are
-/// labels of their own prefixes, described path by path) is a path of `openapi.yaml`.
+/// Every route the router declares for the HTTP contract (the Hub's, the registry's and the
+/// artifact store's prefixes are labels, their routes described path by path) is a path of
+/// `openapi.yaml`.
 #[test]
 fn every_http_route_is_a_path_of_openapi_yaml() {
     let spec = std::fs::read_to_string(root().join("openapi.yaml")).unwrap();
     let paths: BTreeSet<&str> = spec.lines().filter_map(|l| l.strip_prefix("  /")?.strip_suffix(':')).collect();
+    let labels = [ztserve::api::routes::HUB, ztserve::api::routes::OCI, ztserve::api::routes::ARTIFACTS];
     for route in ztserve::api::routes::ALL.iter().filter(|r| !r.starts_with("/hf") && !r.starts_with("/v2")) {
-        assert!(paths.contains(&route[1..]), "{route} is routed but not a path of openapi.yaml");
+        if labels.contains(route) {
+            continue;
+        }
+        // axum's `{*name}` (a rest of the path) is an OpenAPI `{name}`.
+        let path = route[1..].replace("{*", "{");
+        assert!(paths.contains(path.as_str()), "{route} is routed but not a path of openapi.yaml");
     }
 }

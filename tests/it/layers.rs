@@ -1,5 +1,5 @@
 //! The layer rule of `src/lib.rs`'s module map, kept: layers import one way (server, tools and
-//! pull -> the protocols -> transport and access -> service -> catalog, decode, digests and signing ->
+//! pull -> the protocols -> transport and access -> service and artifacts -> catalog, decode, digests and signing ->
 //! storage -> format, with api, config and telemetry beside them), no module imports one above
 //! it or beside it in its layer (so the wire protocols never name each other), the modules
 //! beside the layers import only format and each other, and nothing below the protocols reaches
@@ -17,6 +17,7 @@ const LAYERS: &[(&str, Option<u8>)] = &[
     ("digests", Some(2)),
     ("signing", Some(2)),
     ("service", Some(3)),
+    ("artifacts", Some(3)),
     ("transport", Some(4)),
     ("access", Some(4)),
     ("http", Some(5)),

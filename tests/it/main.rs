@@ -5,6 +5,7 @@
 mod common;
 
 mod access;
+mod artifacts;
 mod cli;
 mod crashes;
 mod decoding;

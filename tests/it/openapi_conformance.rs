@@ -1,7 +1,8 @@
 //! schemathesis (from PyPI, in the venv `scripts/test` makes) against the real `ztserve serve`
 //! binary on the demo models: every route, parameter, status, header and body must match
-//! `openapi.yaml`. The server requires a bearer token, as a production one would: schemathesis
-//! sends it, and its `ignored_auth` check makes sure requests without it are refused.
+//! `openapi.yaml`, the artifact store's writes included. The server requires a bearer token, as
+//! a production one would: schemathesis sends it, and its `ignored_auth` check makes sure
+//! requests without it are refused.
 
 use crate::common;
 
@@ -14,9 +15,15 @@ fn the_running_server_conforms_to_openapi_yaml() {
     let schemathesis = common::venv_root().join("tools/bin/schemathesis");
     assert!(schemathesis.exists(), "{} is missing: run scripts/test", schemathesis.display());
     const TOKEN: &str = "conformance-0123456789abcdef";
+    // With an artifact store the token may write to, so its routes are exercised too.
+    let artifacts = tempfile::tempdir().unwrap();
     let server = common::start_binary(
         &["serve", "--listen", "127.0.0.1:0", "--source", "models"],
-        &[("ZTSERVE_AUTH__TOKENS", TOKEN)],
+        &[
+            ("ZTSERVE_AUTH__TOKENS", TOKEN),
+            ("ZTSERVE_ARTIFACTS__DIR", artifacts.path().to_str().unwrap()),
+            ("ZTSERVE_ARTIFACTS__WRITERS", TOKEN),
+        ],
     );
     let address = server.address.clone();
     let output = Command::new(&schemathesis)

@@ -1,0 +1,489 @@
+//! The one writable store: bundles of files a publisher uploads (an engine's compile cache),
+//! kept under `[artifacts] dir`. Blobs are content-addressed (`blobs/sha256/HEX`): each is
+//! written to a temporary file while it is hashed, and renamed into place only when it hashes
+//! to the digest it was sent under. A bundle (`bundles/`) names its files, each a relative path
+//! and a blob, with the publisher's signature; it is created once, and only while every blob it
+//! names is held, so a reader finds it whole or not at all, and a second publish under the
+//! same name (two nodes compiling at once) is refused rather than written over the first. The
+//! blobs stay under `max_bytes`: past it the least recently read bundles go, with the blobs no
+//! other bundle names. Every method but [`ArtifactStore::put_blob`] blocks on the disk: callers
+//! on the runtime run them on the blocking pool.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt as _};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+/// How long a blob no bundle names yet is kept from eviction: a publisher uploads its blobs,
+/// then the bundle that names them.
+const UNNAMED_BLOB_GRACE: Duration = Duration::from_secs(600);
+
+/// The most files one bundle may name (a compile cache holds hundreds to thousands).
+pub(crate) const MAX_BUNDLE_FILES: usize = 100_000;
+
+/// The longest bundle name, and the longest path of a file in a bundle, in bytes.
+const MAX_NAME_BYTES: usize = 512;
+const MAX_PATH_BYTES: usize = 4096;
+
+/// What a publisher uploads under a name: the files, and its signature over them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Bundle {
+    pub files: Vec<BundleFile>,
+    /// The publisher's OpenSSF model signature (the Sigstore bundle) over the files, as its
+    /// publisher wrote it; absent when the bundle is unsigned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<serde_json::Value>,
+}
+
+/// One file of a bundle: where it goes below the bundle's directory, and its blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BundleFile {
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// What the store refuses, and why it failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ArtifactError {
+    #[error("{name:?} is not a bundle name: {reason}")]
+    BadName { name: String, reason: &'static str },
+    #[error("{0:?} is not a SHA-256 digest (64 lowercase hexadecimal digits)")]
+    BadDigest(String),
+    #[error("the bytes sent hash to sha256:{actual}, not to sha256:{named}")]
+    DigestMismatch { named: String, actual: String },
+    #[error("a blob of more than {max} bytes is over the store's bound ([artifacts] max_bytes)")]
+    TooLarge { max: u64 },
+    #[error("the store is full: {held} of its {max} bytes are bundles read more recently, or blobs just uploaded")]
+    Full { held: u64, max: u64 },
+    #[error("bundle {name:?}: {reason}")]
+    BadBundle { name: String, reason: String },
+    #[error("bundle {name:?} names sha256:{digest}, which the store does not hold with that size: upload it first")]
+    MissingBlob { name: String, digest: String },
+    #[error("bundle {0:?} exists: a bundle is published once, and another node published it first")]
+    Exists(String),
+    #[error("no bundle {0:?}")]
+    NoBundle(String),
+    #[error("the upload ended before its last byte: {0}")]
+    Cut(String),
+    #[error("the artifact store failed at {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
+    move |source| ArtifactError::Io { path: path.to_owned(), source }
+}
+
+/// Whether a blob was new to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlobPut {
+    Created,
+    AlreadyHeld,
+}
+
+/// What the store holds, in memory: rebuilt from the directory at start.
+#[derive(Default)]
+struct Index {
+    bundles: HashMap<String, HeldBundle>,
+    blobs: HashMap<String, HeldBlob>,
+    bytes: u64,
+}
+
+struct HeldBundle {
+    blobs: Vec<String>,
+    last_read: SystemTime,
+}
+
+struct HeldBlob {
+    len: u64,
+    /// How many bundles name it.
+    named_by: usize,
+    written: SystemTime,
+}
+
+/// The store under one directory.
+pub(crate) struct ArtifactStore {
+    dir: PathBuf,
+    max_bytes: u64,
+    index: Mutex<Index>,
+}
+
+/// A piece of an upload, as the request's task hands it to the writing thread.
+enum Piece {
+    Bytes(Bytes),
+    End,
+}
+
+impl ArtifactStore {
+    /// Opens (creating it when missing) the store at `dir`, its blobs bounded by `max_bytes`:
+    /// temporaries a crash left are removed, and the index is rebuilt from the blobs and the
+    /// bundles (a bundle file that does not parse is logged and removed).
+    pub(crate) fn open(dir: &Path, max_bytes: u64) -> Result<ArtifactStore, ArtifactError> {
+        for sub in ["blobs/sha256", "bundles", "tmp"] {
+            let path = dir.join(sub);
+            fs::create_dir_all(&path).map_err(io_at(&path))?;
+        }
+        let tmp = dir.join("tmp");
+        for entry in fs::read_dir(&tmp).map_err(io_at(&tmp))? {
+            let path = entry.map_err(io_at(&tmp))?.path();
+            fs::remove_file(&path).map_err(io_at(&path))?;
+        }
+        let mut index = Index::default();
+        let blobs = dir.join("blobs/sha256");
+        for entry in fs::read_dir(&blobs).map_err(io_at(&blobs))? {
+            let entry = entry.map_err(io_at(&blobs))?;
+            let meta = entry.metadata().map_err(io_at(&entry.path()))?;
+            let Some(hex) = entry.file_name().to_str().filter(|n| is_sha256_hex(n)).map(str::to_owned) else {
+                continue;
+            };
+            let written = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            index.bytes += meta.len();
+            index.blobs.insert(hex, HeldBlob { len: meta.len(), named_by: 0, written });
+        }
+        let bundles = dir.join("bundles");
+        for entry in fs::read_dir(&bundles).map_err(io_at(&bundles))? {
+            let path = entry.map_err(io_at(&bundles))?.path();
+            match read_bundle_file(&path) {
+                Ok((name, bundle)) if bundle.files.iter().all(|f| index.blobs.contains_key(&f.sha256)) => {
+                    let last_read = fs::metadata(&path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+                    index.name(name, &bundle, last_read);
+                }
+                outcome => {
+                    let why = outcome.err().map_or_else(|| "a blob it names is gone".to_owned(), |e| e.to_string());
+                    tracing::warn!(path = %path.display(), reason = %why, "removing an artifact bundle that cannot be served");
+                    fs::remove_file(&path).map_err(io_at(&path))?;
+                }
+            }
+        }
+        Ok(ArtifactStore { dir: dir.to_owned(), max_bytes, index: Mutex::new(index) })
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn blob_path(&self, hex: &str) -> PathBuf {
+        self.dir.join("blobs/sha256").join(hex)
+    }
+
+    fn bundle_path(&self, name: &str) -> PathBuf {
+        // Names hold `/`: the file is named by the name's digest, and holds the name.
+        self.dir.join("bundles").join(format!("{}.json", hex::encode(sha2::Sha256::digest(name.as_bytes()))))
+    }
+
+    /// The bytes held in blobs.
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.index().bytes
+    }
+
+    /// Stores the blob `body` under the digest `hex` it must hash to. The bytes are written on
+    /// a blocking thread as they arrive and hashed; nothing is kept unless they match, whole.
+    pub(crate) async fn put_blob<S, E>(self: &Arc<Self>, hex: &str, mut body: S) -> Result<BlobPut, ArtifactError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        if !is_sha256_hex(hex) {
+            return Err(ArtifactError::BadDigest(hex.to_owned()));
+        }
+        if self.index().blobs.contains_key(hex) {
+            return Ok(BlobPut::AlreadyHeld);
+        }
+        let (pieces, received) = tokio::sync::mpsc::channel::<Piece>(4);
+        let writer = {
+            let (store, hex) = (Arc::clone(self), hex.to_owned());
+            tokio::task::spawn_blocking(move || store.write_blob(&hex, received))
+        };
+        let mut len = 0u64;
+        let sent = loop {
+            let piece = match body.next().await {
+                None => Piece::End,
+                Some(Err(e)) => break Err(ArtifactError::Cut(e.to_string())),
+                Some(Ok(piece)) => {
+                    len += piece.len() as u64;
+                    if len > self.max_bytes {
+                        break Err(ArtifactError::TooLarge { max: self.max_bytes });
+                    }
+                    Piece::Bytes(piece)
+                }
+            };
+            let end = matches!(piece, Piece::End);
+            if pieces.send(piece).await.is_err() || end {
+                break Ok(());
+            }
+        };
+        // Dropped without `End`, the writer removes what it wrote.
+        drop(pieces);
+        let written = writer.await.map_err(|e| ArtifactError::Cut(format!("the writing thread failed: {e}")))?;
+        sent?;
+        written
+    }
+
+    /// Writes the pieces `received` to a temporary file, hashing them; at `End`, a match is
+    /// made durable and renamed into place.
+    fn write_blob(
+        &self,
+        hex: &str,
+        mut received: tokio::sync::mpsc::Receiver<Piece>,
+    ) -> Result<BlobPut, ArtifactError> {
+        let tmp = self.dir.join("tmp");
+        let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_at(&tmp))?;
+        let mut hasher = sha2::Sha256::new();
+        let mut len = 0u64;
+        loop {
+            match received.blocking_recv() {
+                Some(Piece::Bytes(piece)) => {
+                    file.write_all(&piece).map_err(io_at(file.path()))?;
+                    hasher.update(&piece);
+                    len += piece.len() as u64;
+                }
+                Some(Piece::End) => break,
+                None => return Err(ArtifactError::Cut("the client stopped sending".into())),
+            }
+        }
+        let actual = hex::encode(hasher.finalize());
+        if actual != hex {
+            return Err(ArtifactError::DigestMismatch { named: hex.to_owned(), actual });
+        }
+        file.as_file().sync_all().map_err(io_at(file.path()))?;
+        let mut index = self.index();
+        if index.blobs.contains_key(hex) {
+            return Ok(BlobPut::AlreadyHeld);
+        }
+        self.evict(&mut index, len);
+        if index.bytes + len > self.max_bytes {
+            return Err(ArtifactError::Full { held: index.bytes, max: self.max_bytes });
+        }
+        let path = self.blob_path(hex);
+        file.persist(&path).map_err(|e| ArtifactError::Io { path: path.clone(), source: e.error })?;
+        sync_dir(&path)?;
+        index.bytes += len;
+        index.blobs.insert(hex.to_owned(), HeldBlob { len, named_by: 0, written: SystemTime::now() });
+        Ok(BlobPut::Created)
+    }
+
+    /// The file of blob `hex` and its length, when held.
+    pub(crate) fn blob(&self, hex: &str) -> Option<(PathBuf, u64)> {
+        let index = self.index();
+        index.blobs.get(hex).map(|blob| (self.blob_path(hex), blob.len))
+    }
+
+    /// Publishes `bundle` under `name`, once: refused when the name is taken, a path would
+    /// leave the bundle's directory, or a blob it names is not held with its size.
+    pub(crate) fn put_bundle(&self, name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
+        check_name(name)?;
+        check_files(name, bundle)?;
+        let mut index = self.index();
+        if index.bundles.contains_key(name) {
+            return Err(ArtifactError::Exists(name.to_owned()));
+        }
+        for file in &bundle.files {
+            if index.blobs.get(&file.sha256).is_none_or(|blob| blob.len != file.size) {
+                return Err(ArtifactError::MissingBlob { name: name.to_owned(), digest: file.sha256.clone() });
+            }
+        }
+        let stored = serde_json::to_vec(&StoredBundle { name: name.to_owned(), bundle: bundle.clone() })
+            .expect("a bundle serializes");
+        let tmp = self.dir.join("tmp");
+        let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_at(&tmp))?;
+        file.write_all(&stored).and_then(|()| file.as_file().sync_all()).map_err(io_at(file.path()))?;
+        let path = self.bundle_path(name);
+        // A hard link never replaces: of two servers sharing the directory, one wins.
+        match fs::hard_link(file.path(), &path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(ArtifactError::Exists(name.to_owned())),
+            Err(e) => return Err(ArtifactError::Io { path, source: e }),
+        }
+        sync_dir(&path)?;
+        index.name(name.to_owned(), bundle, SystemTime::now());
+        Ok(())
+    }
+
+    /// The bundle published under `name`; reading it counts as a use, for eviction.
+    pub(crate) fn bundle(&self, name: &str) -> Result<Bundle, ArtifactError> {
+        let path = self.bundle_path(name);
+        let mut index = self.index();
+        let Some(held) = index.bundles.get_mut(name) else {
+            return Err(ArtifactError::NoBundle(name.to_owned()));
+        };
+        held.last_read = SystemTime::now();
+        drop(index);
+        match read_bundle_file(&path) {
+            Ok((_, bundle)) => Ok(bundle),
+            // Evicted between the lookup and the read.
+            Err(ArtifactError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Err(ArtifactError::NoBundle(name.to_owned()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The names of the bundles held that `visible` allows, in order.
+    pub(crate) fn bundle_names(&self, visible: impl Fn(&str) -> bool) -> Vec<String> {
+        let index = self.index();
+        let mut names: Vec<String> = index.bundles.keys().filter(|name| visible(name)).cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Makes room for `incoming` more bytes: the least recently read bundles go, with the
+    /// blobs only they named, and blobs no bundle has named within the grace period.
+    fn evict(&self, index: &mut Index, incoming: u64) {
+        let now = SystemTime::now();
+        let stale: Vec<String> = index
+            .blobs
+            .iter()
+            .filter(|(_, blob)| {
+                blob.named_by == 0 && now.duration_since(blob.written).unwrap_or_default() > UNNAMED_BLOB_GRACE
+            })
+            .map(|(hex, _)| hex.clone())
+            .collect();
+        for hex in stale {
+            if index.bytes + incoming <= self.max_bytes {
+                return;
+            }
+            self.remove_blob(index, &hex);
+        }
+        let mut by_use: Vec<(SystemTime, String)> =
+            index.bundles.iter().map(|(name, held)| (held.last_read, name.clone())).collect();
+        by_use.sort();
+        for (_, name) in by_use {
+            if index.bytes + incoming <= self.max_bytes {
+                return;
+            }
+            let path = self.bundle_path(&name);
+            if let Err(e) = fs::remove_file(&path) {
+                tracing::warn!(bundle = %name, error = %e, "cannot evict an artifact bundle");
+                continue;
+            }
+            tracing::info!(bundle = %name, "evicted an artifact bundle, least recently read");
+            let held = index.bundles.remove(&name).expect("listed above");
+            for hex in held.blobs {
+                let blob = index.blobs.get_mut(&hex).expect("a held bundle's blobs are held");
+                blob.named_by -= 1;
+                if blob.named_by == 0 {
+                    self.remove_blob(index, &hex);
+                }
+            }
+        }
+    }
+
+    fn remove_blob(&self, index: &mut Index, hex: &str) {
+        let path = self.blob_path(hex);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                let blob = index.blobs.remove(hex).expect("removed only when held");
+                index.bytes -= blob.len;
+            }
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot evict an artifact blob"),
+        }
+    }
+}
+
+impl Index {
+    fn name(&mut self, name: String, bundle: &Bundle, last_read: SystemTime) {
+        let mut blobs: Vec<String> = bundle.files.iter().map(|f| f.sha256.clone()).collect();
+        blobs.sort();
+        blobs.dedup();
+        for hex in &blobs {
+            self.blobs.get_mut(hex).expect("checked held").named_by += 1;
+        }
+        self.bundles.insert(name, HeldBundle { blobs, last_read });
+    }
+}
+
+/// A bundle file: the name it was published under, and the bundle.
+#[derive(Serialize, Deserialize)]
+struct StoredBundle {
+    name: String,
+    bundle: Bundle,
+}
+
+fn read_bundle_file(path: &Path) -> Result<(String, Bundle), ArtifactError> {
+    let bytes = fs::read(path).map_err(io_at(path))?;
+    let stored: StoredBundle = serde_json::from_slice(&bytes)
+        .map_err(|e| ArtifactError::BadBundle { name: path.display().to_string(), reason: e.to_string() })?;
+    check_name(&stored.name)?;
+    check_files(&stored.name, &stored.bundle)?;
+    Ok((stored.name, stored.bundle))
+}
+
+/// Makes a rename or link under `path`'s directory durable.
+fn sync_dir(path: &Path) -> Result<(), ArtifactError> {
+    let dir = path.parent().expect("a file in the store");
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_at(dir))
+}
+
+pub(crate) fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A bundle name: `/`-separated segments of `A-Z a-z 0-9 . _ -`, none `.` or `..`.
+pub(crate) fn check_name(name: &str) -> Result<(), ArtifactError> {
+    let bad = |reason| Err(ArtifactError::BadName { name: name.to_owned(), reason });
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return bad("a name is 1 to 512 bytes");
+    }
+    for segment in name.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return bad("a segment is empty, `.` or `..`");
+        }
+        if !segment.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            return bad("a segment holds a character other than A-Z a-z 0-9 . _ -");
+        }
+    }
+    Ok(())
+}
+
+/// A bundle's files: relative paths that stay inside its directory, each once, each with a
+/// digest.
+fn check_files(name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
+    let bad = |reason: String| Err(ArtifactError::BadBundle { name: name.to_owned(), reason });
+    if bundle.files.is_empty() || bundle.files.len() > MAX_BUNDLE_FILES {
+        return bad(format!("a bundle names 1 to {MAX_BUNDLE_FILES} files"));
+    }
+    let mut seen = BTreeMap::new();
+    for file in &bundle.files {
+        if let Err(reason) = check_path(&file.path) {
+            return bad(format!("path {:?} {reason}", file.path));
+        }
+        if !is_sha256_hex(&file.sha256) {
+            return bad(format!("{:?} of {:?} is not a SHA-256 digest", file.sha256, file.path));
+        }
+        if seen.insert(file.path.as_str(), ()).is_some() {
+            return bad(format!("path {:?} is named twice", file.path));
+        }
+    }
+    Ok(())
+}
+
+/// A path below a bundle's directory: relative, `/`-separated, no segment empty, `.` or `..`.
+pub(crate) fn check_path(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() || path.len() > MAX_PATH_BYTES {
+        return Err("is not 1 to 4096 bytes");
+    }
+    if path.contains(['\0', '\\']) {
+        return Err("holds a NUL or a backslash");
+    }
+    if path.split('/').any(|segment| segment.is_empty() || segment == "." || segment == "..") {
+        return Err("leaves its directory, or has an empty segment");
+    }
+    Ok(())
+}

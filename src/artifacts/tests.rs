@@ -1,0 +1,167 @@
+use super::*;
+
+fn digest(bytes: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+fn body(pieces: &[&[u8]]) -> impl Stream<Item = Result<Bytes, io::Error>> + Unpin {
+    futures_util::stream::iter(pieces.iter().map(|p| Ok(Bytes::copy_from_slice(p))).collect::<Vec<_>>())
+}
+
+fn file(path: &str, bytes: &[u8]) -> BundleFile {
+    BundleFile { path: path.to_owned(), sha256: digest(bytes), size: bytes.len() as u64 }
+}
+
+fn bundle(files: Vec<BundleFile>) -> Bundle {
+    Bundle { files, signature: None }
+}
+
+fn entries(dir: &Path) -> usize {
+    fs::read_dir(dir).unwrap().count()
+}
+
+async fn store_with(dir: &Path, max_bytes: u64, blobs: &[&[u8]]) -> Arc<ArtifactStore> {
+    let store = Arc::new(ArtifactStore::open(dir, max_bytes).unwrap());
+    for blob in blobs {
+        store.put_blob(&digest(blob), body(&[*blob])).await.unwrap();
+    }
+    store
+}
+
+#[tokio::test]
+async fn a_blob_is_kept_only_when_its_bytes_hash_to_the_digest_it_was_sent_under() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1 << 20, &[]).await;
+    let hex = digest(b"hello world");
+    assert_eq!(store.put_blob(&hex, body(&[b"hello ", b"world"])).await.unwrap(), BlobPut::Created);
+    assert_eq!(store.put_blob(&hex, body(&[b"hello world"])).await.unwrap(), BlobPut::AlreadyHeld);
+    let (path, len) = store.blob(&hex).unwrap();
+    assert_eq!((fs::read(path).unwrap(), len), (b"hello world".to_vec(), 11));
+
+    let other = digest(b"other");
+    let refused = store.put_blob(&other, body(&[b"not other"])).await.unwrap_err();
+    assert!(matches!(refused, ArtifactError::DigestMismatch { ref actual, .. } if *actual == digest(b"not other")));
+    let cut = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"oth")), Err(io::Error::other("reset"))]);
+    assert!(matches!(store.put_blob(&other, cut).await.unwrap_err(), ArtifactError::Cut(_)));
+    assert!(matches!(store.put_blob("ABC", body(&[b"x"])).await.unwrap_err(), ArtifactError::BadDigest(_)));
+    assert!(store.blob(&other).is_none());
+    assert_eq!(entries(&dir.path().join("blobs/sha256")), 1, "nothing of a refused upload is kept");
+    assert_eq!(entries(&dir.path().join("tmp")), 0, "no temporary is left");
+    assert_eq!(store.held_bytes(), 11);
+}
+
+#[tokio::test]
+async fn a_blob_over_the_bound_is_refused_as_it_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 10, &[]).await;
+    let big = [7u8; 11];
+    let refused = store.put_blob(&digest(&big), body(&[&big[..6], &big[6..]])).await.unwrap_err();
+    assert!(matches!(refused, ArtifactError::TooLarge { max: 10 }), "{refused}");
+    assert_eq!(entries(&dir.path().join("tmp")), 0);
+}
+
+#[tokio::test]
+async fn a_bundle_is_published_once_and_only_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1 << 20, &[b"graph", b"kernel"]).await;
+    let files = vec![file("rank_0_0/backbone/graph.py", b"graph"), file("inductor/kernel.so", b"kernel")];
+    let missing = bundle(vec![file("a", b"graph"), file("b", b"never uploaded")]);
+    let refused = store.put_bundle("vllm/abc", &missing).unwrap_err();
+    assert!(
+        matches!(refused, ArtifactError::MissingBlob { ref digest, .. } if *digest == self::digest(b"never uploaded"))
+    );
+    let wrong_size = bundle(vec![BundleFile { size: 4, ..file("a", b"graph") }]);
+    assert!(matches!(store.put_bundle("vllm/abc", &wrong_size).unwrap_err(), ArtifactError::MissingBlob { .. }));
+    assert!(store.bundle_names(|_| true).is_empty(), "a refused bundle is not there at all");
+
+    store.put_bundle("vllm/abc", &bundle(files.clone())).unwrap();
+    assert_eq!(store.bundle("vllm/abc").unwrap(), bundle(files.clone()));
+    let again = bundle(vec![file("other", b"graph")]);
+    assert!(matches!(store.put_bundle("vllm/abc", &again).unwrap_err(), ArtifactError::Exists(_)));
+    assert_eq!(store.bundle("vllm/abc").unwrap(), bundle(files), "the first publish stands");
+    assert!(matches!(store.bundle("vllm/none").unwrap_err(), ArtifactError::NoBundle(_)));
+}
+
+#[tokio::test]
+async fn of_publishes_under_one_name_at_once_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1 << 20, &[b"a", b"b"]).await;
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let store = &store;
+                let contents: &[u8] = if i % 2 == 0 { b"a" } else { b"b" };
+                scope.spawn(move || store.put_bundle("race", &bundle(vec![file(&format!("f{i}"), contents)])))
+            })
+            .collect();
+        racers.into_iter().map(|racer| racer.join().unwrap()).collect()
+    });
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1);
+    assert!(outcomes.iter().filter_map(|o| o.as_ref().err()).all(|e| matches!(e, ArtifactError::Exists(_))));
+    assert_eq!(store.bundle("race").unwrap().files.len(), 1);
+}
+
+#[tokio::test]
+async fn names_and_paths_that_could_leave_their_place_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1 << 20, &[b"x"]).await;
+    for name in ["", "../x", "a/../b", "/a", "a/", "a//b", "a b", "a\\b", "n".repeat(513).as_str()] {
+        let refused = store.put_bundle(name, &bundle(vec![file("x", b"x")])).unwrap_err();
+        assert!(matches!(refused, ArtifactError::BadName { .. }), "{name:?}: {refused}");
+    }
+    for path in ["", "../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a/.", "a\\..\\b", "a\0b"] {
+        let refused = store.put_bundle("ok", &bundle(vec![file(path, b"x")])).unwrap_err();
+        assert!(matches!(refused, ArtifactError::BadBundle { .. }), "{path:?}: {refused}");
+    }
+    let twice = bundle(vec![file("a", b"x"), file("a", b"x")]);
+    assert!(matches!(store.put_bundle("ok", &twice).unwrap_err(), ArtifactError::BadBundle { .. }));
+    assert!(matches!(store.put_bundle("ok", &bundle(vec![])).unwrap_err(), ArtifactError::BadBundle { .. }));
+    assert!(store.bundle_names(|_| true).is_empty());
+}
+
+#[tokio::test]
+async fn past_the_bound_the_least_recently_read_bundle_goes_with_the_blobs_only_it_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (shared, first, second, third) = ([1u8; 10], [2u8; 10], [3u8; 10], [4u8; 10]);
+    let store = store_with(dir.path(), 45, &[&shared, &first, &second]).await;
+    store.put_bundle("first", &bundle(vec![file("s", &shared), file("f", &first)])).unwrap();
+    store.put_bundle("second", &bundle(vec![file("s", &shared), file("f", &second)])).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    store.bundle("first").unwrap();
+    // 30 bytes held; 10 more fit, 20 do not: `second`, read least recently, makes room.
+    store.put_blob(&digest(&third), body(&[&third])).await.unwrap();
+    assert_eq!(store.held_bytes(), 40);
+    let fourth = [5u8; 10];
+    store.put_blob(&digest(&fourth), body(&[&fourth])).await.unwrap();
+    assert_eq!(store.bundle_names(|_| true), ["first"]);
+    assert!(store.blob(&digest(&second)).is_none(), "the blob only the evicted bundle named went with it");
+    assert!(store.blob(&digest(&shared)).is_some() && store.blob(&digest(&first)).is_some());
+    assert_eq!(store.held_bytes(), 40);
+    // Blobs just uploaded, which no bundle names yet, are kept for their bundle: past them
+    // the last bundle goes, and then the store is full.
+    for (i, blob) in [[6u8; 10], [7u8; 10]].iter().enumerate() {
+        store.put_blob(&digest(blob), body(&[blob])).await.unwrap();
+        assert_eq!(store.held_bytes(), 30 + 10 * i as u64);
+    }
+    assert!(store.bundle_names(|_| true).is_empty());
+    let more = [8u8; 10];
+    let full = store.put_blob(&digest(&more), body(&[&more])).await.unwrap_err();
+    assert!(matches!(full, ArtifactError::Full { held: 40, max: 45 }), "{full}");
+}
+
+#[tokio::test]
+async fn a_store_opened_again_serves_what_was_published_and_drops_what_was_half_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1 << 20, &[b"kept"]).await;
+    store.put_bundle("team/cache", &bundle(vec![file("k", b"kept")])).unwrap();
+    drop(store);
+    fs::write(dir.path().join("tmp/crashed-upload"), b"half").unwrap();
+    fs::write(dir.path().join("bundles/garbage.json"), b"{not json").unwrap();
+    let store = ArtifactStore::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(store.bundle("team/cache").unwrap(), bundle(vec![file("k", b"kept")]));
+    assert_eq!(store.bundle_names(|name| name.starts_with("team/")), ["team/cache"]);
+    assert_eq!(store.bundle_names(|name| name.starts_with("other/")), Vec::<String>::new());
+    assert_eq!(store.held_bytes(), 4);
+    assert_eq!(entries(&dir.path().join("tmp")), 0);
+    assert_eq!(entries(&dir.path().join("bundles")), 1, "a bundle file that does not parse is removed");
+}

@@ -1,0 +1,184 @@
+//! The artifact store over real sockets: no writes at all without `[artifacts]`; with it,
+//! blobs kept only when they hash to their name, bundles published once and whole (of eight
+//! racing publishes one wins), writes only by the tokens `[artifacts] writers` grants and
+//! within their prefixes, reads by `[auth]`'s tokens within theirs, and ranges on blobs.
+
+use crate::common;
+
+use common::{Reply, send, serve};
+use serde_json::json;
+use sha2::Digest as _;
+use ztserve::config::{Config, SourceSpec};
+
+const READER: &str = "reader-0123456789abcdef";
+const TEAM_A_READER: &str = "team-a-reader-0123456789";
+const WRITER: &str = "writer-0123456789abcdef";
+const TEAM_A_WRITER: &str = "team-a-writer-0123456789";
+
+fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+fn call(address: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Reply {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("Authorization", b.as_str())).collect();
+    if method == "PUT" && path.starts_with("/artifacts/bundles/") {
+        headers.push(("Content-Type", "application/json"));
+    }
+    send(address, method, path, &headers, body)
+}
+
+fn code(reply: &Reply) -> String {
+    reply.json()["error"]["code"].as_str().unwrap_or_default().to_owned()
+}
+
+fn bundle_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let files: Vec<_> = files
+        .iter()
+        .map(|(path, bytes)| json!({ "path": path, "sha256": &digest(bytes)[7..], "size": bytes.len() }))
+        .collect();
+    serde_json::to_vec(&json!({ "files": files })).unwrap()
+}
+
+async fn store(dir: &std::path::Path) -> (String, std::sync::Arc<ztserve::server::Server>, tempfile::TempDir) {
+    let models = tempfile::tempdir().unwrap();
+    let mut config = Config::serving(vec![SourceSpec::local(models.path())]);
+    config.auth.tokens = common::tokens(vec![READER.into(), format!("{TEAM_A_READER} team-a")]);
+    config.artifacts.dir = Some(dir.to_owned());
+    config.artifacts.writers = common::tokens(vec![WRITER.into(), format!("{TEAM_A_WRITER} team-a")]);
+    let (address, server) = serve(config).await;
+    (address, server, models)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_artifact_store_the_server_takes_no_writes() {
+    let models = tempfile::tempdir().unwrap();
+    let (address, _server) = serve(Config::serving(vec![SourceSpec::local(models.path())])).await;
+    tokio::task::spawn_blocking(move || {
+        let blob = b"compiled";
+        let put = call(&address, "PUT", &format!("/artifacts/blobs/{}", digest(blob)), None, blob);
+        assert_eq!((put.status, code(&put).as_str()), (404, "route_not_found"));
+        let listed = call(&address, "GET", "/artifacts/bundles", None, b"");
+        assert_eq!(listed.status, 404);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_are_kept_only_from_writers_and_only_when_they_hash_to_their_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (address, _server, _models) = store(dir.path()).await;
+    tokio::task::spawn_blocking(move || {
+        let blob: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        let path = format!("/artifacts/blobs/{}", digest(&blob));
+        let anonymous = call(&address, "PUT", &path, None, &blob);
+        assert_eq!((anonymous.status, code(&anonymous).as_str()), (401, "unauthorized"));
+        let reader = call(&address, "PUT", &path, Some(READER), &blob);
+        assert_eq!((reader.status, code(&reader).as_str()), (403, "write_not_granted"));
+        let wrong = call(&address, "PUT", &path, Some(WRITER), b"other bytes");
+        assert_eq!((wrong.status, code(&wrong).as_str()), (422, "digest_mismatch"));
+        let bad = call(&address, "PUT", "/artifacts/blobs/md5:abc", Some(WRITER), b"x");
+        assert_eq!((bad.status, code(&bad).as_str()), (400, "bad_digest"));
+        assert_eq!(call(&address, "GET", &path, Some(READER), b"").status, 404, "nothing refused was kept");
+
+        assert_eq!(call(&address, "PUT", &path, Some(WRITER), &blob).status, 201);
+        assert_eq!(call(&address, "PUT", &path, Some(TEAM_A_WRITER), &blob).status, 200, "already held");
+        let read = call(&address, "GET", &path, Some(TEAM_A_READER), b"");
+        assert!(read.status == 200 && read.body == blob, "{}", read.status);
+        let headers = [("Authorization", format!("Bearer {READER}")), ("Range", "bytes=10-19".into())];
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let range = send(&address, "GET", &path, &headers, b"");
+        assert_eq!((range.status, range.body.as_slice()), (206, &blob[10..20]));
+        assert_eq!(call(&address, "GET", &path, None, b"").status, 401, "reads follow [auth]");
+    })
+    .await
+    .unwrap();
+    let tmp = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
+    assert_eq!(tmp, 0, "no temporary is left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_is_published_once_whole_and_within_its_writers_prefixes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (address, _server, _models) = store(dir.path()).await;
+    tokio::task::spawn_blocking(move || {
+        let (graph, kernel): (&[u8], &[u8]) = (b"def forward(x): ...", b"\x7fELF kernel");
+        let bundle = bundle_of(&[("rank_0_0/backbone/graph.py", graph), ("inductor/kernel.so", kernel)]);
+        let put_bundle =
+            |name: &str, token, body: &[u8]| call(&address, "PUT", &format!("/artifacts/bundles/{name}"), token, body);
+        let missing = put_bundle("team-a/vllm/abc", Some(WRITER), &bundle);
+        assert_eq!((missing.status, code(&missing).as_str()), (409, "missing_blob"));
+        for blob in [graph, kernel] {
+            assert_eq!(
+                call(&address, "PUT", &format!("/artifacts/blobs/{}", digest(blob)), Some(WRITER), blob).status,
+                201
+            );
+        }
+        let outside = put_bundle("team-b/vllm/abc", Some(TEAM_A_WRITER), &bundle);
+        assert_eq!((outside.status, code(&outside).as_str()), (403, "write_not_granted"));
+        let leaving = put_bundle("team-a/x", Some(WRITER), &bundle_of(&[("../../etc/cron.d/x", graph)]));
+        assert_eq!((leaving.status, code(&leaving).as_str()), (400, "bad_bundle"));
+        let not_json = put_bundle("team-a/x", Some(WRITER), b"{");
+        assert_eq!((not_json.status, code(&not_json).as_str()), (400, "bad_bundle"));
+
+        assert_eq!(put_bundle("team-a/vllm/abc", Some(TEAM_A_WRITER), &bundle).status, 201);
+        let again = put_bundle("team-a/vllm/abc", Some(WRITER), &bundle_of(&[("other", graph)]));
+        assert_eq!((again.status, code(&again).as_str()), (409, "bundle_exists"));
+        let read = call(&address, "GET", "/artifacts/bundles/team-a/vllm/abc", Some(TEAM_A_READER), b"");
+        assert_eq!(read.status, 200);
+        assert_eq!(
+            read.json(),
+            serde_json::from_slice::<serde_json::Value>(&bundle).unwrap(),
+            "the first publish stands"
+        );
+
+        assert_eq!(put_bundle("shared/x", Some(WRITER), &bundle_of(&[("g", graph)])).status, 201);
+        let listed = call(&address, "GET", "/artifacts/bundles", Some(READER), b"").json();
+        assert_eq!(listed["bundles"], json!(["shared/x", "team-a/vllm/abc"]));
+        let team = call(&address, "GET", "/artifacts/bundles", Some(TEAM_A_READER), b"").json();
+        assert_eq!(team["bundles"], json!(["team-a/vllm/abc"]), "a reader lists only what it may read");
+        let prefixed = call(&address, "GET", "/artifacts/bundles?prefix=shared/", Some(READER), b"").json();
+        assert_eq!(prefixed["bundles"], json!(["shared/x"]));
+        let hidden = call(&address, "GET", "/artifacts/bundles/shared/x", Some(TEAM_A_READER), b"");
+        assert_eq!((hidden.status, code(&hidden).as_str()), (404, "no_such_bundle"));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_eight_nodes_publishing_one_name_at_once_one_wins_and_the_bundle_is_never_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (address, _server, _models) = store(dir.path()).await;
+    let blobs: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 4096]).collect();
+    let racers: Vec<_> = blobs
+        .iter()
+        .enumerate()
+        .map(|(i, blob)| {
+            let (address, blob) = (address.clone(), blob.clone());
+            tokio::task::spawn_blocking(move || {
+                let put = call(&address, "PUT", &format!("/artifacts/blobs/{}", digest(&blob)), Some(WRITER), &blob);
+                assert_eq!(put.status, 201);
+                let body = bundle_of(&[(&format!("rank_{i}/cache"), &blob)]);
+                call(&address, "PUT", "/artifacts/bundles/race/key", Some(WRITER), &body).status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for racer in racers {
+        statuses.push(racer.await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [201, 409, 409, 409, 409, 409, 409, 409]);
+    let read =
+        tokio::task::spawn_blocking(move || call(&address, "GET", "/artifacts/bundles/race/key", Some(READER), b""))
+            .await
+            .unwrap()
+            .json();
+    let files = read["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1);
+    let path = files[0]["path"].as_str().unwrap();
+    let rank: usize = path.strip_prefix("rank_").unwrap().split('/').next().unwrap().parse().unwrap();
+    assert_eq!(files[0]["sha256"], json!(&digest(&blobs[rank])[7..]), "the winner's own files, whole");
+}
