@@ -24,6 +24,8 @@ use futures_util::{Stream, StreamExt as _};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
+use crate::digests::is_sha256_hex;
+
 /// How long a blob no bundle names yet is kept from eviction: a publisher uploads its blobs,
 /// then the bundle that names them.
 const UNNAMED_BLOB_GRACE: Duration = Duration::from_secs(600);
@@ -429,10 +431,6 @@ fn read_bundle_file(path: &Path) -> Result<(String, Bundle), ArtifactError> {
 fn sync_dir(path: &Path) -> Result<(), ArtifactError> {
     let dir = path.parent().expect("a file in the store");
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_at(dir))
-}
-
-pub(crate) fn is_sha256_hex(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A bundle name: `/`-separated segments of `A-Z a-z 0-9 . _ -`, none `.` or `..`.

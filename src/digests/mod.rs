@@ -14,3 +14,14 @@ mod throughput;
 pub(crate) use self::queue::{DigestProgress, ModelFiles, Queue, QueuedJob, Urgency};
 pub(crate) use self::store::{DigestStoreError, FileDigests, FileIdentity, file_identity};
 pub(crate) use self::throughput::Throughput;
+
+/// Whether `hex` is a SHA-256 as digests are written: 64 lowercase hexadecimal digits.
+pub(crate) fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The hex of a digest named `sha256:HEX` (an OCI digest, an artifact blob's name), if
+/// `digest` is one.
+pub(crate) fn sha256_hex(digest: &str) -> Option<&str> {
+    digest.strip_prefix("sha256:").filter(|hex| is_sha256_hex(hex))
+}

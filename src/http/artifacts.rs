@@ -88,10 +88,7 @@ impl ArtifactsState {
 
 /// The hex digits of a blob's `sha256:HEX` name.
 fn blob_hex(digest: &str) -> Result<&str, ApiError> {
-    digest
-        .strip_prefix("sha256:")
-        .filter(|hex| crate::artifacts::is_sha256_hex(hex))
-        .ok_or_else(|| ApiError::Artifact(ArtifactError::BadDigest(digest.to_owned())))
+    crate::digests::sha256_hex(digest).ok_or_else(|| ApiError::Artifact(ArtifactError::BadDigest(digest.to_owned())))
 }
 
 /// Runs a store call on the blocking pool: they wait on the disk.

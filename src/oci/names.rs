@@ -65,11 +65,7 @@ pub(crate) fn names(name: &str, id: &str) -> bool {
     if is_hashed(name) { hashed(id) == name } else { name == id }
 }
 
-/// The hex of a `sha256:` digest, if `digest` is one (64 lowercase hex digits).
-pub(crate) fn sha256_hex(digest: &str) -> Option<&str> {
-    let hex = digest.strip_prefix("sha256:")?;
-    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))).then_some(hex)
-}
+pub(crate) use crate::digests::sha256_hex;
 
 /// What a request below `/v2` asks for.
 #[derive(Debug, PartialEq, Eq)]
