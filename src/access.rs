@@ -170,12 +170,13 @@ pub(crate) struct Tokens {
 }
 
 impl Tokens {
-    /// The tokens granted writing to the artifact store: `entries` alone, counted in no gauge
-    /// (`ztserve_auth_tokens` counts the readers').
-    pub(crate) fn writers(entries: &[TokenEntry]) -> Tokens {
+    /// The tokens and client certificate identities granted writing to the artifact store:
+    /// `entries` and `identities` alone, counted in no gauge (`ztserve_auth_tokens` counts the
+    /// readers').
+    pub(crate) fn writers(entries: &[TokenEntry], identities: &[IdentityEntry]) -> Tokens {
         Tokens {
-            open: entries.is_empty(),
-            identities: Vec::new(),
+            open: entries.is_empty() && identities.is_empty(),
+            identities: identities.iter().map(|e| (e.identity.clone(), access_under(&e.prefixes))).collect(),
             from_config: entries.iter().map(|e| grant(e, false)).collect(),
             file: None,
             from_file: RwLock::new((Vec::new(), None)),

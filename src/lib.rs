@@ -13,9 +13,10 @@
 //! - `catalog`: which models the listed files make, their manifests, companions and broken
 //!   files, and which models one repository publishes together.
 //! - `decode`: shared, cached decoding of components not stored verbatim.
-//! - `artifacts`: the one writable store: blobs by digest, bundles published once and whole.
+//! - `artifacts`: the one writable store: blobs by digest, bundles published once and whole,
+//!   their signatures made and checked.
 //! - `digests`: where each published file's SHA-256 is kept and the queue that computes them.
-//! - `signing`: OpenSSF model signatures checked against trusted keys and CAs.
+//! - `signing`: OpenSSF model signatures checked against trusted keys and CAs, and made with a key.
 //! - `service`: the domain between the catalog and the protocols: the catalog swap, a model's
 //!   bytes, representations, views, slices, digests policy and signature verdicts.
 //! - `access`: who may read what: tokens, S3 signing keys, client certificate identities.
@@ -29,7 +30,8 @@
 //! - `oci`: the OCI distribution API's read side at `/v2`: ModelPack artifacts and layers.
 //! - [`server`]: the composition root: builds everything, binds listeners, runs rescans, drains.
 //! - [`telemetry`]: the tracing subscriber and the Prometheus recorder.
-//! - [`tools`]: the file tools: `inspect`, `verify`, `cat`, `convert`, `digest`, `write-demo`.
+//! - [`tools`]: the file tools: `inspect`, `verify`, `cat`, `convert`, `digest`, `write-demo`;
+//!   and `artifacts`, a directory published to and restored from a server's artifact store.
 //! - [`pull`]: `ztserve pull`: a served model copied to a local file, resumable, checked.
 
 #![deny(unsafe_code)]

@@ -129,6 +129,13 @@ enum Command {
         #[arg(required = true, value_name = "DIR")]
         dirs: Vec<PathBuf>,
     },
+    /// Publish a directory (an engine's compile cache) to a server's artifact store as a signed
+    /// bundle, or restore one into a new directory after checking its signature. A bearer
+    /// token is read from ZTSERVE_TOKEN.
+    Artifacts {
+        #[command(subcommand)]
+        action: ArtifactAction,
+    },
     /// Convert a .zt file of any generation (a v2 root with its shards), a safetensors file, a
     /// sharded checkpoint given by its .safetensors.index.json, or a .gguf file (with its split
     /// model's parts), to a zTensor 1.2 or v2 file.
@@ -144,6 +151,38 @@ enum Command {
         /// 1.2: none, sha256 or crc32c. v2 parts always carry xxh3 digests.
         #[arg(long, default_value = "none")]
         digest: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ArtifactAction {
+    /// Upload every file below DIR, then publish the bundle NAME that names them (once: a
+    /// bundle already published is left as it is). Exits 0 when the bundle is there.
+    Publish {
+        /// The server: http://HOST:PORT.
+        server: String,
+        name: String,
+        dir: PathBuf,
+        /// The publisher's private key, PEM (ECDSA P-256, P-384 or P-521), to sign the bundle.
+        #[arg(long, value_name = "PEM", env = "ZTSERVE_ARTIFACTS_SIGNING_KEY")]
+        signing_key: Option<PathBuf>,
+    },
+    /// Restore bundle NAME into DIR (absent or empty), its signature checked against
+    /// --public-key or --ca-file before a byte is fetched, each file against its SHA-256.
+    /// Exits 0 when restored, 3 when nothing is published under NAME, 1 when refused.
+    Restore {
+        server: String,
+        name: String,
+        dir: PathBuf,
+        /// A trusted publisher's public key, PEM (repeat for several).
+        #[arg(long = "public-key", value_name = "PEM")]
+        public_keys: Vec<PathBuf>,
+        /// A PEM bundle of the CAs a signing certificate must chain to.
+        #[arg(long, value_name = "PEM")]
+        ca_file: Option<PathBuf>,
+        /// Take the bundle without checking a signature (it is code the engine will run).
+        #[arg(long, conflicts_with_all = ["public_keys", "ca_file"])]
+        unsigned: bool,
     },
 }
 
@@ -312,7 +351,45 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             pull(&options)
         }
+        Command::Artifacts { action } => artifacts(action),
         command => run_file_command(command),
+    }
+}
+
+fn artifacts(action: ArtifactAction) -> anyhow::Result<ExitCode> {
+    use ztserve::tools::artifacts::{self, Published, Publishers, Restored, Store};
+    let runtime = tokio::runtime::Runtime::new()?;
+    let token = std::env::var("ZTSERVE_TOKEN").ok().filter(|t| !t.is_empty());
+    match action {
+        ArtifactAction::Publish { server, name, dir, signing_key } => {
+            let store = Store { server, token };
+            match runtime.block_on(artifacts::publish(&store, &name, &dir, signing_key.as_deref()))? {
+                Published::Created { files, bytes, uploaded } => eprintln!(
+                    "published {name}: {files} files, {bytes} bytes ({uploaded} uploaded, the rest held){}",
+                    if signing_key.is_some() { ", signed" } else { ", unsigned" }
+                ),
+                Published::AlreadyThere => eprintln!("{name} is published already: left as it is"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ArtifactAction::Restore { server, name, dir, public_keys, ca_file, unsigned } => {
+            if !unsigned && public_keys.is_empty() && ca_file.is_none() {
+                anyhow::bail!("name the publishers trusted (--public-key, --ca-file), or take it --unsigned");
+            }
+            let publishers = (!unsigned).then_some(Publishers { public_keys, ca_file });
+            let store = Store { server, token };
+            match runtime.block_on(artifacts::restore(&store, &name, &dir, publishers.as_ref()))? {
+                Restored::Whole { files, bytes, signer } => {
+                    let signer = signer.map_or_else(|| "unsigned".to_owned(), |s| format!("signed by {s}"));
+                    eprintln!("restored {name} into {}: {files} files, {bytes} bytes, {signer}", dir.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Restored::NotPublished => {
+                    eprintln!("nothing is published as {name}");
+                    Ok(ExitCode::from(3))
+                }
+            }
+        }
     }
 }
 
@@ -341,7 +418,9 @@ fn run_with(command: Command, out: &mut io::BufWriter<File>) -> anyhow::Result<E
         Command::Cat { file, object, component, limits } => {
             tools::cat(&file, &object, component.as_deref(), &limits.limits(), &mut out)?
         }
-        Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } => unreachable!("handled by run"),
+        Command::Serve { .. } | Command::WriteDemo { .. } | Command::Pull { .. } | Command::Artifacts { .. } => {
+            unreachable!("handled by run")
+        }
         Command::Digest { dirs } => {
             for dir in dirs {
                 tools::digest::write_sums(&dir, &mut io::stderr())?;

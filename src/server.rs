@@ -13,9 +13,10 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::access::Tokens;
-use crate::artifacts::ArtifactStore;
+use crate::artifacts::{ArtifactStore, Bucket, SharedStore};
 use crate::config::{Config, OnUnreadableSource, SourceSpec};
 use crate::service::{Service, ServiceParts};
+use crate::signing::Trust;
 use crate::storage::Storage;
 use crate::storage::cache::{CachedStorage, DiskCache};
 use crate::storage::hub::{HubOptions, HubStorage};
@@ -30,8 +31,8 @@ pub struct Server {
     service: Arc<Service>,
     tokens: Arc<Tokens>,
     tls: Option<Tls>,
-    /// The artifact store and who may write to it, with `[artifacts] dir`.
-    artifacts: Option<(Arc<ArtifactStore>, Option<Arc<Tokens>>)>,
+    /// The artifact store, with `[artifacts] dir`.
+    artifacts: Option<crate::http::artifacts::ArtifactAccess>,
 }
 
 impl Server {
@@ -59,9 +60,28 @@ impl Server {
         let service = Service::new(service_parts(&config)?, crate::http::render_manifest)?;
         let artifacts = match &config.artifacts.dir {
             Some(dir) => {
-                let store = Arc::new(ArtifactStore::open(dir, config.artifacts.max_bytes)?);
-                let writers = &config.artifacts.writers;
-                Some((store, (!writers.is_empty()).then(|| Arc::new(Tokens::writers(writers)))))
+                let settings = &config.artifacts;
+                let bucket = match &settings.s3 {
+                    Some(spec @ SourceSpec::S3 { bucket, prefix }) => {
+                        let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+                        let options = S3Options::from_config(&config.s3_source, &env);
+                        let client = crate::storage::s3::bucket_client(bucket, &options)
+                            .map_err(|e| anyhow::anyhow!("artifacts.s3 {spec}: {e}"))?;
+                        Some(Bucket { client: Arc::new(client), name: spec.to_string(), prefix: prefix.clone() })
+                    }
+                    _ => None,
+                };
+                let local = Arc::new(ArtifactStore::open(dir, settings.max_bytes)?);
+                let store = Arc::new(SharedStore { local, bucket });
+                let granted = !settings.writers.is_empty() || !settings.writer_identities.is_empty();
+                let writers =
+                    granted.then(|| Arc::new(Tokens::writers(&settings.writers, &settings.writer_identities)));
+                let signers = settings
+                    .require_signature
+                    .then(|| Trust::load(&config.signing.public_keys, config.signing.ca_file.as_deref()))
+                    .transpose()?
+                    .map(Arc::new);
+                Some(crate::http::artifacts::ArtifactAccess { store, writers, signers })
             }
             None => None,
         };
@@ -96,8 +116,8 @@ impl Server {
         let registry = crate::oci::app(Arc::clone(service), Arc::clone(tokens), config);
         let mut router =
             Router::new().nest_service(crate::api::routes::HUB, hub).nest_service(crate::api::routes::OCI, registry);
-        if let Some((store, writers)) = &self.artifacts {
-            let store = crate::http::artifacts::app(Arc::clone(store), Arc::clone(tokens), writers.clone(), config);
+        if let Some(access) = &self.artifacts {
+            let store = crate::http::artifacts::app(access.clone(), Arc::clone(tokens), config);
             router = router.merge(store);
         }
         router.fallback_service(crate::http::app(Arc::clone(service), Arc::clone(tokens), Arc::clone(config)))

@@ -9,8 +9,13 @@
 //! other bundle names. Every method but [`ArtifactStore::put_blob`] blocks on the disk: callers
 //! on the runtime run them on the blocking pool.
 
+mod shared;
+mod signed;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use shared::{Bucket, SharedStore, blocking};
+pub(crate) use signed::{sign_bundle, verify_bundle};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -78,8 +83,16 @@ pub(crate) enum ArtifactError {
     Exists(String),
     #[error("no bundle {0:?}")]
     NoBundle(String),
+    #[error("bundle {0:?} is unsigned, and a signature is required")]
+    Unsigned(String),
+    #[error("bundle {name:?}: {refused}")]
+    Signature { name: String, refused: crate::signing::SignatureError },
     #[error("the upload ended before its last byte: {0}")]
     Cut(String),
+    #[error("the artifact store's bucket failed: {0}")]
+    Bucket(String),
+    #[error("{0}")]
+    Failed(String),
     #[error("the artifact store failed at {path}: {source}")]
     Io {
         path: PathBuf,
@@ -452,7 +465,7 @@ pub(crate) fn check_name(name: &str) -> Result<(), ArtifactError> {
 
 /// A bundle's files: relative paths that stay inside its directory, each once, each with a
 /// digest.
-fn check_files(name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
+pub(crate) fn check_files(name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
     let bad = |reason: String| Err(ArtifactError::BadBundle { name: name.to_owned(), reason });
     if bundle.files.is_empty() || bundle.files.len() > MAX_BUNDLE_FILES {
         return bad(format!("a bundle names 1 to {MAX_BUNDLE_FILES} files"));

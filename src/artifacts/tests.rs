@@ -165,3 +165,42 @@ async fn a_store_opened_again_serves_what_was_published_and_drops_what_was_half_
     assert_eq!(entries(&dir.path().join("tmp")), 0);
     assert_eq!(entries(&dir.path().join("bundles")), 1, "a bundle file that does not parse is removed");
 }
+
+/// A P-256 key pair written as PEM files in `dir`: (private key, public key).
+fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let (private, public) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.pub")));
+    fs::write(&private, key.serialize_pem()).unwrap();
+    fs::write(&public, key.public_key_pem()).unwrap();
+    (private, public)
+}
+
+#[test]
+fn a_signed_bundle_verifies_only_for_its_key_and_exactly_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (publisher, publisher_pub) = key_pair(dir.path(), "publisher");
+    let (_, other_pub) = key_pair(dir.path(), "other");
+    let signer = crate::signing::Signer::load(&publisher).unwrap();
+    let files = vec![file("inductor_cache/ab/graph.py", b"graph"), file("rank_0_0/model", b"model")];
+    let signed = sign_bundle(&signer, "0a1b2c", files.clone());
+    let trust = crate::signing::Trust::load(std::slice::from_ref(&publisher_pub), None).unwrap();
+    assert_eq!(verify_bundle(&trust, "vllm/x", &signed, 1 << 20).unwrap(), "key publisher.pub");
+
+    let code = |bundle: &Bundle, trust: &crate::signing::Trust| match verify_bundle(trust, "vllm/x", bundle, 1 << 20) {
+        Err(ArtifactError::Signature { refused, .. }) => refused.code().to_owned(),
+        Err(ArtifactError::Unsigned(_)) => "unsigned".to_owned(),
+        other => panic!("{other:?}"),
+    };
+    let other = crate::signing::Trust::load(&[other_pub], None).unwrap();
+    assert_eq!(code(&signed, &other), "signature_untrusted");
+    let mut changed = signed.clone();
+    changed.files[1] = file("rank_0_0/model", b"modeL");
+    assert_eq!(code(&changed, &trust), "signature_digest_mismatch");
+    let mut added = signed.clone();
+    added.files.push(file("rank_0_0/extra.so", b"extra"));
+    assert_eq!(code(&added, &trust), "signature_unsigned_file");
+    let mut partial = signed.clone();
+    partial.files.pop();
+    assert_eq!(code(&partial, &trust), "signature_missing_file");
+    assert_eq!(code(&Bundle { files, signature: None }, &trust), "unsigned");
+}

@@ -131,7 +131,11 @@ pub(super) fn shape() -> toml::Table {
         digests: Digests { store: Some(PathBuf::new()), hash_concurrency: Some(1), ..Digests::default() },
         cache: Cache { dir: Some(PathBuf::new()), ..Cache::default() },
         signing: Signing { ca_file: Some(PathBuf::new()), ..Signing::default() },
-        artifacts: Artifacts { dir: Some(PathBuf::new()), ..Artifacts::default() },
+        artifacts: Artifacts {
+            dir: Some(PathBuf::new()),
+            s3: Some(SourceSpec::S3 { bucket: String::new(), prefix: String::new() }),
+            ..Artifacts::default()
+        },
         ..Config::default()
     };
     toml::Table::try_from(example).expect("the configuration serializes")

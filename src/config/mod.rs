@@ -459,11 +459,27 @@ pub struct Artifacts {
     /// Tokens granted writing, each `TOKEN [PREFIX ...]` as in `[auth] tokens`: the prefixes
     /// limit the bundle names it may publish (none: nobody writes).
     pub writers: Vec<TokenEntry>,
+    /// Client certificate identities granted writing, each `IDENTITY [PREFIX ...]` as in
+    /// `[auth] client_identities` (needs `tls.client_ca_file`).
+    pub writer_identities: Vec<IdentityEntry>,
+    /// Whether a bundle is taken only with a signature that `[signing]`'s keys or CA verify
+    /// over exactly its files.
+    pub require_signature: bool,
+    /// An S3 prefix (`s3://bucket/prefix`, reached with `[s3_source]`'s settings) replicas
+    /// share: every blob and bundle is written through to it, and read from it when missing here.
+    pub s3: Option<SourceSpec>,
 }
 
 impl Default for Artifacts {
     fn default() -> Artifacts {
-        Artifacts { dir: None, max_bytes: 50_000_000_000, writers: Vec::new() }
+        Artifacts {
+            dir: None,
+            max_bytes: 50_000_000_000,
+            writers: Vec::new(),
+            writer_identities: Vec::new(),
+            require_signature: false,
+            s3: None,
+        }
     }
 }
 

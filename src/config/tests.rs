@@ -245,6 +245,25 @@ fn the_artifact_store_takes_writers_from_the_environment_and_none_without_a_dire
 }
 
 #[test]
+fn signatures_identities_and_a_shared_bucket_need_what_they_rely_on() {
+    let dir = ("ZTSERVE_ARTIFACTS__DIR", "/var/lib/a");
+    let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE", "true")]).unwrap_err().to_string();
+    assert!(e.contains("artifacts.require_signature") && e.contains("signing.public_keys"), "{e}");
+    let keys = ("ZTSERVE_SIGNING__PUBLIC_KEYS", "/etc/keys/publisher.pub");
+    let loaded = load(None, &[dir, ("ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE", "true"), keys]).unwrap();
+    assert!(loaded.config.artifacts.require_signature);
+    let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", "spiffe://a vllm")]).unwrap_err().to_string();
+    assert!(e.contains("artifacts.writer_identities") && e.contains("tls.client_ca_file"), "{e}");
+    let shared = load(None, &[dir, ("ZTSERVE_ARTIFACTS__S3", "s3://caches/prod")]).unwrap();
+    let spec = SourceSpec::S3 { bucket: "caches".into(), prefix: "prod".into() };
+    assert_eq!(shared.config.artifacts.s3, Some(spec));
+    let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__S3", "/not/a/bucket")]).unwrap_err().to_string();
+    assert!(e.contains("artifacts.s3") && e.contains("s3://bucket/prefix"), "{e}");
+    let e = load(None, &[("ZTSERVE_ARTIFACTS__S3", "s3://caches/prod")]).unwrap_err().to_string();
+    assert!(e.contains("artifacts.s3") && e.contains("artifacts.dir"), "{e}");
+}
+
+#[test]
 fn sources_are_directories_or_a_bucket_with_an_optional_prefix() {
     let spec = |text: &str| SourceSpec::try_from(text.to_owned());
     let s3 = |bucket: &str, prefix: &str| SourceSpec::S3 { bucket: bucket.into(), prefix: prefix.into() };

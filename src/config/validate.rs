@@ -154,6 +154,29 @@ impl Config {
         if self.artifacts.dir.is_none() && !self.artifacts.writers.is_empty() {
             return Err(fail("artifacts.writers", "grants writing to a store there is not: set artifacts.dir".into()));
         }
+        if self.artifacts.dir.is_none() && !self.artifacts.writer_identities.is_empty() {
+            return Err(fail(
+                "artifacts.writer_identities",
+                "grants writing to a store there is not: set artifacts.dir".into(),
+            ));
+        }
+        if !self.artifacts.writer_identities.is_empty() && self.tls.client_ca_file.is_none() {
+            let message =
+                "names client certificate identities, and tls.client_ca_file (which verifies them) is not set";
+            return Err(fail("artifacts.writer_identities", message.into()));
+        }
+        if self.artifacts.require_signature && self.signing.public_keys.is_empty() && self.signing.ca_file.is_none() {
+            let message = "needs a signer to trust: set signing.public_keys or signing.ca_file";
+            return Err(fail("artifacts.require_signature", message.into()));
+        }
+        if let Some(spec) = &self.artifacts.s3 {
+            if !matches!(spec, SourceSpec::S3 { .. }) {
+                return Err(fail("artifacts.s3", format!("{spec} is not s3://bucket/prefix")));
+            }
+            if self.artifacts.dir.is_none() {
+                return Err(fail("artifacts.s3", "shares a store there is not: set artifacts.dir too".into()));
+            }
+        }
         if self.artifacts.max_bytes == 0 {
             return Err(fail("artifacts.max_bytes", "must be at least 1".into()));
         }

@@ -2,8 +2,9 @@
 //! `[artifacts] dir` is set: without it the server takes no writes. Blobs are put and read by
 //! their SHA-256, bundles published once and read by name, and their names listed. Reads follow
 //! `[auth]` (a bundle outside a token's prefixes answers as one that does not exist); every
-//! write needs a token of `[artifacts] writers`, whose prefixes limit the bundle names it may
-//! publish.
+//! write needs a token of `[artifacts] writers` or a client certificate identity of
+//! `writer_identities`, whose prefixes limit the bundle names it may publish; with
+//! `require_signature`, a bundle is taken only when `[signing]`'s signers signed its files.
 
 use std::sync::Arc;
 
@@ -18,32 +19,42 @@ use serde_json::json;
 use super::ApiError;
 use crate::access::{Access, Tokens, bearer};
 use crate::api::routes;
-use crate::artifacts::{ArtifactError, ArtifactStore, BlobPut, Bundle};
+use crate::artifacts::{ArtifactError, BlobPut, Bundle, SharedStore, verify_bundle};
 use crate::config::Config;
+use crate::signing::Trust;
 use crate::transport::respond::{Representation, bytes_response};
 use crate::transport::{ClientIdentity, Refusals, RouteLabels, with_common_layers};
 
+/// The store, who may write to it, and whose signatures it requires.
+#[derive(Clone)]
+pub(crate) struct ArtifactAccess {
+    pub(crate) store: Arc<SharedStore>,
+    /// Who may write: `[artifacts] writers` and `writer_identities`; none, and nobody may.
+    pub(crate) writers: Option<Arc<Tokens>>,
+    /// With `require_signature`, the signers `[signing]` trusts.
+    pub(crate) signers: Option<Arc<Trust>>,
+}
+
 struct ArtifactsState {
-    store: Arc<ArtifactStore>,
+    access: ArtifactAccess,
     /// Who may read: `[auth]`.
     readers: Arc<Tokens>,
-    /// Who may write: `[artifacts] writers`; none, and nobody may.
-    writers: Option<Arc<Tokens>>,
     max_ranges: usize,
+    max_signature_bytes: u64,
 }
 
 /// The largest bundle read (100,000 files at about 200 bytes each is 20 MB).
 const MAX_BUNDLE_BYTES: usize = 64 << 20;
 
-/// The routes over `store`, reads checked against `readers` and writes against `writers`, to
+/// The routes over the store, reads checked against `readers` and writes as `access` says, to
 /// be merged into the main listener's (other paths below `/artifacts` are the contract's 404).
-pub(crate) fn app(
-    store: Arc<ArtifactStore>,
-    readers: Arc<Tokens>,
-    writers: Option<Arc<Tokens>>,
-    config: &Config,
-) -> Router {
-    let state = Arc::new(ArtifactsState { store, readers, writers, max_ranges: config.limits.max_ranges });
+pub(crate) fn app(access: ArtifactAccess, readers: Arc<Tokens>, config: &Config) -> Router {
+    let state = Arc::new(ArtifactsState {
+        access,
+        readers,
+        max_ranges: config.limits.max_ranges,
+        max_signature_bytes: config.signing.max_signature_bytes,
+    });
     let router = Router::new()
         .route(routes::ARTIFACT_BLOB, get(get_blob).put(put_blob))
         .route(routes::ARTIFACT_BUNDLES, get(list_bundles))
@@ -71,12 +82,13 @@ impl ArtifactsState {
             .map_err(|refused| ApiError::Unauthorized { invalid: refused == crate::access::Refused::Invalid })
     }
 
-    /// What the request may write; a token `[artifacts] writers` does not list may not.
-    fn writer(&self, headers: &HeaderMap) -> Result<Access, ApiError> {
-        let Some(writers) = &self.writers else {
-            return Err(ApiError::WriteNotGranted("no token is granted writing ([artifacts] writers is empty)".into()));
+    /// What the request may write; a token or identity `[artifacts]` does not grant may not.
+    fn writer(&self, headers: &HeaderMap, client: Option<&[String]>) -> Result<Access, ApiError> {
+        let Some(writers) = &self.access.writers else {
+            let reason = "nobody is granted writing ([artifacts] writers and writer_identities are empty)";
+            return Err(ApiError::WriteNotGranted(reason.into()));
         };
-        match writers.verdict(bearer(headers), None).access() {
+        match writers.verdict(bearer(headers), client).access() {
             Ok(access) => Ok(access),
             Err(crate::access::Refused::Missing) => Err(ApiError::Unauthorized { invalid: false }),
             Err(crate::access::Refused::Invalid) => {
@@ -91,26 +103,17 @@ fn blob_hex(digest: &str) -> Result<&str, ApiError> {
     crate::digests::sha256_hex(digest).ok_or_else(|| ApiError::Artifact(ArtifactError::BadDigest(digest.to_owned())))
 }
 
-/// Runs a store call on the blocking pool: they wait on the disk.
-async fn blocking<T: Send + 'static>(
-    call: impl FnOnce() -> Result<T, ArtifactError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(call)
-        .await
-        .map_err(|e| ApiError::Internal(format!("an artifact store call failed: {e}")))?
-        .map_err(ApiError::Artifact)
-}
-
 /// `PUT /artifacts/blobs/sha256:HEX`: 201 when stored, 200 when the store held it already.
 async fn put_blob(
     State(state): State<Arc<ArtifactsState>>,
     Path(digest): Path<String>,
     headers: HeaderMap,
+    identity: Option<axum::Extension<Arc<ClientIdentity>>>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    state.writer(&headers)?;
+    state.writer(&headers, client(&identity))?;
     let hex = blob_hex(&digest)?;
-    match state.store.put_blob(hex, body.into_data_stream()).await? {
+    match state.access.store.put_blob(hex, body.into_data_stream()).await? {
         BlobPut::Created => Ok(StatusCode::CREATED.into_response()),
         BlobPut::AlreadyHeld => Ok(StatusCode::OK.into_response()),
     }
@@ -126,9 +129,9 @@ async fn get_blob(
 ) -> Result<Response, ApiError> {
     state.reader(&headers, client(&identity))?;
     let hex = blob_hex(&digest)?.to_owned();
-    let store = Arc::clone(&state.store);
-    let bytes = blocking(move || {
-        let Some((path, _)) = store.blob(&hex) else { return Ok(None) };
+    let held = state.access.store.blob(&hex).await?;
+    let bytes = crate::artifacts::blocking(move || {
+        let Some((path, _)) = held else { return Ok(None) };
         // Evicted between the lookup and the open: as if it were not held.
         match crate::storage::mapped::MappedFile::open(&path) {
             Ok(mapped) => Ok(Some(bytes::Bytes::from_owner(mapped))),
@@ -154,9 +157,10 @@ async fn put_bundle(
     State(state): State<Arc<ArtifactsState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
+    identity: Option<axum::Extension<Arc<ClientIdentity>>>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let access = state.writer(&headers)?;
+    let access = state.writer(&headers, client(&identity))?;
     if !access.allows(&name) {
         return Err(ApiError::WriteNotGranted(format!("the bearer token may not publish {name:?}")));
     }
@@ -166,8 +170,11 @@ async fn put_bundle(
     })?;
     let bundle: Bundle = serde_json::from_slice(&body)
         .map_err(|e| ApiError::Artifact(ArtifactError::BadBundle { name: name.clone(), reason: e.to_string() }))?;
-    let store = Arc::clone(&state.store);
-    blocking(move || store.put_bundle(&name, &bundle)).await?;
+    if let Some(signers) = &state.access.signers {
+        let signer = verify_bundle(signers, &name, &bundle, state.max_signature_bytes).map_err(ApiError::Artifact)?;
+        tracing::info!(bundle = %name, %signer, "artifact bundle signature verified");
+    }
+    state.access.store.put_bundle(&name, bundle).await?;
     Ok(StatusCode::CREATED.into_response())
 }
 
@@ -181,8 +188,7 @@ async fn get_bundle(
     if !state.reader(&headers, client(&identity))?.allows(&name) {
         return Err(ApiError::Artifact(ArtifactError::NoBundle(name)));
     }
-    let store = Arc::clone(&state.store);
-    let bundle = blocking(move || store.bundle(&name)).await?;
+    let bundle = state.access.store.bundle(&name).await?;
     Ok(axum::Json(bundle).into_response())
 }
 
@@ -200,6 +206,7 @@ async fn list_bundles(
     identity: Option<axum::Extension<Arc<ClientIdentity>>>,
 ) -> Result<Response, ApiError> {
     let access = state.reader(&headers, client(&identity))?;
-    let names = state.store.bundle_names(|name| name.starts_with(&listing.prefix) && access.allows(name));
+    let names =
+        state.access.store.bundle_names(|name| name.starts_with(&listing.prefix) && access.allows(name)).await?;
     Ok(axum::Json(json!({ "bundles": names })).into_response())
 }

@@ -72,7 +72,10 @@ fn artifact_status(error: &ArtifactError) -> (StatusCode, &'static str) {
         ArtifactError::MissingBlob { .. } => (StatusCode::CONFLICT, "missing_blob"),
         ArtifactError::Exists(_) => (StatusCode::CONFLICT, "bundle_exists"),
         ArtifactError::NoBundle(_) => (StatusCode::NOT_FOUND, "no_such_bundle"),
-        ArtifactError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        ArtifactError::Unsigned(_) => (StatusCode::UNPROCESSABLE_ENTITY, "signature_required"),
+        ArtifactError::Signature { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "signature_failed"),
+        ArtifactError::Io { .. } | ArtifactError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        ArtifactError::Bucket(_) => (StatusCode::SERVICE_UNAVAILABLE, "source_unavailable"),
     }
 }
 
@@ -108,7 +111,10 @@ impl ApiError {
     fn class(&self) -> ErrorClass<'_> {
         match self {
             ApiError::Service(error) => ErrorClass::Service(error),
-            ApiError::Internal(_) | ApiError::Artifact(ArtifactError::Io { .. }) => ErrorClass::Internal,
+            ApiError::Internal(_)
+            | ApiError::Artifact(ArtifactError::Io { .. } | ArtifactError::Failed(_) | ArtifactError::Bucket(_)) => {
+                ErrorClass::Internal
+            }
             ApiError::RequestTimeout => ErrorClass::TimedOut,
             ApiError::RangeNotSatisfiable { length } | ApiError::TooManyRanges { length, .. } => {
                 ErrorClass::Unsatisfiable { length: *length }
@@ -123,7 +129,12 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let parts = ErrorParts::of(&self, self.class(), "http");
         let mut body = json!({ "error": { "code": code, "message": parts.message } });
-        if let Some(reason) = if let ApiError::Service(error) = &self { error.reason() } else { None } {
+        let reason = match &self {
+            ApiError::Service(error) => error.reason(),
+            ApiError::Artifact(ArtifactError::Signature { refused, .. }) => Some(refused.code()),
+            _ => None,
+        };
+        if let Some(reason) = reason {
             body["error"]["reason"] = json!(reason);
         }
         let mut response = (status, axum::Json(body)).into_response();

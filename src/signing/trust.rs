@@ -209,7 +209,7 @@ impl Trust {
 
 /// The SHA-256 (hex) of `spki` written as PEM the way `model_signing` (Python's `cryptography`)
 /// writes a public key: lines of 64 base64 characters, each ending in a newline.
-fn pem_hint(spki: &[u8]) -> String {
+pub(super) fn pem_hint(spki: &[u8]) -> String {
     let encoded = base64::engine::general_purpose::STANDARD.encode(spki);
     let mut pem = String::from("-----BEGIN PUBLIC KEY-----\n");
     for line in encoded.as_bytes().chunks(64) {

@@ -114,46 +114,51 @@ impl S3Options {
     }
 }
 
+/// A client of `bucket` with `options` (the sources', and the artifact store's bucket).
+pub(crate) fn bucket_client(bucket: &str, options: &S3Options) -> Result<AmazonS3, String> {
+    let mut client = ClientOptions::new()
+        .with_connect_timeout(options.connect_timeout)
+        .with_read_timeout(options.read_timeout)
+        .with_timeout_disabled()
+        .with_allow_http(options.allow_http);
+    if let Some(file) = &options.ca_file {
+        for cert in super::ca_bundle(file, object_store::Certificate::from_pem_bundle)? {
+            client = client.with_root_certificate(cert);
+        }
+    }
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: options.retries,
+        retry_timeout: Duration::from_secs(60),
+    };
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_client_options(client)
+        .with_retry(retry)
+        .with_virtual_hosted_style_request(options.virtual_hosted_style);
+    if let Some(endpoint) = &options.endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some((key_id, secret)) = &options.credentials {
+        builder = builder.with_access_key_id(key_id).with_secret_access_key(secret);
+    }
+    if let Some(region) = &options.region {
+        builder = builder.with_region(region);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
 impl S3Storage {
     /// The source `name` (`s3://bucket/prefix`) over `prefix` of `bucket`. Nothing is
     /// contacted yet.
     pub fn new(name: &str, bucket: &str, prefix: &str, options: &S3Options) -> Result<S3Storage, StorageError> {
         let source = name;
         let refused = |message: String| StorageError::Refused { source_name: source.to_owned(), message };
-        let mut client = ClientOptions::new()
-            .with_connect_timeout(options.connect_timeout)
-            .with_read_timeout(options.read_timeout)
-            .with_timeout_disabled()
-            .with_allow_http(options.allow_http);
-        if let Some(file) = &options.ca_file {
-            for cert in super::ca_bundle(file, object_store::Certificate::from_pem_bundle).map_err(refused)? {
-                client = client.with_root_certificate(cert);
-            }
-        }
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(5),
-                base: 2.0,
-            },
-            max_retries: options.retries,
-            retry_timeout: Duration::from_secs(60),
-        };
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .with_client_options(client)
-            .with_retry(retry)
-            .with_virtual_hosted_style_request(options.virtual_hosted_style);
-        if let Some(endpoint) = &options.endpoint {
-            builder = builder.with_endpoint(endpoint);
-        }
-        if let Some((key_id, secret)) = &options.credentials {
-            builder = builder.with_access_key_id(key_id).with_secret_access_key(secret);
-        }
-        if let Some(region) = &options.region {
-            builder = builder.with_region(region);
-        }
-        let store = builder.build().map_err(|e| refused(e.to_string()))?;
+        let store = bucket_client(bucket, options).map_err(refused)?;
         let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
         let mut http = reqwest::Client::builder()
             .connect_timeout(options.connect_timeout)

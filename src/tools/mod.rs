@@ -1,7 +1,10 @@
 //! The file tools over local files: `inspect`, `verify` (a file's rules and digests; a
-//! directory's signature), `cat`, `convert`, `digest` and `write-demo`, one module each. Each takes paths and writers so tests drive them directly; `main.rs` only
-//! parses arguments and sets exit codes.
+//! directory's signature), `cat`, `convert`, `digest` and `write-demo`, one module each; and
+//! `artifacts`, a directory published to a server's artifact store and restored from it. Each
+//! takes paths and writers so tests drive them directly; `main.rs` only parses arguments and
+//! sets exit codes.
 
+pub mod artifacts;
 mod cat;
 mod convert;
 mod demo;

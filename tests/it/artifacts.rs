@@ -1,7 +1,8 @@
 //! The artifact store over real sockets: no writes at all without `[artifacts]`; with it,
 //! blobs kept only when they hash to their name, bundles published once and whole (of eight
 //! racing publishes one wins), writes only by the tokens `[artifacts] writers` grants and
-//! within their prefixes, reads by `[auth]`'s tokens within theirs, and ranges on blobs.
+//! within their prefixes, reads by `[auth]`'s tokens within theirs, and ranges on blobs; and
+//! `ztserve artifacts` publishing a directory signed and restoring it for its publisher's key only.
 
 use crate::common;
 
@@ -181,4 +182,146 @@ async fn of_eight_nodes_publishing_one_name_at_once_one_wins_and_the_bundle_is_n
     let path = files[0]["path"].as_str().unwrap();
     let rank: usize = path.strip_prefix("rank_").unwrap().split('/').next().unwrap().parse().unwrap();
     assert_eq!(files[0]["sha256"], json!(&digest(&blobs[rank])[7..]), "the winner's own files, whole");
+}
+
+/// A P-256 key pair written as PEM files in `dir`: (private key, public key).
+fn key_pair(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let (private, public) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.pub")));
+    std::fs::write(&private, key.serialize_pem()).unwrap();
+    std::fs::write(&public, key.public_key_pem()).unwrap();
+    (private, public)
+}
+
+/// `ztserve artifacts ARGS` as a writer: its exit code and standard error.
+fn artifacts_command(args: &[&std::ffi::OsStr]) -> (i32, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ztserve"))
+        .arg("artifacts")
+        .args(args)
+        .env("ZTSERVE_TOKEN", WRITER)
+        .env_remove("ZTSERVE_ARTIFACTS_SIGNING_KEY")
+        .output()
+        .unwrap();
+    (output.status.code().unwrap(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_published_signed_is_restored_whole_only_for_its_publishers_key() {
+    let (dir, keys, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (publisher, publisher_pub) = key_pair(keys.path(), "publisher");
+    let (other, other_pub) = key_pair(keys.path(), "other");
+    let models = tempfile::tempdir().unwrap();
+    let mut config = Config::serving(vec![SourceSpec::local(models.path())]);
+    config.artifacts.dir = Some(dir.path().to_owned());
+    config.artifacts.writers = common::tokens(vec![WRITER.into()]);
+    config.artifacts.require_signature = true;
+    config.signing.public_keys = vec![publisher_pub.clone()];
+    let (address, _server) = serve(config).await;
+    let cache = work.path().join("cache");
+    std::fs::create_dir_all(cache.join("rank_0_0")).unwrap();
+    std::fs::write(cache.join("rank_0_0/model"), vec![7u8; 300_000]).unwrap();
+    std::fs::write(cache.join(".hidden"), b"kept too").unwrap();
+    tokio::task::spawn_blocking(move || {
+        let server = format!("http://{address}");
+        let os = |s: &str| std::ffi::OsString::from(s);
+        let publish = |key: Option<&std::path::Path>| {
+            let mut args = vec![os("publish"), os(&server), os("triton/h100"), cache.clone().into_os_string()];
+            if let Some(key) = key {
+                args.extend([os("--signing-key"), key.as_os_str().to_owned()]);
+            }
+            artifacts_command(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>())
+        };
+        let (status, stderr) = publish(None);
+        assert!(status == 1 && stderr.contains("unsigned"), "{status} {stderr}");
+        let (status, stderr) = publish(Some(&other));
+        assert!(status == 1 && stderr.contains("not trusted"), "{status} {stderr}");
+        let (status, stderr) = publish(Some(&publisher));
+        assert!(status == 0 && stderr.contains("published triton/h100: 2 files"), "{status} {stderr}");
+        let (status, stderr) = publish(Some(&publisher));
+        assert!(status == 0 && stderr.contains("published already"), "{status} {stderr}");
+
+        let restore = |name: &str, into: &std::path::Path, key: &std::path::Path| {
+            let args = [os("restore"), os(&server), os(name), into.as_os_str().to_owned(), os("--public-key")];
+            let mut args: Vec<std::ffi::OsString> = args.into();
+            args.push(key.as_os_str().to_owned());
+            artifacts_command(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>())
+        };
+        let restored = work.path().join("restored");
+        let (status, stderr) = restore("triton/h100", &restored, &other_pub);
+        assert!(status == 1 && stderr.contains("not trusted") && !restored.exists(), "{status} {stderr}");
+        let (status, stderr) = restore("triton/h100", &restored, &publisher_pub);
+        assert!(status == 0 && stderr.contains("signed by key publisher.pub"), "{status} {stderr}");
+        assert_eq!(std::fs::read(restored.join("rank_0_0/model")).unwrap(), vec![7u8; 300_000]);
+        assert_eq!(std::fs::read(restored.join(".hidden")).unwrap(), b"kept too");
+        let leftovers: Vec<_> = std::fs::read_dir(work.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers.len(), 2, "no staging directory is left: {leftovers:?}");
+        let (status, stderr) = restore("triton/h100", &restored, &publisher_pub);
+        assert!(status == 1 && stderr.contains("not empty"), "{status} {stderr}");
+        let (status, _) = restore("triton/none", &work.path().join("none"), &publisher_pub);
+        assert_eq!(status, 3);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_a_bucket_read_each_others_bundles_and_one_publish_of_a_name_wins() {
+    let s3 = common::start_s3();
+    s3.create_bucket("artifacts");
+    let mut replicas = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..2 {
+        let (dir, models) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut config = Config::serving(vec![SourceSpec::local(models.path())]);
+        config.artifacts.dir = Some(dir.path().to_owned());
+        config.artifacts.writers = common::tokens(vec![WRITER.into()]);
+        config.artifacts.s3 = Some(SourceSpec::S3 { bucket: "artifacts".into(), prefix: "shared".into() });
+        config.s3_source.endpoint = Some(s3.endpoint.clone());
+        config.s3_source.region = Some("us-east-1".into());
+        config.s3_source.allow_http = true;
+        config.s3_source.access_key_id = Some("testing".into());
+        config.s3_source.secret_access_key = Some("testing".into());
+        let (address, server) = serve(config).await;
+        replicas.push((address, server));
+        dirs.push((dir, models));
+    }
+    let (a, b) = (replicas[0].0.clone(), replicas[1].0.clone());
+    tokio::task::spawn_blocking(move || {
+        let (graph, model): (&[u8], Vec<u8>) = (b"graph", (0..50_000u32).map(|i| (i % 251) as u8).collect());
+        for blob in [graph, &model[..]] {
+            let put = call(&a, "PUT", &format!("/artifacts/blobs/{}", digest(blob)), Some(WRITER), blob);
+            assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
+        }
+        // The blobs went to replica A, the bundle to replica B: B takes them from the bucket.
+        let bundle = bundle_of(&[("inductor_cache/graph", graph), ("rank_0_0/model", &model)]);
+        let published = call(&b, "PUT", "/artifacts/bundles/vllm/shared", Some(WRITER), &bundle);
+        assert_eq!(published.status, 201, "{}", String::from_utf8_lossy(&published.body));
+        // A holds neither the bundle nor its record, and serves it from the bucket.
+        let read = call(&a, "GET", "/artifacts/bundles/vllm/shared", None, b"");
+        assert_eq!(read.status, 200, "{}", String::from_utf8_lossy(&read.body));
+        assert_eq!(read.json()["files"][1]["path"], "rank_0_0/model");
+        let listed = call(&a, "GET", "/artifacts/bundles?prefix=vllm/", None, b"");
+        assert_eq!(listed.json()["bundles"], json!(["vllm/shared"]));
+        // The name is published once among replicas: A may not publish it again.
+        let again = call(&a, "PUT", "/artifacts/bundles/vllm/shared", Some(WRITER), &bundle_of(&[("x", graph)]));
+        assert_eq!((again.status, code(&again).as_str()), (409, "bundle_exists"));
+        // A third name published on A only is read from B, blob bytes and all.
+        let only_a = bundle_of(&[("only", &model)]);
+        assert_eq!(call(&a, "PUT", "/artifacts/bundles/vllm/a-only", Some(WRITER), &only_a).status, 201);
+        assert_eq!(call(&b, "GET", "/artifacts/bundles/vllm/a-only", None, b"").status, 200);
+        let bytes = call(&b, "GET", &format!("/artifacts/blobs/{}", digest(&model)), None, b"");
+        assert_eq!(bytes.body, model);
+        // Eight publishes of one new name at once, four on each replica: one wins.
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let (address, bundle) = (if i % 2 == 0 { a.clone() } else { b.clone() }, bundle_of(&[("r", graph)]));
+                std::thread::spawn(move || call(&address, "PUT", "/artifacts/bundles/vllm/race", Some(WRITER), &bundle))
+            })
+            .collect();
+        let statuses: Vec<u16> = racers.into_iter().map(|r| r.join().unwrap().status).collect();
+        assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
+        assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+    })
+    .await
+    .unwrap();
 }

@@ -140,6 +140,22 @@ impl Bundle {
     }
 }
 
+/// The signature file of a statement `payload` signed with the public key whose PEM hashes to
+/// `hint` (`signature`, over [`pae`] of the payload), as `model_signing` writes it.
+pub fn write_bundle(hint: &str, payload: &[u8], signature: &[u8]) -> Vec<u8> {
+    let base64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let bundle = serde_json::json!({
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": { "publicKey": { "hint": hint }, "tlogEntries": [] },
+        "dsseEnvelope": {
+            "payload": base64(payload),
+            "payloadType": PAYLOAD_TYPE,
+            "signatures": [{ "sig": base64(signature), "keyid": "" }],
+        },
+    });
+    serde_json::to_vec(&bundle).expect("a bundle serializes")
+}
+
 /// The DSSE v1 pre-authentication encoding of `payload`, which the signature is over.
 pub fn pae(payload: &[u8]) -> Vec<u8> {
     let mut encoded = format!("DSSEv1 {} {PAYLOAD_TYPE} {} ", PAYLOAD_TYPE.len(), payload.len()).into_bytes();

@@ -2,13 +2,14 @@
 //! read as bytes: the signature file, a Sigstore bundle holding one DSSE envelope, with its
 //! size, depth and counts bounded ([`Bundle`]), the encodings its signature is over ([`pae`],
 //! [`pae_compat`]), and its in-toto statement, with a directory's files matched against it
-//! ([`SignedModel`]). Whether the signer is trusted is the server's to check.
+//! ([`SignedModel`]); and the same two written, for a signer ([`write_statement`],
+//! [`write_bundle`]). Whether the signer is trusted is the server's to check.
 
 mod bundle;
 mod statement;
 
-pub use bundle::{Bundle, Material, pae, pae_compat};
-pub use statement::SignedModel;
+pub use bundle::{Bundle, Material, pae, pae_compat, write_bundle};
+pub use statement::{SignedModel, write_statement};
 
 /// Why a signature does not let a model be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -226,6 +226,32 @@ impl SignedModel {
     }
 }
 
+/// The statement `model_signing` signs for the files of directory `name` (each by its path
+/// below it and its SHA-256), serialized by files with SHA-256 and nothing left out. Resources
+/// are in path order, and the subject's digest is over theirs in that order.
+pub fn write_statement(name: &str, files: &[(String, [u8; 32])]) -> Vec<u8> {
+    let mut sorted: Vec<&(String, [u8; 32])> = files.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut root = sha2::Sha256::new();
+    let resources: Vec<serde_json::Value> = sorted
+        .iter()
+        .map(|(path, digest)| {
+            root.update(digest);
+            serde_json::json!({ "name": path, "algorithm": "sha256", "digest": hex::encode(digest) })
+        })
+        .collect();
+    let statement = serde_json::json!({
+        "_type": STATEMENT_TYPE,
+        "subject": [{ "name": name, "digest": { "sha256": hex::encode(root.finalize()) } }],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "serialization": { "method": "files", "hash_type": "sha256", "allow_symlinks": false, "ignore_paths": [] },
+            "resources": resources,
+        },
+    });
+    serde_json::to_vec(&statement).expect("a statement serializes")
+}
+
 /// An ignored path as the statement records it, below the model's directory (`./a/` is `a`),
 /// or none for one outside it.
 fn relative_ignore(path: &str) -> Option<String> {
