@@ -4,6 +4,7 @@
     weights = Client("http://127.0.0.1:8080").load("demo/dense")
 """
 
+from ._artifacts import ArtifactStore
 from ._client import TRANSFORMER_SHARD_DIMS, Client, Snapshot
 from ._errors import (
     BrokenModel,
@@ -19,9 +20,12 @@ from ._errors import (
     Unavailable,
     ZtserveError,
 )
+from ._signing import BundleRefused
 
 __all__ = [
     "Client",
+    "ArtifactStore",
+    "BundleRefused",
     "Snapshot",
     "TRANSFORMER_SHARD_DIMS",
     "ZtserveError",

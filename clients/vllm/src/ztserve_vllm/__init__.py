@@ -4,15 +4,21 @@ share of every weight from a ztserve server, cut by the server, straight into me
     ZTSERVE_URL=http://ztserve:8080 HF_ENDPOINT=http://ztserve:8080/hf \\
         vllm serve org/llama --load-format ztserve --tensor-parallel-size 8
 
-vLLM finds it through the `vllm.general_plugins` entry point, which calls `register`.
+vLLM finds it through the `vllm.general_plugins` entry point, which calls `register`. With
+`ZTSERVE_COMPILE_CACHE=read` or `read-write` it also restores (and publishes) vLLM's compile
+cache through the server's artifact store (`compile_cache`), whatever the load format.
 """
 
 
 def register():
     """Registers the `ztserve` load format with vLLM's model-loader registry (called by vLLM
-    in every process it starts)."""
+    in every process it starts), and the compile cache the environment asks for."""
     from vllm.model_executor.model_loader import register_model_loader
 
     from .loader import ZtserveModelLoader
 
     register_model_loader("ztserve")(ZtserveModelLoader)
+
+    from . import compile_cache
+
+    compile_cache.install_from_environment()

@@ -1,0 +1,144 @@
+"""The artifact store from Python against a live server: a directory published signed and
+restored whole for its publisher's key only; a bundle signed by another key, one whose bytes
+changed after signing, one missing a signed file and one whose path leaves its directory refused
+before anything is placed; and the same bundles read and written by `ztserve artifacts`."""
+
+import hashlib
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import Server, binary
+
+from ztserve_client import ArtifactStore, BundleRefused
+from ztserve_client import _signing
+
+WRITER = "artifact-writer-0123456789abcdef"
+
+
+def keypair(directory, name):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1() if name == "other" else ec.SECP256R1())
+    private, public = directory / f"{name}.pem", directory / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                    serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(private), str(public)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("keys")
+    return {"publisher": keypair(directory, "publisher"), "other": keypair(directory, "other")}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, keys):
+    """A store that takes only the publisher's bundles, and one that checks no signature."""
+    base = tmp_path_factory.mktemp("stores")
+    (base / "models").mkdir()
+    common = {"ZTSERVE_ARTIFACTS__WRITERS": f"{WRITER} cache"}
+    checking = Server(base / "models", env={**common, "ZTSERVE_ARTIFACTS__DIR": str(base / "checking"),
+                                            "ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE": "true",
+                                            "ZTSERVE_SIGNING__PUBLIC_KEYS": keys["publisher"][1]})
+    trusting = Server(base / "models", env={**common, "ZTSERVE_ARTIFACTS__DIR": str(base / "trusting")})
+    yield checking, trusting
+    checking.stop()
+    trusting.stop()
+
+
+@pytest.fixture
+def cache(tmp_path):
+    directory = tmp_path / "cache"
+    (directory / "inductor_cache" / "ab").mkdir(parents=True)
+    (directory / "inductor_cache" / "ab" / "graph.py").write_text("def call(): pass\n")
+    (directory / "rank_0_0").mkdir()
+    (directory / "rank_0_0" / "model").write_bytes(os.urandom(200_000))
+    return directory
+
+
+def tree(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_signed_directory_is_restored_whole_for_its_publisher_only(stores, keys, cache, tmp_path):
+    checking, _ = stores
+    store = ArtifactStore(checking.url, WRITER)
+    name = f"cache/{tmp_path.name}"
+    with pytest.raises(Exception, match="signature"):
+        store.publish(name, str(cache), signing_key=keys["other"][0])
+    assert store.publish(name, str(cache), signing_key=keys["publisher"][0]) == "created"
+    assert store.publish(name, str(cache), signing_key=keys["publisher"][0]) == "exists"
+    with pytest.raises(BundleRefused, match="none of the keys trusted"):
+        store.restore(name, str(tmp_path / "refused"), public_keys=[keys["other"][1]])
+    assert not (tmp_path / "refused").exists() or not tree(tmp_path / "refused")
+    restored = store.restore(name, str(tmp_path / "out"), public_keys=[keys["publisher"][1]], last=("rank_0_0/",))
+    assert restored["signer"] == "publisher.pub" and restored["files"] == restored["placed"] == 2
+    assert tree(tmp_path / "out") == tree(cache)
+    assert store.restore("cache/none", str(tmp_path / "none"), public_keys=[keys["publisher"][1]]) is None
+    # `ztserve artifacts restore` reads what Python published, with the same verdicts.
+    command = [str(binary()), "artifacts", "restore", checking.url, name]
+    done = subprocess.run(command + [str(tmp_path / "cli"), "--public-key", keys["publisher"][1]], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert tree(tmp_path / "cli") == tree(cache)
+    done = subprocess.run(command + [str(tmp_path / "cli-other"), "--public-key", keys["other"][1]], capture_output=True, text=True)
+    assert done.returncode == 1 and "not trusted" in done.stderr
+
+
+def test_python_restores_what_the_ztserve_command_published(stores, keys, cache, tmp_path):
+    checking, _ = stores
+    name = f"cache/cli-{tmp_path.name}"
+    done = subprocess.run([str(binary()), "artifacts", "publish", checking.url, name, str(cache), "--signing-key",
+                           keys["publisher"][0]], capture_output=True, text=True, env={**os.environ, "ZTSERVE_TOKEN": WRITER})
+    assert done.returncode == 0, done.stderr
+    ArtifactStore(checking.url).restore(name, str(tmp_path / "out"), public_keys=[keys["publisher"][1]])
+    assert tree(tmp_path / "out") == tree(cache)
+
+
+def publish_raw(store, name, files, signature):
+    """Puts `files` (path: bytes) and a bundle naming them with `signature`, as a hostile
+    publisher would to a store that checks no signature."""
+    listed = []
+    for path, body in files.items():
+        digest = hashlib.sha256(body).hexdigest()
+        store._call("PUT", f"blobs/sha256:{digest}", body=body)
+        listed.append({"path": path, "sha256": digest, "size": len(body)})
+    store._call("PUT", f"bundles/{name}", body=json.dumps({"files": listed, "signature": signature}).encode(),
+                headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("case", ["changed byte", "missing file", "added file", "unsigned"])
+def test_a_bundle_that_is_not_what_was_signed_is_refused_before_anything_is_placed(stores, keys, cache, tmp_path, case):
+    _, trusting = stores
+    store = ArtifactStore(trusting.url, WRITER)
+    files = tree(cache)
+    signature = _signing.sign(keys["publisher"][0], "cache", {p: hashlib.sha256(b).hexdigest() for p, b in files.items()})
+    if case == "changed byte":
+        body = bytearray(files["rank_0_0/model"])
+        body[1000] ^= 1
+        files["rank_0_0/model"] = bytes(body)
+    elif case == "missing file":
+        del files["inductor_cache/ab/graph.py"]
+    elif case == "added file":
+        files["rank_0_0/extra.so"] = b"\x7fELF"
+    else:
+        signature = None
+    name = f"cache/{case.replace(' ', '-')}-{tmp_path.name}"
+    publish_raw(store, name, files, signature)
+    reasons = {"changed byte": "not the", "missing file": "not those signed", "added file": "not those signed",
+               "unsigned": "unsigned"}
+    with pytest.raises(BundleRefused, match=reasons[case]):
+        store.restore(name, str(tmp_path / "out"), public_keys=[keys["publisher"][1]])
+    assert not tree(tmp_path / "out")
+
+
+@pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b", "a//b", ""])
+def test_a_path_leaving_its_directory_is_refused(path):
+    with pytest.raises(BundleRefused, match="leaves"):
+        from ztserve_client._artifacts import _check_path
+
+        _check_path(path)
