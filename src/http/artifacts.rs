@@ -90,6 +90,10 @@ impl ArtifactsState {
         };
         match writers.verdict(bearer(headers), client).access() {
             Ok(access) => Ok(access),
+            Err(crate::access::Refused::Missing) if client.is_some_and(|names| !names.is_empty()) => {
+                let reason = "the client certificate's identity is not granted writing ([artifacts] writer_identities)";
+                Err(ApiError::WriteNotGranted(reason.into()))
+            }
             Err(crate::access::Refused::Missing) => Err(ApiError::Unauthorized { invalid: false }),
             Err(crate::access::Refused::Invalid) => {
                 Err(ApiError::WriteNotGranted("the bearer token is not granted writing ([artifacts] writers)".into()))

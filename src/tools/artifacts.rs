@@ -68,6 +68,15 @@ impl Store {
     }
 }
 
+/// The HTTP client: a stalled transfer fails rather than hangs.
+fn http_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .user_agent(concat!("ztserve-artifacts/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .read_timeout(std::time::Duration::from_secs(60))
+        .build()?)
+}
+
 /// Why a server refused: its error's code and message, or the status and body.
 async fn refusal(response: reqwest::Response) -> (String, String) {
     let status = response.status();
@@ -101,7 +110,7 @@ fn files_below(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Res
 pub async fn publish(store: &Store, name: &str, dir: &Path, signing_key: Option<&Path>) -> anyhow::Result<Published> {
     crate::artifacts::check_name(name)?;
     let signer = signing_key.map(Signer::load).transpose()?;
-    let client = reqwest::Client::new();
+    let client = http_client()?;
     let existing = store.request(&client, reqwest::Method::GET, &format!("bundles/{name}")).send().await?;
     if existing.status().is_success() {
         return Ok(Published::AlreadyThere);
@@ -182,7 +191,7 @@ pub async fn restore(
     if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
         bail!("{} is not empty: a bundle is restored into a new directory", dir.display());
     }
-    let client = reqwest::Client::new();
+    let client = http_client()?;
     let response = store.request(&client, reqwest::Method::GET, &format!("bundles/{name}")).send().await?;
     if response.status() == reqwest::StatusCode::NOT_FOUND {
         return Ok(Restored::NotPublished);

@@ -12,9 +12,10 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::tls::{KEY_TYPES, TestCa, client_config, connect, get, get_once, server_certificate};
+use common::tls::{KEY_TYPES, TestCa, client_config, connect, get, get_once, send, server_certificate};
 use common::{InProcess, metric, model};
 use rustls::version::{TLS12, TLS13};
+use sha2::Digest as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use ztserve::config::{Config, IdentityEntry, SourceSpec};
 use ztserve::format::DType;
@@ -187,6 +188,43 @@ async fn client_certificates_are_required_and_grant_models_by_identity() {
     let unlisted = client_config(&ca.ca_file(), Some(&ca.client("worker-z", "worker-z", None)), &[&TLS13]);
     assert_eq!(get_once(&running.address, &unlisted, "/models", &[]).await.unwrap().status, 401);
     assert_eq!(get_once(&running.address, &unlisted, "/hf/api/models/local/shared", &[]).await.unwrap().status, 401);
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn client_certificates_granted_writing_publish_artifacts_and_others_may_not() {
+    let dir = tempfile::tempdir().unwrap();
+    models(&dir.path().join("models"));
+    let ca = TestCa::new(&dir.path().join("pki"), "ztserve test CA");
+    let (cert, key) = ca.server("server", &rcgen::PKCS_ECDSA_P256_SHA256);
+    let mut config = config_with_tls(&dir.path().join("models"), &cert, &key);
+    config.tls.client_ca_file = Some(ca.ca_file());
+    config.auth.client_identities = vec![IdentityEntry::parse("reader").unwrap()];
+    config.artifacts.dir = Some(dir.path().join("artifacts"));
+    config.artifacts.writer_identities = vec![IdentityEntry::parse("spiffe://fleet/ns/gpu/sa/compiler vllm").unwrap()];
+    let running = InProcess::start(config, true).await;
+    let blob = b"compiled kernels";
+    let hex = hex::encode(sha2::Sha256::digest(blob));
+    let (blob_path, bundle_path) = (format!("/artifacts/blobs/sha256:{hex}"), "/artifacts/bundles/vllm/abc");
+    let bundle = format!(r#"{{"files": [{{"path": "k.so", "sha256": "{hex}", "size": {}}}]}}"#, blob.len());
+    let json = [("Content-Type", "application/json")];
+
+    // A reader's certificate reads, and may not write.
+    let reader = client_config(&ca.ca_file(), Some(&ca.client("reader", "reader", None)), &[&TLS13]);
+    let mut connection = connect(&running.address, &reader).await.unwrap();
+    assert_eq!(send(&mut connection, "PUT", &blob_path, &[], blob).await.unwrap().status, 403);
+    // The compiler's identity (a SPIFFE ID) writes below vllm/ and nowhere else.
+    let spiffe = ca.client("compiler", "compiler", Some("spiffe://fleet/ns/gpu/sa/compiler"));
+    let compiler = client_config(&ca.ca_file(), Some(&spiffe), &[&TLS13]);
+    let mut connection = connect(&running.address, &compiler).await.unwrap();
+    assert_eq!(send(&mut connection, "PUT", &blob_path, &[], blob).await.unwrap().status, 201);
+    let outside = send(&mut connection, "PUT", "/artifacts/bundles/triton/abc", &json, bundle.as_bytes()).await;
+    assert_eq!(outside.unwrap().status, 403);
+    // A refused body is not read, so the server closes that connection.
+    let mut connection = connect(&running.address, &compiler).await.unwrap();
+    assert_eq!(send(&mut connection, "PUT", bundle_path, &json, bundle.as_bytes()).await.unwrap().status, 201);
+    let read = get_once(&running.address, &reader, bundle_path, &[]).await.unwrap();
+    assert_eq!(read.status, 200);
     running.stop().await.unwrap();
 }
 

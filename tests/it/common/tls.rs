@@ -132,12 +132,27 @@ pub struct TlsReply {
 /// `GET path` on `connection`, kept alive, with `headers`; the whole response, read by its
 /// `Content-Length`.
 pub async fn get(connection: &mut TlsConnection, path: &str, headers: &[(&str, &str)]) -> std::io::Result<TlsReply> {
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n");
+    send(connection, "GET", path, headers, b"").await
+}
+
+/// `METHOD path` with `body` on `connection`, kept alive, with `headers`; the whole response.
+pub async fn send(
+    connection: &mut TlsConnection,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<TlsReply> {
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
+    if !body.is_empty() || method == "PUT" {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     request.push_str("\r\n");
     connection.write_all(request.as_bytes()).await?;
+    connection.write_all(body).await?;
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         let mut byte = [0u8; 1];

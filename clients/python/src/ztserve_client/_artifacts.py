@@ -14,7 +14,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from . import _signing
-from ._client import _Connections
+from ._client import _Connections, tls_context
 from ._errors import error_for
 
 _PIECE = 1 << 20
@@ -37,13 +37,16 @@ def _sha256_file(path):
 
 class ArtifactStore:
     """The artifact store of the server at `url`; `token` (default `ZTSERVE_TOKEN`) is sent as
-    a bearer token, and must be granted writing (`[artifacts] writers`) to publish."""
+    a bearer token, and must be granted writing (`[artifacts] writers`) to publish. Over
+    https://, the server is verified against the system's roots or `ca_file` (default
+    `ZTSERVE_CA_FILE`); `cert_file` and `key_file` present a client certificate (a writer
+    identity of `[artifacts] writer_identities`)."""
 
-    def __init__(self, url, token=None, *, concurrency=8, timeout=60.0):
+    def __init__(self, url, token=None, *, concurrency=8, timeout=60.0, ca_file=None, cert_file=None, key_file=None):
         self.url = url.rstrip("/")
         self.token = token if token is not None else (os.environ.get("ZTSERVE_TOKEN") or None)
         self.concurrency = concurrency
-        self._connections = _Connections(self.url, timeout)
+        self._connections = _Connections(self.url, timeout, tls_context(url, ca_file, cert_file, key_file))
 
     def _call(self, method, path, body=None, headers=None, on_response=None):
         """`method` on `/artifacts/{path}`: the status and what `on_response` makes of the

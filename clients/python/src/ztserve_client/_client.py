@@ -27,6 +27,20 @@ def _segment(text):
     return urllib.parse.quote(text, safe="")
 
 
+def tls_context(url, ca_file, cert_file, key_file):
+    """The TLS context for `url` (None over http://): the system's roots or `ca_file` (default
+    `ZTSERVE_CA_FILE`), and the client certificate `cert_file` with `key_file` when given."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("give both cert_file and key_file, or neither")
+    if not url.startswith("https://"):
+        return None
+    ca_file = ca_file if ca_file is not None else (os.environ.get("ZTSERVE_CA_FILE") or None)
+    context = ssl.create_default_context(cafile=ca_file)
+    if cert_file is not None:
+        context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 class _Connections:
     """One keep-alive connection per thread, so concurrent GETs never share a socket."""
 
@@ -111,14 +125,7 @@ class Client:
                  ca_file=None, cert_file=None, key_file=None):
         if concurrency < 1 or chunk_size < 1:
             raise ValueError("concurrency and chunk_size must be at least 1")
-        if (cert_file is None) != (key_file is None):
-            raise ValueError("give both cert_file and key_file, or neither")
-        ca_file = ca_file if ca_file is not None else (os.environ.get("ZTSERVE_CA_FILE") or None)
-        context = None
-        if url.startswith("https://"):
-            context = ssl.create_default_context(cafile=ca_file)
-            if cert_file is not None:
-                context.load_cert_chain(cert_file, key_file)
+        context = tls_context(url, ca_file, cert_file, key_file)
         self.url = url.rstrip("/")
         self.token = token if token is not None else (os.environ.get("ZTSERVE_TOKEN") or None)
         self.concurrency = concurrency
