@@ -6,6 +6,8 @@ key, each served under the same key by a store that does not check signatures it
 must refuse it ("compile cache: refused"), compile, and generate the same ids.
 
     vllm_compile_cache.py WORK     (ZTSERVE_BIN: the server; prints a markdown table)
+    vllm_compile_cache.py WORK --tp 2
+        nodes A and B alone at TP=2: each rank restores its own bundle (rank_0_0, rank_1_0)
 """
 
 import json
@@ -62,7 +64,7 @@ def store(work, name, token, signed_by=None):
             server.wait(timeout=60)
 
 
-def node(work, label, folder, url, token, mode, public_key, signing_key=None):
+def node(work, label, folder, url, token, mode, public_key, signing_key=None, tp=1):
     """One engine on an empty cache root: its ids, engine start (vLLM's "init engine" seconds),
     the whole LLM() time, and its log."""
     root, tmp = work / f"cache-{label}", work / f"tmp-{label}"
@@ -75,7 +77,7 @@ def node(work, label, folder, url, token, mode, public_key, signing_key=None):
     if signing_key:
         env["ZTSERVE_COMPILE_CACHE_SIGNING_KEY"] = signing_key
     log = work / f"{label}.log"
-    ids, _ = vllm_load.engine(str(folder), "auto", 1, env, log)
+    ids, _ = vllm_load.engine(str(folder), "auto", tp, env, log)
     text = log.read_text()
     init = [float(m) for m in re.findall(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s", text)]
     whole = [json.loads(line[len("RESULT "):])["engine_start_s"] for line in text.splitlines() if line.startswith("RESULT ")]
@@ -153,5 +155,26 @@ def main(work):
     assert ratio <= 0.6, f"node B's engine start is {ratio:.2f}x node A's, over 0.6x"
 
 
+def ranks(work, tp):
+    """Nodes A and B at `tp` ranks: every rank publishes, then restores, its own bundle."""
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    folder, _ = vllm_load.prepare(work / "model", "tiny")
+    token = secrets.token_hex(24)
+    publisher, publisher_pub = keypair(work / "publisher")
+    with store(work, "store", token, signed_by=publisher_pub) as url:
+        ids_a, init_a, _, log_a, _ = node(work, "node-a", folder, url, token, "read-write", publisher_pub, publisher, tp)
+        ids_b, init_b, _, log_b, _ = node(work, "node-b", folder, url, token, "read", publisher_pub, tp=tp)
+    for rank in range(tp):
+        assert re.search(rf"compile cache: published vllm/[0-9a-f]+/rank_{rank}_0", log_a), (rank, log_a[-3000:])
+        assert re.search(rf"compile cache: restored vllm/[0-9a-f]+/rank_{rank}_0", log_b), (rank, log_b[-3000:])
+    assert ids_b == ids_a, (ids_a, ids_b)
+    print(f"TP={tp}: every rank published and restored its own bundle; engine start {init_a:.1f} s, then {init_b:.1f} s "
+          f"({init_b / init_a:.2f}x); the same token ids")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) > 3 and sys.argv[2] == "--tp":
+        ranks(sys.argv[1], int(sys.argv[3]))
+    else:
+        main(sys.argv[1])

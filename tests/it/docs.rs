@@ -117,7 +117,7 @@ fn settings() -> BTreeSet<String> {
         }
         let assignment = line.strip_prefix("# ").unwrap_or(line);
         let Some((key, _)) = assignment.split_once(" = ") else { continue };
-        if !section.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        if !section.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
             found.insert(format!("{section}.{key}"));
         }
     }
