@@ -166,7 +166,7 @@ async fn put_bundle(
 ) -> Result<Response, ApiError> {
     let access = state.writer(&headers, client(&identity))?;
     if !access.allows(&name) {
-        return Err(ApiError::WriteNotGranted(format!("the bearer token may not publish {name:?}")));
+        return Err(ApiError::WriteNotGranted(format!("this writer's prefixes do not allow publishing {name:?}")));
     }
     let body = axum::body::to_bytes(body, MAX_BUNDLE_BYTES).await.map_err(|e| {
         let reason = format!("the bundle is not read whole (at most {MAX_BUNDLE_BYTES} bytes): {e}");
