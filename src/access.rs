@@ -155,6 +155,11 @@ fn stamp(path: &Path) -> std::io::Result<FileStamp> {
     Ok(FileIdentity::of(&std::fs::metadata(path)?))
 }
 
+/// Each listed client certificate identity with what its prefixes grant.
+fn identity_grants(identities: &[IdentityEntry]) -> Vec<(String, Access)> {
+    identities.iter().map(|e| (e.identity.clone(), access_under(&e.prefixes))).collect()
+}
+
 /// The tokens in force, and the client certificate identities granted models.
 pub(crate) struct Tokens {
     /// No tokens and no identities configured at all: every request may read everything.
@@ -176,7 +181,7 @@ impl Tokens {
     pub(crate) fn writers(entries: &[TokenEntry], identities: &[IdentityEntry]) -> Tokens {
         Tokens {
             open: entries.is_empty() && identities.is_empty(),
-            identities: identities.iter().map(|e| (e.identity.clone(), access_under(&e.prefixes))).collect(),
+            identities: identity_grants(identities),
             from_config: entries.iter().map(|e| grant(e, false)).collect(),
             file: None,
             from_file: RwLock::new((Vec::new(), None)),
@@ -198,7 +203,7 @@ impl Tokens {
         let file = file.map(Path::to_path_buf);
         let tokens = Tokens {
             open: entries.is_empty() && file.is_none() && identities.is_empty(),
-            identities: identities.iter().map(|e| (e.identity.clone(), access_under(&e.prefixes))).collect(),
+            identities: identity_grants(identities),
             from_config,
             file,
             from_file: RwLock::new((Vec::new(), None)),

@@ -160,21 +160,12 @@ async fn upload(store: &Store, client: &reqwest::Client, dir: &Path, file: &Bund
     }
     let path = dir.join(&file.path);
     let opened = tokio::fs::File::open(&path).await.with_context(|| format!("cannot open {}", path.display()))?;
-    let body = reqwest::Body::wrap_stream(file_pieces(opened));
+    let body = reqwest::Body::from(opened);
     let response = store.request(client, reqwest::Method::PUT, &blob).body(body).send().await?;
     if !response.status().is_success() {
         bail!("uploading {}: {}", file.path, refusal(response).await.1);
     }
     Ok(true)
-}
-
-/// A file's bytes as a stream of pieces.
-fn file_pieces(file: tokio::fs::File) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
-    futures_util::stream::try_unfold(file, |mut file| async move {
-        let mut buffer = bytes::BytesMut::with_capacity(1 << 20);
-        let n = tokio::io::AsyncReadExt::read_buf(&mut file, &mut buffer).await?;
-        Ok((n > 0).then(|| (buffer.freeze(), file)))
-    })
 }
 
 /// Restores bundle `name` into `dir` (absent, or an empty directory): its signature checked

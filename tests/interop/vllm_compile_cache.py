@@ -15,11 +15,8 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,30 +35,13 @@ def keypair(path):
 def store(work, name, token, signed_by=None):
     """ztserve with an artifact store in WORK/NAME, `token` granted writing below vllm/; with
     `signed_by`, a store that takes only bundles that key signed."""
-    port = vllm_load.free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZTSERVE_")}
-    env.update({"ZTSERVE_ARTIFACTS__DIR": str(work / name), "ZTSERVE_ARTIFACTS__WRITERS": f"{token} vllm"})
+    settings = {"ZTSERVE_ARTIFACTS__DIR": str(work / name), "ZTSERVE_ARTIFACTS__WRITERS": f"{token} vllm"}
     if signed_by:
-        env.update({"ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE": "true", "ZTSERVE_SIGNING__PUBLIC_KEYS": signed_by})
+        settings.update({"ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE": "true", "ZTSERVE_SIGNING__PUBLIC_KEYS": signed_by})
     empty = work / "no-models"
     empty.mkdir(exist_ok=True)
-    with open(work / f"{name}.log", "wb") as out:
-        server = subprocess.Popen([os.environ["ZTSERVE_BIN"], "serve", "--source", str(empty), "--listen", f"127.0.0.1:{port}"],
-                                  env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                try:
-                    if urllib.request.urlopen(url + "/readyz", timeout=1).status == 200:
-                        break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                raise RuntimeError(f"ztserve did not become ready; see {work / name}.log")
-            yield url
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=60)
+    with vllm_load.serving(empty, work / f"{name}.log", settings) as (url, _):
+        yield url
 
 
 def node(work, label, folder, url, token, mode, public_key, signing_key=None, tp=1):

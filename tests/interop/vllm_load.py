@@ -279,12 +279,13 @@ def free_port():
 
 
 @contextmanager
-def serving(models, log):
-    """ztserve on two free loopback ports (HTTP, and the S3 endpoint), stopped with SIGTERM
-    and waited for."""
+def serving(models, log, settings=None):
+    """ztserve on two free loopback ports (HTTP, and the S3 endpoint), with `settings` (its
+    ZTSERVE_* variables), stopped with SIGTERM and waited for."""
     http, s3 = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZTSERVE_")}
     env["ZTSERVE_S3_ENDPOINT__LISTEN"] = f"127.0.0.1:{s3}"
+    env.update(settings or {})
     with open(log, "wb") as out:
         server = subprocess.Popen([os.environ["ZTSERVE_BIN"], "serve", "--source", str(models), "--listen", f"127.0.0.1:{http}"],
                                   env=env, stdout=out, stderr=subprocess.STDOUT)

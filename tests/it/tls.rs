@@ -38,6 +38,17 @@ fn config_with_tls(models: &Path, cert: &Path, key: &Path) -> Config {
 
 /// Waits until the series reaches `at_least`: the server counts a closed connection just after
 /// closing it, so the client can see the close first.
+/// The demo models over TLS in `dir`, client certificates of a test CA required: the
+/// configuration, and the CA that issues them.
+fn config_with_client_certificates(dir: &Path) -> (Config, TestCa) {
+    models(&dir.join("models"));
+    let ca = TestCa::new(&dir.join("pki"), "ztserve test CA");
+    let (cert, key) = ca.server("server", &rcgen::PKCS_ECDSA_P256_SHA256);
+    let mut config = config_with_tls(&dir.join("models"), &cert, &key);
+    config.tls.client_ca_file = Some(ca.ca_file());
+    (config, ca)
+}
+
 async fn counted(name: &str, labels: &[(&str, &str)], at_least: f64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while metric(name, labels) < at_least {
@@ -147,11 +158,7 @@ async fn a_rotated_certificate_is_served_to_new_handshakes_while_open_connection
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_are_required_and_grant_models_by_identity() {
     let dir = tempfile::tempdir().unwrap();
-    models(&dir.path().join("models"));
-    let ca = TestCa::new(&dir.path().join("pki"), "ztserve test CA");
-    let (cert, key) = ca.server("server", &rcgen::PKCS_ECDSA_P256_SHA256);
-    let mut config = config_with_tls(&dir.path().join("models"), &cert, &key);
-    config.tls.client_ca_file = Some(ca.ca_file());
+    let (mut config, ca) = config_with_client_certificates(dir.path());
     config.auth.client_identities = vec![
         IdentityEntry::parse("worker-a team-a").unwrap(),
         IdentityEntry::parse("spiffe://fleet/ns/gpu/sa/loader").unwrap(),
@@ -194,11 +201,7 @@ async fn client_certificates_are_required_and_grant_models_by_identity() {
 #[tokio::test]
 async fn client_certificates_granted_writing_publish_artifacts_and_others_may_not() {
     let dir = tempfile::tempdir().unwrap();
-    models(&dir.path().join("models"));
-    let ca = TestCa::new(&dir.path().join("pki"), "ztserve test CA");
-    let (cert, key) = ca.server("server", &rcgen::PKCS_ECDSA_P256_SHA256);
-    let mut config = config_with_tls(&dir.path().join("models"), &cert, &key);
-    config.tls.client_ca_file = Some(ca.ca_file());
+    let (mut config, ca) = config_with_client_certificates(dir.path());
     config.auth.client_identities = vec![IdentityEntry::parse("reader").unwrap()];
     config.artifacts.dir = Some(dir.path().join("artifacts"));
     config.artifacts.writer_identities = vec![IdentityEntry::parse("spiffe://fleet/ns/gpu/sa/compiler vllm").unwrap()];

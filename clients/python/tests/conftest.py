@@ -35,6 +35,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def keypair(directory, name, curve="P-256"):
+    """An ECDSA key pair written as PEM files DIRECTORY/NAME.pem and NAME.pub (`curve` P-256 or
+    P-384), for signing artifact bundles; their paths, as strings."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key({"P-256": ec.SECP256R1(), "P-384": ec.SECP384R1()}[curve])
+    private, public = directory / f"{name}.pem", directory / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                    serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(private), str(public)
+
+
 class Server:
     def __init__(self, models, env=None):
         self.port = free_port()

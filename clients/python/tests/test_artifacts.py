@@ -9,7 +9,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import Server, binary
+from conftest import Server, binary, keypair
 
 from ztserve_client import ArtifactStore, BundleRefused
 from ztserve_client import _signing
@@ -17,23 +17,10 @@ from ztserve_client import _signing
 WRITER = "artifact-writer-0123456789abcdef"
 
 
-def keypair(directory, name):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP384R1() if name == "other" else ec.SECP256R1())
-    private, public = directory / f"{name}.pem", directory / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                    serialization.PublicFormat.SubjectPublicKeyInfo))
-    return str(private), str(public)
-
-
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     directory = tmp_path_factory.mktemp("keys")
-    return {"publisher": keypair(directory, "publisher"), "other": keypair(directory, "other")}
+    return {"publisher": keypair(directory, "publisher"), "other": keypair(directory, "other", "P-384")}
 
 
 @pytest.fixture(scope="module")

@@ -17,19 +17,6 @@ from ztserve_vllm import compile_cache
 WRITER = "compile-cache-writer-0123456789"
 
 
-def keypair(directory, name):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = directory / f"{name}.pem", directory / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                    serialization.PublicFormat.SubjectPublicKeyInfo))
-    return str(private), str(public)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     base = tmp_path_factory.mktemp("compile-cache")
@@ -95,8 +82,8 @@ def node(monkeypatch, store, root, mode, keys, signing_key=None):
 
 def test_node_b_restores_what_node_a_compiled_and_refuses_another_publishers(store, tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="vllm.ztserve_compile_cache")
-    publisher, publisher_pub = keypair(tmp_path, "publisher")
-    _, other_pub = keypair(tmp_path, "other")
+    publisher, publisher_pub = live.keypair(tmp_path, "publisher")
+    _, other_pub = live.keypair(tmp_path, "other")
     node(monkeypatch, store, tmp_path / "a", "read-write", [publisher_pub], publisher)
     assert "compile cache: published vllm/" + "4f" * 32 + "/rank_0_0: 2 files, signed" in caplog.text
 
@@ -126,7 +113,7 @@ def test_settings_refuse_what_would_run_untrusted_code(environ, wrong):
 
 
 def test_read_write_needs_a_signing_key_and_off_is_nothing(tmp_path):
-    _, public = keypair(tmp_path, "k")
+    _, public = live.keypair(tmp_path, "k")
     base = {"ZTSERVE_URL": "http://x", "ZTSERVE_COMPILE_CACHE_PUBLIC_KEYS": public}
     with pytest.raises(ValueError, match="ZTSERVE_COMPILE_CACHE_SIGNING_KEY"):
         compile_cache.settings_from({**base, "ZTSERVE_COMPILE_CACHE": "read-write"})
