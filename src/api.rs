@@ -21,6 +21,8 @@ pub mod routes {
     pub const VIEW_FILE: &str = "/models/{model}/{view_file}";
     /// How much of the model the disk cache holds (GET); fetching all of it into the cache (POST).
     pub const PREFETCH: &str = "/models/{model}/prefetch";
+    /// Many regions of the model's tensors in one body (POST), each followed by its CRC32C.
+    pub const REGIONS: &str = "/models/{model}/regions";
     pub const OBJECT: &str = "/models/{model}/objects/{object}";
     pub const COMPONENT: &str = "/models/{model}/objects/{object}/components/{role}";
     /// An object may be named "" (the official 1.2.3 writer allows it): an empty segment.
@@ -64,6 +66,7 @@ pub mod routes {
         STORED_FILE,
         VIEW_FILE,
         PREFETCH,
+        REGIONS,
         OBJECT,
         COMPONENT,
         UNNAMED_OBJECT,
@@ -93,6 +96,8 @@ pub mod headers {
     pub const SLICE: &str = "x-zt-slice";
     pub const FORMAT: &str = "x-zt-format";
     pub const REPR_DIGEST: &str = "repr-digest";
+    /// On a regions body: how many regions it holds.
+    pub const REGIONS: &str = "x-zt-regions";
 }
 
 /// Characters left as they are in a path segment (unreserved ones, and `@`, which a path may
@@ -106,11 +111,17 @@ pub fn segment(text: &str) -> String {
 }
 
 /// Whether `rest` (the path segments after a model id, as written) is one of the model routes:
-/// the manifest (nothing), `file`, `files/{name}`, `prefetch`, `objects/{object}`,
+/// the manifest (nothing), `file`, `files/{name}`, `prefetch`, `regions`, `objects/{object}`,
 /// `objects/{object}/components/{role}`, or a file of the safetensors view.
 pub fn is_model_route(rest: &[&str]) -> bool {
     match rest {
-        [] | ["file"] | ["files", _] | ["prefetch"] | ["objects", _] | ["objects", _, "components", _] => true,
+        []
+        | ["file"]
+        | ["files", _]
+        | ["prefetch"]
+        | ["regions"]
+        | ["objects", _]
+        | ["objects", _, "components", _] => true,
         [name] => crate::format::view::is_view_file_name(name),
         _ => false,
     }

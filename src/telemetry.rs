@@ -71,6 +71,7 @@ pub mod names {
     pub const STORAGE_READ_DURATION: &str = "ztserve_storage_read_duration_seconds";
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
     pub const SENDFILE_BYTES: &str = "ztserve_sendfile_bytes_total";
+    pub const REGIONS: &str = "ztserve_regions_total";
     pub const HTTP_CONNECTIONS: &str = "ztserve_http_connections";
     pub const HTTP_IDLE_TIMEOUTS: &str = "ztserve_http_idle_timeouts_total";
     pub const DECODE_REFUSALS: &str = "ztserve_decode_refusals_total";
@@ -140,6 +141,10 @@ fn describe_requests() {
         SENDFILE_BYTES,
         Unit::Bytes,
         "Response bytes sent from files with sendfile, never copied through the process."
+    );
+    describe_counter!(
+        REGIONS,
+        "Regions answered by POST /models/{m}/regions (each sent with the 4 bytes of its CRC32C)."
     );
 }
 
@@ -254,6 +259,7 @@ fn register_at_zero() {
         DISK_CACHE_DAMAGED,
         DISK_CACHE_SCRUBBED_BYTES,
         SENDFILE_BYTES,
+        REGIONS,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,
     ] {

@@ -258,6 +258,10 @@ pub struct Limits {
     pub idle_timeout_secs: u64,
     /// Ranges one request may ask for.
     pub max_ranges: usize,
+    /// Regions one `POST /models/{m}/regions` may ask for.
+    pub max_regions: usize,
+    /// Bytes the regions of one such request may come to.
+    pub max_regions_bytes: u64,
     /// Largest manifest accepted, in bytes.
     pub max_manifest_bytes: u64,
     /// Largest decoded size of one component, in bytes.
@@ -274,6 +278,8 @@ impl Default for Limits {
             header_timeout_secs: 30,
             idle_timeout_secs: 60,
             max_ranges: 64,
+            max_regions: 4096,
+            max_regions_bytes: 16 << 30,
             max_manifest_bytes: FORMAT_LIMITS.max_manifest_bytes,
             max_decoded_bytes: FORMAT_LIMITS.max_decoded_bytes,
         }

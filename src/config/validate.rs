@@ -205,6 +205,8 @@ impl Config {
             ("limits.header_timeout_secs", Some(self.limits.header_timeout_secs)),
             ("limits.idle_timeout_secs", Some(self.limits.idle_timeout_secs)),
             ("limits.max_ranges", Some(self.limits.max_ranges as u64)),
+            ("limits.max_regions", Some(self.limits.max_regions as u64)),
+            ("limits.max_regions_bytes", Some(self.limits.max_regions_bytes)),
             ("limits.max_manifest_bytes", Some(self.limits.max_manifest_bytes)),
             ("limits.request_timeout_secs", self.limits.request_timeout_secs),
             ("decode.max_concurrent", self.decode.max_concurrent.map(|n| n as u64)),

@@ -17,6 +17,9 @@ use crate::transport::respond::ByteRefusal;
 pub(crate) enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// A request body past its limit.
+    #[error("{0}")]
+    RequestTooLarge(String),
     /// No bearer token, or one that is not accepted (`invalid`).
     #[error("{}", if *invalid { "the bearer token is not accepted" } else { "a bearer token is required (Authorization: Bearer <token>)" })]
     Unauthorized { invalid: bool },
@@ -94,6 +97,7 @@ impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::RequestTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
             ApiError::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),

@@ -280,7 +280,7 @@ pub(crate) struct Representations {
     /// How long raw reads from remote sources are split, and the memory they may hold.
     pub(super) readahead: Readahead,
     verify: VerifyPolicy,
-    learnt: Arc<LearntByVersion>,
+    pub(super) learnt: Arc<LearntByVersion>,
 }
 
 impl Representations {
@@ -303,6 +303,20 @@ impl Representations {
     /// changed or went away is never served from them again.
     pub(super) fn retain_listed(&self, catalog: &Catalog) {
         self.decoding.cache.retain(|key| catalog.get(&key.model).is_some_and(|m| m.version == key.version));
+    }
+
+    /// Refuses at once what a request for `component` would be refused for before its first
+    /// byte on its own (a content check that fails, an unregistered encoding), so a request
+    /// for many regions is refused whole rather than cut short at the region that fails.
+    pub(crate) async fn admit(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Manifest,
+        object: &Object,
+        component: &Component,
+    ) -> Result<(), ServiceError> {
+        check_content_once(model, &self.learnt.of(model), manifest, object).await?;
+        refuse_unregistered(model, object, component)
     }
 
     /// `object`'s component `component` of `model`, cut as `request` asks: its decoded

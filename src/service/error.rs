@@ -63,6 +63,9 @@ pub(crate) enum ServiceError {
     /// A slice that cannot be cut from the object (the spec, or the object's kind).
     #[error("model {model:?}, object {object:?}: {source}")]
     BadSlice { model: String, object: String, source: crate::format::slice::SliceError },
+    /// A request for many regions that is refused as written.
+    #[error("model {model:?}: {reason}")]
+    BadRegions { model: String, reason: super::regions::RegionsRefusal },
     /// The digests a request needs are still being computed (each file version is hashed
     /// once, in the background): retry after `retry_after_secs`.
     #[error(
@@ -139,7 +142,7 @@ impl ServiceError {
             | S::FileNotFound { .. }
             | S::ViewFileNotFound { .. }
             | S::SeveralFiles { .. } => ErrorKind::NotFound,
-            S::BadSlice { .. } => ErrorKind::BadInput,
+            S::BadSlice { .. } | S::BadRegions { .. } => ErrorKind::BadInput,
             S::BrokenModel { .. }
             | S::InvalidComponent { .. }
             | S::NoImageLayer { .. }
@@ -176,6 +179,7 @@ impl ServiceError {
             S::Storage { source, .. } if source.is_about_the_object() => "changed_in_source",
             S::Storage { .. } => "source_unavailable",
             S::BadSlice { source, .. } => source.code(),
+            S::BadRegions { reason, .. } => reason.code(),
             S::DigestPending { .. } => "digest_pending",
             S::NoImageLayer { .. } => "no_image_layer",
             S::SignatureFailed { .. } => "signature_failed",

@@ -1,7 +1,8 @@
 //! What the service learns about each model version while it serves it, kept by the service
 //! rather than the catalog (which holds only what the files say): the manifest rendered as
-//! JSON, the safetensors view's plan, the content checks by object, and per component the
-//! digest verdict, the decoded bytes' SHA-256 and a seekable part's seek table. Kept for as
+//! JSON, the safetensors view's plan, the content checks by object, each local file's block
+//! checksums, and per component the digest verdict, the decoded bytes' SHA-256 and a seekable
+//! part's seek table. Kept for as
 //! long as the catalog lists that version; a version gone from it is forgotten at the rescan.
 
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use crate::catalog::{Catalog, Model};
 use crate::format::FormatError;
 use crate::format::view::View;
+use crate::storage::local::BlockSums;
 
 /// A document rendered once per model version (the manifest as JSON) and its strong ETag.
 #[derive(Debug, Clone)]
@@ -46,9 +48,17 @@ pub(super) struct Learnt {
     /// The signature file read and checked once for a version of the signed directory, shared
     /// by every asker while the files' digests are still being computed.
     pub signed_statement: Mutex<Option<(String, Arc<super::verdict::StatementCheck>)>>,
+    /// Each local file's block checksums (by file index), learnt as regions of it are served.
+    block_sums: Mutex<HashMap<usize, Arc<BlockSums>>>,
 }
 
 impl Learnt {
+    /// The block checksums of stored file `file` (of `len` bytes), none known at first.
+    pub(super) fn block_sums(&self, file: usize, len: u64) -> Arc<BlockSums> {
+        let mut sums = self.block_sums.lock().expect("never poisoned");
+        Arc::clone(sums.entry(file).or_insert_with(|| Arc::new(BlockSums::new(len))))
+    }
+
     /// The facts about component `role` of `object`, created empty on first use.
     pub(super) fn facts(&self, object: &str, role: &str) -> Arc<ComponentFacts> {
         let mut facts = self.facts.lock().expect("facts lock is never poisoned");

@@ -1,7 +1,7 @@
 //! The domain between the catalog and the wire protocols, as a facade (`Service`) over one
 //! type per concern: the catalogs and their versions ([`catalogs`]), a model's bytes as each
 //! request gets them (components, stored files and companions: [`components`], [`files`],
-//! [`bytes`], decoded by [`decoded`] and [`seekable`]), slices ([`slices`]), the safetensors
+//! [`bytes`], decoded by [`decoded`] and [`seekable`]), slices ([`slices`]) and many regions in one body ([`regions`]), the safetensors
 //! views ([`view`]), the files each model version publishes ([`published`]), their content
 //! digests ([`hashing`], over `crate::digests`), signature admission ([`signatures`]) and
 //! prefetches into the node's disk cache ([`prefetch`]). The facade keeps what they share:
@@ -21,6 +21,7 @@ mod image_layer;
 mod learnt;
 mod prefetch;
 mod published;
+mod regions;
 mod representation;
 mod seekable;
 mod sha256;
@@ -44,6 +45,7 @@ pub(crate) use learnt::Rendered;
 pub(crate) use prefetch::Held;
 pub(crate) use published::Publication;
 pub(crate) use published::{Published, PublishedFile};
+pub(crate) use regions::{RegionLimits, RegionRequest, RegionsBody};
 pub(crate) use representation::{ByteStream, Guard, RangeSource, guarded};
 pub(crate) use signatures::SignatureAdmission;
 pub(crate) use signatures::SignatureStatus;
@@ -266,6 +268,19 @@ impl Service {
     /// The representations of every model's bytes.
     pub(crate) fn representations(&self) -> &components::Representations {
         &self.representations
+    }
+
+    /// Regions of `model` (slices of dense tensors, whole components) in one body, each
+    /// followed by its CRC32C: refused whole before any byte when `requests` asks what
+    /// `limits` does not allow or names what cannot be cut (`regions`).
+    pub(crate) async fn regions(
+        &self,
+        model: &Arc<Model>,
+        manifest: &Arc<Manifest>,
+        requests: Vec<RegionRequest>,
+        limits: RegionLimits,
+    ) -> Result<RegionsBody, ServiceError> {
+        regions::regions(Arc::clone(&self.representations), model, manifest, requests, limits).await
     }
 
     /// The model `id` and its manifest: refused when the catalog is not ready, the model is

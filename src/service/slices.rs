@@ -88,15 +88,24 @@ impl ResolvedSlice {
             }
             _ => Cutter::Spans(whole),
         };
-        let len = self.cut.len(self.element).expect("a slice is no larger than its object");
         Arc::new(SliceSource {
             slice: self.cut.clone(),
             shape: self.shape.clone(),
             element: self.element,
-            len,
+            len: self.len(),
             cutter,
             model: Arc::clone(model),
         })
+    }
+
+    /// The slice's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.cut.len(self.element).expect("a slice is no larger than its object")
+    }
+
+    /// The runs of the component's bytes the slice is made of, in order.
+    pub(crate) fn runs(&self) -> crate::format::slice::Runs {
+        self.cut.runs(&self.shape, self.element)
     }
 
     /// `request`'s slice of `object`, checked against it: only a dense object of whole-byte

@@ -143,6 +143,130 @@ pub fn pread_gather(
     Ok((bytes::Bytes::from(out), read))
 }
 
+/// Bytes in a block of [`BlockSums`].
+pub const SUM_BLOCK: u64 = 64 << 10;
+
+/// The CRC32C of every [`SUM_BLOCK`] of one version of a local file, each learnt the first time
+/// a run covering it whole is checksummed and kept: the checksum of a long run is then combined
+/// from them, and only its ends are read. 4 bytes and a bit per block (66 KB per GB).
+#[derive(Debug)]
+pub struct BlockSums {
+    sums: Box<[std::sync::atomic::AtomicU32]>,
+    /// One bit per block: its sum is known.
+    known: Box<[std::sync::atomic::AtomicU64]>,
+}
+
+/// `crc` as if followed by [`SUM_BLOCK`] zero bytes: the linear map `crc32c_combine` applies
+/// for that length, as its 32 columns, so appending a block's sum costs 32 steps, not a
+/// combine's 17 matrix squarings.
+fn after_block(crc: u32) -> u32 {
+    static COLUMNS: std::sync::LazyLock<[u32; 32]> =
+        std::sync::LazyLock::new(|| std::array::from_fn(|bit| crc32c::crc32c_combine(1 << bit, 0, SUM_BLOCK as usize)));
+    (0..32).filter(|bit| crc >> bit & 1 == 1).fold(0, |out, bit| out ^ COLUMNS[bit])
+}
+
+impl BlockSums {
+    /// The sums of a file of `len` bytes, none known yet.
+    pub fn new(len: u64) -> BlockSums {
+        let blocks = len.div_ceil(SUM_BLOCK) as usize;
+        BlockSums {
+            sums: (0..blocks).map(|_| std::sync::atomic::AtomicU32::new(0)).collect(),
+            known: (0..blocks.div_ceil(64)).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn get(&self, block: usize) -> Option<u32> {
+        use std::sync::atomic::Ordering;
+        let known = self.known[block / 64].load(Ordering::Acquire) >> (block % 64) & 1 == 1;
+        known.then(|| self.sums[block].load(Ordering::Relaxed))
+    }
+
+    fn learn(&self, block: usize, sum: u32) {
+        use std::sync::atomic::Ordering;
+        self.sums[block].store(sum, Ordering::Relaxed);
+        self.known[block / 64].fetch_or(1 << (block % 64), Ordering::Release);
+    }
+
+    /// The CRC32C of `runs` of `file` (in order, as if back to back), read with `pread` into
+    /// one buffer of at most [`READ_PIECE`] bytes reused throughout (blocking): a whole block of
+    /// a long run from its sum (read and learnt when unknown), the rest read; runs closer than
+    /// `READ_THROUGH` a span at a time.
+    pub fn crc32c_of_runs(
+        &self,
+        file: &File,
+        runs: impl Iterator<Item = std::ops::Range<u64>>,
+        source_name: &str,
+        key: &str,
+    ) -> Result<u32, super::StorageError> {
+        let mut buffer = Vec::new();
+        let mut crc = 0;
+        let mut runs = runs.filter(|run| !run.is_empty()).peekable();
+        while let Some(first) = runs.next() {
+            if first.end - first.start > READ_THROUGH {
+                crc = self.crc32c_of_run(file, crc, first, &mut buffer, source_name, key)?;
+                continue;
+            }
+            let mut span = vec![first];
+            while let Some(next) = runs.next_if(|next| {
+                let last = span.last().expect("never empty");
+                next.end - next.start <= READ_THROUGH
+                    && next.start.saturating_sub(last.end) <= READ_THROUGH
+                    && next.end - span[0].start <= READ_PIECE
+            }) {
+                span.push(next);
+            }
+            let (start, end) = (span[0].start, span[span.len() - 1].end);
+            buffer.resize(buffer.len().max((end - start) as usize), 0);
+            pread_exact_into(file, start, &mut buffer[..(end - start) as usize], source_name, key)?;
+            for run in &span {
+                crc = crc32c::crc32c_append(crc, &buffer[(run.start - start) as usize..(run.end - start) as usize]);
+            }
+        }
+        Ok(crc)
+    }
+
+    /// `crc` extended over one long run: its whole blocks by their sums, its ends read.
+    fn crc32c_of_run(
+        &self,
+        file: &File,
+        mut crc: u32,
+        run: std::ops::Range<u64>,
+        buffer: &mut Vec<u8>,
+        source_name: &str,
+        key: &str,
+    ) -> Result<u32, super::StorageError> {
+        // Only what this run reads, at most a block: a region's runs are often far shorter
+        // than a piece.
+        buffer.resize(buffer.len().max((run.end - run.start).min(SUM_BLOCK) as usize), 0);
+        let mut at = run.start;
+        while at < run.end {
+            let block = (at / SUM_BLOCK) as usize;
+            let block_end = (block as u64 + 1) * SUM_BLOCK;
+            if at.is_multiple_of(SUM_BLOCK) && block_end <= run.end && block < self.sums.len() {
+                let sum = match self.get(block) {
+                    Some(sum) => sum,
+                    None => {
+                        let read = &mut buffer[..SUM_BLOCK as usize];
+                        pread_exact_into(file, at, read, source_name, key)?;
+                        let sum = crc32c::crc32c(read);
+                        self.learn(block, sum);
+                        sum
+                    }
+                };
+                crc = after_block(crc) ^ sum;
+                at = block_end;
+            } else {
+                let end = run.end.min(block_end);
+                let read = &mut buffer[..(end - at) as usize];
+                pread_exact_into(file, at, read, source_name, key)?;
+                crc = crc32c::crc32c_append(crc, read);
+                at = end;
+            }
+        }
+        Ok(crc)
+    }
+}
+
 /// `span` of an open file, read with `pread` in pieces of at most `READ_PIECE` off the async
 /// runtime, the next piece read while the one before is used. Code that reads a model's bytes
 /// itself (digest checks, decoding, content checks) reads them this way, never through the
@@ -270,6 +394,42 @@ impl super::Storage for LocalStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checksum_of_runs_is_the_crc32c_of_their_bytes_whether_its_blocks_are_known_or_not() {
+        use std::io::Write as _;
+        let len = 3 * SUM_BLOCK + 1234;
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&bytes).unwrap();
+        let expected = |runs: &[std::ops::Range<u64>]| {
+            runs.iter().fold(0, |crc, r| crc32c::crc32c_append(crc, &bytes[r.start as usize..r.end as usize]))
+        };
+        let sums = BlockSums::new(len);
+        let cases: Vec<Vec<std::ops::Range<u64>>> = vec![
+            vec![0..len],
+            vec![100..len - 7, 0..5],
+            vec![SUM_BLOCK..3 * SUM_BLOCK],
+            (0..len - 600).step_by(4096).map(|at| at..at + 600).collect(),
+            vec![5..5, 7..SUM_BLOCK + 9, 2 * SUM_BLOCK - 3..len],
+        ];
+        for round in 0..2 {
+            for runs in &cases {
+                let found = sums.crc32c_of_runs(&file, runs.iter().cloned(), "test", "f").unwrap();
+                assert_eq!(found, expected(runs), "round {round}, runs {runs:?}");
+            }
+        }
+        assert!((0..3).all(|block| sums.get(block).is_some()), "every whole block was learnt");
+        assert_eq!(sums.get(3), None, "the file's last, partial block is never learnt");
+    }
+
+    #[test]
+    fn appending_a_block_by_its_sum_is_appending_its_bytes() {
+        let block: Vec<u8> = (0..SUM_BLOCK).map(|i| (i % 241) as u8).collect();
+        for crc in [0, 1, 0xFFFF_FFFF, 0x1234_5678, crc32c::crc32c(b"ztserve")] {
+            assert_eq!(after_block(crc) ^ crc32c::crc32c(&block), crc32c::crc32c_append(crc, &block));
+        }
+    }
 
     #[test]
     fn gathered_runs_are_the_runs_bytes_whatever_their_gaps() {

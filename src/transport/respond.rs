@@ -60,7 +60,7 @@ fn boundary() -> String {
 
 /// Takes the first piece before any header is sent, so a source that fails at once is
 /// answered with its error rather than a broken body.
-async fn primed(mut body: ByteStream) -> Result<ByteStream, ByteRefusal> {
+pub(crate) async fn primed(mut body: ByteStream) -> Result<ByteStream, ByteRefusal> {
     match body.next().await {
         None => Ok(stream::empty().boxed()),
         Some(Err(e)) => Err(e.into()),
@@ -69,7 +69,7 @@ async fn primed(mut body: ByteStream) -> Result<ByteStream, ByteRefusal> {
 }
 
 /// A body whose errors are logged and turned into the aborted connection hyper makes of them.
-fn body_of(stream: ByteStream) -> Body {
+pub(crate) fn body_of(stream: ByteStream) -> Body {
     Body::from_stream(stream.map(|piece| {
         piece.map_err(|e| {
             tracing::warn!(error = %e, "response body aborted");

@@ -306,12 +306,14 @@ def serving(models, log, settings=None):
 
 
 def sent(url, tensors_only=False):
-    """Every byte ztserve has sent in response bodies, on every route but /metrics, or on its
-    object and component routes alone (the tensors)."""
+    """Every byte ztserve has sent in response bodies, on every route but /metrics, or the
+    tensors alone: the bodies of its object, component and regions routes, less the 4 bytes of
+    CRC32C each region carries."""
     text = urllib.request.urlopen(url + "/metrics").read().decode()
+    regions = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("ztserve_regions_total"))
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("ztserve_http_response_body_bytes_total") and 'route="/metrics"' not in line
-               and (not tensors_only or "/objects/" in line))
+               and (not tensors_only or "/objects/" in line or "/regions" in line)) - (4 * regions if tensors_only else 0)
 
 
 def engine(model, load_format, tp, env, log):

@@ -37,6 +37,7 @@ mod operations;
 mod origin_faults;
 mod proxy_cache;
 mod pull;
+mod regions;
 mod s3;
 mod s3_endpoint;
 mod safetensors_view;

@@ -83,6 +83,16 @@ class Server:
         self.log.close()
 
 
+def tensor_bytes_sent(url):
+    """The tensor bytes a server has sent: the bodies of its object, component and regions
+    routes, less the 4 bytes of CRC32C each region carries (its `ztserve_regions_total`)."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    bodies = sum(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("ztserve_http_response_body_bytes_total") and ("/objects/" in line or "/regions" in line))
+    regions = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("ztserve_regions_total"))
+    return bodies - 4 * regions
+
+
 def write_official(directory):
     """official.zt from tests/interop/official.py under this venv's ztensor (1.2.3)."""
     scratch = directory.parent / "official-write"

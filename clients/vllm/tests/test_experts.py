@@ -54,10 +54,8 @@ def server(tmp_path_factory):
 
 
 def sent_bytes(url):
-    """The bytes of tensors the server has sent (its object and component routes)."""
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("ztserve_http_response_body_bytes_total") and "/objects/" in line)
+    """The tensor bytes the server has sent."""
+    return live.tensor_bytes_sent(url)
 
 
 def load(url, key, rank, size, ep):

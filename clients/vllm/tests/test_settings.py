@@ -5,11 +5,14 @@ from ztserve_vllm import settings
 
 
 def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
-    parsed = settings.parse({"url": "http://a:1", "concurrency": 4}, {"ZTSERVE_URL": "http://b:2", "ZTSERVE_CHUNK_SIZE": "65536"})
+    parsed = settings.parse({"url": "http://a:1", "concurrency": 2}, {"ZTSERVE_URL": "http://b:2", "ZTSERVE_CHUNK_SIZE": "65536",
+                                                                      "ZTSERVE_REQUEST_BYTES": "1048576"})
     assert parsed == {
-        "url": "http://a:1", "concurrency": 4, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES,
-        "hub_namespace": settings.HUB_NAMESPACE, "strict": False,
+        "url": "http://a:1", "concurrency": 2, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES,
+        "request_bytes": 1 << 20, "hub_namespace": settings.HUB_NAMESPACE, "strict": False,
     }
+    defaults = settings.parse({"url": "http://a:1"}, {})
+    assert (defaults["concurrency"], defaults["request_bytes"]) == (settings.CONCURRENCY, settings.REQUEST_BYTES)
     assert settings.parse(None, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "t"
     assert settings.parse({"token": "mine"}, {"ZTSERVE_URL": "http://b:2", "HF_TOKEN": "t"})["token"] == "mine"
 
@@ -20,6 +23,7 @@ def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
     ({"url": "http://a", "concurrency": "many"}, {}, "concurrency must be an integer"),
     ({"url": "http://a", "concurrency": True}, {}, "concurrency must be an integer"),
     ({"url": "http://a"}, {"ZTSERVE_PREFETCH_BYTES": "0"}, "prefetch_bytes must be at least 1"),
+    ({"url": "http://a", "request_bytes": 0}, {}, "request_bytes must be at least 1"),
     ({"url": ""}, {}, "url must be a non-empty string"),
     ({"url": "http://a", "strict": "maybe"}, {}, "strict must be true or false"),
     ({"url": "http://a", "strict": 1}, {}, "strict must be true or false"),

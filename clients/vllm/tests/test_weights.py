@@ -168,12 +168,8 @@ def server(tmp_path_factory):
 
 
 def sent_bytes(url):
-    """The bytes of tensors the server has sent (its component routes)."""
-    import urllib.request
-
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
-    prefix = 'ztserve_http_response_body_bytes_total{route="/models/{model}/objects/{object}/components/{role}"}'
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+    """The tensor bytes the server has sent."""
+    return live.tensor_bytes_sent(url)
 
 
 def load(url, rank, size, prefetch_bytes=1 << 20, client=None, plan=None):
@@ -262,7 +258,8 @@ def test_a_model_replaced_during_a_load_fails_it_with_model_changed(tmp_path):
     try:
         model = Llama(0, 2)
         snapshot = Client(server.url).snapshot("org/llama")
-        stream = weights.stream(snapshot, weights.plan_model(model, snapshot), Misses(), prefetch_bytes=1)
+        # One region per request, one request ahead: what follows the first is fetched later.
+        stream = weights.stream(snapshot, weights.plan_model(model, snapshot), Misses(), prefetch_bytes=1, request_bytes=1)
         next(stream)
         replaced = {k: v + 1 if v.is_floating_point() else v for k, v in checkpoint().items()}
         save_file(replaced, tmp_path / "next.safetensors", metadata={"format": "pt"})
@@ -284,7 +281,7 @@ def test_a_server_that_disappears_mid_load_fails_it_with_a_transfer_error(tmp_pa
     try:
         model = Llama(0, 2)
         snapshot = Client(server.url, retries=1).snapshot("org/llama")
-        stream = weights.stream(snapshot, weights.plan_model(model, snapshot), Misses(), prefetch_bytes=1)
+        stream = weights.stream(snapshot, weights.plan_model(model, snapshot), Misses(), prefetch_bytes=1, request_bytes=1)
         next(stream)
     finally:
         server.stop()
@@ -345,6 +342,37 @@ def test_remote_tensors_answer_metadata_without_fetching_and_read_exact_regions(
         remote.narrow(0, 5, 2)
     with pytest.raises(IndexError):
         remote.narrow(2, 0, 1)
+
+
+class _Arriving:
+    """A piece still on its way: `result()` gives its tensor and counts the wait."""
+
+    def __init__(self, tensor, waited):
+        self.tensor, self.waited = tensor, waited
+
+    def result(self):
+        self.waited.append(tuple(self.tensor.shape))
+        return self.tensor
+
+
+def test_a_tensor_fetched_in_pieces_is_copied_piece_by_piece_and_read_from_them_without_the_server():
+    full = torch.arange(8 * 3 * 5, dtype=torch.float32).reshape(8, 3, 5)
+    fetched, waited = [], []
+    # The rows 1:8 in three pieces, as a stream hands them out before the last has arrived.
+    rows = [(1, 4), (4, 6), (6, 8)]
+    pieces = [(((a, b), (0, 3), (0, 5)), _Arriving(full[a:b].clone(), waited)) for a, b in rows]
+    remote = RemoteTensor("w", (8, 3, 5), torch.float32, pieces, server_of(full, fetched), Misses())
+    share = remote.narrow(0, 1, 7)
+    target = torch.zeros(7, 3, 5, dtype=torch.float64)
+    target.copy_(share)
+    assert torch.equal(target, full[1:8].double()) and fetched == [] and len(waited) == 3, "each piece, in place"
+    # Views across pieces, transposed and indexed, read from the pieces alone.
+    across = remote.narrow(0, 3, 3).transpose(0, 2)[1:4]
+    columns = torch.empty(3, 3, 3)
+    columns.copy_(across)
+    assert torch.equal(columns, full[3:6].transpose(0, 2)[1:4]) and fetched == []
+    assert torch.equal(remote[2:7, 1] * 1, full[2:7, 1]) and fetched == []
+    assert torch.equal(remote[0:2].sum(0), full[0:2].sum(0)) and fetched == [((0, 2), (0, 3), (0, 5))], "row 0 was not fetched"
 
 
 def test_a_model_with_objects_that_are_not_tensors_is_refused_with_a_clear_error(server):

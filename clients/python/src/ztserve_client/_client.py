@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _regions
 from ._errors import DigestMismatch, ModelChanged, NotFound, TransferError, ZtserveError, error_for
 
 # Connection failures and timeouts are OSErrors; a body cut short is an HTTPException.
@@ -455,16 +455,104 @@ class Snapshot:
     def fetch(self, requests, framework="torch", device="cpu"):
         """One array or tensor per `(name, region)` of `requests`, in order: the whole object
         when `region` is None, else the sub-tensor of one `(start, stop)` per leading dimension,
-        cut by the server (`?slice=`). Fetched concurrently; raises `ModelChanged` if the model's
-        version is no longer the snapshot's."""
+        cut by the server. Dense tensors come as `stream` fetches them, the rest (sparse and
+        other objects of several components) by ranges of each component. Raises
+        `ModelChanged` if the model's version is no longer the snapshot's."""
         device, pinned = _target(framework, device)
-        objects = []
+        dense = [i for i, (name, _) in enumerate(requests) if _is_dense(self._object(name))]
+        out = [None] * len(requests)
+        if dense:
+            wanted = [requests[i] for i in dense]
+            total = sum(_share_bytes(self._object(name), region) for name, region in wanted)
+            for i, value in zip(dense, self.stream(wanted, framework, device, ahead_bytes=max(total, 1))):
+                out[i] = value
+        fetched = set(dense)
+        others = [i for i in range(len(requests)) if i not in fetched]
+        if others:
+            objects = [_region_share(self._object(requests[i][0]), requests[i][1]) for i in others]
+            components = self.client._fetch(self.model, objects, pinned, self.version)
+            for i, value in zip(others, _assemble(objects, components, framework, device, pinned)):
+                out[i] = value
+        return out
+
+    def stream(self, requests, framework="torch", device="cpu", *, ahead_bytes=128 << 20, request_bytes=16 << 20,
+               concurrency=None, pieces=False, cpus=None):
+        """The arrays or tensors of `requests` (`(name, region)` of dense tensors, as `fetch`
+        takes them) one at a time, in order, as an iterator: fetched ahead in requests of about
+        `request_bytes` that carry many regions each (`POST .../regions`, pinned to this
+        snapshot's version, every region checked against its CRC32C and a whole component against
+        the digest its manifest declares), on `concurrency`
+        connections (default: the client's; their threads confined to `cpus` when given), with
+        at most about `ahead_bytes` fetched and not yet yielded. Buffers are reused once nothing
+        yielded refers to them. A whole zstd frame travels compressed, checked against its
+        stored digest.
+
+        With `pieces`, each request comes as a list of `(box, pending)` that tile it (`box`: one
+        `(start, stop)` per dimension of the object), as it is fetched: a region larger than
+        `request_bytes` in several, never copied into one, handed out once its first piece is in;
+        `pending.result()` waits for a piece and gives its array."""
+        device, pinned = _target(framework, device)
+        items = []
         for name, region in requests:
-            if name not in self.objects:
-                raise NotFound(404, "object_not_found", f"model {self.model!r} has no object named {name!r}", self.client.url)
-            objects.append(_region_share(self.objects[name], region))
-        components = self.client._fetch(self.model, objects, pinned, self.version)
-        return _assemble(objects, components, framework, device, pinned)
+            obj = self._object(name)
+            if not _is_dense(obj):
+                raise ValueError(f"{name!r} is a {obj['format']} object of {len(obj['components'])} components; "
+                                 "stream() fetches dense tensors (fetch() takes any object)")
+            share = _region_share(obj, region)
+            items.append(_regions.Item(share, obj["shape"], share["components"][0]["decoded_length"]))
+
+        def convert(share, view):
+            component = _Component(share, share["components"][0], view, self.version)
+            return _assemble([share], [[component]], framework, device, pinned)[0]
+
+        def fetch_frame(share, view):
+            meta = share["components"][0]
+            component = _Component(share, meta, view, self.version)
+            path = f"/models/{_segment(self.model)}/objects/{_segment(share['name'])}/components/{_segment(meta['role'])}"
+            self.client._fetch_frame(component, path)
+
+        def check_whole(share, view):
+            _check(_Component(share, share["components"][0], view, self.version), view)
+
+        fetched = _regions.RegionStream(
+            self.client, self.model, self.version, items, convert, fetch_frame=fetch_frame, check_whole=check_whole,
+            ahead_bytes=ahead_bytes,
+            request_bytes=request_bytes, concurrency=concurrency or self.client.concurrency, pinned=pinned, cpus=cpus)
+        if pieces:
+            return iter(fetched)
+        return (_joined(item.box(), [(box, piece.result()) for box, piece in tiles], framework)
+                for item, tiles in zip(items, fetched))
+
+    def _object(self, name):
+        if name not in self.objects:
+            raise NotFound(404, "object_not_found", f"model {self.model!r} has no object named {name!r}", self.client.url)
+        return self.objects[name]
+
+
+def _joined(box, tiles, framework):
+    """One array of `box` from the `(box, array)` tiles that cover it (the tile itself when one)."""
+    if len(tiles) == 1:
+        return tiles[0][1]
+    first = tiles[0][1]
+    shape = [stop - start for start, stop in box]
+    if framework == "numpy":
+        out = np.empty(shape, dtype=first.dtype)
+    else:
+        import torch
+
+        out = torch.empty(shape, dtype=first.dtype, device=first.device)
+    for tile_box, tile in tiles:
+        out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(tile_box, box))] = tile
+    return out
+
+
+def _is_dense(obj):
+    return obj["format"] == "dense" and len(obj["components"]) == 1
+
+
+def _share_bytes(obj, region):
+    """The decoded bytes of `region` of dense `obj` (all of it when None)."""
+    return _region_share(obj, region)["components"][0]["decoded_length"]
 
 
 def _target(framework, device):

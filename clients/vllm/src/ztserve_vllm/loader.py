@@ -30,7 +30,6 @@ class ZtserveModelLoader(BaseModelLoader):
     def __init__(self, load_config):
         super().__init__(load_config)
         self.settings = settings.parse(load_config.model_loader_extra_config, os.environ)
-        self.prefetch_bytes = self.settings["prefetch_bytes"]
 
     def _client(self):
         options = {k: self.settings[k] for k in ("concurrency", "chunk_size") if k in self.settings}
@@ -74,11 +73,18 @@ class ZtserveModelLoader(BaseModelLoader):
                 lambda name, region: logger.warning(
                     "ztserve: %s: the weight loader read %s, not the share planned; fetched on demand", name, list(region)),
                 limit=None if limit is None else limit - summary["planned"])
+            # vLLM's CPU build pins each rank's process to its cores; the threads that receive
+            # the weights may run on any core this process is allowed, beside its loaders.
+            cpus = range(os.cpu_count() or 1)
+            stream = weights.stream(snapshot, plans, misses, self.settings["prefetch_bytes"], self.settings["request_bytes"],
+                                    self.settings["concurrency"], cpus)
             try:
-                loaded = model.load_weights(weights.stream(snapshot, plans, misses, self.prefetch_bytes))
+                loaded = model.load_weights(stream)
             except ZtserveError as e:
                 logger.error("ztserve: loading %s from %s failed, so the model is not loaded: %s", model_id, client.url, e)
                 raise
+            finally:
+                stream.close()
         quantized = model_config.quantization is not None
         if loaded is not None and not quantized:
             # vLLM's own check that every parameter was filled from the checkpoint.

@@ -60,8 +60,10 @@ class RemoteTensor(torch.Tensor):
     per stored dimension; `dims` gives, for each dimension of the view, the stored dimension it
     is (or None for a dimension of size 1 the view inserted); a stored dimension the view does
     not list was indexed away (its region is one element). `pieces` are `(region, tensor)`
-    pairs fetched ahead (regions over every stored dimension), `fetch(region)` gets any other
-    region from the server, and `misses` counts those."""
+    pairs fetched ahead (regions over every stored dimension; a tensor still on its way is a
+    pending piece whose `result()` waits for it), `fetch(region)` gets any other region from
+    the server, and `misses` counts those. Copied into a tensor (`destination.copy_(view)`,
+    as weight loaders do), it is copied piece by piece, each as it arrives."""
 
     @staticmethod
     def __new__(cls, name, shape, dtype, pieces, fetch, misses, region=None, dims=None):
@@ -178,24 +180,27 @@ class RemoteTensor(torch.Tensor):
                 dim += 1
         return out
 
-    def materialize(self):
-        """The view's values as a plain tensor."""
-        region = self._region
-        data = None
+    def _local(self, region):
+        """`region` of the stored tensor from the pieces fetched ahead: a view of the piece that
+        holds it, or the pieces that tile it copied into one tensor; None when they do not
+        cover it."""
         for piece_region, tensor in self._pieces:
-            if all(a <= start and stop <= b for (start, stop), (a, b) in zip(region, piece_region)):
-                data = tensor
-                for dim, ((start, stop), (a, _)) in enumerate(zip(region, piece_region)):
-                    data = data.narrow(dim, start - a, stop - start)
-                break
-        if data is None:
-            if any(start == stop for start, stop in region):
-                data = torch.empty([stop - start for start, stop in region], dtype=self.dtype)
-            else:
-                data = self._fetch(region)
-                self._misses.add(self._name, region, data.numel() * data.element_size())
+            if _within(region, piece_region):
+                return _narrowed(_value(tensor), region, piece_region)
+        overlaps = [(r, t) for r, t in self._pieces if _meets(region, r)]
+        if sum(_volume(_intersection(region, r)) for r, _ in overlaps) != _volume(region):
+            return None
+        out = torch.empty([stop - start for start, stop in region], dtype=self.dtype)
+        for piece_region, tensor in overlaps:
+            common = _intersection(region, piece_region)
+            _narrowed(out, common, region).copy_(_narrowed(_value(tensor), common, piece_region))
+        return out
+
+    def _as_view(self, data):
+        """`data` (of the stored dimensions of this view's region) laid out as this view's
+        dimensions: those indexed away squeezed, the rest in the view's order, inserted ones added."""
         kept = [d for d in self._dims if d is not None]
-        for stored in sorted(set(range(len(region))) - set(kept), reverse=True):
+        for stored in sorted(set(range(len(self._region))) - set(kept), reverse=True):
             data = data.squeeze(stored)
         remaining = sorted(kept)
         data = data.permute([remaining.index(d) for d in kept]) if kept != remaining else data
@@ -204,9 +209,45 @@ class RemoteTensor(torch.Tensor):
                 data = data.unsqueeze(at)
         return data
 
+    def materialize(self):
+        """The view's values as a plain tensor."""
+        region = self._region
+        data = self._local(region)
+        if data is None:
+            if any(start == stop for start, stop in region):
+                data = torch.empty([stop - start for start, stop in region], dtype=self.dtype)
+            else:
+                data = self._fetch(region)
+                self._misses.add(self._name, region, data.numel() * data.element_size())
+        return self._as_view(data)
+
+    def copy_into(self, destination, non_blocking=False):
+        """`destination.copy_(self)` one fetched piece at a time, each into its own part of
+        `destination`, so a tensor fetched in several pieces is never copied into one first;
+        False (nothing copied) when the pieces do not cover the view or the shapes differ."""
+        if tuple(destination.shape) != tuple(self.shape):
+            return False
+        region = self._region
+        overlaps = [(r, t) for r, t in self._pieces if _meets(region, r)]
+        if sum(_volume(_intersection(region, r)) for r, _ in overlaps) != _volume(region):
+            return False
+        for piece_region, tensor in overlaps:
+            common = _intersection(region, piece_region)
+            target = destination
+            for at, stored in enumerate(self._dims):
+                if stored is not None:
+                    target = target.narrow(at, common[stored][0] - region[stored][0], common[stored][1] - common[stored][0])
+            target.copy_(self._as_view(_narrowed(_value(tensor), common, piece_region)), non_blocking=non_blocking)
+        return True
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.copy_ and len(args) >= 2 and isinstance(args[1], RemoteTensor) \
+                and not isinstance(args[0], RemoteTensor):
+            with torch._C.DisableTorchFunctionSubclass():
+                if args[1].copy_into(args[0], *args[2:], **kwargs):
+                    return args[0]
         if args and isinstance(args[0], RemoteTensor):
             viewed = _lazy(func, args[0], args[1:], kwargs)
             if viewed is not NotImplemented:
@@ -220,6 +261,38 @@ class RemoteTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return func(*_materialized(args), **_materialized(kwargs or {}))
+
+
+def _value(piece):
+    """A piece's tensor: as given, or waited for (a piece still on its way has `result()`)."""
+    result = getattr(piece, "result", None)
+    return piece if result is None or isinstance(piece, torch.Tensor) else result()
+
+
+def _within(region, outer):
+    return all(a <= start and stop <= b for (start, stop), (a, b) in zip(region, outer))
+
+
+def _meets(region, other):
+    return all(start < b and a < stop for (start, stop), (a, b) in zip(region, other))
+
+
+def _intersection(region, other):
+    return tuple((max(start, a), min(stop, b)) for (start, stop), (a, b) in zip(region, other))
+
+
+def _volume(region):
+    count = 1
+    for start, stop in region:
+        count *= max(stop - start, 0)
+    return count
+
+
+def _narrowed(tensor, region, tensor_region):
+    """`region` of `tensor`, which holds `tensor_region` (both over every stored dimension)."""
+    for dim, ((start, stop), (a, _)) in enumerate(zip(region, tensor_region)):
+        tensor = tensor.narrow(dim, start - a, stop - start)
+    return tensor
 
 
 def _arguments(args, kwargs, names, defaults):

@@ -4,9 +4,14 @@
 # key: type. Each is also the environment variable ZTSERVE_<KEY>.
 KEYS = {
     "url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int,
-    "hub_namespace": str, "strict": bool,
+    "request_bytes": int, "hub_namespace": str, "strict": bool,
 }
-PREFETCH_BYTES = 512 << 20
+# The most a rank fetches ahead of vLLM's loaders: what its buffers take, reused throughout.
+PREFETCH_BYTES = 128 << 20
+# The regions one request carries, in bytes.
+REQUEST_BYTES = 16 << 20
+# Connections a rank fetches on.
+CONCURRENCY = 4
 # The server's `[serving] hub_namespace`: the namespace of its models at the top of a source.
 HUB_NAMESPACE = "local"
 # With `strict`, the most a rank may fetch against its share (what it would fetch were every
@@ -62,6 +67,8 @@ def parse(extra, environ):
             "or --model-loader-extra-config '{\"url\": \"http://HOST:PORT\"}'"
         )
     settings.setdefault("prefetch_bytes", PREFETCH_BYTES)
+    settings.setdefault("request_bytes", REQUEST_BYTES)
+    settings.setdefault("concurrency", CONCURRENCY)
     settings.setdefault("hub_namespace", HUB_NAMESPACE)
     settings.setdefault("strict", False)
     if "token" not in settings and environ.get("HF_TOKEN"):

@@ -3,8 +3,6 @@ for `shares` (by vLLM class name and attributes, duck-typed), the load plan of e
 tensor, what it costs against the rank's fair share, and the stream of `(name, tensor)` vLLM's
 `load_weights` consumes, fetched ahead in bounded batches."""
 
-from concurrent.futures import ThreadPoolExecutor
-
 from ztserve_client import ZtserveError
 from ztserve_client._dtypes import numpy_dtype, torch_dtype
 
@@ -254,51 +252,47 @@ def plan_model(model, snapshot):
     return plan_tensors(model, {name: (obj["shape"], _uncuttable(obj)) for name, obj in snapshot.objects.items()})
 
 
-def stream(snapshot, plans, misses, prefetch_bytes):
-    """(name, tensor) for every checkpoint tensor, in the manifest's order: a plain tensor
-    for one fetched whole, a RemoteTensor over the regions fetched for it otherwise (none for a
-    tensor this rank does not load). Batches of up to `prefetch_bytes` are fetched one ahead of
-    the one being loaded."""
-    batches, batch, size = [], [], 0
-    for one in plans:
-        cost = plan_bytes(snapshot.objects[one.name], one)
-        if batch and size + cost > prefetch_bytes:
-            batches.append(batch)
-            batch, size = [], 0
-        batch.append(one)
-        size += cost
-    if batch:
-        batches.append(batch)
-
+def stream(snapshot, plans, misses, prefetch_bytes, request_bytes=None, concurrency=None, cpus=None):
+    """(name, tensor) for every checkpoint tensor, in the manifest's order: a plain tensor for
+    one fetched whole in one piece, a RemoteTensor over the pieces fetched for it otherwise
+    (none for a tensor this rank does not load). Every planned region is fetched ahead
+    (`Snapshot.stream`: many regions per request, each checked against its CRC32C; a region
+    larger than a request in several pieces, never copied into one, each copied by vLLM's
+    loader as it arrives while the next is still on its way) with at most about
+    `prefetch_bytes` fetched and not yet handed to vLLM, on threads confined to `cpus` when
+    given; the buffers are reused once vLLM has copied them."""
     def wanted(one):
         return [None] if one.regions is None else one.regions
 
-    def fetch(batch):
-        requests = [(one.name, region) for one in batch for region in wanted(one)]
-        tensors = iter(snapshot.fetch(requests, framework="torch") if requests else [])
-        return [(one, [(region, next(tensors)) for region in wanted(one)]) for one in batch]
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ztserve-prefetch") as ahead:
-        pending = ahead.submit(fetch, batches[0]) if batches else None
-        for i in range(len(batches)):
-            fetched = pending.result()
-            pending = ahead.submit(fetch, batches[i + 1]) if i + 1 < len(batches) else None
-            for one, pieces in fetched:
-                if one.regions is None:
-                    yield one.name, pieces[0][1]
-                    continue
-                obj = snapshot.objects[one.name]
-                meta = obj["components"][0]
-                full = [tuple(region) + tuple((0, n) for n in obj["shape"][len(region):]) for region, _ in pieces]
-                yield one.name, RemoteTensor(
-                    one.name,
-                    obj["shape"],
-                    torch_dtype(meta["dtype"], meta.get("type")),
-                    [(region, tensor) for region, (_, tensor) in zip(full, pieces)],
-                    lambda region, name=one.name: snapshot.fetch([(name, region)], framework="torch")[0],
-                    misses,
-                )
-            del fetched
+    requests = [(one.name, region) for one in plans for region in wanted(one)]
+    options = {"ahead_bytes": prefetch_bytes, "pieces": True, "cpus": cpus}
+    if request_bytes is not None:
+        options["request_bytes"] = request_bytes
+    if concurrency is not None:
+        options["concurrency"] = concurrency
+    fetched = snapshot.stream(requests, framework="torch", **options) if requests else iter(())
+    try:
+        for one in plans:
+            pieces = [piece for _ in wanted(one) for piece in next(fetched)]
+            if one.regions is None and len(pieces) == 1:
+                yield one.name, pieces[0][1].result()
+                del pieces
+                continue
+            obj = snapshot.objects[one.name]
+            meta = obj["components"][0]
+            yield one.name, RemoteTensor(
+                one.name,
+                obj["shape"],
+                torch_dtype(meta["dtype"], meta.get("type")),
+                pieces,
+                lambda region, name=one.name: snapshot.fetch([(name, region)], framework="torch")[0],
+                misses,
+            )
+            del pieces
+    finally:
+        close = getattr(fetched, "close", None)
+        if close is not None:
+            close()
 
 
 def _itemsize(obj):

@@ -1,0 +1,221 @@
+"""`Snapshot.stream` and the regions route: many regions per request, each checked against its
+CRC32C, fetched ahead into buffers reused once nothing refers to them; against a live server
+(every region as `safe_open` and `load` read it, whole, sliced and cut into pieces) and against
+a stub that breaks connections, corrupts bytes and moves to another version."""
+
+import gc
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import crc32c
+import numpy as np
+import pytest
+
+import ztserve_client
+from ztserve_client import Client, _regions
+
+
+def test_a_stream_yields_every_region_as_the_files_hold_it_in_order(server, models):
+    import torch
+    from safetensors import safe_open
+
+    client = Client(server.url)
+    snapshot = client.snapshot("tp/llama")
+    with safe_open(str(models["dir"] / "tp" / "llama.safetensors"), "pt") as f:
+        local = {name: f.get_tensor(name) for name in f.keys()}
+    requests = []
+    for name, tensor in local.items():
+        rows = tensor.shape[0]
+        requests += [(name, None), (name, ((0, rows // 2),)), (name, ((rows // 2, rows),))]
+        if tensor.dim() == 2:
+            requests.append((name, ((1, rows), (2, tensor.shape[1] - 1))))
+    for request_bytes in (1 << 20, 300, 1):
+        got = list(snapshot.stream(requests, request_bytes=request_bytes, ahead_bytes=4096, concurrency=3))
+        assert len(got) == len(requests)
+        for (name, region), tensor in zip(requests, got):
+            expected = local[name] if region is None else local[name][tuple(slice(a, b) for a, b in region)]
+            assert tensor.dtype == expected.dtype and torch.equal(tensor.view(torch.uint8), expected.contiguous().view(torch.uint8)), \
+                (name, region, request_bytes)
+    numpy_rows = list(snapshot.stream([("model.embed_tokens.weight", ((3, 9),))], framework="numpy", request_bytes=64))
+    assert numpy_rows[0].tobytes() == local["model.embed_tokens.weight"][3:9].contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_zstd_frames_and_v2_parts_stream_as_load_reads_them(server):
+    client = Client(server.url)
+    for model in ("large", "v2/seekable", "v2/canonical", "official"):
+        whole = client.load(model)
+        snapshot = client.snapshot(model)
+        dense = [name for name, obj in snapshot.objects.items()
+                 if obj["format"] == "dense" and len(obj["components"]) == 1 and obj["components"][0].get("type") != "f4_e2m1"]
+        got = list(snapshot.stream([(name, None) for name in dense], framework="numpy", request_bytes=1 << 16))
+        for name, array in zip(dense, got):
+            assert array.tobytes() == np.ascontiguousarray(whole[name]).tobytes(), (model, name)
+
+
+def test_pieces_tile_a_region_larger_than_a_request_and_come_before_the_last_has_arrived(server, models):
+    from safetensors import safe_open
+
+    client = Client(server.url)
+    snapshot = client.snapshot("tp/llama")
+    name = "model.layers.0.mlp.up_proj.weight"  # float64 [41, 16]: 128 bytes a row
+    with safe_open(str(models["dir"] / "tp" / "llama.safetensors"), "np") as f:
+        local = f.get_tensor(name)
+    (pieces,) = list(snapshot.stream([(name, ((3, 40),))], framework="numpy", request_bytes=1000, pieces=True))
+    boxes = [box for box, _ in pieces]
+    assert boxes[0] == ((3, 10), (0, 16)) and boxes[-1][0][1] == 40 and len(boxes) == 6
+    assert all(a[0][1] == b[0][0] for a, b in zip(boxes, boxes[1:])), "pieces tile the rows in order"
+    for box, pending in pieces:
+        assert pending.result().tobytes() == local[box[0][0]:box[0][1]].tobytes()
+
+
+def test_buffers_are_reused_only_once_nothing_refers_to_them():
+    import torch
+
+    def address(buffer):
+        return buffer.__array_interface__["data"][0]
+
+    slabs = _regions._Slabs(pinned=False, keep=1 << 20)
+    first = slabs.take(4096)
+    first_address = address(first)
+    held = torch.from_numpy(first[:8])  # what a reader keeps of it
+    slabs.give(first)
+    del first
+    second = slabs.take(4096)
+    assert address(second) != first_address, "a buffer a tensor still refers to is not handed out again"
+    slabs.give(second)
+    del second
+    del held
+    gc.collect()
+    assert address(slabs.take(4096)) == first_address or len(slabs.free) == 1, "released buffers are reused"
+
+
+def test_a_stream_touches_about_its_ahead_bytes_and_its_largest_region_however_long_the_model(server, monkeypatch):
+    allocated = []
+    original = _regions._allocate
+    monkeypatch.setattr(_regions, "_allocate", lambda size, pinned: allocated.append(size) or original(size, pinned))
+    client = Client(server.url)
+    snapshot = client.snapshot("large")
+    name = "big.f32"  # [512, 1024] f32, 2 MiB: asked for as 32 regions of 64 KiB, three times over
+    requests = [(name, ((row, row + 16),)) for row in range(0, 512, 16)] * 3
+    for value in snapshot.stream(requests, framework="numpy", request_bytes=64 << 10, ahead_bytes=256 << 10, concurrency=2):
+        del value
+    assert sum(allocated) <= (256 << 10) + 2 * (64 << 10), f"{sum(allocated)} bytes of buffers for 6 MiB"
+    allocated.clear()
+    # A region larger than the budget is held whole while read, and the one before it until
+    # the reader has it; their buffers serve the regions after.
+    for value in snapshot.stream([(name, None)] * 4, framework="numpy", request_bytes=64 << 10, ahead_bytes=256 << 10):
+        del value
+    assert sum(allocated) <= 2 * (2 << 20) + (256 << 10) + 2 * (64 << 10), f"{sum(allocated)} bytes of buffers for 8 MiB"
+
+
+class _Stub:
+    """A ztserve stand-in for one model of one dense f32 tensor `w` [64, 16] at version "v1":
+    its manifest, and regions bodies that `mode` may cut short once, corrupt, or refuse as gone."""
+
+    def __init__(self):
+        self.data = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+        self.mode = "ok"
+        self.asked = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                manifest = {"objects": [{"name": "w", "format": "dense", "shape": [64, 16], "components": [
+                    {"role": "data", "dtype": "f32", "encoding": "raw", "decoded_length": 4096, "stored_length": 4096,
+                     "digest": None}]}]}
+                self._send(200, json.dumps(manifest).encode())
+
+            def do_POST(self):
+                asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["regions"]
+                stub.asked.append([r.get("slice") for r in asked])
+                if stub.mode == "gone":
+                    error = {"error": {"code": "version_gone", "message": "model \"m\" is no longer at version v1"}}
+                    return self._send(404, json.dumps(error).encode(), content_type="application/json")
+                body = bytearray()
+                for region in asked:
+                    rows = [int(x) for x in region["slice"].split(",")[0].split(":")] if "slice" in region else [0, 64]
+                    part = self.server_data()[rows[0]:rows[1]].tobytes()
+                    body += part + crc32c.crc32c(part).to_bytes(4, "big")
+                if stub.mode == "corrupt":
+                    body[1] ^= 0xFF
+                if stub.mode == "cut once":
+                    stub.mode = "ok"
+                    self.send_response(200)
+                    self.send_header("X-Zt-Model-Version", '"v1"')
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(bytes(body[:len(body) // 2]))
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self._send(200, bytes(body))
+
+            def server_data(self):
+                return stub.data
+
+            def _send(self, status, body, content_type="application/octet-stream"):
+                self.send_response(status)
+                self.send_header("X-Zt-Model-Version", '"v1"')
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def stub():
+    s = _Stub()
+    yield s
+    s.close()
+
+
+def _rows(n):
+    return [("w", ((i, i + 1),)) for i in range(n)]
+
+
+def test_a_broken_connection_resumes_at_the_first_region_not_yet_checked(stub):
+    stub.mode = "cut once"
+    snapshot = Client(stub.url, retries=2).snapshot("m")
+    got = list(snapshot.stream(_rows(8), framework="numpy", concurrency=1))
+    assert [g.tobytes() for g in got] == [stub.data[i:i + 1].tobytes() for i in range(8)]
+    first, again = stub.asked
+    assert first == [f"{i}:{i + 1},0:16" for i in range(8)]
+    assert again == first[len(first) - len(again):] and len(again) < len(first), "only the regions not yet checked"
+
+
+def test_bytes_corrupted_on_the_way_raise_digest_mismatch(stub):
+    stub.mode = "corrupt"
+    snapshot = Client(stub.url, retries=1).snapshot("m")
+    with pytest.raises(ztserve_client.DigestMismatch, match="crc32c"):
+        list(snapshot.stream(_rows(2), framework="numpy"))
+    assert len(stub.asked) == 2, "asked once more before giving up"
+
+
+def test_a_version_the_server_no_longer_has_raises_model_changed(stub):
+    snapshot = Client(stub.url).snapshot("m")
+    stub.mode = "gone"
+    with pytest.raises(ztserve_client.ModelChanged, match="no longer at version"):
+        list(snapshot.stream(_rows(2), framework="numpy"))
+
+
+def test_stream_refuses_what_is_not_a_dense_tensor(server):
+    snapshot = Client(server.url).snapshot("demo/structured")
+    sparse = next(name for name, obj in snapshot.objects.items() if len(obj["components"]) > 1)
+    with pytest.raises(ValueError, match="stream\\(\\) fetches dense tensors"):
+        snapshot.stream([(sparse, None)])
