@@ -40,8 +40,8 @@ def store(work, name, token, signed_by=None):
         settings.update({"ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE": "true", "ZTSERVE_SIGNING__PUBLIC_KEYS": signed_by})
     empty = work / "no-models"
     empty.mkdir(exist_ok=True)
-    with vllm_load.serving(empty, work / f"{name}.log", settings) as (url, _):
-        yield url
+    with vllm_load.serving(empty, work / f"{name}.log", settings) as served:
+        yield served.url
 
 
 def node(work, label, folder, url, token, mode, public_key, signing_key=None, tp=1):
@@ -57,7 +57,7 @@ def node(work, label, folder, url, token, mode, public_key, signing_key=None, tp
     if signing_key:
         env["ZTSERVE_COMPILE_CACHE_SIGNING_KEY"] = signing_key
     log = work / f"{label}.log"
-    ids, _ = vllm_load.engine(str(folder), "auto", tp, env, log)
+    ids = vllm_load.engine(str(folder), "auto", tp, env, log).ids
     text = log.read_text()
     init = [float(m) for m in re.findall(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s", text)]
     whole = [json.loads(line[len("RESULT "):])["engine_start_s"] for line in text.splitlines() if line.startswith("RESULT ")]

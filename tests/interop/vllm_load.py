@@ -17,7 +17,10 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
         the large model (1.13 GB of weights), loaded at TP=1 and TP=2 from the folder, through the
         Hub API (HF_ENDPOINT, a fresh cache), by Run:ai through the S3 endpoint and through
         `--load-format ztserve`, then a 0.98 GB Qwen3-MoE at TP=2 from the folder, by Run:ai and
-        through the load format; prints a markdown table of load times and bytes sent, checking
+        through the load format, each BENCH_ROUNDS times (2) in alternating order; then the large
+        model at TP=2 with the server across a link shaped to BENCH_LINK_RATE (10gbit: a network
+        namespace, a veth pair and tbf; root); and, before the engines, one rank's fetch of its
+        share without vLLM (vllm_rank_fetch.py). Prints markdown tables (medians), checking
         every run's token ids against the folder's
 
     vllm_load.py write DIR [--size tiny|small|large|moe|moe-large|small-q-METHOD]
@@ -31,17 +34,20 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
         load's wall time; MODEL is a folder or a Hub repository id (HF_ENDPOINT, ZTSERVE_URL)
 """
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 PROMPTS = ["The weights of a model", "Tensor parallel ranks", "a b c d e f g", "ztserve streams"]
 SIZES = {
@@ -278,19 +284,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Served(NamedTuple):
+    """A running ztserve: its HTTP and S3 endpoint URLs and its process id."""
+
+    url: str
+    s3: str
+    pid: int
+
+
 @contextmanager
-def serving(models, log, settings=None):
-    """ztserve on two free loopback ports (HTTP, and the S3 endpoint), with `settings` (its
-    ZTSERVE_* variables), stopped with SIGTERM and waited for."""
+def serving(models, log, settings=None, host="127.0.0.1", prefix=()):
+    """ztserve on two free ports of `host` (HTTP, and the S3 endpoint), with `settings` (its
+    ZTSERVE_* variables), run under `prefix` (a network namespace's `ip netns exec NS`), stopped
+    with SIGTERM and waited for."""
     http, s3 = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZTSERVE_")}
-    env["ZTSERVE_S3_ENDPOINT__LISTEN"] = f"127.0.0.1:{s3}"
+    env["ZTSERVE_S3_ENDPOINT__LISTEN"] = f"{host}:{s3}"
     env.update(settings or {})
     with open(log, "wb") as out:
-        server = subprocess.Popen([os.environ["ZTSERVE_BIN"], "serve", "--source", str(models), "--listen", f"127.0.0.1:{http}"],
+        server = subprocess.Popen([*prefix, os.environ["ZTSERVE_BIN"], "serve", "--source", str(models), "--listen", f"{host}:{http}"],
                                   env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            url = f"http://127.0.0.1:{http}"
+            url = f"http://{host}:{http}"
             for _ in range(600):
                 try:
                     if urllib.request.urlopen(url + "/readyz", timeout=1).status == 200:
@@ -299,10 +314,42 @@ def serving(models, log, settings=None):
                     time.sleep(0.1)
             else:
                 raise RuntimeError(f"ztserve did not become ready; see {log}")
-            yield url, f"http://127.0.0.1:{s3}"
+            # Under `ip netns exec` the server is the child's own child only if exec'd: it is.
+            yield Served(url, f"http://{host}:{s3}", server.pid)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
+
+
+@contextmanager
+def link(rate):
+    """A network namespace holding one end of a veth pair, each end's egress shaped to `rate`
+    (`tc ... tbf`, e.g. `10gbit`): the command prefix that runs a process in it, and its address
+    (the other end, here, is 10.213.0.1). Only these two ends carry traffic; both, and the
+    namespace, are removed after, whatever happens (as root)."""
+    tag = os.getpid() % 100000
+    namespace, here, there = f"ztlink{tag}", f"ztl{tag}a", f"ztl{tag}b"
+    shaped = ["root", "tbf", "rate", rate, "burst", "4mb", "latency", "50ms"]
+    inside = ["ip", "netns", "exec", namespace]
+    steps = [
+        ["ip", "netns", "add", namespace],
+        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+        ["ip", "link", "set", there, "netns", namespace],
+        ["ip", "addr", "add", "10.213.0.1/30", "dev", here],
+        ["ip", "link", "set", here, "up"],
+        [*inside, "ip", "addr", "add", "10.213.0.2/30", "dev", there],
+        [*inside, "ip", "link", "set", there, "up"],
+        [*inside, "ip", "link", "set", "lo", "up"],
+        ["tc", "qdisc", "add", "dev", here, *shaped],
+        [*inside, "tc", "qdisc", "add", "dev", there, *shaped],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, stdout=subprocess.DEVNULL)
+        yield inside, "10.213.0.2"
+    finally:
+        subprocess.run(["ip", "link", "del", here], stderr=subprocess.DEVNULL)  # both ends go
+        subprocess.run(["ip", "netns", "del", namespace], stderr=subprocess.DEVNULL)
 
 
 def sent(url, tensors_only=False):
@@ -316,9 +363,19 @@ def sent(url, tensors_only=False):
                and (not tensors_only or "/objects/" in line or "/regions" in line)) - (4 * regions if tensors_only else 0)
 
 
+class Run(NamedTuple):
+    """One engine's token ids, and its slowest rank's model load and weight load, in seconds."""
+
+    ids: list
+    load_s: float
+    weights_s: float
+
+
 def engine(model, load_format, tp, env, log):
-    """One vLLM engine in a session of its own: its token ids and the slowest rank's load time.
-    Every process of the session is killed after it, as vLLM's workers outlive a killed parent."""
+    """One vLLM engine in a session of its own: a `Run`. The weight load is each load format's
+    `load_weights` (the folder's includes listing its files, the Hub's its download, the load
+    format's its manifest and plan). Every process of the session is killed after it, as vLLM's
+    workers outlive a killed parent."""
     env = {**os.environ, "VLLM_LOAD_TIMING": "1", **env}
     if tp > 1:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % os.cpu_count()) for i in range(tp)))
@@ -339,9 +396,10 @@ def engine(model, load_format, tp, env, log):
         text = out.read()
     results = [json.loads(line[len("RESULT "):]) for line in text.splitlines() if line.startswith("RESULT ")]
     loads = [float(line.split()[1]) for line in text.splitlines() if line.startswith("LOAD_SECONDS ")]
+    weights = [float(line.split()[1]) for line in text.splitlines() if line.startswith("WEIGHTS_SECONDS ")]
     if process.returncode != 0 or not results:
         raise RuntimeError(f"vLLM ({model}, --load-format {load_format}, TP={tp}) failed (exit {process.returncode}):\n{text[-4000:]}")
-    return results[0]["ids"], max(loads) if loads else float("nan")
+    return Run(results[0]["ids"], max(loads, default=float("nan")), max(weights, default=float("nan")))
 
 
 def planned(url, model, tp):
@@ -357,35 +415,70 @@ def planned(url, model, tp):
     return sum(c["planned"] for c in command.rank_costs(manifest, config, tp, False)), compressed
 
 
-def run(work, size, ways, tps=(1, 2)):
-    """Every way at each TP size; returns rows of (tp, way, load seconds, bytes sent, weights
-    bytes) and fails if any way's ids differ from the folder's at the same TP, or if a load
-    through the ztserve load format fetched other tensor bytes than the plan command says."""
+class Row(NamedTuple):
+    """One way of loading at one TP size: its weight and model loads, one per round, and the
+    bytes ztserve sent for it (the last round's) against the weights' bytes."""
+
+    tp: int
+    label: str
+    weights_s: list
+    load_s: list
+    sent: float
+    weights: int
+
+
+def warm(*directories):
+    """Reads every file below `directories`, so each way starts from the page cache."""
+    for directory in directories:
+        for path in Path(directory).rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    while f.read(16 << 20):
+                        pass
+
+
+def run(work, size, ways, tps=(1, 2), rounds=1, rate=None, fetched=None):
+    """Every way at each TP size, `rounds` times in alternating order; returns a `Row` per way
+    and fails if any run's ids differ from the folder's at the same TP, or if a load through
+    the ztserve load format fetched other tensor bytes than the plan command says. With `rate`,
+    the server runs across a link shaped to it (`link`). `fetched(served)`, when given, runs
+    once the server is up (bench/engines measures a rank's fetch there)."""
     folder, weights = prepare(work, size)
     work = Path(work)
     rows = []
-    with serving(work / "models", work / "ztserve.log") as (url, s3):
+    with contextlib.ExitStack() as stack:
+        prefix, host = stack.enter_context(link(rate)) if rate else ((), "127.0.0.1")
+        served = stack.enter_context(serving(work / "models", work / "ztserve.log", host=host, prefix=prefix))
+        if fetched is not None:
+            fetched(served)
         for tp in tps:
-            reference = None
-            for label, model, load_format, env in ways(folder, url, s3, size):
-                if "HF_HOME" in env:
-                    shutil.rmtree(env["HF_HOME"], ignore_errors=True)
-                before, tensors_before = sent(url), sent(url, tensors_only=True)
-                ids, seconds = engine(model, load_format, tp, env, work / f"engine-{tp}-{label.split()[0]}.log")
-                bytes_sent = sent(url) - before
-                rows.append((tp, label, seconds, bytes_sent, weights))
-                print(f"vllm-check: TP={tp} {label}: loaded in {seconds:.2f} s, ztserve sent {bytes_sent / 1e6:.1f} MB", file=sys.stderr)
-                if reference is None:
-                    reference = ids
-                elif ids != reference:
-                    raise SystemExit(f"vllm-check: TP={tp} {label} generated {ids}, the folder {reference}")
-                if load_format == "ztserve":
-                    # A whole zstd object travels compressed, so only an uncompressed model's bytes are exact.
-                    expected, compressed = planned(url, model, tp)
-                    fetched = sent(url, tensors_only=True) - tensors_before
-                    if fetched > expected or fetched != expected and not compressed:
-                        raise SystemExit(f"vllm-check: TP={tp} {label}: the engine fetched {fetched:.0f} tensor bytes, "
-                                         f"the plan command says {expected}")
+            reference, results = None, {}
+            for _ in range(rounds):
+                for label, model, load_format, env in ways(folder, served.url, served.s3, size):
+                    if "HF_HOME" in env:
+                        shutil.rmtree(env["HF_HOME"], ignore_errors=True)
+                    warm(folder, work / "models")
+                    before, tensors_before = sent(served.url), sent(served.url, tensors_only=True)
+                    result = engine(model, load_format, tp, env, work / f"engine-{tp}-{label.split()[0]}.log")
+                    bytes_sent = sent(served.url) - before
+                    runs = results.setdefault(label, ([], [], None))
+                    runs[0].append(result.weights_s)
+                    runs[1].append(result.load_s)
+                    results[label] = (runs[0], runs[1], bytes_sent)
+                    print(f"vllm-check: TP={tp} {label}: weights loaded in {result.weights_s:.2f} s (model {result.load_s:.2f} s), "
+                          f"ztserve sent {bytes_sent / 1e6:.1f} MB", file=sys.stderr)
+                    if reference is None:
+                        reference = result.ids
+                    elif result.ids != reference:
+                        raise SystemExit(f"vllm-check: TP={tp} {label} generated {result.ids}, the folder {reference}")
+                    if load_format == "ztserve":
+                        # A whole zstd object travels compressed, so only an uncompressed model's bytes are exact.
+                        expected, compressed = planned(served.url, model, tp)
+                        fetched_bytes = sent(served.url, tensors_only=True) - tensors_before
+                        if fetched_bytes > expected or fetched_bytes != expected and not compressed:
+                            raise SystemExit(f"vllm-check: TP={tp} {label}: the engine fetched {fetched_bytes:.0f} tensor bytes, "
+                                             f"the plan command says {expected}")
+            rows += [Row(tp, label, w, m, b, weights) for label, (w, m, b) in results.items()]
     return rows
 
 
@@ -422,6 +515,64 @@ def moe_bench_ways(folder, url, s3, size):
     return [way for way in bench_ways(folder, url, s3, size) if not way[0].startswith("Hub API")]
 
 
+def _median(values):
+    return statistics.median(values)
+
+
+def _engine_rows(model, rows):
+    """Markdown rows of `rows` (one model): each way's median weight load against the folder's
+    at the same TP (above 1, faster), its model load, and what ztserve sent."""
+    out = []
+    for row in rows:
+        folder = next(r for r in rows if r.tp == row.tp and r.label.startswith("folder"))
+        weights = _median(row.weights_s)
+        out.append(f"| {model}, {row.weights / 1e9:.2f} GB | {row.tp} | {row.label} | {weights:.2f} s "
+                   f"({min(row.weights_s):.2f}–{max(row.weights_s):.2f}) | {_median(folder.weights_s) / weights:.2f}x | "
+                   f"{_median(row.load_s):.2f} s | {row.sent / 1e6:,.1f} MB | {row.sent / row.weights:.2f}x |")
+    return out
+
+
+def _link_rows(rows, rate):
+    """Markdown rows over the link: each way's median weight load against the bound the issue
+    sets the load format (what it sent at the link's rate, plus the folder's load)."""
+    bits = float(rate.rstrip("gbit")) * 1e9 if rate.endswith("gbit") else float(rate.rstrip("mbit")) * 1e6
+    out = []
+    for row in rows:
+        folder = _median(next(r for r in rows if r.label.startswith("folder")).weights_s)
+        weights = _median(row.weights_s)
+        bound = row.sent * 8 / bits + folder
+        out.append(f"| {row.tp} | {row.label} | {weights:.2f} s ({min(row.weights_s):.2f}–{max(row.weights_s):.2f}) | "
+                   f"{row.sent / 1e6:,.1f} MB | {row.sent * 8 / bits:.2f} s + {folder:.2f} s = {bound:.2f} s | {weights / bound:.2f}x |")
+    return out
+
+
+def bench(work, rounds, rate):
+    """The tables bench/engines writes: a rank's fetch (three ways, one server), the engines over
+    loopback, and at TP=2 across a link shaped to `rate`."""
+    import vllm_rank_fetch
+
+    fetch_rows = []
+
+    def fetches(model, label, tp):
+        return lambda served: fetch_rows.extend(vllm_rank_fetch.rows(served.url, served.pid, model, tp, 2 * rounds + 1, label))
+
+    large = run(work / "large", "large", bench_ways, rounds=rounds, fetched=fetches("st/large", "Llama", 2))
+    moe = run(work / "moe", "moe-large", moe_bench_ways, tps=(2,), rounds=rounds, fetched=fetches("st/moe-large", "Qwen3-MoE", 2))
+    linked = run(work / "link", "large", bench_ways, tps=(2,), rounds=rounds, rate=rate)
+    print("### A rank's fetch, without vLLM (one server, loopback)\n")
+    print("| share | way | time (median) | rate | of the ceiling | server CPU |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(fetch_rows))
+    print(f"\n### vLLM's weight load (slowest rank, medians of {rounds} alternating rounds, loopback)\n")
+    print("| model | TP | load | weights load (spread) | of the folder's speed | model load | ztserve sent | of the weights |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(_engine_rows("Llama", large) + _engine_rows("Qwen3-MoE", moe)))
+    print(f"\n### Across a link shaped to {rate} (the server in a network namespace; Llama, 1.13 GB, medians of {rounds})\n")
+    print("| TP | load | weights load (spread) | ztserve sent | bound: sent at the link's rate + the folder's load | of the bound |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(_link_rows(linked, rate)))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         size = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--size" else "tiny"
@@ -429,28 +580,24 @@ if __name__ == "__main__":
     elif sys.argv[1] == "generate":
         generate(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "check":
-        for tp, label, seconds, bytes_sent, weights in run(sys.argv[2], "tiny", check_ways):
-            print(f"TP={tp} {label}: same token ids as the folder; load {seconds:.2f} s; ztserve sent {bytes_sent / weights:.2f}x the weights")
+        for row in run(sys.argv[2], "tiny", check_ways):
+            print(f"TP={row.tp} {row.label}: same token ids as the folder; weights {row.weights_s[0]:.2f} s; "
+                  f"ztserve sent {row.sent / row.weights:.2f}x the weights")
     elif sys.argv[1] == "check-quantized":
         for method in sys.argv[3:] or list(QUANTIZATIONS):
-            for tp, label, seconds, bytes_sent, weights in run(os.path.join(sys.argv[2], method), f"small-q-{method}", quantized_ways,
-                                                                tps=(2,)):
-                print(f"TP={tp} {method} {label}: same token ids as the folder; load {seconds:.2f} s; "
-                      f"ztserve sent {bytes_sent / weights:.2f}x the weights")
-                if "ztserve" in label and bytes_sent > 1.1 * weights:
-                    raise SystemExit(f"vllm-check: TP={tp} {label} cost the server {bytes_sent / weights:.2f}x the weights, more than 1.1x")
+            for row in run(os.path.join(sys.argv[2], method), f"small-q-{method}", quantized_ways, tps=(2,)):
+                print(f"TP={row.tp} {method} {row.label}: same token ids as the folder; weights {row.weights_s[0]:.2f} s; "
+                      f"ztserve sent {row.sent / row.weights:.2f}x the weights")
+                if "ztserve" in row.label and row.sent > 1.1 * row.weights:
+                    raise SystemExit(f"vllm-check: TP={row.tp} {row.label} cost the server {row.sent / row.weights:.2f}x the weights, "
+                                     "more than 1.1x")
     elif sys.argv[1] == "check-moe":
-        for tp, label, seconds, bytes_sent, weights in run(sys.argv[2], "moe", check_ways, tps=(2,)):
-            print(f"TP={tp} {label}: same token ids as the folder; load {seconds:.2f} s; ztserve sent {bytes_sent / weights:.2f}x the weights")
-            if "ztserve" in label and bytes_sent > 1.1 * weights:
-                raise SystemExit(f"vllm-check: TP={tp} {label} cost the server {bytes_sent / weights:.2f}x the weights, more than 1.1x")
+        for row in run(sys.argv[2], "moe", check_ways, tps=(2,)):
+            print(f"TP={row.tp} {row.label}: same token ids as the folder; weights {row.weights_s[0]:.2f} s; "
+                  f"ztserve sent {row.sent / row.weights:.2f}x the weights")
+            if "ztserve" in row.label and row.sent > 1.1 * row.weights:
+                raise SystemExit(f"vllm-check: TP={row.tp} {row.label} cost the server {row.sent / row.weights:.2f}x the weights, more than 1.1x")
     elif sys.argv[1] == "bench":
-        rows = [("Llama", *row) for row in run(os.path.join(sys.argv[2], "large"), "large", bench_ways)]
-        rows += [("Qwen3-MoE", *row) for row in run(os.path.join(sys.argv[2], "moe"), "moe-large", moe_bench_ways, tps=(2,))]
-        print("| model | TP | load | load time | ztserve sent | of the weights |")
-        print("|---|---|---|---|---|---|")
-        for model, tp, label, seconds, bytes_sent, weights in rows:
-            print(f"| {model}, {weights / 1e9:.2f} GB | {tp} | {label} | {seconds:.2f} s | {bytes_sent / 1e6:,.1f} MB | "
-                  f"{bytes_sent / weights:.2f}x |")
+        bench(Path(sys.argv[2]), int(os.environ.get("BENCH_ROUNDS", "2")), os.environ.get("BENCH_LINK_RATE", "10gbit"))
     else:
         sys.exit(__doc__)

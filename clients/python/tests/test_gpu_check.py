@@ -1,6 +1,7 @@
 """scripts/gpu-check's steps where there is no GPU: it writes the model, serves it with
-ZTSERVE_BIN, loads it through the client into CPU memory, checks every tensor against
-safetensors' own load and writes its table; on a GPU machine the same steps run to CUDA."""
+ZTSERVE_BIN, loads it through the client into CPU memory (`load`, `Snapshot.stream` whole, and
+two ranks' shares at once), checks every tensor against safetensors' own load and writes its
+table; on a GPU machine the same steps run to CUDA."""
 
 import os
 import subprocess
@@ -18,6 +19,8 @@ def test_gpu_check_runs_its_steps_into_cpu_memory(tmp_path):
     assert "every tensor identical to safetensors' own load" in table
     assert "| safetensors `load_file(device=\"cpu\")` from local disk |" in table
     assert "| ztserve, Python client `load(framework=\"torch\", device=\"cpu\")` over loopback |" in table
+    assert "| ztserve, Python client `Snapshot.stream(framework=\"torch\", device=\"cpu\")` over loopback (the vLLM load format's path) |" in table
+    assert "| 0 of 2 |" in table and "| 1 of 2 |" in table
 
 
 def test_gpu_check_refuses_a_cuda_run_without_a_gpu_rather_than_measuring_the_cpu(tmp_path):
