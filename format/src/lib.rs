@@ -570,6 +570,11 @@ impl Manifest {
     pub fn object(&self, name: &str) -> Option<&Object> {
         self.by_name.get(name).map(|&i| &self.objects[i])
     }
+
+    /// Where object `name` is in `objects`.
+    pub fn object_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
 }
 
 /// Finds the manifest from the file length and the file's last bytes (at least the trailer, or

@@ -114,9 +114,10 @@ fn plan(
     let mut planned = Vec::with_capacity(requests.len());
     let mut total: u128 = 0;
     for request in requests {
-        let object = manifest
-            .object(&request.object)
+        let object_index = manifest
+            .object_index(&request.object)
             .ok_or_else(|| ServiceError::ObjectNotFound { model: model.id.clone(), object: request.object.clone() })?;
+        let object = &manifest.objects[object_index];
         let component = match (request.component.as_deref(), &object.components[..]) {
             (Some(role), _) => super::component(model, object, role)?,
             (None, [only]) => only,
@@ -138,8 +139,6 @@ fn plan(
         if total > u128::from(limits.max_bytes) {
             return Err(refused(RegionsRefusal::TooLarge { total, limit: limits.max_bytes }));
         }
-        let index = |name: &str| manifest.objects.iter().position(|o| o.name == name).expect("found above");
-        let object_index = index(&object.name);
         let component_index =
             object.components.iter().position(|c| c.role == component.role).expect("a component of the object");
         planned.push(Planned { object: object_index, component: component_index, slice, len });
@@ -227,8 +226,9 @@ pub(super) async fn regions(
 }
 
 /// One region's bytes, as its own route serves them, then their CRC32C. Bytes of a local file
-/// leave from its mapping, which the process never reads (the kernel copies them): their
-/// checksum is taken from the same bytes read with `pread`, alongside.
+/// that leave from its mapping, which the process never reads (the kernel copies them), are
+/// checksummed from the same bytes read with `pread`, alongside; any other bytes (decoded,
+/// fetched, gathered) as they pass.
 async fn region_bytes(
     representations: Arc<Representations>,
     model: Arc<Model>,
@@ -250,7 +250,8 @@ async fn region_bytes(
     else {
         return Ok(checksummed(body));
     };
-    if !component.is_verbatim() {
+    // Short runs are gathered into the process's memory: their bytes are checksummed there.
+    if !component.is_verbatim() || region.slice.as_ref().is_some_and(|slice| !slice.sent_from_mapping()) {
         return Ok(checksummed(body));
     }
     let file = Arc::clone(mapping.file());

@@ -108,6 +108,13 @@ impl ResolvedSlice {
         self.cut.runs(&self.shape, self.element)
     }
 
+    /// Whether a raw component's slice leaves from the file's mapping (its runs are long) or
+    /// is gathered into the process's memory (they are short): every run of a slice but its
+    /// last is as long as the first.
+    pub(crate) fn sent_from_mapping(&self) -> bool {
+        self.runs().next().is_some_and(|run| run.end - run.start >= SEND_MAPPED_MIN)
+    }
+
     /// `request`'s slice of `object`, checked against it: only a dense object of whole-byte
     /// elements of a known type, or a GGML block-quantized tensor at whole blocks, can be cut,
     /// within its bounds.

@@ -114,33 +114,66 @@ pub fn pread_gather(
     use std::os::unix::fs::FileExt as _;
     let total: u64 = runs.iter().map(|r| r.end - r.start).sum();
     let mut out = Vec::with_capacity(total as usize);
-    let (mut span_buffer, mut read) = (Vec::new(), 0);
-    let mut rest = runs;
-    while let [first, ..] = rest {
-        let close = |w: &&[std::ops::Range<u64>]| {
-            w[1].start.saturating_sub(w[0].end) <= READ_THROUGH && w[1].end - first.start <= READ_SPAN_MAX
-        };
-        let in_span = 1 + rest.windows(2).take_while(close).count();
-        let (span_runs, after) = rest.split_at(in_span);
-        let span = first.start..span_runs[in_span - 1].end;
-        span_buffer.resize((span.end - span.start) as usize, 0);
-        read += span.end - span.start;
-        match file.read_exact_at(&mut span_buffer, span.start) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err(super::StorageError::Changed { source_name: source_name.to_owned(), key: key.to_owned() });
+    with_scratch(|span_buffer| {
+        let mut read = 0;
+        let mut rest = runs;
+        while let [first, ..] = rest {
+            let close = |w: &&[std::ops::Range<u64>]| {
+                w[1].start.saturating_sub(w[0].end) <= READ_THROUGH && w[1].end - first.start <= READ_SPAN_MAX
+            };
+            let in_span = 1 + rest.windows(2).take_while(close).count();
+            let (span_runs, after) = rest.split_at(in_span);
+            let span = first.start..span_runs[in_span - 1].end;
+            let span_buffer = scratch(span_buffer, (span.end - span.start) as usize);
+            read += span.end - span.start;
+            match file.read_exact_at(span_buffer, span.start) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Err(super::StorageError::Changed {
+                        source_name: source_name.to_owned(),
+                        key: key.to_owned(),
+                    });
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    return Err(super::StorageError::Unavailable { source_name: source_name.to_owned(), message });
+                }
             }
-            Err(e) => {
-                let message = e.to_string();
-                return Err(super::StorageError::Unavailable { source_name: source_name.to_owned(), message });
+            for run in span_runs {
+                out.extend_from_slice(&span_buffer[(run.start - span.start) as usize..(run.end - span.start) as usize]);
             }
+            rest = after;
         }
-        for run in span_runs {
-            out.extend_from_slice(&span_buffer[(run.start - span.start) as usize..(run.end - span.start) as usize]);
-        }
-        rest = after;
+        Ok((bytes::Bytes::from(out), read))
+    })
+}
+
+/// Runs `read` with this thread's scratch buffer: reads through gaps and checksums land there,
+/// and a blocking thread keeps it from one call to the next rather than zeroing a new one
+/// (which cost as much as the read, for short runs).
+fn with_scratch<T>(read: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    Ok((bytes::Bytes::from(out), read))
+    SCRATCH.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut buffer) => {
+            let result = read(&mut buffer);
+            // A thread keeps at most a span's worth between calls, however long one run was.
+            if buffer.len() as u64 > READ_SPAN_MAX {
+                *buffer = Vec::new();
+            }
+            result
+        }
+        Err(_) => read(&mut Vec::new()),
+    })
+}
+
+/// The first `len` bytes of `buffer`, grown (never shrunk) to hold them.
+fn scratch(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buffer.len() < len {
+        buffer.resize(len, 0);
+    }
+    &mut buffer[..len]
 }
 
 /// Bytes in a block of [`BlockSums`].
@@ -198,12 +231,22 @@ impl BlockSums {
         source_name: &str,
         key: &str,
     ) -> Result<u32, super::StorageError> {
-        let mut buffer = Vec::new();
+        with_scratch(|buffer| self.crc32c_of_runs_into(file, runs, buffer, source_name, key))
+    }
+
+    fn crc32c_of_runs_into(
+        &self,
+        file: &File,
+        runs: impl Iterator<Item = std::ops::Range<u64>>,
+        buffer: &mut Vec<u8>,
+        source_name: &str,
+        key: &str,
+    ) -> Result<u32, super::StorageError> {
         let mut crc = 0;
         let mut runs = runs.filter(|run| !run.is_empty()).peekable();
         while let Some(first) = runs.next() {
             if first.end - first.start > READ_THROUGH {
-                crc = self.crc32c_of_run(file, crc, first, &mut buffer, source_name, key)?;
+                crc = self.crc32c_of_run(file, crc, first, buffer, source_name, key)?;
                 continue;
             }
             let mut span = vec![first];
@@ -216,10 +259,10 @@ impl BlockSums {
                 span.push(next);
             }
             let (start, end) = (span[0].start, span[span.len() - 1].end);
-            buffer.resize(buffer.len().max((end - start) as usize), 0);
-            pread_exact_into(file, start, &mut buffer[..(end - start) as usize], source_name, key)?;
+            let read = scratch(buffer, (end - start) as usize);
+            pread_exact_into(file, start, read, source_name, key)?;
             for run in &span {
-                crc = crc32c::crc32c_append(crc, &buffer[(run.start - start) as usize..(run.end - start) as usize]);
+                crc = crc32c::crc32c_append(crc, &read[(run.start - start) as usize..(run.end - start) as usize]);
             }
         }
         Ok(crc)
@@ -235,9 +278,6 @@ impl BlockSums {
         source_name: &str,
         key: &str,
     ) -> Result<u32, super::StorageError> {
-        // Only what this run reads, at most a block: a region's runs are often far shorter
-        // than a piece.
-        buffer.resize(buffer.len().max((run.end - run.start).min(SUM_BLOCK) as usize), 0);
         let mut at = run.start;
         while at < run.end {
             let block = (at / SUM_BLOCK) as usize;
@@ -246,7 +286,7 @@ impl BlockSums {
                 let sum = match self.get(block) {
                     Some(sum) => sum,
                     None => {
-                        let read = &mut buffer[..SUM_BLOCK as usize];
+                        let read = scratch(buffer, SUM_BLOCK as usize);
                         pread_exact_into(file, at, read, source_name, key)?;
                         let sum = crc32c::crc32c(read);
                         self.learn(block, sum);
@@ -257,7 +297,7 @@ impl BlockSums {
                 at = block_end;
             } else {
                 let end = run.end.min(block_end);
-                let read = &mut buffer[..(end - at) as usize];
+                let read = scratch(buffer, (end - at) as usize);
                 pread_exact_into(file, at, read, source_name, key)?;
                 crc = crc32c::crc32c_append(crc, read);
                 at = end;
