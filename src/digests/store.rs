@@ -175,10 +175,20 @@ impl FileDigests {
     /// (a small blocking write, on the caller's thread: callers hash on the blocking pool or
     /// learn a digest without reading).
     pub(crate) fn insert(&self, identity: FileIdentity, digest: [u8; 32]) {
-        self.stated.lock().expect("never poisoned").remove(&identity);
-        if self.known.lock().expect("never poisoned").insert(identity, digest) == Some(digest) {
-            return;
+        if self.remember(identity, digest) {
+            self.append(identity, digest);
         }
+    }
+
+    /// Keeps `digest` as the digest of `identity` in memory only; whether it is new there (then
+    /// [`FileDigests::append`] keeps it across restarts).
+    pub(crate) fn remember(&self, identity: FileIdentity, digest: [u8; 32]) -> bool {
+        self.stated.lock().expect("never poisoned").remove(&identity);
+        self.known.lock().expect("never poisoned").insert(identity, digest) != Some(digest)
+    }
+
+    /// Appends `digest` of `identity` to the store (a small blocking write).
+    pub(crate) fn append(&self, identity: FileIdentity, digest: [u8; 32]) {
         if let Some(store) = &self.store {
             let mut store = store.lock().expect("never poisoned");
             // One write of the whole line, which a torn append can only cut short.

@@ -238,7 +238,7 @@ impl Hashing {
                 if queue.running >= self.workers {
                     return;
                 }
-                let Some(first) = queue.pop() else { return };
+                let Some(first) = self.pop_unknown(&mut queue) else { return };
                 queue.running += 1;
                 publish_gauges(&queue);
                 first
@@ -250,7 +250,7 @@ impl Hashing {
                     hashing.hash(identity, &job).await;
                     let mut queue = hashing.lock();
                     queue.finished(&job);
-                    match queue.pop() {
+                    match hashing.pop_unknown(&mut queue) {
                         Some(next) => {
                             publish_gauges(&queue);
                             (identity, job) = next;
@@ -263,6 +263,21 @@ impl Hashing {
                 }
             });
         }
+    }
+
+    /// The next queued job whose digest is still unknown, now marked hashing; each one passed
+    /// over (learnt since it was queued: by another job, a `SHA256SUMS`, the source) is done,
+    /// under the same lock, so no count ever shows it running.
+    fn pop_unknown(&self, queue: &mut Queue<Job>) -> Option<(FileIdentity, Arc<Job>)> {
+        while let Some((key, job)) = queue.pop() {
+            if self.digest_known(key, job.of).is_none() {
+                return Some((key, job));
+            }
+            queue.finished(&job);
+            queue.known(key, false);
+            job.outcome.send_replace(Outcome::Known);
+        }
+        None
     }
 
     /// Computes `job`'s digest (the one kept under `key`), keeps it, and tells its askers.
@@ -299,25 +314,30 @@ impl Hashing {
             };
             let layer_key = layer_identity(file, &input.file.path);
             let digests = hashing.compute_sha256(&input, hashed, own, layer).await?;
-            // Kept (and appended to the store, a blocking write) before the job leaves the
-            // queue: an ask between the two finds the digest, never a file to hash again.
+            let digests = [digests.file.map(|digest| (file, digest)), digests.layer.map(|digest| (layer_key, digest))];
+            // Kept across restarts (a blocking write) before anyone is told, off the lock.
             tokio::task::spawn_blocking(move || {
-                if let Some(digest) = digests.file {
-                    hashing.digests.insert(file, digest);
+                for &(identity, digest) in digests.iter().flatten() {
+                    if hashing.digests.computed(identity) != Some(digest) {
+                        hashing.digests.append(identity, digest);
+                    }
                 }
-                if let Some(digest) = digests.layer {
-                    hashing.digests.insert(layer_key, digest);
-                }
+                digests
             })
             .await
-            .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))?;
-            Ok(())
+            .map_err(|e| ServiceError::Internal(format!("keeping a digest failed: {e}")))
         })
         .await
         .unwrap_or_else(|e| Err(ServiceError::Internal(format!("hashing a file failed: {e}"))));
         let mut queue = self.lock();
         match computed {
-            Ok(()) => {
+            Ok(digests) => {
+                // Known and the job done in one step under the queue's lock: an ask, a
+                // schedule or a count finds one or the other, never a file to hash again
+                // nor a job still running for a digest known.
+                for (identity, digest) in digests.into_iter().flatten() {
+                    self.digests.remember(identity, digest);
+                }
                 self.rate.learn(job.size, started.elapsed());
                 // The gauge counts files; a layer is a second digest of one.
                 queue.known(key, job.of != DigestOf::ImageLayer);
