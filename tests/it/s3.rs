@@ -400,8 +400,9 @@ async fn faults_between_s3_and_the_cache_never_reach_a_client_as_wrong_bytes() {
         let reply = read(path).await;
         assert!(!reply.complete || reply.status == 503, "{path}: damaged bytes were sent whole: {}", reply.head);
     }
-    // Each object's damage is caught and counted: twice when both attempts read it whole; once
-    // when, on a loaded machine, the second attempt ends on the 3 s read timeout first.
+    // Each object's damage is caught and counted: a read's blocks all come from the one checked
+    // fill it joined, so twice when both its attempts read the object whole; once when, on a
+    // loaded machine, the second attempt ends on the 3 s read timeout first.
     let counted = metric("ztserve_disk_cache_checked_fills_total", &[("outcome", "mismatch")]) - mismatches;
     assert!((2.0..=4.0).contains(&counted), "{counted} mismatches counted for two damaged objects");
     proxy.heal();

@@ -187,6 +187,7 @@ impl CachedStorage {
             fill_last: (fill_to.max(range.end) - 1) / block,
             range,
             streamed: Mutex::new(Vec::new()),
+            joined: Mutex::new(None),
         };
         let (first, last) = (reading.range.start / block, reading.last);
         let reading = Arc::new(reading);

@@ -24,6 +24,9 @@ pub(super) struct Reading {
     /// The checked fills this read took blocks from before they were done, and the attempt
     /// of each block taken.
     pub(super) streamed: Mutex<Vec<(Verification, usize)>>,
+    /// The checked fill this read joined: every block of the read comes from it, so its
+    /// failure is the read's, unless it matched and a block was evicted since.
+    pub(super) joined: Mutex<Option<Verification>>,
     pub(super) inner: Arc<dyn Storage>,
     pub(super) cache: Arc<DiskCache>,
     pub(super) key: String,
@@ -101,9 +104,14 @@ impl Reading {
         Ok(())
     }
 
-    /// The checked fill of the whole object: one under way, or a new one.
+    /// The checked fill of the whole object: the one this read joined, unless it matched (a
+    /// block it kept was evicted since); else one under way, or a new one.
     fn verification(&self, expected: [u8; 32]) -> Verification {
-        Verify {
+        let mut joined = self.joined.lock().expect("never poisoned");
+        if let Some(run) = joined.as_ref().filter(|run| !run.matched()) {
+            return Arc::clone(run);
+        }
+        let run = Verify {
             inner: Arc::clone(&self.inner),
             cache: Arc::clone(&self.cache),
             object: self.object,
@@ -112,7 +120,9 @@ impl Reading {
             size: self.size,
             expected,
         }
-        .run()
+        .run();
+        *joined = Some(Arc::clone(&run));
+        run
     }
 
     /// The fill that brings block `index`: one under way, or a new one for every block from

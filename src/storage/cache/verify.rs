@@ -46,6 +46,11 @@ impl Run {
         self.done.clone().await
     }
 
+    /// Whether the run is known to have matched (a reader has seen its outcome).
+    pub(super) fn matched(&self) -> bool {
+        matches!(self.done.peek(), Some(Ok(_)))
+    }
+
     /// Block `index` (`len` bytes) as soon as the run has hashed it, and the attempt it came
     /// from; `None` once it is on disk for good (the run is done) or the attempt it was in
     /// failed: the caller looks on disk again.
@@ -118,8 +123,10 @@ impl Verify {
         let (forget, running) = (Arc::clone(&self.cache), Arc::clone(&run));
         tokio::spawn(async move {
             let result = self.attempts(&running, &progress).await;
-            forget.verifications.lock().expect("never poisoned").remove(&object);
+            // Told before it is forgotten: a reader that finds the run until then sees its
+            // outcome, and only a read after that starts another.
             let _ = finished.send(result);
+            forget.verifications.lock().expect("never poisoned").remove(&object);
         });
         runs.insert(object, Arc::clone(&run));
         run
