@@ -1,7 +1,8 @@
 //! A bundle's signature checked against what is trusted, before any of its bytes are used:
-//! the publisher's `model_signing` signature must verify, and its statement must sign exactly
-//! the bundle's paths, each with the SHA-256 the bundle names (so each blob, checked against
-//! its digest as it is read, is a signed byte). The server checks it on publish with
+//! the publisher's `model_signing` signature must verify, its statement must be signed for the
+//! bundle's whole name (its subject's name: a bundle copied to another name is refused) and
+//! sign exactly the bundle's paths, each with the SHA-256 the bundle names (so each blob,
+//! checked against its digest as it is read, is a signed byte). The server checks it on publish with
 //! `[artifacts] require_signature`; `ztserve artifacts restore` before it fetches a blob.
 
 use super::{ArtifactError, Bundle};
@@ -16,6 +17,7 @@ pub(crate) fn verify_bundle(trust: &Trust, name: &str, bundle: &Bundle, limit: u
     };
     let bytes = serde_json::to_vec(signature).expect("a JSON value serializes");
     let signed = trust.verify(&bytes, limit).map_err(refused)?;
+    signed.match_name(name).map_err(refused)?;
     signed.match_names(bundle.files.iter().map(|file| file.path.as_str())).map_err(refused)?;
     for file in &bundle.files {
         let mut digest = [0u8; 32];
@@ -26,7 +28,7 @@ pub(crate) fn verify_bundle(trust: &Trust, name: &str, bundle: &Bundle, limit: u
 }
 
 /// The bundle of `files` (each a path below the bundle's directory and its blob) signed by
-/// `signer` as directory `name`.
+/// `signer` for bundle name `name`.
 pub(crate) fn sign_bundle(signer: &crate::signing::Signer, name: &str, files: Vec<super::BundleFile>) -> Bundle {
     let digests: Vec<(String, [u8; 32])> = files
         .iter()

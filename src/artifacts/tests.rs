@@ -176,13 +176,13 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
 }
 
 #[test]
-fn a_signed_bundle_verifies_only_for_its_key_and_exactly_its_files() {
+fn a_signed_bundle_verifies_only_for_its_key_its_name_and_exactly_its_files() {
     let dir = tempfile::tempdir().unwrap();
     let (publisher, publisher_pub) = key_pair(dir.path(), "publisher");
     let (_, other_pub) = key_pair(dir.path(), "other");
     let signer = crate::signing::Signer::load(&publisher).unwrap();
     let files = vec![file("inductor_cache/ab/graph.py", b"graph"), file("rank_0_0/model", b"model")];
-    let signed = sign_bundle(&signer, "0a1b2c", files.clone());
+    let signed = sign_bundle(&signer, "vllm/x", files.clone());
     let trust = crate::signing::Trust::load(std::slice::from_ref(&publisher_pub), None).unwrap();
     assert_eq!(verify_bundle(&trust, "vllm/x", &signed, 1 << 20).unwrap(), "key publisher.pub");
 
@@ -193,6 +193,14 @@ fn a_signed_bundle_verifies_only_for_its_key_and_exactly_its_files() {
     };
     let other = crate::signing::Trust::load(&[other_pub], None).unwrap();
     assert_eq!(code(&signed, &other), "signature_untrusted");
+    // The same signed bundle asked for under another name: signed for its own.
+    match verify_bundle(&trust, "vllm/y", &signed, 1 << 20) {
+        Err(ArtifactError::Signature { refused, .. }) => {
+            assert_eq!(refused.code(), "signature_name");
+            assert!(refused.to_string().contains("signed as \"vllm/x\", not \"vllm/y\""), "{refused}");
+        }
+        other => panic!("{other:?}"),
+    }
     let mut changed = signed.clone();
     changed.files[1] = file("rank_0_0/model", b"modeL");
     assert_eq!(code(&changed, &trust), "signature_digest_mismatch");

@@ -128,9 +128,9 @@ pub async fn publish(store: &Store, name: &str, dir: &Path, signing_key: Option<
     let uploads = futures_util::stream::iter(files.iter().map(|file| upload(store, &client, dir, file)));
     let uploaded: Vec<bool> = uploads.buffer_unordered(CONCURRENCY).try_collect().await?;
     let (count, bytes) = (files.len(), files.iter().map(|f| f.size).sum());
-    let dir_name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    // Signed for its name: a copy of the bundle under another name does not verify.
     let bundle = match &signer {
-        Some(signer) => sign_bundle(signer, &dir_name, files),
+        Some(signer) => sign_bundle(signer, name, files),
         None => Bundle { files, signature: None },
     };
     let body = serde_json::to_vec(&bundle)?;

@@ -112,7 +112,7 @@ def main(work):
                 import hashlib
 
                 digests = {f: hashlib.sha256((hash_dir / f).read_bytes()).hexdigest() for f in files}
-                signature = _signing.sign(publisher, hash_dir.name, digests)
+                signature = _signing.sign(publisher, name, digests)
                 listed = []
                 for f in files:
                     body = (changed / f).read_bytes()

@@ -1,7 +1,8 @@
 """The artifact store from Python against a live server: a directory published signed and
 restored whole for its publisher's key only; a bundle signed by another key, one whose bytes
-changed after signing, one missing a signed file and one whose path leaves its directory refused
-before anything is placed; and the same bundles read and written by `ztserve artifacts`."""
+changed after signing, one missing a signed file, one copied to another name and one whose path
+leaves its directory refused before anything is placed; and the same bundles read and written by
+`ztserve artifacts`."""
 
 import hashlib
 import json
@@ -76,6 +77,27 @@ def test_a_signed_directory_is_restored_whole_for_its_publisher_only(stores, key
     assert done.returncode == 1 and "not trusted" in done.stderr
 
 
+def test_a_signed_bundle_copied_to_another_name_is_refused_everywhere(stores, keys, cache, tmp_path):
+    checking, trusting = stores
+    name, copy = f"cache/{tmp_path.name}/rank_0_0", f"cache/{tmp_path.name}/rank_1_0"
+    for server in (checking, trusting):
+        assert ArtifactStore(server.url, WRITER).publish(name, str(cache), signing_key=keys["publisher"][0]) == "created"
+    bundle = json.dumps(ArtifactStore(checking.url).bundle(name)).encode()
+    # A server that requires signatures refuses the copy; one that does not takes it, and every
+    # reader refuses it with the reason.
+    with pytest.raises(Exception, match="signed as"):
+        ArtifactStore(checking.url, WRITER)._call("PUT", f"bundles/{copy}", body=bundle,
+                                                  headers={"Content-Type": "application/json"})
+    ArtifactStore(trusting.url, WRITER)._call("PUT", f"bundles/{copy}", body=bundle,
+                                              headers={"Content-Type": "application/json"})
+    with pytest.raises(BundleRefused, match=f"signed as '{name}', not '{copy}'"):
+        ArtifactStore(trusting.url).restore(copy, str(tmp_path / "out"), public_keys=[keys["publisher"][1]])
+    assert not (tmp_path / "out").exists() or not tree(tmp_path / "out")
+    done = subprocess.run([str(binary()), "artifacts", "restore", trusting.url, copy, str(tmp_path / "cli"),
+                           "--public-key", keys["publisher"][1]], capture_output=True, text=True)
+    assert done.returncode == 1 and f'signed as "{name}", not "{copy}"' in done.stderr, done.stderr
+
+
 def test_python_restores_what_the_ztserve_command_published(stores, keys, cache, tmp_path):
     checking, _ = stores
     name = f"cache/cli-{tmp_path.name}"
@@ -98,12 +120,14 @@ def publish_raw(store, name, files, signature):
                 headers={"Content-Type": "application/json"})
 
 
-@pytest.mark.parametrize("case", ["changed byte", "missing file", "added file", "unsigned"])
+@pytest.mark.parametrize("case", ["changed byte", "missing file", "added file", "unsigned", "another name"])
 def test_a_bundle_that_is_not_what_was_signed_is_refused_before_anything_is_placed(stores, keys, cache, tmp_path, case):
     _, trusting = stores
     store = ArtifactStore(trusting.url, WRITER)
     files = tree(cache)
-    signature = _signing.sign(keys["publisher"][0], "cache", {p: hashlib.sha256(b).hexdigest() for p, b in files.items()})
+    name = f"cache/{case.replace(' ', '-')}-{tmp_path.name}"
+    signed_as = "cache/elsewhere" if case == "another name" else name
+    signature = _signing.sign(keys["publisher"][0], signed_as, {p: hashlib.sha256(b).hexdigest() for p, b in files.items()})
     if case == "changed byte":
         body = bytearray(files["rank_0_0/model"])
         body[1000] ^= 1
@@ -112,12 +136,11 @@ def test_a_bundle_that_is_not_what_was_signed_is_refused_before_anything_is_plac
         del files["inductor_cache/ab/graph.py"]
     elif case == "added file":
         files["rank_0_0/extra.so"] = b"\x7fELF"
-    else:
+    elif case == "unsigned":
         signature = None
-    name = f"cache/{case.replace(' ', '-')}-{tmp_path.name}"
     publish_raw(store, name, files, signature)
     reasons = {"changed byte": "not the", "missing file": "not those signed", "added file": "not those signed",
-               "unsigned": "unsigned"}
+               "unsigned": "unsigned", "another name": "signed as 'cache/elsewhere'"}
     with pytest.raises(BundleRefused, match=reasons[case]):
         store.restore(name, str(tmp_path / "out"), public_keys=[keys["publisher"][1]])
     assert not tree(tmp_path / "out")

@@ -30,6 +30,8 @@ pub enum SignatureError {
     FilesDiffer { unsigned: Vec<String>, missing: Vec<String> },
     #[error("file {path:?} has SHA-256 {actual}, not the {signed} it was signed with")]
     DigestMismatch { path: String, actual: String, signed: String },
+    #[error("it was signed as {signed:?}, not {asked:?}")]
+    NameDiffers { signed: String, asked: String },
 }
 
 impl SignatureError {
@@ -45,6 +47,7 @@ impl SignatureError {
             SignatureError::FilesDiffer { unsigned, .. } if unsigned.is_empty() => "signature_missing_file",
             SignatureError::FilesDiffer { .. } => "signature_files_differ",
             SignatureError::DigestMismatch { .. } => "signature_digest_mismatch",
+            SignatureError::NameDiffers { .. } => "signature_name",
         }
     }
 }

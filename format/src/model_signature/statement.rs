@@ -192,6 +192,15 @@ impl SignedModel {
         below(signature_file) || self.ignored.iter().any(|ignored| below(ignored))
     }
 
+    /// Checks that it was signed as `name` (an artifact bundle's whole name, which its
+    /// signature binds; a model's directory name is not checked, as `model_signing` does not).
+    pub fn match_name(&self, name: &str) -> Result<(), SignatureError> {
+        if self.name == name {
+            return Ok(());
+        }
+        Err(SignatureError::NameDiffers { signed: self.name.clone(), asked: name.to_owned() })
+    }
+
     /// Matches the names of the directory's files (those not left out) against the signed
     /// ones: none may be unsigned, none missing.
     pub fn match_names<'a>(&self, present: impl IntoIterator<Item = &'a str>) -> Result<(), SignatureError> {

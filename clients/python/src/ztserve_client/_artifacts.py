@@ -121,7 +121,8 @@ class ArtifactStore:
         bundle = {"files": listed}
         if signing_key is not None:
             digests = {file["path"]: file["sha256"] for file in listed}
-            bundle["signature"] = _signing.sign(signing_key, os.path.basename(os.path.normpath(directory)), digests)
+            # Signed for its name: a copy of the bundle under another name does not verify.
+            bundle["signature"] = _signing.sign(signing_key, name, digests)
         try:
             self._call("PUT", f"bundles/{urllib.parse.quote(name)}", body=json.dumps(bundle).encode(),
                        headers={"Content-Type": "application/json"})
@@ -148,7 +149,7 @@ class ArtifactStore:
         signer = None
         if not unsigned:
             keys = _signing.load_public_keys(public_keys)
-            signer = _signing.verify(keys, bundle.get("signature"), {p: f["sha256"] for p, f in files.items()})
+            signer = _signing.verify(keys, bundle.get("signature"), {p: f["sha256"] for p, f in files.items()}, name)
         os.makedirs(directory, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".ztserve-restoring-", dir=directory)
         try:

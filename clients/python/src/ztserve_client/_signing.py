@@ -41,7 +41,7 @@ def _hint(public_key):
 
 
 def statement(name, files):
-    """The statement over `files` (path: SHA-256 hex) of directory `name`, as bytes."""
+    """The statement over `files` (path: SHA-256 hex) of bundle `name`, as bytes."""
     resources = [{"name": path, "algorithm": "sha256", "digest": files[path]} for path in sorted(files)]
     root = hashlib.sha256(b"".join(bytes.fromhex(files[path]) for path in sorted(files))).hexdigest()
     return json.dumps({
@@ -57,7 +57,7 @@ def statement(name, files):
 
 def sign(private_key_path, name, files):
     """The signature (a Sigstore bundle, as a dict) of the key in PEM file `private_key_path`
-    over `files` (path: SHA-256 hex) of directory `name`."""
+    over `files` (path: SHA-256 hex) of bundle `name` (the statement's subject)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -91,9 +91,10 @@ def load_public_keys(paths):
     return keys
 
 
-def verify(public_keys, signature, files):
+def verify(public_keys, signature, files, name):
     """The name of the key of `public_keys` (from `load_public_keys`) that signed exactly
-    `files` (path: SHA-256 hex) with `signature`; BundleRefused with the reason otherwise."""
+    `files` (path: SHA-256 hex) of bundle `name` with `signature`; BundleRefused with the
+    reason otherwise."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -113,20 +114,23 @@ def verify(public_keys, signature, files):
     named = [key for key in public_keys if key[1] == hint]
     if not named:
         raise BundleRefused(f"signed with the key whose PEM has SHA-256 {hint}, which is none of the keys trusted")
-    name, _, key = named[0]
+    key_name, _, key = named[0]
     try:
         key.verify(sig, _pae(payload), ec.ECDSA(_hash_of(key.curve)))
     except InvalidSignature:
-        raise BundleRefused(f"the statement is not what key {name} signed") from None
+        raise BundleRefused(f"the statement is not what key {key_name} signed") from None
     try:
         signed = json.loads(payload)
         if signed["_type"] != STATEMENT_TYPE or signed["predicateType"] != PREDICATE_TYPE:
             raise BundleRefused("the signed statement is not model_signing's")
         resources = {r["name"]: r["digest"] for r in signed["predicate"]["resources"] if r["algorithm"] == "sha256"}
+        subjects = [subject["name"] for subject in signed["subject"]]
     except BundleRefused:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise BundleRefused(f"the signed statement is not model_signing's: {e!r}") from None
+    if subjects != [name]:
+        raise BundleRefused(f"it was signed as {', '.join(map(repr, subjects)) or 'nothing'}, not {name!r}")
     unsigned = sorted(set(files) - set(resources))
     missing = sorted(set(resources) - set(files))
     if unsigned or missing:
@@ -134,4 +138,4 @@ def verify(public_keys, signature, files):
     for path, digest in files.items():
         if resources[path] != digest:
             raise BundleRefused(f"file {path!r} has SHA-256 {digest}, not the {resources[path]} it was signed with")
-    return name
+    return key_name
