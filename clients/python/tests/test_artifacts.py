@@ -1,8 +1,8 @@
 """The artifact store from Python against a live server: a directory published signed and
 restored whole for its publisher's key only; a bundle signed by another key, one whose bytes
 changed after signing, one missing a signed file, one copied to another name and one whose path
-leaves its directory refused before anything is placed; and the same bundles read and written by
-`ztserve artifacts`."""
+leaves its directory refused before anything is placed; a directory holding a symbolic link
+refused before anything is sent; and the same bundles read and written by `ztserve artifacts`."""
 
 import hashlib
 import json
@@ -144,6 +144,29 @@ def test_a_bundle_that_is_not_what_was_signed_is_refused_before_anything_is_plac
     with pytest.raises(BundleRefused, match=reasons[case]):
         store.restore(name, str(tmp_path / "out"), public_keys=[keys["publisher"][1]])
     assert not tree(tmp_path / "out")
+
+
+@pytest.mark.parametrize("link", ["file", "directory", "named file"])
+def test_a_symbolic_link_in_a_published_directory_is_refused_before_anything_is_sent(stores, keys, cache, tmp_path,
+                                                                                    link):
+    _, trusting = stores
+    secret = tmp_path / "outside"
+    (secret / "keys").mkdir(parents=True)
+    (secret / "keys" / "id.pem").write_text("a key that must not leave this node\n")
+    if link == "directory":
+        (cache / "rank_0_0" / "keys").symlink_to(secret / "keys")
+    else:
+        (cache / "rank_0_0" / "id.pem").symlink_to(secret / "keys" / "id.pem")
+    files = ["rank_0_0/model", "rank_0_0/id.pem"] if link == "named file" else None
+    store = ArtifactStore(trusting.url, WRITER)
+    name = f"cache/link-{tmp_path.name}"
+    with pytest.raises(ValueError, match="symbolic link|not a regular file"):
+        store.publish(name, str(cache), signing_key=keys["publisher"][0], files=files)
+    assert store.bundle(name) is None
+    # The CLI refuses it alike.
+    done = subprocess.run([str(binary()), "artifacts", "publish", trusting.url, name, str(cache)],
+                          capture_output=True, text=True, env={**os.environ, "ZTSERVE_TOKEN": WRITER})
+    assert done.returncode != 0 and "not a regular file" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b", "a//b", ""])

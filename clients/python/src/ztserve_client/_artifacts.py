@@ -4,6 +4,7 @@ A restore checks the bundle's signature and paths before it fetches a byte, chec
 against its digest as it arrives into a staging directory, and only then links the files into
 place, never over a file already there."""
 
+import errno
 import hashlib
 import http.client
 import json
@@ -26,9 +27,43 @@ def _check_path(path):
         raise _signing.BundleRefused(f"path {path!r} leaves the bundle's directory")
 
 
-def _sha256_file(path):
+def _files_below(directory, below=""):
+    """Every file below `directory` (paths with "/"), refusing anything but regular files and
+    directories: a symbolic link could publish, sign and serve a file from outside it."""
+    files = []
+    with os.scandir(os.path.join(directory, below)) as entries:
+        for entry in entries:
+            path = f"{below}/{entry.name}" if below else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                files.extend(_files_below(directory, path))
+            elif entry.is_file(follow_symlinks=False):
+                files.append(path)
+            else:
+                raise ValueError(f"{os.path.join(directory, path)} is not a regular file or a directory: "
+                                 "a bundle holds files only")
+    return sorted(files)
+
+
+def _open_below(directory, path):
+    """File `path` below `directory`, opened for reading only if neither it nor a directory on
+    the way is a symbolic link."""
+    _check_path(path)
+    at = directory
+    for part in path.split("/")[:-1]:
+        at = os.path.join(at, part)
+        if os.path.islink(at):
+            raise ValueError(f"{at} is a symbolic link: a bundle holds files only")
+    try:
+        return open(os.open(os.path.join(directory, path), os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{os.path.join(directory, path)} is a symbolic link: a bundle holds files only") from None
+        raise
+
+
+def _sha256_file(directory, path):
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
+    with _open_below(directory, path) as f:
         while piece := f.read(_PIECE):
             digest.update(piece)
             size += len(piece)
@@ -97,23 +132,23 @@ class ArtifactStore:
 
     def publish(self, name, directory, *, signing_key=None, files=None):
         """Publishes `files` (paths below `directory`; default every file below it) as bundle
-        `name`, signed with the PEM private key `signing_key`. Returns "created", or "exists"
+        `name`, signed for that name with the PEM private key `signing_key`. A symbolic link
+        among them (or on their way) is refused with ValueError, as `ztserve artifacts` does. Returns "created", or "exists"
         when a bundle of that name was published already (it is never written over)."""
         if self.bundle(name) is not None:
             return "exists"
         if files is None:
-            files = sorted(os.path.relpath(os.path.join(root, f), directory).replace(os.sep, "/")
-                           for root, _, names in os.walk(directory) for f in names)
+            files = _files_below(directory)
         listed = []
         for path in files:
-            digest, size = _sha256_file(os.path.join(directory, path))
+            digest, size = _sha256_file(directory, path)
             listed.append({"path": path, "sha256": digest, "size": size})
 
         def upload(file):
             blob = f"blobs/sha256:{file['sha256']}"
             if self._call("HEAD", blob)[0] == 200:
                 return
-            opener = lambda: open(os.path.join(directory, file["path"]), "rb")  # noqa: E731
+            opener = lambda: _open_below(directory, file["path"])  # noqa: E731
             self._call("PUT", blob, body=opener, headers={"Content-Length": str(file["size"])})
 
         with ThreadPoolExecutor(self.concurrency) as pool:
