@@ -398,16 +398,20 @@ mod tests {
 
     #[test]
     fn a_listed_identity_decides_alone_and_an_unlisted_one_falls_back_to_tokens() {
-        let identities = [IdentityEntry::parse("worker-a team-a").unwrap()];
+        let identities = [IdentityEntry::parse("cn:worker-a team-a").unwrap()];
         let tokens = Tokens::new(&[], None, false, &identities).unwrap();
         assert!(tokens.required(), "identities close the server to the unidentified");
         let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let listed = names(&["worker-a.example", "worker-a"]);
+        let listed = names(&["dns:worker-a.example", "cn:worker-a"]);
         match tokens.verdict(Some("not-a-token-at-all"), Some(&listed)) {
             Verdict::Allowed(access) => assert!(access.allows("team-a/x") && !access.allows("team-b/x")),
             other => panic!("{other:?}"),
         }
-        let unlisted = names(&["worker-z"]);
+        // A name of another kind equal to the listed one's is not it.
+        for unlisted in [names(&["cn:worker-z"]), names(&["dns:worker-a", "email:worker-a", "uri:worker-a"])] {
+            assert!(matches!(tokens.verdict(None, Some(&unlisted)), Verdict::Missing));
+        }
+        let unlisted = names(&["cn:worker-z"]);
         assert!(matches!(tokens.verdict(None, Some(&unlisted)), Verdict::Missing));
         assert!(matches!(tokens.verdict(Some(TOKEN), Some(&unlisted)), Verdict::Invalid));
         assert!(matches!(tokens.verdict(None, None), Verdict::Missing));

@@ -137,7 +137,10 @@ impl From<SourcePolicy> for String {
 }
 
 /// One client certificate identity and the model id prefixes it may read (none: every model),
-/// as written `IDENTITY [PREFIX ...]` in `auth.client_identities`.
+/// as written `IDENTITY [PREFIX ...]` in `auth.client_identities`. The identity is typed by
+/// where in the certificate it must appear (`cn:` the subject's common name, `dns:`, `uri:` or
+/// `email:` a subject alternative name of that kind), so a name of one kind never passes for
+/// another (an e-mail address equal to a writer's DNS name).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct IdentityEntry {
@@ -149,9 +152,20 @@ impl IdentityEntry {
     pub fn parse(entry: &str) -> Result<IdentityEntry, String> {
         let mut words = entry.split_whitespace();
         let identity = words.next().ok_or("is empty")?;
+        let typed = IDENTITY_KINDS.iter().any(|kind| {
+            identity.strip_prefix(kind).and_then(|rest| rest.strip_prefix(':')).is_some_and(|v| !v.is_empty())
+        });
+        if !typed {
+            return Err(format!(
+                "identity {identity:?} names no kind: write cn:NAME (the subject's common name), dns:NAME, uri:NAME or email:NAME"
+            ));
+        }
         Ok(IdentityEntry { identity: identity.to_owned(), prefixes: parse_prefixes(words)? })
     }
 }
+
+/// The kinds of name a client certificate identity is typed by, as `KIND:NAME`.
+const IDENTITY_KINDS: [&str; 4] = ["cn", "dns", "uri", "email"];
 
 impl TryFrom<String> for IdentityEntry {
     type Error = String;

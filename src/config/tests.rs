@@ -252,8 +252,14 @@ fn signatures_identities_and_a_shared_bucket_need_what_they_rely_on() {
     let keys = ("ZTSERVE_SIGNING__PUBLIC_KEYS", "/etc/keys/publisher.pub");
     let loaded = load(None, &[dir, ("ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE", "true"), keys]).unwrap();
     assert!(loaded.config.artifacts.require_signature);
-    let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", "spiffe://a vllm")]).unwrap_err().to_string();
+    let e =
+        load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", "uri:spiffe://a vllm")]).unwrap_err().to_string();
     assert!(e.contains("artifacts.writer_identities") && e.contains("tls.client_ca_file"), "{e}");
+    // An identity names the kind of name it must be, so one kind never passes for another.
+    for untyped in ["spiffe://a vllm", "worker-a", "host:worker-a", "cn:"] {
+        let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", untyped)]).unwrap_err().to_string();
+        assert!(e.contains("names no kind") && e.contains("cn:NAME"), "{untyped}: {e}");
+    }
     let shared = load(None, &[dir, ("ZTSERVE_ARTIFACTS__S3", "s3://caches/prod")]).unwrap();
     let spec = SourceSpec::S3 { bucket: "caches".into(), prefix: "prod".into() };
     assert_eq!(shared.config.artifacts.s3, Some(spec));

@@ -244,7 +244,8 @@ fn describe_leaf(key: &CertifiedKey) -> String {
 }
 
 /// Who a client certificate names: its subject's common name and its subject alternative
-/// names (DNS names, URIs such as SPIFFE IDs, e-mail addresses), each as written.
+/// names (DNS names, URIs such as SPIFFE IDs, e-mail addresses), each typed by its kind as the
+/// config writes identities (`cn:worker-a`, `dns:…`, `uri:spiffe://…`, `email:…`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClientIdentity {
     pub names: Vec<String>,
@@ -256,13 +257,13 @@ impl ClientIdentity {
         use x509_parser::extensions::GeneralName;
         let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
         let mut names: Vec<String> =
-            cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok().map(str::to_owned)).collect();
+            cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok().map(|cn| format!("cn:{cn}"))).collect();
         if let Ok(Some(san)) = cert.subject_alternative_name() {
             for name in &san.value.general_names {
                 match name {
-                    GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => {
-                        names.push((*n).to_owned())
-                    }
+                    GeneralName::DNSName(n) => names.push(format!("dns:{n}")),
+                    GeneralName::URI(n) => names.push(format!("uri:{n}")),
+                    GeneralName::RFC822Name(n) => names.push(format!("email:{n}")),
                     _ => {}
                 }
             }

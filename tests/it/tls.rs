@@ -160,8 +160,8 @@ async fn client_certificates_are_required_and_grant_models_by_identity() {
     let dir = tempfile::tempdir().unwrap();
     let (mut config, ca) = config_with_client_certificates(dir.path());
     config.auth.client_identities = vec![
-        IdentityEntry::parse("worker-a team-a").unwrap(),
-        IdentityEntry::parse("spiffe://fleet/ns/gpu/sa/loader").unwrap(),
+        IdentityEntry::parse("cn:worker-a team-a").unwrap(),
+        IdentityEntry::parse("uri:spiffe://fleet/ns/gpu/sa/loader").unwrap(),
     ];
     let running = InProcess::start(config, true).await;
     let s3 = running.s3_address.clone().unwrap();
@@ -189,7 +189,7 @@ async fn client_certificates_are_required_and_grant_models_by_identity() {
     assert_eq!(listed.status, 200, "the S3 endpoint grants it too");
     let unlisted_s3 = get_once(&s3, &worker_a, "/models/shared/model.safetensors", &[]).await.unwrap();
     assert_eq!(unlisted_s3.status, 404, "outside its prefixes, as a missing key");
-    assert!(metric("ztserve_auth_client_identity_requests_total", &[("identity", "worker-a")]) >= 2.0);
+    assert!(metric("ztserve_auth_client_identity_requests_total", &[("identity", "cn:worker-a")]) >= 2.0);
 
     // A valid certificate whose identity is not listed reads nothing without a token.
     let unlisted = client_config(&ca.ca_file(), Some(&ca.client("worker-z", "worker-z", None)), &[&TLS13]);
@@ -202,9 +202,12 @@ async fn client_certificates_are_required_and_grant_models_by_identity() {
 async fn client_certificates_granted_writing_publish_artifacts_and_others_may_not() {
     let dir = tempfile::tempdir().unwrap();
     let (mut config, ca) = config_with_client_certificates(dir.path());
-    config.auth.client_identities = vec![IdentityEntry::parse("reader").unwrap()];
+    config.auth.client_identities = vec![IdentityEntry::parse("cn:reader").unwrap()];
     config.artifacts.dir = Some(dir.path().join("artifacts"));
-    config.artifacts.writer_identities = vec![IdentityEntry::parse("spiffe://fleet/ns/gpu/sa/compiler vllm").unwrap()];
+    config.artifacts.writer_identities = vec![
+        IdentityEntry::parse("uri:spiffe://fleet/ns/gpu/sa/compiler vllm").unwrap(),
+        IdentityEntry::parse("dns:builder.fleet vllm").unwrap(),
+    ];
     let running = InProcess::start(config, true).await;
     let blob = b"compiled kernels";
     let hex = hex::encode(sha2::Sha256::digest(blob));
@@ -216,6 +219,29 @@ async fn client_certificates_granted_writing_publish_artifacts_and_others_may_no
     let reader = client_config(&ca.ca_file(), Some(&ca.client("reader", "reader", None)), &[&TLS13]);
     let mut connection = connect(&running.address, &reader).await.unwrap();
     assert_eq!(send(&mut connection, "PUT", &blob_path, &[], blob).await.unwrap().status, 403);
+    // Names equal to a writer's, of another kind, are not that writer: a common name equal to
+    // the SPIFFE ID, an e-mail address and a URI equal to the DNS name.
+    let impostors = [
+        ca.client("cn-impostor", "spiffe://fleet/ns/gpu/sa/compiler", None),
+        ca.client_with(
+            "email-impostor",
+            "impostor",
+            vec![rcgen::SanType::Rfc822Name("builder.fleet".try_into().unwrap())],
+        ),
+        ca.client_with("uri-impostor", "builder.fleet", vec![rcgen::SanType::URI("builder.fleet".try_into().unwrap())]),
+    ];
+    for impostor in impostors {
+        let impostor = client_config(&ca.ca_file(), Some(&impostor), &[&TLS13]);
+        let mut connection = connect(&running.address, &impostor).await.unwrap();
+        assert_eq!(send(&mut connection, "PUT", &blob_path, &[], blob).await.unwrap().status, 403);
+    }
+    let builder =
+        ca.client_with("builder", "builder", vec![rcgen::SanType::DnsName("builder.fleet".try_into().unwrap())]);
+    let builder = client_config(&ca.ca_file(), Some(&builder), &[&TLS13]);
+    let mut connection = connect(&running.address, &builder).await.unwrap();
+    let built = b"built kernels";
+    let built_path = format!("/artifacts/blobs/sha256:{}", hex::encode(sha2::Sha256::digest(built)));
+    assert_eq!(send(&mut connection, "PUT", &built_path, &[], built).await.unwrap().status, 201);
     // The compiler's identity (a SPIFFE ID) writes below vllm/ and nowhere else.
     let spiffe = ca.client("compiler", "compiler", Some("spiffe://fleet/ns/gpu/sa/compiler"));
     let compiler = client_config(&ca.ca_file(), Some(&spiffe), &[&TLS13]);

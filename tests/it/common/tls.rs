@@ -63,12 +63,16 @@ impl TestCa {
     /// A client certificate whose subject CN is `common_name` (and, when given, a URI SAN such as
     /// a SPIFFE ID), written as `{name}.crt` and `{name}.key`.
     pub fn client(&self, name: &str, common_name: &str, uri: Option<&str>) -> (PathBuf, PathBuf) {
+        let sans = uri.map(|uri| rcgen::SanType::URI(uri.try_into().unwrap()));
+        self.client_with(name, common_name, sans.into_iter().collect())
+    }
+
+    /// A client certificate of `common_name` with subject alternative names `sans`.
+    pub fn client_with(&self, name: &str, common_name: &str, sans: Vec<rcgen::SanType>) -> (PathBuf, PathBuf) {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        if let Some(uri) = uri {
-            params.subject_alt_names.push(rcgen::SanType::URI(uri.try_into().unwrap()));
-        }
+        params.subject_alt_names = sans;
         self.write(name, params, &rcgen::PKCS_ECDSA_P256_SHA256)
     }
 
