@@ -51,8 +51,8 @@ def keypair(directory, name, curve="P-256"):
 
 
 class Server:
-    def __init__(self, models, env=None):
-        self.port = free_port()
+    def __init__(self, models, env=None, port=None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(models.parent / f"server-{self.port}.log", "w+b")
         self.process = subprocess.Popen(
@@ -80,6 +80,12 @@ class Server:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=15)
+        self.log.close()
+
+    def kill(self):
+        """Ends the server as a crash would (SIGKILL), mid-response if it is in one."""
+        self.process.kill()
+        self.process.wait(timeout=15)
         self.log.close()
 
 

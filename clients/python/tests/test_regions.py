@@ -219,3 +219,73 @@ def test_stream_refuses_what_is_not_a_dense_tensor(server):
     sparse = next(name for name, obj in snapshot.objects.items() if len(obj["components"]) > 1)
     with pytest.raises(ValueError, match="stream\\(\\) fetches dense tensors"):
         snapshot.stream([(sparse, None)])
+
+
+def _many_tensors(directory, seed):
+    """A model of 48 tensors of 128 KiB each, different for each seed."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    tensors = {f"layer.{i}.weight": rng.integers(0, 255, (256, 512), dtype=np.uint8) for i in range(48)}
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return tensors
+
+
+def _stream_across_a_restart(tmp_path, restart, outage_secs=60.0):
+    """Streams every tensor of a model, one region a request and little ahead, killing the server
+    (SIGKILL) once the first tensor is in and calling `restart(port)` in a thread: the tensors
+    the stream yields, or the error it raised."""
+    from conftest import Server
+
+    models = tmp_path / "models"
+    tensors = _many_tensors(models / "many", seed=1)
+    server = Server(models)
+    client = Client(server.url, outage_secs=outage_secs)
+    snapshot = client.snapshot("many")
+    names = list(tensors)
+    stream = iter(snapshot.stream([(name, None) for name in names], framework="numpy", request_bytes=128 << 10,
+                                  ahead_bytes=256 << 10, concurrency=1))
+    got = [next(stream)]
+    server.kill()
+    restarted = []
+    thread = threading.Thread(target=lambda: restarted.append(restart(models, server.port)))
+    thread.start()
+    try:
+        got += list(stream)
+        return names, tensors, got, None
+    except ztserve_client.ZtserveError as e:
+        return names, tensors, got, e
+    finally:
+        thread.join()
+        client.close()
+        for again in restarted:
+            if again is not None:
+                again.stop()
+
+
+def test_a_stream_goes_on_across_a_server_killed_and_started_again(tmp_path):
+    import time
+
+    from conftest import Server
+
+    def restart(models, port):
+        time.sleep(2)  # the client keeps trying meanwhile: refused connections
+        return Server(models, port=port)
+
+    names, tensors, got, error = _stream_across_a_restart(tmp_path, restart)
+    assert error is None, error
+    assert [array.tobytes() for array in got] == [tensors[name].tobytes() for name in names]
+
+
+def test_a_server_back_with_another_version_fails_the_stream_and_one_gone_too_long_times_it_out(tmp_path):
+    from conftest import Server
+
+    def replaced(models, port):
+        _many_tensors(models / "many", seed=2)
+        return Server(models, port=port)
+
+    _, _, got, error = _stream_across_a_restart(tmp_path / "replaced", replaced)
+    assert isinstance(error, ztserve_client.ModelChanged), error
+    _, _, got, error = _stream_across_a_restart(tmp_path / "gone", lambda models, port: None, outage_secs=1.0)
+    assert isinstance(error, ztserve_client.TransferError) and "attempts in" in str(error), error

@@ -10,6 +10,7 @@ def test_the_extra_config_wins_over_the_environment_and_integers_are_checked():
     assert parsed == {
         "url": "http://a:1", "concurrency": 2, "chunk_size": 65536, "prefetch_bytes": settings.PREFETCH_BYTES,
         "request_bytes": 1 << 20, "hub_namespace": settings.HUB_NAMESPACE, "strict": False,
+        "outage_secs": settings.OUTAGE_SECS,
     }
     defaults = settings.parse({"url": "http://a:1"}, {})
     assert (defaults["concurrency"], defaults["request_bytes"]) == (settings.CONCURRENCY, settings.REQUEST_BYTES)

@@ -6,10 +6,8 @@ import hashlib
 import http.client
 import json
 import os
-import random
 import ssl
 import threading
-import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +15,7 @@ import numpy as np
 
 from . import _dtypes, _regions
 from ._errors import DigestMismatch, ModelChanged, NotFound, TransferError, ZtserveError, error_for
+from ._retry import _OUTAGE_STATUSES, _Patience
 
 # Connection failures and timeouts are OSErrors; a body cut short is an HTTPException.
 _TRANSIENT = (OSError, http.client.HTTPException)
@@ -119,10 +118,16 @@ class Client:
 
     Over https://, the server is always verified: against the system's roots, or `ca_file` (a
     PEM bundle; default `ZTSERVE_CA_FILE`). `cert_file` and `key_file` present a client
-    certificate to a server that asks for one (mTLS)."""
+    certificate to a server that asks for one (mTLS).
+
+    A failed request is tried again `retries` times with backoff; while the server cannot be
+    reached or is restarting (a refused or broken connection, 502, 503, 504), for up to
+    `outage_secs` without progress, so a load goes on across a server that is restarted, or
+    replaced behind its address by another replica. A load is pinned to the model's version
+    throughout: one of another version fails with ModelChanged."""
 
     def __init__(self, url, token=None, *, concurrency=8, chunk_size=8 << 20, retries=4, timeout=60.0,
-                 ca_file=None, cert_file=None, key_file=None):
+                 outage_secs=60.0, ca_file=None, cert_file=None, key_file=None):
         if concurrency < 1 or chunk_size < 1:
             raise ValueError("concurrency and chunk_size must be at least 1")
         context = tls_context(url, ca_file, cert_file, key_file)
@@ -131,6 +136,7 @@ class Client:
         self.concurrency = concurrency
         self.chunk_size = chunk_size
         self.retries = retries
+        self.outage_secs = outage_secs
         self._connections = _Connections(self.url, timeout, context)
         # One pool for the client's life: its threads keep their keep-alive connections from
         # one load to the next (a loader fetching in batches would otherwise reconnect each time).
@@ -168,8 +174,9 @@ class Client:
 
     def _request(self, path, headers, on_response):
         """GET `path` and hand the open response to `on_response`; retries transient failures
-        (connection errors, bodies ended early, 5xx, 408, 429) with exponential backoff."""
-        attempt = 0
+        (connection errors, bodies ended early, 5xx, 408, 429) with exponential backoff, an
+        unreachable server for up to `outage_secs`."""
+        patience = _Patience(self)
         while True:
             conn = self._connections.get()
             try:
@@ -186,27 +193,15 @@ class Client:
                 return result
             except _Retry as retry:
                 self._connections.drop()
-                if attempt >= self.retries:
+                if not patience.wait(retry.error.status in _OUTAGE_STATUSES, retry.retry_after):
                     raise retry.error from None
-                self._sleep(attempt, retry.retry_after)
             except _TRANSIENT as e:
                 self._connections.drop()
-                if attempt >= self.retries:
-                    raise TransferError(f"GET {self.url}{path}: {e} (after {attempt + 1} attempts)") from e
-                self._sleep(attempt, None)
+                if not patience.wait(True, None):
+                    raise TransferError(f"GET {self.url}{path}: {e} ({patience.tried()})") from e
             except BaseException:
                 self._connections.drop()
                 raise
-            attempt += 1
-
-    @staticmethod
-    def _sleep(attempt, retry_after):
-        delay = min(0.2 * 2**attempt, 10.0) * (1 + random.random() / 2)
-        try:
-            delay = max(delay, min(float(retry_after), 30.0)) if retry_after else delay
-        except ValueError:
-            pass
-        time.sleep(delay)
 
     def _error(self, response, path):
         body = response.read(64 << 10)

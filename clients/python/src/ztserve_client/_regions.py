@@ -25,6 +25,7 @@ import crc32c
 import numpy as np
 
 from ._errors import DigestMismatch, ModelChanged, TransferError, ZtserveError
+from ._retry import _OUTAGE_STATUSES, _Patience
 from ._wire import Wire
 
 # What `POST .../regions` may ask at once on a server with its default limits (4096 regions).
@@ -373,7 +374,7 @@ class RegionStream:
         client = self.client
         path = client._connections.base + self.path
         headers = client._headers({"Content-Type": "application/json"})
-        attempt = 0
+        patience = _Patience(client)
         while parts:
             body = json.dumps({"regions": [{"object": p.item.share["name"], **({"slice": p.spec()} if not p.whole else {})}
                                            for p in parts]}).encode()
@@ -392,19 +393,20 @@ class RegionStream:
                 while parts:
                     self._read_part(response, unit, parts[0])
                     parts.pop(0)
-                    attempt = 0
+                    patience.progressed()
                 if (response.getheader("Connection") or "").lower() == "close":
                     wire.close()
             except (_Transient, OSError, http.client.HTTPException, DigestMismatch) as e:
                 wire.close()
-                if attempt >= client.retries:
+                # A server gone (refused, broken, 502-504) is waited for up to outage_secs; a
+                # region that hashes wrong is asked for again only `retries` times.
+                outage = e.error.status in _OUTAGE_STATUSES if isinstance(e, _Transient) else not isinstance(e, DigestMismatch)
+                if not patience.wait(outage, e.retry_after if isinstance(e, _Transient) else None):
                     if isinstance(e, _Transient):
                         raise e.error from None
                     if isinstance(e, DigestMismatch):
                         raise
-                    raise TransferError(f"POST {client.url}{self.path}: {e} (after {attempt + 1} attempts)") from e
-                client._sleep(attempt, e.retry_after if isinstance(e, _Transient) else None)
-                attempt += 1
+                    raise TransferError(f"POST {client.url}{self.path}: {e} ({patience.tried()})") from e
             except BaseException:
                 wire.close()
                 raise

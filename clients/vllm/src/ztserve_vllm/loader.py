@@ -32,7 +32,7 @@ class ZtserveModelLoader(BaseModelLoader):
         self.settings = settings.parse(load_config.model_loader_extra_config, os.environ)
 
     def _client(self):
-        options = {k: self.settings[k] for k in ("concurrency", "chunk_size") if k in self.settings}
+        options = {k: self.settings[k] for k in ("concurrency", "chunk_size", "outage_secs") if k in self.settings}
         return Client(self.settings["url"], self.settings.get("token"), **options)
 
     def model_id(self, model_config, client):

@@ -4,7 +4,7 @@
 # key: type. Each is also the environment variable ZTSERVE_<KEY>.
 KEYS = {
     "url": str, "model": str, "token": str, "concurrency": int, "chunk_size": int, "prefetch_bytes": int,
-    "request_bytes": int, "hub_namespace": str, "strict": bool,
+    "request_bytes": int, "hub_namespace": str, "strict": bool, "outage_secs": int,
 }
 # The most a rank fetches ahead of vLLM's loaders: what its buffers take, reused throughout.
 PREFETCH_BYTES = 128 << 20
@@ -12,6 +12,9 @@ PREFETCH_BYTES = 128 << 20
 REQUEST_BYTES = 16 << 20
 # Connections a rank fetches on.
 CONCURRENCY = 4
+# How long a load waits for a server that cannot be reached (restarted, or replaced by another
+# replica behind its address) before it fails.
+OUTAGE_SECS = 60
 # The server's `[serving] hub_namespace`: the namespace of its models at the top of a source.
 HUB_NAMESPACE = "local"
 # With `strict`, the most a rank may fetch against its share (what it would fetch were every
@@ -69,6 +72,7 @@ def parse(extra, environ):
     settings.setdefault("prefetch_bytes", PREFETCH_BYTES)
     settings.setdefault("request_bytes", REQUEST_BYTES)
     settings.setdefault("concurrency", CONCURRENCY)
+    settings.setdefault("outage_secs", OUTAGE_SECS)
     settings.setdefault("hub_namespace", HUB_NAMESPACE)
     settings.setdefault("strict", False)
     if "token" not in settings and environ.get("HF_TOKEN"):
