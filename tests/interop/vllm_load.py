@@ -13,6 +13,10 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
     vllm_load.py check-quantized WORK [awq|gptq|w8a8 ...]
         the same at TP=2 for a small Llama quantized by each method (default all three), at most
         1.1x its weights
+    vllm_load.py check-restart WORK
+        the small Llama (97 MB) at TP=2 through the load format, the server killed (SIGKILL) once
+        the ranks are fetching and started again on the same ports 3 s later: the load must
+        complete with the folder's token ids, part of it served by the restarted server
     vllm_load.py bench WORK
         the large model (1.13 GB of weights), loaded at TP=1 and TP=2 from the folder, through the
         Hub API (HF_ENDPOINT, a fresh cache), by Run:ai through the S3 endpoint and through
@@ -293,11 +297,11 @@ class Served(NamedTuple):
 
 
 @contextmanager
-def serving(models, log, settings=None, host="127.0.0.1", prefix=()):
-    """ztserve on two free ports of `host` (HTTP, and the S3 endpoint), with `settings` (its
-    ZTSERVE_* variables), run under `prefix` (a network namespace's `ip netns exec NS`), stopped
-    with SIGTERM and waited for."""
-    http, s3 = free_port(), free_port()
+def serving(models, log, settings=None, host="127.0.0.1", prefix=(), ports=None):
+    """ztserve on two ports of `host` (HTTP, and the S3 endpoint; free ones unless `ports`),
+    with `settings` (its ZTSERVE_* variables), run under `prefix` (a network namespace's `ip
+    netns exec NS`), stopped with SIGTERM and waited for."""
+    http, s3 = ports or (free_port(), free_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZTSERVE_")}
     env["ZTSERVE_S3_ENDPOINT__LISTEN"] = f"{host}:{s3}"
     env.update(settings or {})
@@ -482,6 +486,54 @@ def run(work, size, ways, tps=(1, 2), rounds=1, rate=None, fetched=None):
     return rows
 
 
+def restart(work):
+    """The small Llama at TP=2 from the folder, then through the load format with the server
+    killed mid-load and started again on the same ports: the same token ids, and the restarted
+    server must have served part of the load (else the kill came too late, and it says so)."""
+    import threading
+
+    size = "small"
+    folder, _ = prepare(work, size)
+    work = Path(work)
+    reference = engine(str(folder), "auto", 2, {"HF_HUB_OFFLINE": "1"}, work / "engine-folder.log").ids
+    ports = (free_port(), free_port())
+    # Small requests, little ahead and one connection a rank: the load lasts long enough to be cut.
+    settings = {"ZTSERVE_REQUEST_BYTES": str(64 << 10), "ZTSERVE_PREFETCH_BYTES": str(256 << 10), "ZTSERVE_CONCURRENCY": "1"}
+    outcome = {}
+
+    def regions(url):
+        text = urllib.request.urlopen(url + "/metrics").read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("ztserve_regions_total"))
+
+    with serving(work / "models", work / "ztserve-killed.log", ports=ports) as served:
+        hub = {"HF_ENDPOINT": served.url + "/hf", "ZTSERVE_URL": served.url, "HF_HOME": str(work / "hf"), **settings}
+
+        def load():
+            try:
+                outcome["run"] = engine(f"st/{size}", "ztserve", 2, hub, work / "engine-restart.log")
+            except BaseException as e:  # noqa: BLE001 - reported below
+                outcome["error"] = e
+
+        loading = threading.Thread(target=load)
+        loading.start()
+        while regions(served.url) == 0:
+            if not loading.is_alive():
+                raise SystemExit(f"vllm-check: the engine ended before it fetched a region: {outcome}")
+            time.sleep(0.02)
+        os.kill(served.pid, signal.SIGKILL)
+    time.sleep(3)
+    with serving(work / "models", work / "ztserve-restarted.log", ports=ports) as served:
+        loading.join()
+        served_after = regions(served.url)
+    if "error" in outcome:
+        raise SystemExit(f"vllm-check: the load did not survive the restart: {outcome['error']}")
+    if outcome["run"].ids != reference:
+        raise SystemExit(f"vllm-check: after the restart the engine generated {outcome['run'].ids}, the folder {reference}")
+    if served_after == 0:
+        raise SystemExit("vllm-check: the load ended before the server was killed; nothing was asked of the restarted one")
+    return served_after
+
+
 def check_ways(folder, url, s3, size):
     hub = {"HF_ENDPOINT": url + "/hf", "ZTSERVE_URL": url, "HF_HOME": str(folder.parent / "hf")}
     return [
@@ -597,6 +649,10 @@ if __name__ == "__main__":
                   f"ztserve sent {row.sent / row.weights:.2f}x the weights")
             if "ztserve" in row.label and row.sent > 1.1 * row.weights:
                 raise SystemExit(f"vllm-check: TP={row.tp} {row.label} cost the server {row.sent / row.weights:.2f}x the weights, more than 1.1x")
+    elif sys.argv[1] == "check-restart":
+        after = restart(sys.argv[2])
+        print(f"TP=2 the server killed mid-load and started again: same token ids as the folder; "
+              f"{after:.0f} regions served by the restarted server")
     elif sys.argv[1] == "bench":
         bench(Path(sys.argv[2]), int(os.environ.get("BENCH_ROUNDS", "2")), os.environ.get("BENCH_LINK_RATE", "10gbit"))
     else:
