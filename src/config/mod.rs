@@ -468,9 +468,13 @@ pub struct Artifacts {
     /// Client certificate identities granted writing, each `IDENTITY [PREFIX ...]` as in
     /// `[auth] client_identities` (needs `tls.client_ca_file`).
     pub writer_identities: Vec<IdentityEntry>,
-    /// Whether a bundle is taken only with a signature that `[signing]`'s keys or CA verify
-    /// over exactly its files.
+    /// Whether a bundle is taken, and served, only with a signature that `[signing]`'s keys or
+    /// CA verify for its name over exactly its files.
     pub require_signature: bool,
+    /// Whether writers may publish bundles no trusted signer signed. Off, a store with writers
+    /// needs `require_signature`: else any writer could take a name first with a bundle every
+    /// reader refuses, and the trusted publisher's would never be taken (squatting).
+    pub allow_unsigned: bool,
     /// An S3 prefix (`s3://bucket/prefix`, reached with `[s3_source]`'s settings) replicas
     /// share: every blob and bundle is written through to it, and read from it when missing here.
     pub s3: Option<SourceSpec>,
@@ -484,6 +488,7 @@ impl Default for Artifacts {
             writers: Vec::new(),
             writer_identities: Vec::new(),
             require_signature: false,
+            allow_unsigned: false,
             s3: None,
         }
     }

@@ -231,8 +231,10 @@ fn invalid_configuration_fails_with_the_key_and_its_origin() {
 fn the_artifact_store_takes_writers_from_the_environment_and_none_without_a_directory() {
     let writer = "writer-0123456789abcdef";
     let both = format!("{writer} vllm,other-writer-0123456789");
+    let unsigned = ("ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED", "true");
     let loaded =
-        load(None, &[("ZTSERVE_ARTIFACTS__DIR", "/var/lib/a"), ("ZTSERVE_ARTIFACTS__WRITERS", &both)]).unwrap();
+        load(None, &[("ZTSERVE_ARTIFACTS__DIR", "/var/lib/a"), ("ZTSERVE_ARTIFACTS__WRITERS", &both), unsigned])
+            .unwrap();
     let writers = &loaded.config.artifacts.writers;
     assert_eq!(writers.len(), 2);
     assert_eq!((writers[0].token.as_str(), writers[0].prefixes.as_slice()), (writer, &["vllm".to_owned()][..]));
@@ -255,6 +257,16 @@ fn signatures_identities_and_a_shared_bucket_need_what_they_rely_on() {
     let e =
         load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", "uri:spiffe://a vllm")]).unwrap_err().to_string();
     assert!(e.contains("artifacts.writer_identities") && e.contains("tls.client_ca_file"), "{e}");
+    // Writers need signatures required (or unsigned bundles allowed outright): else any writer
+    // could squat a name.
+    let writer = ("ZTSERVE_ARTIFACTS__WRITERS", "0123456789abcdef0123 vllm");
+    let e = load(None, &[dir, writer]).unwrap_err().to_string();
+    assert!(
+        e.contains("artifacts.require_signature") && e.contains("squatting") && e.contains("allow_unsigned"),
+        "{e}"
+    );
+    assert!(load(None, &[dir, writer, ("ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED", "true")]).is_ok());
+    assert!(load(None, &[dir, writer, ("ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE", "true"), keys]).is_ok());
     // An identity names the kind of name it must be, so one kind never passes for another.
     for untyped in ["spiffe://a vllm", "worker-a", "host:worker-a", "cn:"] {
         let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", untyped)]).unwrap_err().to_string();

@@ -165,6 +165,13 @@ impl Config {
                 "names client certificate identities, and tls.client_ca_file (which verifies them) is not set";
             return Err(fail("artifacts.writer_identities", message.into()));
         }
+        let writers = !self.artifacts.writers.is_empty() || !self.artifacts.writer_identities.is_empty();
+        if writers && !self.artifacts.require_signature && !self.artifacts.allow_unsigned {
+            let message = "writers could take any name under their prefixes with a bundle no reader trusts, so the \
+                trusted publisher's is never taken (squatting): set artifacts.require_signature with [signing] keys, \
+                or artifacts.allow_unsigned = true for a store whose writers are all trusted";
+            return Err(fail("artifacts.require_signature", message.into()));
+        }
         if self.artifacts.require_signature && self.signing.public_keys.is_empty() && self.signing.ca_file.is_none() {
             let message = "needs a signer to trust: set signing.public_keys or signing.ca_file";
             return Err(fail("artifacts.require_signature", message.into()));

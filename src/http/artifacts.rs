@@ -193,6 +193,11 @@ async fn get_bundle(
         return Err(ApiError::Artifact(ArtifactError::NoBundle(name)));
     }
     let bundle = state.access.store.bundle(&name).await?;
+    // Checked as it is served too: a bundle read back from the bucket or kept from before a
+    // restart (or the setting) was never checked by this server's publish.
+    if let Some(signers) = &state.access.signers {
+        verify_bundle(signers, &name, &bundle, state.max_signature_bytes).map_err(ApiError::Artifact)?;
+    }
     Ok(axum::Json(bundle).into_response())
 }
 

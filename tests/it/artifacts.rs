@@ -47,6 +47,7 @@ async fn store(dir: &std::path::Path) -> (String, std::sync::Arc<ztserve::server
     config.auth.tokens = common::tokens(vec![READER.into(), format!("{TEAM_A_READER} team-a")]);
     config.artifacts.dir = Some(dir.to_owned());
     config.artifacts.writers = common::tokens(vec![WRITER.into(), format!("{TEAM_A_WRITER} team-a")]);
+    config.artifacts.allow_unsigned = true;
     let (address, server) = serve(config).await;
     (address, server, models)
 }
@@ -231,6 +232,8 @@ async fn a_directory_published_signed_is_restored_whole_only_for_its_publishers_
             }
             artifacts_command(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>())
         };
+        // An untrusted writer's bundles (unsigned, or signed by another key) are refused, so the
+        // name stays free for the trusted publisher: no writer can squat it.
         let (status, stderr) = publish(None);
         assert!(status == 1 && stderr.contains("unsigned"), "{status} {stderr}");
         let (status, stderr) = publish(Some(&other));
@@ -275,6 +278,7 @@ async fn replicas_sharing_a_bucket_read_each_others_bundles_and_one_publish_of_a
         let mut config = Config::serving(vec![SourceSpec::local(models.path())]);
         config.artifacts.dir = Some(dir.path().to_owned());
         config.artifacts.writers = common::tokens(vec![WRITER.into()]);
+        config.artifacts.allow_unsigned = true;
         config.artifacts.s3 = Some(SourceSpec::S3 { bucket: "artifacts".into(), prefix: "shared".into() });
         config.s3_source.endpoint = Some(s3.endpoint.clone());
         config.s3_source.region = Some("us-east-1".into());
@@ -321,6 +325,41 @@ async fn replicas_sharing_a_bucket_read_each_others_bundles_and_one_publish_of_a
         let statuses: Vec<u16> = racers.into_iter().map(|r| r.join().unwrap().status).collect();
         assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
         assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signatures_required_a_bundle_kept_from_before_is_checked_as_it_is_served() {
+    let (dir, keys, models) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_, publisher_pub) = key_pair(keys.path(), "publisher");
+    let mut unsigned = Config::serving(vec![SourceSpec::local(models.path())]);
+    unsigned.artifacts.dir = Some(dir.path().to_owned());
+    unsigned.artifacts.writers = common::tokens(vec![WRITER.into()]);
+    unsigned.artifacts.allow_unsigned = true;
+    let mut checking = unsigned.clone();
+    checking.artifacts.allow_unsigned = false;
+    checking.artifacts.require_signature = true;
+    checking.signing.public_keys = vec![publisher_pub];
+    let (before, _first) = serve(unsigned).await;
+    tokio::task::spawn_blocking(move || {
+        let kernel: &[u8] = b"\x7fELF kernel";
+        assert_eq!(
+            call(&before, "PUT", &format!("/artifacts/blobs/{}", digest(kernel)), Some(WRITER), kernel).status,
+            201
+        );
+        let bundle = bundle_of(&[("k.so", kernel)]);
+        assert_eq!(call(&before, "PUT", "/artifacts/bundles/vllm/abc", Some(WRITER), &bundle).status, 201);
+    })
+    .await
+    .unwrap();
+    // The same store opened again under signatures required: what it kept unchecked is not served.
+    let (after, _second) = serve(checking).await;
+    tokio::task::spawn_blocking(move || {
+        let read = call(&after, "GET", "/artifacts/bundles/vllm/abc", None, b"");
+        assert_eq!((read.status, code(&read).as_str()), (422, "signature_required"));
     })
     .await
     .unwrap();

@@ -23,6 +23,7 @@ fn the_running_server_conforms_to_openapi_yaml() {
             ("ZTSERVE_AUTH__TOKENS", TOKEN),
             ("ZTSERVE_ARTIFACTS__DIR", artifacts.path().to_str().unwrap()),
             ("ZTSERVE_ARTIFACTS__WRITERS", TOKEN),
+            ("ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED", "true"),
         ],
     );
     let address = server.address.clone();

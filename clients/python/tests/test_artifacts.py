@@ -33,7 +33,8 @@ def stores(tmp_path_factory, keys):
     checking = Server(base / "models", env={**common, "ZTSERVE_ARTIFACTS__DIR": str(base / "checking"),
                                             "ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE": "true",
                                             "ZTSERVE_SIGNING__PUBLIC_KEYS": keys["publisher"][1]})
-    trusting = Server(base / "models", env={**common, "ZTSERVE_ARTIFACTS__DIR": str(base / "trusting")})
+    trusting = Server(base / "models", env={**common, "ZTSERVE_ARTIFACTS__DIR": str(base / "trusting"),
+                                            "ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED": "true"})
     yield checking, trusting
     checking.stop()
     trusting.stop()

@@ -22,7 +22,8 @@ def store(tmp_path_factory):
     base = tmp_path_factory.mktemp("compile-cache")
     (base / "models").mkdir()
     server = live.Server(base / "models", env={"ZTSERVE_ARTIFACTS__DIR": str(base / "store"),
-                                               "ZTSERVE_ARTIFACTS__WRITERS": f"{WRITER} vllm"})
+                                               "ZTSERVE_ARTIFACTS__WRITERS": f"{WRITER} vllm",
+                                               "ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED": "true"})
     yield server
     server.stop()
 
