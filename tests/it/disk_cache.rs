@@ -1,6 +1,6 @@
 //! The node's disk cache for remote sources, with a real S3-protocol server (moto): bytes come
 //! from the origin once (eight clients at once fetch each block once) and then from disk, also after the store is stopped and after a
-//! restart while it is down (from the listing and manifests the cache kept); a block damaged on disk, even under the filesystem where no
+//! restart while it is down (from the listing and manifests the cache kept, a sharded checkpoint's index too); a block damaged on disk, even under the filesystem where no
 //! stamp changes, is fetched again, never served, and the scrub finds it unread; the cache stays under its bound; a start removes what is not a block.
 
 use crate::common;
@@ -30,6 +30,15 @@ async fn cached_server(dir: &Path, max_bytes: u64) -> (ModelSource, Config, Vec<
     source.put("org/packed.zt", &common::model(&[("w", DType::U8, &weights, true)])).await;
     // Listed, its manifest read, its bytes never asked for.
     source.put("org/cold.zt", &common::model(&[("w", DType::U8, &weights, false)])).await;
+    // A sharded checkpoint, its index read by the scan alone.
+    let (first, second) = (&weights[..600_000], &weights[600_000..]);
+    let shards: [&[common::StTensor<'_>]; 2] = [
+        &[("w", safetensors::Dtype::U8, vec![first.len()], first)],
+        &[("v", safetensors::Dtype::U8, vec![second.len()], second)],
+    ];
+    for (name, bytes) in common::safetensors_checkpoint(&shards) {
+        source.put(&format!("org/sharded/{name}"), &bytes).await;
+    }
     let mut config = source.config(Config::default());
     config.cache.dir = Some(dir.to_owned());
     config.cache.max_bytes = max_bytes;
@@ -62,6 +71,14 @@ async fn bytes_come_from_the_origin_once_then_from_disk_even_with_the_store_stop
         }
     });
     futures_util::future::join_all(loads).await;
+    let sharded = |address: String| {
+        let weights = weights.clone();
+        async move {
+            assert_eq!(get(&address, "/models/org%2Fsharded/objects/w").await, weights[..600_000]);
+            assert_eq!(get(&address, "/models/org%2Fsharded/objects/v").await, weights[600_000..]);
+        }
+    };
+    sharded(address.clone()).await;
     let fetched = origin_bytes() - before;
     let stored: u64 = blocks_in(dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len() - 8).sum();
     assert!(fetched >= (1 << 20) as f64, "{fetched} bytes from the origin");
@@ -97,6 +114,7 @@ async fn bytes_come_from_the_origin_once_then_from_disk_even_with_the_store_stop
     for model in ["org%2Fraw", "org%2Fpacked"] {
         assert_eq!(get(&again, &format!("/models/{model}/objects/w")).await, weights);
     }
+    sharded(again.clone()).await;
     assert_eq!(origin_bytes(), before);
     let cold = request_async(&again, "/models/org%2Fcold/objects/w", &[]).await;
     assert_eq!((cold.status, cold.header("retry-after")), (503, Some("5")), "{}", cold.head);

@@ -3,7 +3,8 @@
 //! through an `hf://` source and a disk cache. Eight clients load every file of every model
 //! from the second, which is restarted and loaded from again; the origin's own metric of file
 //! bytes sent shows each file sent once. Then the origin stops, and the models still load from
-//! the cache, before and after another restart. `huggingface_hub` loads the second's own `/hf`,
+//! the cache, before and after another restart; so does a sharded checkpoint whose tensors alone
+//! were read, its index parsed again from the cache. `huggingface_hub` loads the second's own `/hf`,
 //! every tensor compared with the official readers' bytes. A fake Hub answers rate limits,
 //! 5xx, missing and gated repositories: what is worth retrying is retried with backoff, the
 //! rest refuses the source with the Hub's own code and message; when `main` moves, the model
@@ -393,4 +394,48 @@ async fn hub_errors_are_retried_when_worth_it_and_otherwise_refuse_the_source_pr
     assert_eq!(*hub.api_requests.lock().unwrap(), calls, "a rescan called the Hub during its Retry-After");
     let m = readiness_of(&address, "hf://org/m").await;
     assert!(m["reason"].as_str().unwrap().contains("asked for") && m["status"] == "unavailable", "{m}");
+}
+
+/// A node restarted while its origin is down serves every model it holds whole, exactly: a
+/// sharded checkpoint whose tensors were all read through the node, its index read only by the
+/// node's scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_with_its_origin_down_serves_the_sharded_model_it_holds() {
+    use safetensors::Dtype;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (models, cache) = (dir.path().join("models"), dir.path().join("cache"));
+    let repo = models.join("org/llama");
+    std::fs::create_dir_all(&repo).unwrap();
+    let first: Vec<u8> = (0..=255u8).cycle().take(3 << 20).collect();
+    let second: Vec<u8> = (0..=250u8).rev().cycle().take(2 << 20).collect();
+    let shards: [&[common::StTensor<'_>]; 2] = [
+        &[("model.layers.0.weight", Dtype::U8, vec![3 << 20], &first)],
+        &[("model.layers.1.weight", Dtype::U8, vec![2 << 20], &second)],
+    ];
+    for (name, bytes) in common::safetensors_checkpoint(&shards) {
+        std::fs::write(repo.join(name), bytes).unwrap();
+    }
+    let mut origin = start_binary(&["serve", "--source", models.to_str().unwrap(), "--listen", "127.0.0.1:0"], &[]);
+    let repos = vec!["org/llama".to_owned()];
+    let read_every_tensor = |address: String| {
+        let (first, second) = (first.clone(), second.clone());
+        async move {
+            for (name, bytes) in [("model.layers.0.weight", first), ("model.layers.1.weight", second)] {
+                let reply = request_async(&address, &format!("/models/org%2Fllama/objects/{name}"), &[]).await;
+                assert_eq!(reply.status, 200, "{name}: {}", reply.head);
+                assert!(reply.body == bytes, "{name}: bytes differ");
+            }
+        }
+    };
+    let mut node = start_hub_sourced(&origin.address, &repos, &cache).await;
+    read_every_tensor(node.address.clone()).await;
+    stop_gracefully(&mut node.child);
+    stop_gracefully(&mut origin.child);
+
+    let mut node = start_hub_sourced(&origin.address, &repos, &cache).await;
+    let listed = request_async(&node.address, "/models", &[]).await.json();
+    assert_eq!(listed["models"][0]["status"], "ok", "{listed}");
+    read_every_tensor(node.address.clone()).await;
+    stop_gracefully(&mut node.child);
 }

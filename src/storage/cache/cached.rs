@@ -94,10 +94,21 @@ impl Storage for CachedStorage {
     fn read_to_parse(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
         let size = self.listed.lock().expect("never poisoned").get(key).filter(|(v, _)| v == version).map(|(_, s)| *s);
         let checked = self.expected_sha256(key, version).is_some();
-        // An object not yet whole on disk whose digest is known: its header is read from the
-        // origin and not kept (a block is kept only once the whole object is checked).
+        // An object not yet whole on disk whose digest is known: a header is read from the
+        // origin and not kept (a block is kept only once the whole object is checked). One the
+        // parse reads whole (a checkpoint's index), or of a block at most, is brought onto disk
+        // checked as any read is: a node restarted while its origin is down parses it again.
+        let whole = |size: u64| match &range {
+            ByteRange::Bounded(r) => r.start == 0 && r.end >= size,
+            ByteRange::Suffix(n) => *n >= size,
+        };
         match size {
-            Some(size) if checked && self.cache.held_of(self.name(), key, version, size, true) < size => {
+            Some(size)
+                if checked
+                    && !whole(size)
+                    && size > self.cache.block_bytes
+                    && self.cache.held_of(self.name(), key, version, size, true) < size =>
+            {
                 self.inner.read(key, range, version)
             }
             _ => self.read(key, range, version),
