@@ -72,6 +72,7 @@ pub mod names {
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
     pub const SENDFILE_BYTES: &str = "ztserve_sendfile_bytes_total";
     pub const REGIONS: &str = "ztserve_regions_total";
+    pub const ARTIFACT_BLOBS_DAMAGED: &str = "ztserve_artifact_blobs_damaged_total";
     pub const HTTP_CONNECTIONS: &str = "ztserve_http_connections";
     pub const HTTP_IDLE_TIMEOUTS: &str = "ztserve_http_idle_timeouts_total";
     pub const DECODE_REFUSALS: &str = "ztserve_decode_refusals_total";
@@ -200,6 +201,10 @@ fn describe_disk_cache() {
         "Cached blocks found damaged on disk (CRC-32C) by a read or the scrub, removed and fetched again."
     );
     describe_counter!(DISK_CACHE_SCRUBBED_BYTES, Unit::Bytes, "Bytes of cached blocks the background scrub checked.");
+    describe_counter!(
+        ARTIFACT_BLOBS_DAMAGED,
+        "Artifact blobs that no longer hashed to their name when read (damaged on disk), dropped."
+    );
     describe_counter!(
         DISK_CACHE_CHECKED_FILLS,
         "Fills of objects whose digest is known, by outcome (ok, mismatch: nothing kept, failed: the origin failed)."

@@ -14,7 +14,7 @@ mod signed;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use shared::{Bucket, SharedStore, blocking};
+pub(crate) use shared::{Bucket, SharedStore};
 pub(crate) use signed::{sign_bundle, verify_bundle};
 
 use std::collections::{BTreeMap, HashMap};
@@ -298,6 +298,29 @@ impl ArtifactStore {
     pub(crate) fn blob(&self, hex: &str) -> Option<(PathBuf, u64)> {
         let index = self.index();
         index.blobs.get(hex).map(|blob| (self.blob_path(hex), blob.len))
+    }
+
+    /// Blob `hex`'s bytes, mapped, once they hash to `hex` (read whole each time: a byte that
+    /// rotted on disk changes no stamp); `None` when it is not held. A blob that no longer
+    /// hashes to its name is dropped, counted and logged, and answered as one not held.
+    pub(crate) fn checked_blob(&self, hex: &str) -> Result<Option<Bytes>, ArtifactError> {
+        let Some((path, _)) = self.blob(hex) else { return Ok(None) };
+        let bytes = match crate::storage::mapped::MappedFile::open(&path) {
+            Ok(mapped) => Bytes::from_owner(mapped),
+            // Evicted between the lookup and the open: as if it were not held.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(ArtifactError::Io { path, source }),
+        };
+        if hex::encode(sha2::Sha256::digest(&bytes)) == hex {
+            return Ok(Some(bytes));
+        }
+        metrics::counter!(crate::telemetry::names::ARTIFACT_BLOBS_DAMAGED).increment(1);
+        tracing::error!(blob = hex, path = %path.display(), "an artifact blob no longer hashes to its name (damaged on disk); it is dropped");
+        let mut index = self.index();
+        if index.blobs.contains_key(hex) {
+            self.remove_blob(&mut index, hex);
+        }
+        Ok(None)
     }
 
     /// Publishes `bundle` under `name`, once: refused when the name is taken, a path would

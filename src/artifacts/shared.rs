@@ -90,6 +90,24 @@ impl SharedStore {
         }
     }
 
+    /// Blob `hex`'s bytes, checked against its name: from here, or fetched from the bucket
+    /// when missing here or dropped here as damaged; `None` when neither holds it whole.
+    pub(crate) async fn checked_blob(&self, hex: &str) -> Result<Option<bytes::Bytes>, ArtifactError> {
+        for _ in 0..2 {
+            if self.blob(hex).await?.is_none() {
+                return Ok(None);
+            }
+            let (local, owned) = (Arc::clone(&self.local), hex.to_owned());
+            if let Some(bytes) = blocking(move || local.checked_blob(&owned)).await? {
+                return Ok(Some(bytes));
+            }
+            if self.bucket.is_none() {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
     /// Publishes `bundle` as `name` once among every replica: checked, its blobs held here
     /// (fetched from the bucket where another replica took them), created in the bucket
     /// (refused when it is there), then kept locally.

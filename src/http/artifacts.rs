@@ -133,18 +133,7 @@ async fn get_blob(
 ) -> Result<Response, ApiError> {
     state.reader(&headers, client(&identity))?;
     let hex = blob_hex(&digest)?.to_owned();
-    let held = state.access.store.blob(&hex).await?;
-    let bytes = crate::artifacts::blocking(move || {
-        let Some((path, _)) = held else { return Ok(None) };
-        // Evicted between the lookup and the open: as if it were not held.
-        match crate::storage::mapped::MappedFile::open(&path) {
-            Ok(mapped) => Ok(Some(bytes::Bytes::from_owner(mapped))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(ArtifactError::Io { path, source }),
-        }
-    })
-    .await?
-    .ok_or_else(|| ApiError::NoSuchBlob(digest.clone()))?;
+    let bytes = state.access.store.checked_blob(&hex).await?.ok_or_else(|| ApiError::NoSuchBlob(digest.clone()))?;
     let etag = format!("\"{digest}\"");
     let representation = Representation {
         source: Arc::new(bytes),

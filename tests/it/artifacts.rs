@@ -71,6 +71,7 @@ async fn without_an_artifact_store_the_server_takes_no_writes() {
 async fn blobs_are_kept_only_from_writers_and_only_when_they_hash_to_their_name() {
     let dir = tempfile::tempdir().unwrap();
     let (address, _server, _models) = store(dir.path()).await;
+    let blobs = dir.path().join("blobs/sha256");
     tokio::task::spawn_blocking(move || {
         let blob: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
         let path = format!("/artifacts/blobs/{}", digest(&blob));
@@ -93,6 +94,19 @@ async fn blobs_are_kept_only_from_writers_and_only_when_they_hash_to_their_name(
         let range = send(&address, "GET", &path, &headers, b"");
         assert_eq!((range.status, range.body.as_slice()), (206, &blob[10..20]));
         assert_eq!(call(&address, "GET", &path, None, b"").status, 401, "reads follow [auth]");
+
+        // A byte rotted on disk: the blob no longer hashes to its name, is not served, and is
+        // dropped (with no bucket to fetch it from again).
+        let file = blobs.join(&digest(&blob)["sha256:".len()..]);
+        let mut rotted = std::fs::read(&file).unwrap();
+        rotted[50_000] ^= 1;
+        std::fs::write(&file, rotted).unwrap();
+        let damaged = common::metric("ztserve_artifact_blobs_damaged_total", &[]);
+        let read = call(&address, "GET", &path, Some(READER), b"");
+        assert_eq!((read.status, code(&read).as_str()), (404, "no_such_blob"));
+        assert!(!file.exists(), "the damaged blob is dropped");
+        assert_eq!(common::metric("ztserve_artifact_blobs_damaged_total", &[]) - damaged, 1.0);
+        assert_eq!(call(&address, "PUT", &path, Some(WRITER), &blob).status, 201, "and may be published again");
     })
     .await
     .unwrap();
@@ -290,6 +304,7 @@ async fn replicas_sharing_a_bucket_read_each_others_bundles_and_one_publish_of_a
         dirs.push((dir, models));
     }
     let (a, b) = (replicas[0].0.clone(), replicas[1].0.clone());
+    let b_blobs = dirs[1].0.path().join("blobs/sha256");
     tokio::task::spawn_blocking(move || {
         let (graph, model): (&[u8], Vec<u8>) = (b"graph", (0..50_000u32).map(|i| (i % 251) as u8).collect());
         for blob in [graph, &model[..]] {
@@ -315,6 +330,13 @@ async fn replicas_sharing_a_bucket_read_each_others_bundles_and_one_publish_of_a
         assert_eq!(call(&b, "GET", "/artifacts/bundles/vllm/a-only", None, b"").status, 200);
         let bytes = call(&b, "GET", &format!("/artifacts/blobs/{}", digest(&model)), None, b"");
         assert_eq!(bytes.body, model);
+        // Rotted on B's disk, the blob is dropped there and fetched again from the bucket.
+        let on_b = b_blobs.join(&digest(&model)["sha256:".len()..]);
+        let mut rotted = std::fs::read(&on_b).unwrap();
+        rotted[100] ^= 1;
+        std::fs::write(&on_b, rotted).unwrap();
+        let again = call(&b, "GET", &format!("/artifacts/blobs/{}", digest(&model)), None, b"");
+        assert!(again.status == 200 && again.body == model, "{}", again.status);
         // Eight publishes of one new name at once, four on each replica: one wins.
         let racers: Vec<_> = (0..8)
             .map(|i| {
