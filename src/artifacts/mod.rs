@@ -75,6 +75,8 @@ pub(crate) enum ArtifactError {
     TooLarge { max: u64 },
     #[error("the store is full: {held} of its {max} bytes are bundles read more recently, or blobs just uploaded")]
     Full { held: u64, max: u64 },
+    #[error("the store's disk is full (writing {}): nothing was kept", path.display())]
+    DiskFull { path: PathBuf },
     #[error("bundle {name:?}: {reason}")]
     BadBundle { name: String, reason: String },
     #[error("bundle {name:?} names sha256:{digest}, which the store does not hold with that size: upload it first")]
@@ -102,7 +104,11 @@ pub(crate) enum ArtifactError {
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
-    move |source| ArtifactError::Io { path: path.to_owned(), source }
+    move |source| match source.kind() {
+        // A disk smaller than the bound: refused as a full store, never torn (the temporary goes).
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => ArtifactError::DiskFull { path: path.to_owned() },
+        _ => ArtifactError::Io { path: path.to_owned(), source },
+    }
 }
 
 /// Whether a blob was new to the store.
@@ -287,7 +293,7 @@ impl ArtifactStore {
             return Err(ArtifactError::Full { held: index.bytes, max: self.max_bytes });
         }
         let path = self.blob_path(hex);
-        file.persist(&path).map_err(|e| ArtifactError::Io { path: path.clone(), source: e.error })?;
+        file.persist(&path).map_err(|e| io_at(&path)(e.error))?;
         sync_dir(&path)?;
         index.bytes += len;
         index.blobs.insert(hex.to_owned(), HeldBlob { len, named_by: 0, written: SystemTime::now() });
@@ -347,7 +353,7 @@ impl ArtifactStore {
         match fs::hard_link(file.path(), &path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(ArtifactError::Exists(name.to_owned())),
-            Err(e) => return Err(ArtifactError::Io { path, source: e }),
+            Err(e) => return Err(io_at(&path)(e)),
         }
         sync_dir(&path)?;
         index.name(name.to_owned(), bundle, SystemTime::now());

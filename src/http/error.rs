@@ -71,7 +71,7 @@ fn artifact_status(error: &ArtifactError) -> (StatusCode, &'static str) {
         ArtifactError::Cut(_) => (StatusCode::BAD_REQUEST, "upload_cut"),
         ArtifactError::DigestMismatch { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "digest_mismatch"),
         ArtifactError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
-        ArtifactError::Full { .. } => (StatusCode::INSUFFICIENT_STORAGE, "store_full"),
+        ArtifactError::Full { .. } | ArtifactError::DiskFull { .. } => (StatusCode::INSUFFICIENT_STORAGE, "store_full"),
         ArtifactError::MissingBlob { .. } => (StatusCode::CONFLICT, "missing_blob"),
         ArtifactError::Exists(_) => (StatusCode::CONFLICT, "bundle_exists"),
         ArtifactError::NoBundle(_) => (StatusCode::NOT_FOUND, "no_such_bundle"),

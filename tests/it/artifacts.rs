@@ -386,3 +386,31 @@ async fn with_signatures_required_a_bundle_kept_from_before_is_checked_as_it_is_
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_full_disk_a_publish_is_refused_as_a_full_store_and_reads_go_on() {
+    // A disk of 1 MiB under a bound of 50 GB: the disk fills first.
+    let disk = common::SmallDisk::mount(1 << 20);
+    let (address, _server, _models) = store(disk.dir.path()).await;
+    let tmp = disk.dir.path().join("tmp");
+    tokio::task::spawn_blocking(move || {
+        let kernel: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let path = format!("/artifacts/blobs/{}", digest(&kernel));
+        assert_eq!(call(&address, "PUT", &path, Some(WRITER), &kernel).status, 201);
+        assert_eq!(
+            call(&address, "PUT", "/artifacts/bundles/vllm/kept", Some(WRITER), &bundle_of(&[("k", &kernel)])).status,
+            201
+        );
+        let large: Vec<u8> = (0..2_000_000u32).map(|i| (i % 241) as u8).collect();
+        let full = call(&address, "PUT", &format!("/artifacts/blobs/{}", digest(&large)), Some(WRITER), &large);
+        assert_eq!((full.status, code(&full).as_str()), (507, "store_full"), "{}", String::from_utf8_lossy(&full.body));
+        assert!(full.json()["error"]["message"].as_str().unwrap().contains("disk is full"), "{}", full.json());
+        assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "nothing torn is left behind");
+        // What was published before still reads, whole.
+        assert_eq!(call(&address, "GET", "/artifacts/bundles/vllm/kept", Some(READER), b"").status, 200);
+        let read = call(&address, "GET", &path, Some(READER), b"");
+        assert!(read.status == 200 && read.body == kernel, "{}", read.status);
+    })
+    .await
+    .unwrap();
+}

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::path::Path;
 
-use common::{ModelSource, last_line, metric, noise, prefetch, request_async, serve};
+use common::{ModelSource, SmallDisk, last_line, metric, noise, prefetch, request_async, serve};
 use ztserve::config::Config;
 use ztserve::format::DType;
 
@@ -225,31 +225,6 @@ async fn models_are_prefetched_at_start_and_on_request_and_pinned_ones_are_never
     let ModelSource::S3 { server: store, .. } = &mut source else { unreachable!() };
     store.stop();
     assert_eq!(get(&address, "/models/org%2Fraw/objects/w").await, weights);
-}
-
-/// A tmpfs of `bytes` mounted on a new directory, unmounted when dropped.
-struct SmallDisk {
-    dir: tempfile::TempDir,
-}
-
-impl SmallDisk {
-    fn mount(bytes: u64) -> SmallDisk {
-        let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .expect("mount runs");
-        assert!(status.success(), "cannot mount a tmpfs (the test suite runs as root, as scripts/test needs)");
-        SmallDisk { dir }
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        // Lazily: a file the server still holds open does not keep the mount.
-        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -769,3 +769,29 @@ pub fn last_line(body: &[u8]) -> serde_json::Value {
     let line = text.lines().rfind(|l| l.starts_with('{')).expect("a JSON line");
     serde_json::from_str(line).unwrap()
 }
+
+/// A tmpfs of `bytes` mounted on a new directory, unmounted when dropped.
+pub struct SmallDisk {
+    pub dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(bytes: u64) -> SmallDisk {
+        external("root, to mount a tmpfs");
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "cannot mount a tmpfs (the test suite runs as root, as scripts/test needs)");
+        SmallDisk { dir }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazily: a file the server still holds open does not keep the mount.
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
