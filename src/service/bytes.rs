@@ -109,17 +109,21 @@ impl RangeSource for MappedVersion {
     }
 
     fn open(&self, range: Range<u64>) -> ByteStream {
-        let (mapping, version) = (Arc::clone(&self.mapping), self.version.clone());
-        // One `fstat`, on this thread: a hop to the blocking pool cost 14% of the requests
-        // a second of 1 MiB ranges at 4 connections.
-        let unchanged = async move {
-            match mapping.is_version(&version) {
-                true => Ok(()),
-                false => Err("the file changed in place while it was sent".to_owned()),
-            }
-        };
-        guarded(self.bytes.open(range), guard(unchanged))
+        guarded(self.bytes.open(range), unchanged(Arc::clone(&self.mapping), self.version.clone()))
     }
+}
+
+/// The check before a body's last piece that the mapped file is still `version`: bytes sent
+/// from a mapping are whatever the file holds when the kernel copies them.
+pub(super) fn unchanged(mapping: Arc<MappedFile>, version: String) -> super::representation::Guard {
+    // One `fstat`, on this thread: a hop to the blocking pool cost 14% of the requests
+    // a second of 1 MiB ranges at 4 connections.
+    guard(async move {
+        match mapping.is_version(&version) {
+            true => Ok(()),
+            false => Err("the file changed in place while it was sent".to_owned()),
+        }
+    })
 }
 
 /// Raw bytes of a listed object read through its storage: ranged GETs from S3 (split and run in

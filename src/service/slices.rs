@@ -14,12 +14,13 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 
 use super::ServiceError;
-use super::bytes::{ModelBytes, storage_failed};
-use super::representation::{ByteStream, RangeSource};
+use super::bytes::{ModelBytes, storage_failed, unchanged};
+use super::representation::{ByteStream, RangeSource, guarded};
 use crate::catalog::Model;
 use crate::decode::Stored;
 use crate::format::slice::{RunsWithin, Slice, geometry, parse, shard_spec};
 use crate::format::{Component, Object};
+use crate::storage::mapped::MappedFile;
 
 /// Runs of a mapped file at least this long are sent from the mapping as they are (by
 /// `sendfile` from 64 KiB, `transport::zero_copy`, and below that by `writev`: either way the kernel
@@ -81,10 +82,11 @@ impl ResolvedSlice {
         whole: Arc<dyn RangeSource>,
     ) -> Arc<dyn RangeSource> {
         let cutter = match stored_in {
-            ModelBytes::Mapped { bytes: mapped, .. } if component.is_verbatim() => {
+            ModelBytes::Mapped { bytes: mapped, mapping, version, .. } if component.is_verbatim() => {
                 let range = component.stored_range();
                 let sent = mapped.slice(range.start as usize..range.end as usize);
-                Cutter::File(Arc::new(FileBytes { sent, read: stored_in.stored(range) }))
+                let (read, mapping, version) = (stored_in.stored(range), Arc::clone(mapping), version.clone());
+                Cutter::File(Arc::new(FileBytes { sent, read, mapping, version }))
             }
             _ => Cutter::Spans(whole),
         };
@@ -145,10 +147,13 @@ enum Cutter {
 
 /// A raw component of a mapped local file, two ways: `sent` is its mapping, sent as it is (by
 /// `sendfile` or `writev`: the kernel reads it, never the server, see `storage::mapped`), and
-/// `read` the same bytes, read with `pread`.
+/// `read` the same bytes, read with `pread`; and the file's version they must still be when a
+/// body ends (a file changed in place cuts it short).
 struct FileBytes {
     sent: Bytes,
     read: Stored,
+    mapping: Arc<MappedFile>,
+    version: String,
 }
 
 /// The bytes of a slice of a component.
@@ -169,7 +174,10 @@ impl RangeSource for SliceSource {
     fn open(&self, range: Range<u64>) -> ByteStream {
         let runs = self.slice.runs_within(&self.shape, self.element, range);
         match &self.cutter {
-            Cutter::File(file) => from_file(Arc::clone(file), Arc::clone(&self.model), runs),
+            Cutter::File(file) => {
+                let unchanged = unchanged(Arc::clone(&file.mapping), file.version.clone());
+                guarded(from_file(Arc::clone(file), Arc::clone(&self.model), runs), unchanged)
+            }
             Cutter::Spans(source) => from_spans(Arc::clone(source), runs),
         }
     }
