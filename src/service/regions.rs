@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
@@ -256,19 +257,41 @@ async fn region_bytes(
     }
     let file = Arc::clone(mapping.file());
     let sums = representations.learnt.of(&model).block_sums(component.file, mapping.len() as u64);
+    // A client gone before the trailer stops the read behind it, a piece at most later.
+    let gone = Arc::new(AtomicBool::new(false));
+    let (watching, left) = (Arc::clone(&gone), GoneOnDrop(gone));
     let crc = tokio::task::spawn_blocking(move || {
         let at = |run: Range<u64>| stored.start + run.start..stored.start + run.end;
+        let live = move |_: &Range<u64>| !watching.load(Ordering::Relaxed);
         match &region.slice {
-            Some(slice) => sums.crc32c_of_runs(&file, slice.runs().map(at), &source_name, &key),
-            None => sums.crc32c_of_runs(&file, std::iter::once(stored.clone()), &source_name, &key),
+            Some(slice) => sums.crc32c_of_runs(&file, slice.runs().map(at).take_while(live), &source_name, &key),
+            None => {
+                let pieces = (stored.start..stored.end).step_by(CRC_PIECE as usize);
+                let pieces = pieces.map(|start| start..(start + CRC_PIECE).min(stored.end));
+                sums.crc32c_of_runs(&file, pieces.take_while(live), &source_name, &key)
+            }
         }
     });
     let trailer = async move {
+        let _left = left;
         let crc = crc.await.map_err(|e| ServiceError::Internal(e.to_string()))?;
         let crc = crc.map_err(|e| storage_failed(&model.source, &model.id, e))?;
         Ok(Bytes::copy_from_slice(&crc.to_be_bytes()))
     };
     Ok(body.chain(stream::once(trailer)).boxed())
+}
+
+/// The most bytes of a whole region checksummed before the read looks again whether its client
+/// is still there.
+const CRC_PIECE: u64 = 8 << 20;
+
+/// Sets its flag when dropped: with the trailer that owns it, when the region's stream goes.
+struct GoneOnDrop(Arc<AtomicBool>);
+
+impl Drop for GoneOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// `pieces` followed by their CRC32C, big-endian; a failure ends the stream without it.
