@@ -18,8 +18,9 @@ pub struct Auth {
     pub token_file: Option<PathBuf>,
     /// Whether `/metrics` needs a token too (when tokens are configured).
     pub metrics_require_token: bool,
-    /// Client certificate identities (a subject CN or subject alternative name) and what each
-    /// may read, `IDENTITY [PREFIX ...]` as a token's entry; they need `tls.client_ca_file`.
+    /// Client certificate identities (a subject CN or subject alternative name, typed `cn:`,
+    /// `dns:`, `uri:` or `email:`) and what each may read, `KIND:NAME [PREFIX ...]` as a
+    /// token's entry; they need `tls.client_ca_file`.
     pub client_identities: Vec<IdentityEntry>,
 }
 

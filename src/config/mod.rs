@@ -465,7 +465,7 @@ pub struct Artifacts {
     /// Tokens granted writing, each `TOKEN [PREFIX ...]` as in `[auth] tokens`: the prefixes
     /// limit the bundle names it may publish (none: nobody writes).
     pub writers: Vec<TokenEntry>,
-    /// Client certificate identities granted writing, each `IDENTITY [PREFIX ...]` as in
+    /// Client certificate identities granted writing, each `KIND:NAME [PREFIX ...]` as in
     /// `[auth] client_identities` (needs `tls.client_ca_file`).
     pub writer_identities: Vec<IdentityEntry>,
     /// Whether a bundle is taken, and served, only with a signature that `[signing]`'s keys or

@@ -267,6 +267,15 @@ fn signatures_identities_and_a_shared_bucket_need_what_they_rely_on() {
     );
     assert!(load(None, &[dir, writer, ("ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED", "true")]).is_ok());
     assert!(load(None, &[dir, writer, ("ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE", "true"), keys]).is_ok());
+    let both = [
+        dir,
+        writer,
+        ("ZTSERVE_ARTIFACTS__REQUIRE_SIGNATURE", "true"),
+        keys,
+        ("ZTSERVE_ARTIFACTS__ALLOW_UNSIGNED", "true"),
+    ];
+    let e = load(None, &both).unwrap_err().to_string();
+    assert!(e.contains("artifacts.allow_unsigned") && e.contains("require_signature"), "{e}");
     // An identity names the kind of name it must be, so one kind never passes for another.
     for untyped in ["spiffe://a vllm", "worker-a", "host:worker-a", "cn:"] {
         let e = load(None, &[dir, ("ZTSERVE_ARTIFACTS__WRITER_IDENTITIES", untyped)]).unwrap_err().to_string();

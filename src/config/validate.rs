@@ -165,6 +165,10 @@ impl Config {
                 "names client certificate identities, and tls.client_ca_file (which verifies them) is not set";
             return Err(fail("artifacts.writer_identities", message.into()));
         }
+        if self.artifacts.require_signature && self.artifacts.allow_unsigned {
+            let message = "cannot be set with artifacts.require_signature, which refuses what it would allow";
+            return Err(fail("artifacts.allow_unsigned", message.into()));
+        }
         let writers = !self.artifacts.writers.is_empty() || !self.artifacts.writer_identities.is_empty();
         if writers && !self.artifacts.require_signature && !self.artifacts.allow_unsigned {
             let message = "writers could take any name under their prefixes with a bundle no reader trusts, so the \
