@@ -11,7 +11,7 @@ threads, each with a connection of its own) fetch buffers in order while the byt
 not yet handed out stay under `ahead_bytes`; a broken connection resumes at the first part not
 yet checked. Buffers are reused once nothing handed out refers to them any more: what a fresh
 buffer costs is its pages' first touch, on a VM as much as the transfer itself, so the memory a
-load touches is about `ahead_bytes`, whatever the model's size."""
+load touches is about `ahead_bytes` plus twice its largest region, whatever the model's size."""
 
 import http.client
 import json

@@ -29,7 +29,7 @@ class _Patience:
         if self.attempt >= self.client.retries and not (outage and waited < self.client.outage_secs):
             return False
         # An outage is looked at every 2 s or less, so a restarted server is found soon.
-        delay = min(0.2 * 2**self.attempt, 2.0 if outage else 10.0) * (1 + random.random() / 2)
+        delay = min(0.2 * 2 ** min(self.attempt, 10), 2.0 if outage else 10.0) * (1 + random.random() / 2)
         try:
             delay = max(delay, min(float(retry_after), 30.0)) if retry_after else delay
         except ValueError:
