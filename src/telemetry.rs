@@ -265,6 +265,7 @@ fn register_at_zero() {
         DISK_CACHE_SCRUBBED_BYTES,
         SENDFILE_BYTES,
         REGIONS,
+        ARTIFACT_BLOBS_DAMAGED,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,
     ] {
