@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::{Stream, TryStreamExt as _};
+use futures_util::{Stream, StreamExt as _, TryStreamExt as _};
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 
@@ -57,18 +57,7 @@ impl SharedStore {
     {
         let put = self.local.put_blob(hex, body).await?;
         if let Some(bucket) = &self.bucket {
-            let key = bucket.blob_key(hex);
-            match bucket.client.head(&key).await {
-                Ok(_) => {}
-                Err(object_store::Error::NotFound { .. }) => {
-                    let (path, _) = self
-                        .local
-                        .blob(hex)
-                        .ok_or_else(|| ArtifactError::MissingBlob { name: String::new(), digest: hex.to_owned() })?;
-                    upload(bucket, &key, path).await?;
-                }
-                Err(e) => return Err(bucket.failed("checking a blob", e)),
-            }
+            self.ensure_in_bucket(bucket, hex).await?;
         }
         Ok(put)
     }
@@ -109,8 +98,9 @@ impl SharedStore {
     }
 
     /// Publishes `bundle` as `name` once among every replica: checked, its blobs held here
-    /// (fetched from the bucket where another replica took them), created in the bucket
-    /// (refused when it is there), then kept locally.
+    /// (fetched from the bucket where another replica took them) and in the bucket (uploaded
+    /// again where an earlier upload failed), created in the bucket (refused when it is
+    /// there), then kept locally: the bucket never holds a bundle whose blob it lacks.
     pub(crate) async fn put_bundle(&self, name: &str, bundle: Bundle) -> Result<(), ArtifactError> {
         let Some(bucket) = &self.bucket else {
             let local = Arc::clone(&self.local);
@@ -125,6 +115,11 @@ impl SharedStore {
                 return Err(ArtifactError::MissingBlob { name: name.to_owned(), digest: file.sha256.clone() });
             }
         }
+        let mut digests: Vec<String> = bundle.files.iter().map(|file| file.sha256.clone()).collect();
+        digests.sort_unstable();
+        digests.dedup();
+        let checks = digests.into_iter().map(|hex| async move { self.ensure_in_bucket(bucket, &hex).await });
+        futures_util::stream::iter(checks).buffer_unordered(BUCKET_CHECKS).try_collect::<()>().await?;
         let json = serde_json::to_vec(&bundle).expect("a bundle serializes");
         let create = PutOptions { mode: PutMode::Create, ..Default::default() };
         match bucket.client.put_opts(&bucket.bundle_key(name), PutPayload::from(json), create).await {
@@ -133,6 +128,22 @@ impl SharedStore {
             Err(e) => return Err(bucket.failed("creating a bundle", e)),
         }
         self.keep_locally(name, bundle).await
+    }
+
+    /// Blob `hex`, held here, in the bucket too: uploaded when the bucket lacks it.
+    async fn ensure_in_bucket(&self, bucket: &Bucket, hex: &str) -> Result<(), ArtifactError> {
+        let key = bucket.blob_key(hex);
+        match bucket.client.head(&key).await {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => {
+                let (path, _) = self
+                    .local
+                    .blob(hex)
+                    .ok_or_else(|| ArtifactError::MissingBlob { name: String::new(), digest: hex.to_owned() })?;
+                upload(bucket, &key, path).await
+            }
+            Err(e) => Err(bucket.failed("checking a blob", e)),
+        }
     }
 
     async fn keep_locally(&self, name: &str, bundle: Bundle) -> Result<(), ArtifactError> {
@@ -188,6 +199,9 @@ impl SharedStore {
         Ok(names)
     }
 }
+
+/// Blobs of a bundle looked for in the bucket at once.
+const BUCKET_CHECKS: usize = 16;
 
 /// Uploads the local file at `path` to `key`, streamed in parts.
 async fn upload(bucket: &Bucket, key: &Key, path: PathBuf) -> Result<(), ArtifactError> {

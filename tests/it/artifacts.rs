@@ -350,6 +350,32 @@ async fn replicas_sharing_a_bucket_read_each_others_bundles_and_one_publish_of_a
     })
     .await
     .unwrap();
+
+    // A blob A holds whose upload to the bucket was lost (removed from the bucket here): a
+    // bundle naming it is created in the bucket only once A has put it there again, so B
+    // restores that bundle whole.
+    let lost: Vec<u8> = (0..70_000u32).map(|i| (i % 239) as u8).collect();
+    let a = replicas[0].0.clone();
+    let put = {
+        let (a, lost) = (a.clone(), lost.clone());
+        tokio::task::spawn_blocking(move || {
+            call(&a, "PUT", &format!("/artifacts/blobs/{}", digest(&lost)), Some(WRITER), &lost)
+        })
+    };
+    assert_eq!(put.await.unwrap().status, 201);
+    let key = format!("shared/blobs/sha256/{}", &digest(&lost)["sha256:".len()..]);
+    object_store::ObjectStoreExt::delete(&s3.client("artifacts"), &key.as_str().into()).await.unwrap();
+    let b = replicas[1].0.clone();
+    tokio::task::spawn_blocking(move || {
+        let bundle = bundle_of(&[("lost", &lost)]);
+        assert_eq!(call(&a, "PUT", "/artifacts/bundles/vllm/lost", Some(WRITER), &bundle).status, 201);
+        let read = call(&b, "GET", "/artifacts/bundles/vllm/lost", None, b"");
+        assert_eq!(read.status, 200, "{}", String::from_utf8_lossy(&read.body));
+        let blob = call(&b, "GET", &format!("/artifacts/blobs/{}", digest(&lost)), None, b"");
+        assert!(blob.status == 200 && blob.body == lost, "{}", blob.status);
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
