@@ -4,10 +4,13 @@
 //! to the digest it was sent under. A bundle (`bundles/`) names its files, each a relative path
 //! and a blob, with the publisher's signature; it is created once, and only while every blob it
 //! names is held, so a reader finds it whole or not at all, and a second publish under the
-//! same name (two nodes compiling at once) is refused rather than written over the first. The
-//! blobs stay under `max_bytes`: past it the least recently read bundles go, with the blobs no
-//! other bundle names. Every method but [`ArtifactStore::put_blob`] blocks on the disk: callers
-//! on the runtime run them on the blocking pool.
+//! same name (two nodes compiling at once) is refused rather than written over the first.
+//! Blobs, bundle documents and uploads in progress stay under `max_bytes`: past it the least
+//! recently read bundles go, with the blobs no other bundle names. The index is locked only for
+//! what it holds in memory, never across disk I/O, so a lookup never waits on a disk; the steps
+//! that change files take turns under a second lock, on the blocking pool. Every method but
+//! [`ArtifactStore::put_blob`] and the lookups blocks on the disk: callers on the runtime run
+//! them on the blocking pool.
 
 mod shared;
 mod signed;
@@ -34,6 +37,10 @@ use crate::digests::is_sha256_hex;
 /// How long a blob no bundle names yet is kept from eviction: a publisher uploads its blobs,
 /// then the bundle that names them.
 const UNNAMED_BLOB_GRACE: Duration = Duration::from_secs(600);
+
+/// The niceness of the threads that write uploads: a publish is background work, and when the
+/// cores are short, requests go first (as databases lower their compaction threads).
+const WRITER_NICENESS: i32 = 10;
 
 /// The most files one bundle may name (a compile cache holds hundreds to thousands).
 pub(crate) const MAX_BUNDLE_FILES: usize = 100_000;
@@ -73,7 +80,9 @@ pub(crate) enum ArtifactError {
     DigestMismatch { named: String, actual: String },
     #[error("a blob of more than {max} bytes is over the store's bound ([artifacts] max_bytes)")]
     TooLarge { max: u64 },
-    #[error("the store is full: {held} of its {max} bytes are bundles read more recently, or blobs just uploaded")]
+    #[error(
+        "the store is full: {held} of its {max} bytes are bundles read more recently, blobs just uploaded, or uploads in progress"
+    )]
     Full { held: u64, max: u64 },
     #[error("the store's disk is full (writing {}): nothing was kept", path.display())]
     DiskFull { path: PathBuf },
@@ -123,11 +132,14 @@ pub(crate) enum BlobPut {
 struct Index {
     bundles: HashMap<String, HeldBundle>,
     blobs: HashMap<String, HeldBlob>,
+    /// Bytes of the blobs and bundle documents held, and of the files being written.
     bytes: u64,
 }
 
 struct HeldBundle {
     blobs: Vec<String>,
+    /// The bundle document's own bytes.
+    len: u64,
     last_read: SystemTime,
 }
 
@@ -142,7 +154,41 @@ struct HeldBlob {
 pub(crate) struct ArtifactStore {
     dir: PathBuf,
     max_bytes: u64,
+    /// Held only while the index is read or changed in memory.
     index: Mutex<Index>,
+    /// Held by whatever places or removes a file (a blob or bundle placed, evicted, or dropped
+    /// as damaged), across its disk steps: they take turns, on the blocking pool, while lookups
+    /// go on. Taken before `index`, never while holding it.
+    changes: Mutex<()>,
+}
+
+/// Bytes of a file being written, counted against the bound; given back when dropped, unless
+/// the file was kept (then they are the held file's).
+struct Reservation<'a> {
+    store: &'a ArtifactStore,
+    len: u64,
+}
+
+impl Reservation<'_> {
+    /// Counts `more` bytes, making room for them when the bound is reached.
+    fn grow(&mut self, more: u64) -> Result<(), ArtifactError> {
+        self.store.reserve(more)?;
+        self.len += more;
+        Ok(())
+    }
+
+    /// The bytes now count as the file kept in `index`.
+    fn keep(mut self, _index: &mut Index) {
+        self.len = 0;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            self.store.index().bytes -= self.len;
+        }
+    }
 }
 
 /// A piece of an upload, as the request's task hands it to the writing thread.
@@ -159,6 +205,15 @@ impl ArtifactStore {
         for sub in ["blobs/sha256", "bundles", "tmp"] {
             let path = dir.join(sub);
             fs::create_dir_all(&path).map_err(io_at(&path))?;
+        }
+        if let Ok(disk) = rustix::fs::statvfs(dir) {
+            let size = disk.f_blocks.saturating_mul(disk.f_frsize);
+            if max_bytes > size {
+                tracing::warn!(
+                    dir = %dir.display(), max_bytes, disk_bytes = size,
+                    "[artifacts] max_bytes is more than the store's disk holds: once the disk is full, publishes are refused (507)"
+                );
+            }
         }
         let tmp = dir.join("tmp");
         for entry in fs::read_dir(&tmp).map_err(io_at(&tmp))? {
@@ -182,8 +237,10 @@ impl ArtifactStore {
             let path = entry.map_err(io_at(&bundles))?.path();
             match read_bundle_file(&path) {
                 Ok((name, bundle)) if bundle.files.iter().all(|f| index.blobs.contains_key(&f.sha256)) => {
-                    let last_read = fs::metadata(&path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
-                    index.name(name, &bundle, last_read);
+                    let meta = fs::metadata(&path).map_err(io_at(&path))?;
+                    let last_read = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    index.bytes += meta.len();
+                    index.name(name, &bundle, meta.len(), last_read);
                 }
                 outcome => {
                     let why = outcome.err().map_or_else(|| "a blob it names is gone".to_owned(), |e| e.to_string());
@@ -192,11 +249,36 @@ impl ArtifactStore {
                 }
             }
         }
-        Ok(ArtifactStore { dir: dir.to_owned(), max_bytes, index: Mutex::new(index) })
+        Ok(ArtifactStore { dir: dir.to_owned(), max_bytes, index: Mutex::new(index), changes: Mutex::new(()) })
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The turn to place or remove files; blocks while another write takes its disk steps.
+    fn changing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts `len` more bytes being written, evicting to make room when the bound is reached;
+    /// refused when it cannot be made.
+    fn reserve(&self, len: u64) -> Result<(), ArtifactError> {
+        let counted = |index: &mut Index| {
+            let fits = index.bytes + len <= self.max_bytes;
+            index.bytes += if fits { len } else { 0 };
+            fits
+        };
+        if counted(&mut self.index()) {
+            return Ok(());
+        }
+        let _changing = self.changing();
+        self.make_room(len);
+        let mut index = self.index();
+        if counted(&mut index) {
+            return Ok(());
+        }
+        Err(ArtifactError::Full { held: index.bytes, max: self.max_bytes })
     }
 
     fn blob_path(&self, hex: &str) -> PathBuf {
@@ -208,7 +290,7 @@ impl ArtifactStore {
         self.dir.join("bundles").join(format!("{}.json", hex::encode(sha2::Sha256::digest(name.as_bytes()))))
     }
 
-    /// The bytes held in blobs.
+    /// The bytes held in blobs and bundle documents, and being written.
     #[cfg(test)]
     pub(crate) fn held_bytes(&self) -> u64 {
         self.index().bytes
@@ -230,7 +312,7 @@ impl ArtifactStore {
         let (pieces, received) = tokio::sync::mpsc::channel::<Piece>(4);
         let writer = {
             let (store, hex) = (Arc::clone(self), hex.to_owned());
-            tokio::task::spawn_blocking(move || store.write_blob(&hex, received))
+            spawn_writer(move || store.write_blob(&hex, received))?
         };
         let mut len = 0u64;
         let sent = loop {
@@ -257,8 +339,8 @@ impl ArtifactStore {
         written
     }
 
-    /// Writes the pieces `received` to a temporary file, hashing them; at `End`, a match is
-    /// made durable and renamed into place.
+    /// Writes the pieces `received` to a temporary file, counted against the bound and hashed;
+    /// at `End`, a match is made durable and renamed into place.
     fn write_blob(
         &self,
         hex: &str,
@@ -266,14 +348,14 @@ impl ArtifactStore {
     ) -> Result<BlobPut, ArtifactError> {
         let tmp = self.dir.join("tmp");
         let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_at(&tmp))?;
+        let mut reservation = Reservation { store: self, len: 0 };
         let mut hasher = sha2::Sha256::new();
-        let mut len = 0u64;
         loop {
             match received.blocking_recv() {
                 Some(Piece::Bytes(piece)) => {
+                    reservation.grow(piece.len() as u64)?;
                     file.write_all(&piece).map_err(io_at(file.path()))?;
                     hasher.update(&piece);
-                    len += piece.len() as u64;
                 }
                 Some(Piece::End) => break,
                 None => return Err(ArtifactError::Cut("the client stopped sending".into())),
@@ -284,19 +366,17 @@ impl ArtifactStore {
             return Err(ArtifactError::DigestMismatch { named: hex.to_owned(), actual });
         }
         file.as_file().sync_all().map_err(io_at(file.path()))?;
-        let mut index = self.index();
-        if index.blobs.contains_key(hex) {
+        let _changing = self.changing();
+        if self.index().blobs.contains_key(hex) {
             return Ok(BlobPut::AlreadyHeld);
-        }
-        self.evict(&mut index, len);
-        if index.bytes + len > self.max_bytes {
-            return Err(ArtifactError::Full { held: index.bytes, max: self.max_bytes });
         }
         let path = self.blob_path(hex);
         file.persist(&path).map_err(|e| io_at(&path)(e.error))?;
         sync_dir(&path)?;
-        index.bytes += len;
+        let mut index = self.index();
+        let len = reservation.len;
         index.blobs.insert(hex.to_owned(), HeldBlob { len, named_by: 0, written: SystemTime::now() });
+        reservation.keep(&mut index);
         Ok(BlobPut::Created)
     }
 
@@ -322,9 +402,10 @@ impl ArtifactStore {
         }
         metrics::counter!(crate::telemetry::names::ARTIFACT_BLOBS_DAMAGED).increment(1);
         tracing::error!(blob = hex, path = %path.display(), "an artifact blob no longer hashes to its name (damaged on disk); it is dropped");
-        let mut index = self.index();
-        if index.blobs.contains_key(hex) {
-            self.remove_blob(&mut index, hex);
+        let _changing = self.changing();
+        let held = self.index().blobs.contains_key(hex);
+        if held {
+            self.remove_blob(hex);
         }
         Ok(None)
     }
@@ -334,20 +415,17 @@ impl ArtifactStore {
     pub(crate) fn put_bundle(&self, name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
         check_name(name)?;
         check_files(name, bundle)?;
-        let mut index = self.index();
-        if index.bundles.contains_key(name) {
-            return Err(ArtifactError::Exists(name.to_owned()));
-        }
-        for file in &bundle.files {
-            if index.blobs.get(&file.sha256).is_none_or(|blob| blob.len != file.size) {
-                return Err(ArtifactError::MissingBlob { name: name.to_owned(), digest: file.sha256.clone() });
-            }
-        }
+        self.index().check_publishable(name, bundle)?;
         let stored = serde_json::to_vec(&StoredBundle { name: name.to_owned(), bundle: bundle.clone() })
             .expect("a bundle serializes");
+        let mut reservation = Reservation { store: self, len: 0 };
+        reservation.grow(stored.len() as u64)?;
         let tmp = self.dir.join("tmp");
         let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_at(&tmp))?;
         file.write_all(&stored).and_then(|()| file.as_file().sync_all()).map_err(io_at(file.path()))?;
+        let _changing = self.changing();
+        // Again: a publish or an eviction may have come between.
+        self.index().check_publishable(name, bundle)?;
         let path = self.bundle_path(name);
         // A hard link never replaces: of two servers sharing the directory, one wins.
         match fs::hard_link(file.path(), &path) {
@@ -356,7 +434,9 @@ impl ArtifactStore {
             Err(e) => return Err(io_at(&path)(e)),
         }
         sync_dir(&path)?;
-        index.name(name.to_owned(), bundle, SystemTime::now());
+        let mut index = self.index();
+        index.name(name.to_owned(), bundle, reservation.len, SystemTime::now());
+        reservation.keep(&mut index);
         Ok(())
     }
 
@@ -388,28 +468,34 @@ impl ArtifactStore {
     }
 
     /// Makes room for `incoming` more bytes: the least recently read bundles go, with the
-    /// blobs only they named, and blobs no bundle has named within the grace period.
-    fn evict(&self, index: &mut Index, incoming: u64) {
-        let now = SystemTime::now();
-        let stale: Vec<String> = index
-            .blobs
-            .iter()
-            .filter(|(_, blob)| {
-                blob.named_by == 0 && now.duration_since(blob.written).unwrap_or_default() > UNNAMED_BLOB_GRACE
-            })
-            .map(|(hex, _)| hex.clone())
-            .collect();
+    /// blobs only they named, and blobs no bundle has named within the grace period. The caller
+    /// holds the turn to change files ([`Self::changing`]).
+    fn make_room(&self, incoming: u64) {
+        let fits = || self.index().bytes + incoming <= self.max_bytes;
+        let (stale, by_use) = {
+            let index = self.index();
+            let now = SystemTime::now();
+            let stale: Vec<String> = index
+                .blobs
+                .iter()
+                .filter(|(_, blob)| {
+                    blob.named_by == 0 && now.duration_since(blob.written).unwrap_or_default() > UNNAMED_BLOB_GRACE
+                })
+                .map(|(hex, _)| hex.clone())
+                .collect();
+            let mut by_use: Vec<(SystemTime, String)> =
+                index.bundles.iter().map(|(name, held)| (held.last_read, name.clone())).collect();
+            by_use.sort();
+            (stale, by_use)
+        };
         for hex in stale {
-            if index.bytes + incoming <= self.max_bytes {
+            if fits() {
                 return;
             }
-            self.remove_blob(index, &hex);
+            self.remove_blob(&hex);
         }
-        let mut by_use: Vec<(SystemTime, String)> =
-            index.bundles.iter().map(|(name, held)| (held.last_read, name.clone())).collect();
-        by_use.sort();
         for (_, name) in by_use {
-            if index.bytes + incoming <= self.max_bytes {
+            if fits() {
                 return;
             }
             let path = self.bundle_path(&name);
@@ -418,21 +504,19 @@ impl ArtifactStore {
                 continue;
             }
             tracing::info!(bundle = %name, "evicted an artifact bundle, least recently read");
-            let held = index.bundles.remove(&name).expect("listed above");
-            for hex in held.blobs {
-                let blob = index.blobs.get_mut(&hex).expect("a held bundle's blobs are held");
-                blob.named_by -= 1;
-                if blob.named_by == 0 {
-                    self.remove_blob(index, &hex);
-                }
+            let orphans = self.index().forget_bundle(&name);
+            for hex in orphans {
+                self.remove_blob(&hex);
             }
         }
     }
 
-    fn remove_blob(&self, index: &mut Index, hex: &str) {
+    /// Removes blob `hex`'s file, then its entry; the caller holds the turn to change files.
+    fn remove_blob(&self, hex: &str) {
         let path = self.blob_path(hex);
         match fs::remove_file(&path) {
             Ok(()) => {
+                let mut index = self.index();
                 let blob = index.blobs.remove(hex).expect("removed only when held");
                 index.bytes -= blob.len;
             }
@@ -442,14 +526,40 @@ impl ArtifactStore {
 }
 
 impl Index {
-    fn name(&mut self, name: String, bundle: &Bundle, last_read: SystemTime) {
+    /// Refused when `name` is taken or a blob `bundle` names is not held with its size.
+    fn check_publishable(&self, name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
+        if self.bundles.contains_key(name) {
+            return Err(ArtifactError::Exists(name.to_owned()));
+        }
+        match bundle.files.iter().find(|file| self.blobs.get(&file.sha256).is_none_or(|blob| blob.len != file.size)) {
+            Some(file) => Err(ArtifactError::MissingBlob { name: name.to_owned(), digest: file.sha256.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Enters bundle `name`, its document `len` bytes (counted by the caller).
+    fn name(&mut self, name: String, bundle: &Bundle, len: u64, last_read: SystemTime) {
         let mut blobs: Vec<String> = bundle.files.iter().map(|f| f.sha256.clone()).collect();
         blobs.sort();
         blobs.dedup();
         for hex in &blobs {
             self.blobs.get_mut(hex).expect("checked held").named_by += 1;
         }
-        self.bundles.insert(name, HeldBundle { blobs, last_read });
+        self.bundles.insert(name, HeldBundle { blobs, len, last_read });
+    }
+
+    /// Drops bundle `name`'s entry and its document's bytes: the blobs no other bundle names.
+    fn forget_bundle(&mut self, name: &str) -> Vec<String> {
+        let Some(held) = self.bundles.remove(name) else { return Vec::new() };
+        self.bytes -= held.len;
+        held.blobs
+            .into_iter()
+            .filter(|hex| {
+                let blob = self.blobs.get_mut(hex).expect("a held bundle's blobs are held");
+                blob.named_by -= 1;
+                blob.named_by == 0
+            })
+            .collect()
     }
 }
 
@@ -467,6 +577,25 @@ fn read_bundle_file(path: &Path) -> Result<(String, Bundle), ArtifactError> {
     check_name(&stored.name)?;
     check_files(&stored.name, &stored.bundle)?;
     Ok((stored.name, stored.bundle))
+}
+
+/// Runs `write` on a thread of its own, at [`WRITER_NICENESS`]: the runtime's blocking pool
+/// serves requests, and must not be slowed.
+fn spawn_writer<T: Send + 'static>(
+    write: impl FnOnce() -> T + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<T>, ArtifactError> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("artifact-writer".into())
+        .spawn(move || {
+            // A thread's niceness on Linux; raising it needs no privilege.
+            if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), WRITER_NICENESS) {
+                tracing::debug!(error = %e, "cannot lower an artifact writer's priority");
+            }
+            let _ = sender.send(write());
+        })
+        .map_err(|e| ArtifactError::Failed(format!("cannot start a thread to write the upload: {e}")))?;
+    Ok(receiver)
 }
 
 /// Makes a rename or link under `path`'s directory durable.

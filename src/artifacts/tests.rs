@@ -119,34 +119,89 @@ async fn names_and_paths_that_could_leave_their_place_are_refused() {
     assert!(store.bundle_names(|_| true).is_empty());
 }
 
+/// The bytes bundle `name`'s document takes in the store.
+fn document_len(name: &str, bundle: &Bundle) -> u64 {
+    serde_json::to_vec(&StoredBundle { name: name.to_owned(), bundle: bundle.clone() }).unwrap().len() as u64
+}
+
 #[tokio::test]
 async fn past_the_bound_the_least_recently_read_bundle_goes_with_the_blobs_only_it_named() {
+    const B: u64 = 100;
     let dir = tempfile::tempdir().unwrap();
-    let (shared, first, second, third) = ([1u8; 10], [2u8; 10], [3u8; 10], [4u8; 10]);
-    let store = store_with(dir.path(), 45, &[&shared, &first, &second]).await;
-    store.put_bundle("first", &bundle(vec![file("s", &shared), file("f", &first)])).unwrap();
-    store.put_bundle("second", &bundle(vec![file("s", &shared), file("f", &second)])).unwrap();
+    let blob = |byte: u8| [byte; B as usize];
+    let (shared, first, second, third, fourth) = (blob(1), blob(2), blob(3), blob(4), blob(5));
+    let first_bundle = bundle(vec![file("s", &shared), file("f", &first)]);
+    let second_bundle = bundle(vec![file("s", &shared), file("f", &second)]);
+    let (d1, d2) = (document_len("first", &first_bundle), document_len("second", &second_bundle));
+    // Four blobs and both documents fit; a fifth blob does not.
+    let bound = 4 * B + d1 + d2 + B / 2;
+    let store = store_with(dir.path(), bound, &[&shared, &first, &second]).await;
+    store.put_bundle("first", &first_bundle).unwrap();
+    store.put_bundle("second", &second_bundle).unwrap();
+    assert_eq!(store.held_bytes(), 3 * B + d1 + d2, "bundle documents count against the bound");
     std::thread::sleep(Duration::from_millis(20));
     store.bundle("first").unwrap();
-    // 30 bytes held; 10 more fit, 20 do not: `second`, read least recently, makes room.
     store.put_blob(&digest(&third), body(&[&third])).await.unwrap();
-    assert_eq!(store.held_bytes(), 40);
-    let fourth = [5u8; 10];
+    assert_eq!(store.held_bytes(), 4 * B + d1 + d2);
+    // `second`, read least recently, makes room, with the blob only it named.
     store.put_blob(&digest(&fourth), body(&[&fourth])).await.unwrap();
     assert_eq!(store.bundle_names(|_| true), ["first"]);
     assert!(store.blob(&digest(&second)).is_none(), "the blob only the evicted bundle named went with it");
     assert!(store.blob(&digest(&shared)).is_some() && store.blob(&digest(&first)).is_some());
-    assert_eq!(store.held_bytes(), 40);
+    assert_eq!(store.held_bytes(), 4 * B + d1);
     // Blobs just uploaded, which no bundle names yet, are kept for their bundle: past them
     // the last bundle goes, and then the store is full.
-    for (i, blob) in [[6u8; 10], [7u8; 10]].iter().enumerate() {
-        store.put_blob(&digest(blob), body(&[blob])).await.unwrap();
-        assert_eq!(store.held_bytes(), 30 + 10 * i as u64);
-    }
+    let mut uploaded = vec![third, fourth];
+    let full = loop {
+        let fresh = blob(10 + uploaded.len() as u8);
+        match store.put_blob(&digest(&fresh), body(&[&fresh])).await {
+            Ok(_) => uploaded.push(fresh),
+            Err(refused) => break refused,
+        }
+        assert!(store.held_bytes() <= bound);
+        assert!(uploaded.len() < 16, "never full");
+    };
     assert!(store.bundle_names(|_| true).is_empty());
-    let more = [8u8; 10];
-    let full = store.put_blob(&digest(&more), body(&[&more])).await.unwrap_err();
-    assert!(matches!(full, ArtifactError::Full { held: 40, max: 45 }), "{full}");
+    let held = B * uploaded.len() as u64;
+    assert!(matches!(full, ArtifactError::Full { held: h, max } if h == held && max == bound), "{full}");
+    assert!(held + B > bound);
+    assert!(uploaded.iter().all(|b| store.blob(&digest(b)).is_some()), "every blob awaiting its bundle is kept");
+    assert_eq!(store.held_bytes(), held);
+}
+
+#[tokio::test]
+async fn an_upload_in_progress_counts_against_the_bound_until_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 100, &[]).await;
+    let (sender, pieces) = tokio::sync::mpsc::channel::<Result<Bytes, io::Error>>(1);
+    let stream = Box::pin(futures_util::stream::unfold(pieces, |mut pieces| async {
+        pieces.recv().await.map(|piece| (piece, pieces))
+    }));
+    let big = [9u8; 80];
+    let upload = tokio::spawn({
+        let (store, hex) = (Arc::clone(&store), digest(&big));
+        async move { store.put_blob(&hex, stream).await }
+    });
+    sender.send(Ok(Bytes::copy_from_slice(&big[..60]))).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while store.held_bytes() < 60 {
+        assert!(std::time::Instant::now() < deadline, "the first piece was never counted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let other = [1u8; 50];
+    let full = store.put_blob(&digest(&other), body(&[&other])).await.unwrap_err();
+    assert!(matches!(full, ArtifactError::Full { held: 60, max: 100 }), "{full}");
+    assert_eq!(store.held_bytes(), 60, "a refused upload gives back what it counted");
+    sender.send(Ok(Bytes::copy_from_slice(&big[60..]))).await.unwrap();
+    drop(sender);
+    assert_eq!(upload.await.unwrap().unwrap(), BlobPut::Created);
+    assert_eq!(store.held_bytes(), 80);
+
+    // A cut upload gives back all it counted.
+    let cut = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"0123456789")), Err(io::Error::other("reset"))]);
+    assert!(matches!(store.put_blob(&digest(b"x"), cut).await.unwrap_err(), ArtifactError::Cut(_)));
+    assert_eq!(store.held_bytes(), 80);
+    assert_eq!(entries(&dir.path().join("tmp")), 0);
 }
 
 #[tokio::test]
@@ -161,7 +216,8 @@ async fn a_store_opened_again_serves_what_was_published_and_drops_what_was_half_
     assert_eq!(store.bundle("team/cache").unwrap(), bundle(vec![file("k", b"kept")]));
     assert_eq!(store.bundle_names(|name| name.starts_with("team/")), ["team/cache"]);
     assert_eq!(store.bundle_names(|name| name.starts_with("other/")), Vec::<String>::new());
-    assert_eq!(store.held_bytes(), 4);
+    let document = document_len("team/cache", &bundle(vec![file("k", b"kept")]));
+    assert_eq!(store.held_bytes(), 4 + document, "the blob and the bundle's document");
     assert_eq!(entries(&dir.path().join("tmp")), 0);
     assert_eq!(entries(&dir.path().join("bundles")), 1, "a bundle file that does not parse is removed");
 }

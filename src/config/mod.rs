@@ -460,7 +460,8 @@ impl Default for Cache {
 pub struct Artifacts {
     /// The store's directory (absent: no store, and no writes at all).
     pub dir: Option<PathBuf>,
-    /// The most bytes its blobs hold; the least recently read bundles are evicted past it.
+    /// The most bytes its blobs, bundle documents and uploads in progress hold; the least
+    /// recently read bundles are evicted past it.
     pub max_bytes: u64,
     /// Tokens granted writing, each `TOKEN [PREFIX ...]` as in `[auth] tokens`: the prefixes
     /// limit the bundle names it may publish (none: nobody writes).
