@@ -16,7 +16,9 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
     vllm_load.py check-restart WORK
         the small Llama (97 MB) at TP=2 through the load format, the server killed (SIGKILL) once
         the ranks are fetching and started again on the same ports 3 s later: the load must
-        complete with the folder's token ids, part of it served by the restarted server
+        complete with the folder's token ids, part of it served by the restarted server; then
+        with two replicas in ZTSERVE_URL, the first killed mid-load and left down: the load
+        completes at the second, with the folder's token ids
     vllm_load.py bench WORK
         the large model (1.13 GB of weights), loaded at TP=1 and TP=2 from the folder, through the
         Hub API (HF_ENDPOINT, a fresh cache), by Run:ai through the S3 endpoint and through
@@ -531,7 +533,37 @@ def restart(work):
         raise SystemExit(f"vllm-check: after the restart the engine generated {outcome['run'].ids}, the folder {reference}")
     if served_after == 0:
         raise SystemExit("vllm-check: the load ended before the server was killed; nothing was asked of the restarted one")
-    return served_after
+
+    # Two replicas over the same folder (one version): the first killed mid-load and left down,
+    # the ranks go on at the second, named after it in ZTSERVE_URL.
+    outcome.clear()
+    with serving(work / "models", work / "ztserve-survivor.log") as survivor:
+        with serving(work / "models", work / "ztserve-first.log") as first:
+            hub = {"HF_ENDPOINT": survivor.url + "/hf", "ZTSERVE_URL": f"{first.url},{survivor.url}",
+                   "HF_HOME": str(work / "hf"), **settings}
+
+            def load_replicas():
+                try:
+                    outcome["run"] = engine(f"st/{size}", "ztserve", 2, hub, work / "engine-failover.log")
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    outcome["error"] = e
+
+            loading = threading.Thread(target=load_replicas)
+            loading.start()
+            while regions(first.url) == 0:
+                if not loading.is_alive():
+                    raise SystemExit(f"vllm-check: the engine ended before it fetched a region: {outcome}")
+                time.sleep(0.02)
+            os.kill(first.pid, signal.SIGKILL)
+        loading.join()
+        served_by_survivor = regions(survivor.url)
+    if "error" in outcome:
+        raise SystemExit(f"vllm-check: the load did not go on at the second replica: {outcome['error']}")
+    if outcome["run"].ids != reference:
+        raise SystemExit(f"vllm-check: after the failover the engine generated {outcome['run'].ids}, the folder {reference}")
+    if served_by_survivor == 0:
+        raise SystemExit("vllm-check: the load ended before the first replica was killed; the second served nothing")
+    return served_after, served_by_survivor
 
 
 def check_ways(folder, url, s3, size):
@@ -650,9 +682,11 @@ if __name__ == "__main__":
             if "ztserve" in row.label and row.sent > 1.1 * row.weights:
                 raise SystemExit(f"vllm-check: TP={row.tp} {row.label} cost the server {row.sent / row.weights:.2f}x the weights, more than 1.1x")
     elif sys.argv[1] == "check-restart":
-        after = restart(sys.argv[2])
+        after, survivor = restart(sys.argv[2])
         print(f"TP=2 the server killed mid-load and started again: same token ids as the folder; "
               f"{after:.0f} regions served by the restarted server")
+        print(f"TP=2 the first of two replicas killed mid-load: same token ids as the folder; "
+              f"{survivor:.0f} regions served by the second")
     elif sys.argv[1] == "bench":
         bench(Path(sys.argv[2]), int(os.environ.get("BENCH_ROUNDS", "2")), os.environ.get("BENCH_LINK_RATE", "10gbit"))
     else:

@@ -176,3 +176,16 @@ def test_a_path_leaving_its_directory_is_refused(path):
         from ztserve_client._artifacts import _check_path
 
         _check_path(path)
+
+
+def test_a_store_named_by_replicas_goes_on_at_the_next_when_the_first_is_unreachable(stores, keys, cache, tmp_path):
+    from conftest import free_port
+
+    checking, _ = stores
+    # Nothing listens at the first: every call moves on to the second.
+    store = ArtifactStore(f"http://127.0.0.1:{free_port()},{checking.url}", WRITER)
+    name = f"cache/{tmp_path.name}"
+    assert store.publish(name, str(cache), signing_key=keys["publisher"][0]) == "created"
+    assert store.url == checking.url
+    restored = store.restore(name, str(tmp_path / "out"), public_keys=[keys["publisher"][1]])
+    assert restored["placed"] == 2 and tree(tmp_path / "out") == tree(cache)

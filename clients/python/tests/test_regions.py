@@ -289,3 +289,54 @@ def test_a_server_back_with_another_version_fails_the_stream_and_one_gone_too_lo
     assert isinstance(error, ztserve_client.ModelChanged), error
     _, _, got, error = _stream_across_a_restart(tmp_path / "gone", lambda models, port: None, outage_secs=1.0)
     assert isinstance(error, ztserve_client.TransferError) and "attempts in" in str(error), error
+
+
+def test_a_load_moves_to_another_replica_of_its_version_and_refuses_one_of_another(tmp_path):
+    import shutil
+
+    from conftest import Server, tensor_bytes_sent
+
+    models, copy = tmp_path / "models", tmp_path / "copy"
+    tensors = _many_tensors(models / "many", seed=1)
+    names = list(tensors)
+    # The same bytes in another file: another version of the model.
+    shutil.copytree(models, copy)
+    same, other = Server(models), Server(copy)
+
+    def load_killing_the_first(first, second):
+        client = Client([first.url, second.url])
+        try:
+            stream = iter(client.snapshot("many").stream([(name, None) for name in names], framework="numpy",
+                                                         request_bytes=128 << 10, ahead_bytes=256 << 10, concurrency=1))
+            got = [next(stream)]
+            first.kill()
+            try:
+                return client, got + list(stream), None
+            except ztserve_client.ZtserveError as e:
+                return client, got, e
+        finally:
+            client.close()
+
+    try:
+        client, got, error = load_killing_the_first(Server(models), same)
+        assert error is None, error
+        assert [array.tobytes() for array in got] == [tensors[name].tobytes() for name in names]
+        assert client.url == same.url and tensor_bytes_sent(same.url) > 0
+        # A single request (a GET of one tensor) goes to the replica in use.
+        array = client.snapshot("many").fetch([(names[0], None)], framework="numpy")[0]
+        assert array.tobytes() == tensors[names[0]].tobytes()
+
+        _, got, error = load_killing_the_first(Server(models), other)
+        assert isinstance(error, ztserve_client.ModelChanged), error
+        assert [array.tobytes() for array in got] == [tensors[names[0]].tobytes()]
+    finally:
+        same.stop()
+        other.stop()
+
+
+def test_replica_urls_are_one_scheme_and_name_a_server():
+    assert ztserve_client._client.replica_urls("http://a:1/, http://b:2") == ["http://a:1", "http://b:2"]
+    assert ztserve_client._client.replica_urls(["https://a"]) == ["https://a"]
+    for bad in ("", "http://a,", "http://a,https://b", []):
+        with pytest.raises(ValueError):
+            Client(bad)

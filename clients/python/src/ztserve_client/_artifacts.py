@@ -15,7 +15,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from . import _signing
-from ._client import _Connections, tls_context
+from ._client import _Connections, replica_urls, tls_context
 from ._errors import error_for
 
 _PIECE = 1 << 20
@@ -75,13 +75,19 @@ class ArtifactStore:
     a bearer token, and must be granted writing (`[artifacts] writers`) to publish. Over
     https://, the server is verified against the system's roots or `ca_file` (default
     `ZTSERVE_CA_FILE`); `cert_file` and `key_file` present a client certificate (a writer
-    identity of `[artifacts] writer_identities`)."""
+    identity of `[artifacts] writer_identities`). `url` may name replicas sharing a bucket
+    (comma-separated, or a list): calls go to the first until it cannot be reached."""
 
     def __init__(self, url, token=None, *, concurrency=8, timeout=60.0, ca_file=None, cert_file=None, key_file=None):
-        self.url = url.rstrip("/")
+        urls = replica_urls(url)
         self.token = token if token is not None else (os.environ.get("ZTSERVE_TOKEN") or None)
         self.concurrency = concurrency
-        self._connections = _Connections(self.url, timeout, tls_context(url, ca_file, cert_file, key_file))
+        self._connections = _Connections(urls, timeout, tls_context(urls[0], ca_file, cert_file, key_file))
+
+    @property
+    def url(self):
+        """The URL of the replica calls go to now."""
+        return self._connections.replica.url
 
     def _call(self, method, path, body=None, headers=None, on_response=None):
         """`method` on `/artifacts/{path}`: the status and what `on_response` makes of the
@@ -90,20 +96,22 @@ class ArtifactStore:
         while idle, or one that fails, is retried on a new connection (every call here may be
         repeated: blobs are named by their digest, and a bundle is published once)."""
         for attempt in range(3):
+            replica = self._connections.replica
             try:
                 return self._call_once(method, path, body, headers, on_response)
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+                self._connections.failover(replica)
                 if attempt == 2:
                     raise
 
     def _call_once(self, method, path, body, headers, on_response):
-        conn = self._connections.get()
+        conn, replica = self._connections.get()
         sent = {"User-Agent": "ztserve-client/0.1", **(headers or {})}
         if self.token:
             sent["Authorization"] = f"Bearer {self.token}"
         opened = body() if callable(body) else None
         try:
-            conn.request(method, f"{self._connections.base}/artifacts/{path}", body=opened or body, headers=sent)
+            conn.request(method, f"{replica.base}/artifacts/{path}", body=opened or body, headers=sent)
             response = conn.getresponse()
             if response.status >= 400 and response.status != 404:
                 raw = response.read(64 << 10)
@@ -113,7 +121,7 @@ class ArtifactStore:
                 except (ValueError, KeyError, TypeError):
                     code, message = "http_error", raw[:200].decode("utf-8", "replace")
                 self._connections.drop()
-                raise error_for(response.status, code, message, f"{self.url}/artifacts/{path}")
+                raise error_for(response.status, code, message, f"{replica.url}/artifacts/{path}")
             result = on_response(response) if on_response and response.status < 300 else response.read()
             if response.will_close:
                 self._connections.drop()

@@ -40,30 +40,71 @@ def tls_context(url, ca_file, cert_file, key_file):
     return context
 
 
-class _Connections:
-    """One keep-alive connection per thread, so concurrent GETs never share a socket."""
+def replica_urls(url):
+    """The replicas `url` names: one URL, several comma-separated, or a list of them; all
+    http:// or all https://."""
+    urls = [u.strip().rstrip("/") for u in (url.split(",") if isinstance(url, str) else url)]
+    if not urls or not all(urls):
+        raise ValueError(f"{url!r} names no server URL")
+    schemes = {urllib.parse.urlsplit(u).scheme for u in urls}
+    if len(schemes) > 1:
+        raise ValueError(f"{url!r}: the replicas are all http:// or all https://, not a mix")
+    return urls
 
-    def __init__(self, url, timeout, context=None):
+
+class _Replica:
+    """One server of the replicas a client may use."""
+
+    def __init__(self, url):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        self.url = url
         self.scheme = parsed.scheme
         self.host = parsed.hostname
         self.port = parsed.port
         self.base = parsed.path.rstrip("/")
+
+
+class _Connections:
+    """One keep-alive connection per thread, so concurrent GETs never share a socket, each to
+    the replica in use: the first URL until it cannot be reached, then the next (`failover`)."""
+
+    def __init__(self, urls, timeout, context=None):
+        self.replicas = [_Replica(url) for url in urls]
+        self.current = 0
         self.timeout = timeout
         self.context = context
         self.local = threading.local()
+        self.lock = threading.Lock()
+
+    @property
+    def replica(self):
+        """The replica requests go to now."""
+        return self.replicas[self.current]
+
+    def failover(self, replica):
+        """Moves on from `replica`, which could not be reached, to the next one; once, however
+        many threads saw it fail."""
+        with self.lock:
+            if len(self.replicas) > 1 and self.replicas[self.current] is replica:
+                self.current = (self.current + 1) % len(self.replicas)
 
     def get(self):
+        """This thread's connection to the replica in use, and that replica."""
+        replica = self.replica
         conn = getattr(self.local, "conn", None)
+        if conn is not None and self.local.replica is not replica:
+            self.drop()
+            conn = None
         if conn is None:
-            if self.scheme == "https":
-                conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context)
+            if replica.scheme == "https":
+                conn = http.client.HTTPSConnection(replica.host, replica.port, timeout=self.timeout,
+                                                   context=self.context)
             else:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            self.local.conn = conn
-        return conn
+                conn = http.client.HTTPConnection(replica.host, replica.port, timeout=self.timeout)
+            self.local.conn, self.local.replica = conn, replica
+        return conn, replica
 
     def drop(self):
         conn = getattr(self.local, "conn", None)
@@ -120,28 +161,37 @@ class Client:
     PEM bundle; default `ZTSERVE_CA_FILE`). `cert_file` and `key_file` present a client
     certificate to a server that asks for one (mTLS).
 
+    `url` may name replicas of one store (comma-separated, or a list): requests go to the
+    first until it cannot be reached, then to the next.
+
     A failed request is tried again `retries` times with backoff; while the server cannot be
     reached or is restarting (a refused or broken connection, 502, 503, 504), for up to
     `outage_secs` without progress, so a load goes on across a server that is restarted, or
-    replaced behind its address by another replica. A load is pinned to the model's version
-    throughout: one of another version fails with ModelChanged."""
+    replaced behind its address, and moves to another replica where there are several. A load
+    is pinned to the model's version throughout: a replica serving another version fails it
+    with ModelChanged."""
 
     def __init__(self, url, token=None, *, concurrency=8, chunk_size=8 << 20, retries=4, timeout=60.0,
                  outage_secs=60.0, ca_file=None, cert_file=None, key_file=None):
         if concurrency < 1 or chunk_size < 1:
             raise ValueError("concurrency and chunk_size must be at least 1")
-        context = tls_context(url, ca_file, cert_file, key_file)
-        self.url = url.rstrip("/")
+        urls = replica_urls(url)
+        context = tls_context(urls[0], ca_file, cert_file, key_file)
         self.token = token if token is not None else (os.environ.get("ZTSERVE_TOKEN") or None)
         self.concurrency = concurrency
         self.chunk_size = chunk_size
         self.retries = retries
         self.outage_secs = outage_secs
-        self._connections = _Connections(self.url, timeout, context)
+        self._connections = _Connections(urls, timeout, context)
         # One pool for the client's life: its threads keep their keep-alive connections from
         # one load to the next (a loader fetching in batches would otherwise reconnect each time).
         self._pool = None
         self._pool_lock = threading.Lock()
+
+    @property
+    def url(self):
+        """The URL of the replica requests go to now."""
+        return self._connections.replica.url
 
     def close(self):
         """Ends the transfer threads and their connections; the client opens new ones if used again."""
@@ -178,9 +228,9 @@ class Client:
         unreachable server for up to `outage_secs`."""
         patience = _Patience(self)
         while True:
-            conn = self._connections.get()
+            conn, replica = self._connections.get()
             try:
-                conn.request("GET", self._connections.base + path, headers=self._headers(headers))
+                conn.request("GET", replica.base + path, headers=self._headers(headers))
                 response = conn.getresponse()
                 if response.status >= 400:
                     error = self._error(response, path)
@@ -193,12 +243,16 @@ class Client:
                 return result
             except _Retry as retry:
                 self._connections.drop()
-                if not patience.wait(retry.error.status in _OUTAGE_STATUSES, retry.retry_after):
+                outage = retry.error.status in _OUTAGE_STATUSES
+                if outage:
+                    self._connections.failover(replica)
+                if not patience.wait(outage, retry.retry_after):
                     raise retry.error from None
             except _TRANSIENT as e:
                 self._connections.drop()
+                self._connections.failover(replica)
                 if not patience.wait(True, None):
-                    raise TransferError(f"GET {self.url}{path}: {e} ({patience.tried()})") from e
+                    raise TransferError(f"GET {replica.url}{path}: {e} ({patience.tried()})") from e
             except BaseException:
                 self._connections.drop()
                 raise

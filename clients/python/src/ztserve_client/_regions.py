@@ -317,7 +317,7 @@ class RegionStream:
         if self.cpus is not None:
             os.sched_setaffinity(0, self.cpus)
         connections = self.client._connections
-        wire = Wire(connections.host, connections.port, connections.timeout, connections.context)
+        wire = Wire(connections.timeout, connections.context)
         try:
             while True:
                 with self.cond:
@@ -372,14 +372,14 @@ class RegionStream:
         """POSTs the parts' regions and reads each into the unit's buffer, checked against its
         CRC32C; after a broken connection, asks again for the parts not yet checked."""
         client = self.client
-        path = client._connections.base + self.path
         headers = client._headers({"Content-Type": "application/json"})
         patience = _Patience(client)
         while parts:
             body = json.dumps({"regions": [{"object": p.item.share["name"], **({"slice": p.spec()} if not p.whole else {})}
                                            for p in parts]}).encode()
+            replica = client._connections.replica
             try:
-                response = wire.post(path, headers, body)
+                response = wire.post(replica, replica.base + self.path, headers, body)
                 if response.status != 200:
                     error = client._error(response, self.path)
                     wire.close()
@@ -401,12 +401,14 @@ class RegionStream:
                 # A server gone (refused, broken, 502-504) is waited for up to outage_secs; a
                 # region that hashes wrong is asked for again only `retries` times.
                 outage = e.error.status in _OUTAGE_STATUSES if isinstance(e, _Transient) else not isinstance(e, DigestMismatch)
+                if outage:
+                    client._connections.failover(replica)
                 if not patience.wait(outage, e.retry_after if isinstance(e, _Transient) else None):
                     if isinstance(e, _Transient):
                         raise e.error from None
                     if isinstance(e, DigestMismatch):
                         raise
-                    raise TransferError(f"POST {client.url}{self.path}: {e} ({patience.tried()})") from e
+                    raise TransferError(f"POST {replica.url}{self.path}: {e} ({patience.tried()})") from e
             except BaseException:
                 wire.close()
                 raise

@@ -45,11 +45,12 @@ class Response:
 
 
 class Wire:
-    """A connection to `host:port` (TLS with `context`), opened on first use."""
+    """A connection to a replica's `host:port` (TLS with `context`), opened on first use and
+    again when a request goes to another replica."""
 
-    def __init__(self, host, port, timeout, context=None):
-        self.host, self.timeout, self.context = host, timeout, context
-        self.port = port or (443 if context is not None else 80)
+    def __init__(self, timeout, context=None):
+        self.timeout, self.context = timeout, context
+        self.host = self.port = None
         self.sock = None
         self.pending = b""  # body bytes received with the head
 
@@ -75,8 +76,12 @@ class Wire:
             sock.settimeout(None)
         self.sock = sock
 
-    def post(self, path, headers, body):
-        """Sends `POST path` with `body` and returns the response's head."""
+    def post(self, replica, path, headers, body):
+        """Sends `POST path` with `body` to `replica` and returns the response's head."""
+        port = replica.port or (443 if self.context is not None else 80)
+        if (replica.host, port) != (self.host, self.port):
+            self.close()
+            self.host, self.port = replica.host, port
         if self.sock is None:
             self._connect()
         host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
