@@ -10,11 +10,15 @@ import threading
 import time
 import urllib.parse
 from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 import ztensor
 
 from ztserve_client import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "interop"))
+from bare_range import get_range_into  # noqa: E402
 
 url, work, binary, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 GIB = 1 << 30
@@ -47,17 +51,7 @@ def bare_sockets(file_url, length, connections=8):
 
     def fetch(start, buffer):
         with socket.create_connection((parsed.hostname, parsed.port)) as sock:
-            sock.sendall(f"GET {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
-                         f"Range: bytes={start}-{start + len(buffer) - 1}\r\n\r\n".encode())
-            head = b""
-            while not head.endswith(b"\r\n\r\n"):
-                head += sock.recv(1)
-            assert head.startswith(b"HTTP/1.1 206"), head
-            view, got = memoryview(buffer), 0
-            while got < len(view):
-                n = sock.recv_into(view[got:])
-                assert n, "connection closed early"
-                got += n
+            get_range_into(sock, parsed.netloc, parsed.path, start, memoryview(buffer))
 
     threads = [threading.Thread(target=fetch, args=(i * step, b)) for i, b in enumerate(buffers)]
     for thread in threads:

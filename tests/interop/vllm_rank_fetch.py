@@ -17,6 +17,7 @@ import time
 import urllib.parse
 
 import numpy as np
+from bare_range import get_range_into
 from ztserve_client import Client
 from ztserve_client._client import _region_share
 from ztserve_vllm import config_plan
@@ -75,17 +76,7 @@ def bare_sockets(url, model, ranges, buffer, connections=4):
     def fetch(batch):
         with socket.create_connection((parsed.hostname, parsed.port)) as sock:
             for name, start, end, into in batch:
-                sock.sendall(f"GET {file_path(model, name)} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
-                             f"Range: bytes={start}-{end - 1}\r\n\r\n".encode())
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    head += sock.recv(1)
-                assert head.startswith(b"HTTP/1.1 206"), head
-                view, got = memoryview(buffer)[into:into + end - start], 0
-                while got < len(view):
-                    n = sock.recv_into(view[got:])
-                    assert n, "connection closed early"
-                    got += n
+                get_range_into(sock, parsed.netloc, file_path(model, name), start, memoryview(buffer)[into:into + end - start])
 
     threads = [threading.Thread(target=fetch, args=(jobs[i::connections],)) for i in range(connections)]
     for thread in threads:

@@ -5,35 +5,9 @@
 
 use crate::common;
 
-use common::{ModelSource, request_async, send, serve};
+use common::{ModelSource, dense_f32_model, request_async, send, serve};
 use ztserve::api;
 use ztserve::config::Config;
-use ztserve::format::DType;
-use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
-
-/// Row-major f32 values `seed, seed + 1, …` of `shape`, as bytes.
-fn counting(shape: &[u64], seed: u64) -> Vec<u8> {
-    let count: u64 = shape.iter().product();
-    (0..count).flat_map(|i| ((seed + i) as f32).to_le_bytes()).collect()
-}
-
-/// A 1.x model of dense f32 objects (name, shape, zstd), with SHA-256 digests.
-fn model_of(objects: &[(&str, &[u64], bool)]) -> Vec<u8> {
-    let mut w = Writer::new(Vec::new()).unwrap();
-    for (i, (name, shape, zstd)) in objects.iter().enumerate() {
-        let bytes = counting(shape, 1000 * i as u64);
-        let input = ObjectInput {
-            name,
-            shape,
-            format: "dense",
-            attributes: None,
-            components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &bytes }],
-        };
-        let options = WriteOptions { zstd_level: zstd.then_some(1), digest: Some(DigestAlgorithm::Sha256) };
-        w.add(&input, &options).unwrap();
-    }
-    w.finish(None).unwrap()
-}
 
 /// A POST of `body` to `path`, off the test's runtime.
 async fn post(address: &str, path: &str, body: &str) -> common::Reply {
@@ -61,7 +35,9 @@ fn split_checked(body: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
 }
 
 async fn regions_are_each_as_their_own_route_sends_them(source: ModelSource) {
-    source.put("m.zt", &model_of(&[("w", &[300, 100], false), ("z", &[64, 32], true), ("v", &[7], false)])).await;
+    source
+        .put("m.zt", &dense_f32_model(1000, &[("w", &[300, 100], false), ("z", &[64, 32], true), ("v", &[7], false)]))
+        .await;
     let (address, _state) = serve(source.config(Config::default())).await;
     let manifest = request_async(&address, "/models/m", &[]).await;
     let version = manifest.header("x-zt-model-version").unwrap().trim_matches('"').to_owned();
@@ -152,7 +128,7 @@ async fn a_regions_body_spans_the_shards_of_a_checkpoint_and_long_runs_are_check
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_asks_too_much_or_names_what_is_not_there_is_refused_before_any_byte() {
     let source = ModelSource::local();
-    source.put("m.zt", &model_of(&[("w", &[300, 100], false), ("z", &[64, 32], true)])).await;
+    source.put("m.zt", &dense_f32_model(1000, &[("w", &[300, 100], false), ("z", &[64, 32], true)])).await;
     let mut config = source.config(Config::default());
     config.limits.max_regions = 4;
     config.limits.max_regions_bytes = 100_000;
@@ -213,7 +189,7 @@ async fn a_request_that_asks_too_much_or_names_what_is_not_there_is_refused_befo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_are_read_only_with_a_token_that_may_read_the_model() {
     let source = ModelSource::local();
-    source.put("m.zt", &model_of(&[("w", &[30, 10], false)])).await;
+    source.put("m.zt", &dense_f32_model(1000, &[("w", &[30, 10], false)])).await;
     let mut config = source.config(Config::default());
     config.auth.tokens = common::tokens(vec!["secret-token-0123456789abcdef".into()]);
     let (address, _state) = serve(config).await;

@@ -9,11 +9,9 @@ use crate::common;
 
 use std::path::Path;
 
-use common::{ModelSource, metric, request_async, run_interop_script, serve};
+use common::{ModelSource, counting_f32, dense_f32_model, metric, request_async, run_interop_script, serve};
 use ztserve::api;
 use ztserve::config::Config;
-use ztserve::format::DType;
-use ztserve::format::write::{ComponentInput, DigestAlgorithm, ObjectInput, WriteOptions, Writer};
 
 /// `tests/interop/slices.py ARGS` in venv `venv`, off the runtime the server runs on.
 async fn slices_py(venv: &'static str, args: Vec<String>) -> String {
@@ -56,31 +54,7 @@ async fn official_tensors_from_s3_are_sliced_as_numpy_slices_them() {
     official_tensors_are_sliced_as_numpy_slices_them(ModelSource::s3()).await;
 }
 
-/// Row-major f32 values `0, 1, 2, …` of `shape`, as bytes.
-fn counting(shape: &[u64]) -> Vec<u8> {
-    let count: u64 = shape.iter().product();
-    (0..count).flat_map(|i| (i as f32).to_le_bytes()).collect()
-}
-
-/// A 1.x model of dense f32 objects (name, shape, zstd).
-fn model_of(objects: &[(&str, &[u64], bool)]) -> Vec<u8> {
-    let mut w = Writer::new(Vec::new()).unwrap();
-    for (name, shape, zstd) in objects {
-        let bytes = counting(shape);
-        let input = ObjectInput {
-            name,
-            shape,
-            format: "dense",
-            attributes: None,
-            components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &bytes }],
-        };
-        let options = WriteOptions { zstd_level: zstd.then_some(1), digest: Some(DigestAlgorithm::Sha256) };
-        w.add(&input, &options).unwrap();
-    }
-    w.finish(None).unwrap()
-}
-
-/// The f32 values a slice of a `counting` tensor holds, as bytes.
+/// The f32 values a slice of a `counting_f32` tensor holds, as bytes.
 fn expected(shape: &[u64], ranges: &[std::ops::Range<u64>]) -> Vec<u8> {
     let count: u64 = shape.iter().product();
     let mut out = Vec::new();
@@ -100,7 +74,7 @@ fn expected(shape: &[u64], ranges: &[std::ops::Range<u64>]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slice_is_a_representation_of_its_own_with_ranges_conditionals_and_versions() {
     let source = ModelSource::local();
-    source.put("m.zt", &model_of(&[("w", &[10, 6], false), ("z", &[10, 6], true)])).await;
+    source.put("m.zt", &dense_f32_model(0, &[("w", &[10, 6], false), ("z", &[10, 6], true)])).await;
     let (address, _state) = serve(source.config(Config::default())).await;
     let manifest = request_async(&address, "/models/m", &[]).await;
     let version = manifest.header("x-zt-model-version").unwrap().to_owned();
@@ -164,7 +138,7 @@ async fn a_slice_is_a_representation_of_its_own_with_ranges_conditionals_and_ver
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_that_cannot_be_cut_answer_400_with_their_code() {
     let source = ModelSource::local();
-    source.put("m.zt", &model_of(&[("w", &[10, 6], false)])).await;
+    source.put("m.zt", &dense_f32_model(0, &[("w", &[10, 6], false)])).await;
     let dir = tempfile::tempdir().unwrap();
     // A packed f4_e2m1 tensor, and one of a logical type the server does not know, written
     // by the official crate; the demo's sparse objects.
@@ -222,11 +196,11 @@ async fn each_source_is_cut_where_the_bytes_are() {
         ("narrow", &[256, 128], false),
         ("frame", &[256, 1024], true),
     ];
-    source.put("m.zt", &model_of(&objects)).await;
+    source.put("m.zt", &dense_f32_model(0, &objects)).await;
     // A seekable part of three 1 MiB frames, by the official crate.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("seekable.zt");
-    let positions = counting(&[3 << 18]);
+    let positions = counting_f32(&[3 << 18], 0);
     let mut w = ztensor::Writer::options().canonical(false).create(&path).unwrap();
     w.object("positions", |o| {
         o.shape([3u64 << 18])

@@ -795,3 +795,28 @@ impl Drop for SmallDisk {
         let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
     }
 }
+
+/// Row-major f32 values `first, first + 1, …` of `shape`, as bytes.
+pub fn counting_f32(shape: &[u64], first: u64) -> Vec<u8> {
+    let count: u64 = shape.iter().product();
+    (0..count).flat_map(|i| ((first + i) as f32).to_le_bytes()).collect()
+}
+
+/// A 1.x model of dense f32 objects (name, shape, zstd), with SHA-256 digests: object `i`
+/// holds [`counting_f32`] from `i * step`.
+pub fn dense_f32_model(step: u64, objects: &[(&str, &[u64], bool)]) -> Vec<u8> {
+    let mut w = Writer::new(Vec::new()).unwrap();
+    for (i, (name, shape, zstd)) in objects.iter().enumerate() {
+        let bytes = counting_f32(shape, step * i as u64);
+        let input = ObjectInput {
+            name,
+            shape,
+            format: "dense",
+            attributes: None,
+            components: vec![ComponentInput { role: "data", dtype: DType::F32, logical_type: None, bytes: &bytes }],
+        };
+        let options = WriteOptions { zstd_level: zstd.then_some(1), digest: Some(DigestAlgorithm::Sha256) };
+        w.add(&input, &options).unwrap();
+    }
+    w.finish(None).unwrap()
+}
