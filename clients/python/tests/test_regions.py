@@ -340,3 +340,25 @@ def test_replica_urls_are_one_scheme_and_name_a_server():
     for bad in ("", "http://a,", "http://a,https://b", []):
         with pytest.raises(ValueError):
             Client(bad)
+
+
+def test_closing_a_stream_ends_its_wait_for_a_server_gone(tmp_path):
+    import time
+
+    from conftest import Server
+
+    models = tmp_path / "models"
+    tensors = _many_tensors(models / "many", seed=1)
+    server = Server(models)
+    client = Client(server.url, outage_secs=600.0)
+    stream = client.snapshot("many").stream([(name, None) for name in tensors], framework="numpy",
+                                            request_bytes=128 << 10, ahead_bytes=256 << 10, concurrency=2)
+    next(stream)
+    server.kill()
+    # The workers are waiting for the server (up to 600 s); closing ends that at once.
+    time.sleep(0.5)
+    began = time.monotonic()
+    stream.close()
+    assert time.monotonic() - began < 60, "close() waited out the outage"
+    assert not [t for t in threading.enumerate() if t.name.startswith("ztserve-regions-")]
+    client.close()

@@ -234,6 +234,8 @@ class RegionStream:
         self.waiting_item = 0  # the item the reader is at: the units holding it are always fetched
         self.ahead = 0  # bytes of the buffers taken and not yet handed out whole
         self.closed = False
+        self.stopped = threading.Event()  # set by close(): a worker waiting to try again ends
+        self.wires = []  # the workers' connections, cut by close() to end a read in progress
         self.failure = None
         self.threads = [threading.Thread(target=self._work, name=f"ztserve-regions-{i}", daemon=True)
                         for i in range(min(concurrency, len(self.units)))]
@@ -247,14 +249,26 @@ class RegionStream:
         self.close()
 
     def close(self):
+        """Stops the fetching at once, a worker waiting out an outage or reading a region too,
+        and waits for the threads; a part handed out whose bytes had not arrived then raises."""
+        self._stop(cut=True)
+
+    def _stop(self, cut):
+        """Ends the stream: the workers take no more units (and with `cut`, leave the one they
+        are at), and are waited for."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+            wires = list(self.wires)
+        if cut:
+            self.stopped.set()
+            for wire in wires:
+                wire.interrupt()
         for thread in self.threads:
             thread.join()
 
     def __iter__(self):
-        passed = 0
+        passed, completed = 0, False
         try:
             for item in self.items:
                 with self.cond:
@@ -276,8 +290,10 @@ class RegionStream:
                     self.cond.notify_all()
                 yield pieces
                 del pieces
+            completed = True
         finally:
-            self.close()
+            # Every item handed out: the parts still arriving are waited for, not cut.
+            self._stop(cut=not completed)
 
     def _slab_of(self, part):
         """The buffer `part` lands in, once a worker has taken it (the units of the item the
@@ -318,6 +334,8 @@ class RegionStream:
             os.sched_setaffinity(0, self.cpus)
         connections = self.client._connections
         wire = Wire(connections.timeout, connections.context)
+        with self.cond:
+            self.wires.append(wire)
         try:
             while True:
                 with self.cond:
@@ -373,8 +391,10 @@ class RegionStream:
         CRC32C; after a broken connection, asks again for the parts not yet checked."""
         client = self.client
         headers = client._headers({"Content-Type": "application/json"})
-        patience = _Patience(client)
+        patience = _Patience(client, self.stopped)
         while parts:
+            if self.stopped.is_set():
+                raise ZtserveError(f"{self.path}: the stream was closed")
             body = json.dumps({"regions": [{"object": p.item.share["name"], **({"slice": p.spec()} if not p.whole else {})}
                                            for p in parts]}).encode()
             replica = client._connections.replica

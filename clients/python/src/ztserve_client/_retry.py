@@ -12,8 +12,10 @@ class _Patience:
     """When a request that failed is tried again: `retries` times with backoff, and while the
     server is unreachable (an outage), until `outage_secs` have passed without progress."""
 
-    def __init__(self, client):
+    def __init__(self, client, stopped=None):
         self.client = client
+        # A threading.Event that, once set, ends the waiting at once (a stream closed).
+        self.stopped = stopped
         self.attempt = 0
         self.failing_since = None
 
@@ -21,7 +23,7 @@ class _Patience:
         self.attempt, self.failing_since = 0, None
 
     def wait(self, outage, retry_after):
-        """Sleeps before the next attempt and says True, or says False: give up."""
+        """Sleeps before the next attempt and says True, or says False: give up (or stopped)."""
         now = time.monotonic()
         if self.failing_since is None:
             self.failing_since = now
@@ -36,7 +38,11 @@ class _Patience:
             pass
         if outage:
             delay = min(delay, max(self.client.outage_secs - waited, 0.0))
-        time.sleep(delay)
+        if self.stopped is not None:
+            if self.stopped.wait(delay):
+                return False
+        else:
+            time.sleep(delay)
         self.attempt += 1
         return True
 

@@ -62,6 +62,15 @@ class Wire:
                 self.sock = None
                 self.pending = b""
 
+    def interrupt(self):
+        """Ends a request in progress from another thread: its send or receive fails at once."""
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _connect(self):
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
