@@ -162,31 +162,55 @@ pub(crate) struct ArtifactStore {
     changes: Mutex<()>,
 }
 
-/// Bytes of a file being written, counted against the bound; given back when dropped, unless
-/// the file was kept (then they are the held file's).
+/// Bytes of a file being written, counted against the bound (in steps of [`RESERVE_STEP`]
+/// while the bound is far, so an upload's pieces seldom take the index's lock); given back
+/// when dropped, unless the file was kept (then the bytes written are the held file's).
 struct Reservation<'a> {
     store: &'a ArtifactStore,
-    len: u64,
+    /// Bytes counted in the index for this file.
+    counted: u64,
+    /// Bytes written to it.
+    used: u64,
 }
 
+/// How far ahead of its bytes an upload counts them, while that fits under the bound.
+const RESERVE_STEP: u64 = 8 << 20;
+
 impl Reservation<'_> {
+    fn new(store: &ArtifactStore) -> Reservation<'_> {
+        Reservation { store, counted: 0, used: 0 }
+    }
+
     /// Counts `more` bytes, making room for them when the bound is reached.
     fn grow(&mut self, more: u64) -> Result<(), ArtifactError> {
-        self.store.reserve(more)?;
-        self.len += more;
+        let needed = (self.used + more).saturating_sub(self.counted);
+        if needed > 0 {
+            let step = needed.max(RESERVE_STEP);
+            // A whole step only where it fits as things stand: never evict for bytes ahead.
+            let counted = (step > needed && self.store.count_if_fits(step)).then_some(step);
+            self.counted += match counted {
+                Some(step) => step,
+                None => {
+                    self.store.reserve(needed)?;
+                    needed
+                }
+            };
+        }
+        self.used += more;
         Ok(())
     }
 
-    /// The bytes now count as the file kept in `index`.
-    fn keep(mut self, _index: &mut Index) {
-        self.len = 0;
+    /// The bytes written now count as the file kept in `index`; those counted ahead go back.
+    fn keep(mut self, index: &mut Index) {
+        index.bytes -= self.counted - self.used;
+        self.counted = 0;
     }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if self.len > 0 {
-            self.store.index().bytes -= self.len;
+        if self.counted > 0 {
+            self.store.index().bytes -= self.counted;
         }
     }
 }
@@ -237,7 +261,8 @@ impl ArtifactStore {
             let path = entry.map_err(io_at(&bundles))?.path();
             match read_bundle_file(&path) {
                 Ok((name, bundle)) if bundle.files.iter().all(|f| index.blobs.contains_key(&f.sha256)) => {
-                    let meta = fs::metadata(&path).map_err(io_at(&path))?;
+                    // Gone since it was read: removed by another server sharing the directory.
+                    let Ok(meta) = fs::metadata(&path) else { continue };
                     let last_read = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
                     index.bytes += meta.len();
                     index.name(name, &bundle, meta.len(), last_read);
@@ -261,24 +286,26 @@ impl ArtifactStore {
         self.changes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Counts `len` more bytes when they fit under the bound as it stands.
+    fn count_if_fits(&self, len: u64) -> bool {
+        let mut index = self.index();
+        let fits = index.bytes + len <= self.max_bytes;
+        index.bytes += if fits { len } else { 0 };
+        fits
+    }
+
     /// Counts `len` more bytes being written, evicting to make room when the bound is reached;
     /// refused when it cannot be made.
     fn reserve(&self, len: u64) -> Result<(), ArtifactError> {
-        let counted = |index: &mut Index| {
-            let fits = index.bytes + len <= self.max_bytes;
-            index.bytes += if fits { len } else { 0 };
-            fits
-        };
-        if counted(&mut self.index()) {
+        if self.count_if_fits(len) {
             return Ok(());
         }
         let _changing = self.changing();
         self.make_room(len);
-        let mut index = self.index();
-        if counted(&mut index) {
+        if self.count_if_fits(len) {
             return Ok(());
         }
-        Err(ArtifactError::Full { held: index.bytes, max: self.max_bytes })
+        Err(ArtifactError::Full { held: self.index().bytes, max: self.max_bytes })
     }
 
     fn blob_path(&self, hex: &str) -> PathBuf {
@@ -297,8 +324,14 @@ impl ArtifactStore {
     }
 
     /// Stores the blob `body` under the digest `hex` it must hash to. The bytes are written on
-    /// a blocking thread as they arrive and hashed; nothing is kept unless they match, whole.
-    pub(crate) async fn put_blob<S, E>(self: &Arc<Self>, hex: &str, mut body: S) -> Result<BlobPut, ArtifactError>
+    /// a thread of their own as they arrive and hashed, at [`WRITER_NICENESS`] for a publish
+    /// (`Priority::Background`); nothing is kept unless they match, whole.
+    pub(crate) async fn put_blob<S, E>(
+        self: &Arc<Self>,
+        hex: &str,
+        mut body: S,
+        priority: Priority,
+    ) -> Result<BlobPut, ArtifactError>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
@@ -312,7 +345,7 @@ impl ArtifactStore {
         let (pieces, received) = tokio::sync::mpsc::channel::<Piece>(4);
         let writer = {
             let (store, hex) = (Arc::clone(self), hex.to_owned());
-            spawn_writer(move || store.write_blob(&hex, received))?
+            spawn_writer(priority, move || store.write_blob(&hex, received))?
         };
         let mut len = 0u64;
         let sent = loop {
@@ -348,7 +381,7 @@ impl ArtifactStore {
     ) -> Result<BlobPut, ArtifactError> {
         let tmp = self.dir.join("tmp");
         let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_at(&tmp))?;
-        let mut reservation = Reservation { store: self, len: 0 };
+        let mut reservation = Reservation::new(self);
         let mut hasher = sha2::Sha256::new();
         loop {
             match received.blocking_recv() {
@@ -374,7 +407,7 @@ impl ArtifactStore {
         file.persist(&path).map_err(|e| io_at(&path)(e.error))?;
         sync_dir(&path)?;
         let mut index = self.index();
-        let len = reservation.len;
+        let len = reservation.used;
         index.blobs.insert(hex.to_owned(), HeldBlob { len, named_by: 0, written: SystemTime::now() });
         reservation.keep(&mut index);
         Ok(BlobPut::Created)
@@ -403,10 +436,7 @@ impl ArtifactStore {
         metrics::counter!(crate::telemetry::names::ARTIFACT_BLOBS_DAMAGED).increment(1);
         tracing::error!(blob = hex, path = %path.display(), "an artifact blob no longer hashes to its name (damaged on disk); it is dropped");
         let _changing = self.changing();
-        let held = self.index().blobs.contains_key(hex);
-        if held {
-            self.remove_blob(hex);
-        }
+        self.drop_with_its_bundles(hex);
         Ok(None)
     }
 
@@ -415,10 +445,18 @@ impl ArtifactStore {
     pub(crate) fn put_bundle(&self, name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
         check_name(name)?;
         check_files(name, bundle)?;
-        self.index().check_publishable(name, bundle)?;
+        {
+            let mut index = self.index();
+            index.check_publishable(name, bundle)?;
+            // Its blobs are about to be named: none is evicted as unnamed while it is published.
+            let now = SystemTime::now();
+            for file in &bundle.files {
+                index.blobs.get_mut(&file.sha256).expect("checked held").written = now;
+            }
+        }
         let stored = serde_json::to_vec(&StoredBundle { name: name.to_owned(), bundle: bundle.clone() })
             .expect("a bundle serializes");
-        let mut reservation = Reservation { store: self, len: 0 };
+        let mut reservation = Reservation::new(self);
         reservation.grow(stored.len() as u64)?;
         let tmp = self.dir.join("tmp");
         let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_at(&tmp))?;
@@ -435,7 +473,7 @@ impl ArtifactStore {
         }
         sync_dir(&path)?;
         let mut index = self.index();
-        index.name(name.to_owned(), bundle, reservation.len, SystemTime::now());
+        index.name(name.to_owned(), bundle, reservation.used, SystemTime::now());
         reservation.keep(&mut index);
         Ok(())
     }
@@ -483,11 +521,12 @@ impl ArtifactStore {
                 })
                 .map(|(hex, _)| hex.clone())
                 .collect();
-            let mut by_use: Vec<(SystemTime, String)> =
+            let by_use: Vec<(SystemTime, String)> =
                 index.bundles.iter().map(|(name, held)| (held.last_read, name.clone())).collect();
-            by_use.sort();
             (stale, by_use)
         };
+        let mut by_use = by_use;
+        by_use.sort_unstable();
         for hex in stale {
             if fits() {
                 return;
@@ -498,16 +537,46 @@ impl ArtifactStore {
             if fits() {
                 return;
             }
-            let path = self.bundle_path(&name);
-            if let Err(e) = fs::remove_file(&path) {
-                tracing::warn!(bundle = %name, error = %e, "cannot evict an artifact bundle");
-                continue;
+            if self.remove_bundle(&name) {
+                tracing::info!(bundle = %name, "evicted an artifact bundle, least recently read");
             }
-            tracing::info!(bundle = %name, "evicted an artifact bundle, least recently read");
-            let orphans = self.index().forget_bundle(&name);
-            for hex in orphans {
-                self.remove_blob(&hex);
+        }
+    }
+
+    /// Removes bundle `name`'s file, then its entry and the blobs no other bundle names; false
+    /// when its file cannot be removed. The caller holds the turn to change files.
+    fn remove_bundle(&self, name: &str) -> bool {
+        let path = self.bundle_path(name);
+        if let Err(e) = fs::remove_file(&path) {
+            tracing::warn!(bundle = %name, error = %e, "cannot remove an artifact bundle");
+            return false;
+        }
+        let orphans = self.index().forget_bundle(name);
+        for hex in orphans {
+            self.remove_blob(&hex);
+        }
+        true
+    }
+
+    /// Drops blob `hex`, damaged, with every bundle naming it (none can be restored whole now:
+    /// a bucket has them again, or their names are free to publish again). The caller holds
+    /// the turn to change files.
+    fn drop_with_its_bundles(&self, hex: &str) {
+        let naming: Vec<String> = {
+            let index = self.index();
+            let names =
+                index.bundles.iter().filter(|(_, held)| held.blobs.binary_search_by(|h| h.as_str().cmp(hex)).is_ok());
+            names.map(|(name, _)| name.clone()).collect()
+        };
+        for name in naming {
+            if self.remove_bundle(&name) {
+                tracing::warn!(bundle = %name, blob = hex, "dropped an artifact bundle naming a damaged blob");
             }
+        }
+        // Unless a bundle whose file could not be removed still names it.
+        let unnamed = self.index().blobs.get(hex).is_some_and(|blob| blob.named_by == 0);
+        if unnamed {
+            self.remove_blob(hex);
         }
     }
 
@@ -555,8 +624,9 @@ impl Index {
         held.blobs
             .into_iter()
             .filter(|hex| {
-                let blob = self.blobs.get_mut(hex).expect("a held bundle's blobs are held");
-                blob.named_by -= 1;
+                // Every held bundle's blobs are held; were one not, it is nothing to remove.
+                let Some(blob) = self.blobs.get_mut(hex) else { return false };
+                blob.named_by = blob.named_by.saturating_sub(1);
                 blob.named_by == 0
             })
             .collect()
@@ -579,9 +649,18 @@ fn read_bundle_file(path: &Path) -> Result<(String, Bundle), ArtifactError> {
     Ok((stored.name, stored.bundle))
 }
 
-/// Runs `write` on a thread of its own, at [`WRITER_NICENESS`]: the runtime's blocking pool
-/// serves requests, and must not be slowed.
+/// Whose upload a blob is: a publisher's, which waits its turn behind requests, or the bytes
+/// a reader waits for (read through from the bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Priority {
+    Background,
+    Reader,
+}
+
+/// Runs `write` on a thread of its own (the runtime's blocking pool serves requests, and must
+/// not be held by uploads), at [`WRITER_NICENESS`] for background work.
 fn spawn_writer<T: Send + 'static>(
+    priority: Priority,
     write: impl FnOnce() -> T + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<T>, ArtifactError> {
     let (sender, receiver) = tokio::sync::oneshot::channel();
@@ -589,7 +668,11 @@ fn spawn_writer<T: Send + 'static>(
         .name("artifact-writer".into())
         .spawn(move || {
             // A thread's niceness on Linux; raising it needs no privilege.
-            if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), WRITER_NICENESS) {
+            let niced = priority == Priority::Background;
+            if let Err(e) = niced
+                .then(|| rustix::process::setpriority_process(Some(rustix::thread::gettid()), WRITER_NICENESS))
+                .transpose()
+            {
                 tracing::debug!(error = %e, "cannot lower an artifact writer's priority");
             }
             let _ = sender.send(write());

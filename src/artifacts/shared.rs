@@ -14,7 +14,7 @@ use futures_util::{Stream, StreamExt as _, TryStreamExt as _};
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 
-use super::{ArtifactError, ArtifactStore, BlobPut, Bundle};
+use super::{ArtifactError, ArtifactStore, BlobPut, Bundle, Priority};
 
 /// The bucket's prefix, and a client of it.
 pub(crate) struct Bucket {
@@ -55,7 +55,7 @@ impl SharedStore {
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
-        let put = self.local.put_blob(hex, body).await?;
+        let put = self.local.put_blob(hex, body, Priority::Background).await?;
         if let Some(bucket) = &self.bucket {
             self.ensure_in_bucket(bucket, hex).await?;
         }
@@ -71,7 +71,7 @@ impl SharedStore {
         match bucket.client.get(&bucket.blob_key(hex)).await {
             Ok(got) => {
                 let stream = got.into_stream().map_err(|e| e.to_string());
-                self.local.put_blob(hex, Box::pin(stream)).await?;
+                self.local.put_blob(hex, Box::pin(stream), Priority::Reader).await?;
                 Ok(self.local.blob(hex))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),

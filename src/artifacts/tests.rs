@@ -23,7 +23,7 @@ fn entries(dir: &Path) -> usize {
 async fn store_with(dir: &Path, max_bytes: u64, blobs: &[&[u8]]) -> Arc<ArtifactStore> {
     let store = Arc::new(ArtifactStore::open(dir, max_bytes).unwrap());
     for blob in blobs {
-        store.put_blob(&digest(blob), body(&[*blob])).await.unwrap();
+        store.put_blob(&digest(blob), body(&[*blob]), Priority::Background).await.unwrap();
     }
     store
 }
@@ -33,17 +33,26 @@ async fn a_blob_is_kept_only_when_its_bytes_hash_to_the_digest_it_was_sent_under
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), 1 << 20, &[]).await;
     let hex = digest(b"hello world");
-    assert_eq!(store.put_blob(&hex, body(&[b"hello ", b"world"])).await.unwrap(), BlobPut::Created);
-    assert_eq!(store.put_blob(&hex, body(&[b"hello world"])).await.unwrap(), BlobPut::AlreadyHeld);
+    assert_eq!(
+        store.put_blob(&hex, body(&[b"hello ", b"world"]), Priority::Background).await.unwrap(),
+        BlobPut::Created
+    );
+    assert_eq!(
+        store.put_blob(&hex, body(&[b"hello world"]), Priority::Background).await.unwrap(),
+        BlobPut::AlreadyHeld
+    );
     let (path, len) = store.blob(&hex).unwrap();
     assert_eq!((fs::read(path).unwrap(), len), (b"hello world".to_vec(), 11));
 
     let other = digest(b"other");
-    let refused = store.put_blob(&other, body(&[b"not other"])).await.unwrap_err();
+    let refused = store.put_blob(&other, body(&[b"not other"]), Priority::Background).await.unwrap_err();
     assert!(matches!(refused, ArtifactError::DigestMismatch { ref actual, .. } if *actual == digest(b"not other")));
     let cut = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"oth")), Err(io::Error::other("reset"))]);
-    assert!(matches!(store.put_blob(&other, cut).await.unwrap_err(), ArtifactError::Cut(_)));
-    assert!(matches!(store.put_blob("ABC", body(&[b"x"])).await.unwrap_err(), ArtifactError::BadDigest(_)));
+    assert!(matches!(store.put_blob(&other, cut, Priority::Background).await.unwrap_err(), ArtifactError::Cut(_)));
+    assert!(matches!(
+        store.put_blob("ABC", body(&[b"x"]), Priority::Background).await.unwrap_err(),
+        ArtifactError::BadDigest(_)
+    ));
     assert!(store.blob(&other).is_none());
     assert_eq!(entries(&dir.path().join("blobs/sha256")), 1, "nothing of a refused upload is kept");
     assert_eq!(entries(&dir.path().join("tmp")), 0, "no temporary is left");
@@ -55,7 +64,7 @@ async fn a_blob_over_the_bound_is_refused_as_it_streams() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), 10, &[]).await;
     let big = [7u8; 11];
-    let refused = store.put_blob(&digest(&big), body(&[&big[..6], &big[6..]])).await.unwrap_err();
+    let refused = store.put_blob(&digest(&big), body(&[&big[..6], &big[6..]]), Priority::Background).await.unwrap_err();
     assert!(matches!(refused, ArtifactError::TooLarge { max: 10 }), "{refused}");
     assert_eq!(entries(&dir.path().join("tmp")), 0);
 }
@@ -141,10 +150,10 @@ async fn past_the_bound_the_least_recently_read_bundle_goes_with_the_blobs_only_
     assert_eq!(store.held_bytes(), 3 * B + d1 + d2, "bundle documents count against the bound");
     std::thread::sleep(Duration::from_millis(20));
     store.bundle("first").unwrap();
-    store.put_blob(&digest(&third), body(&[&third])).await.unwrap();
+    store.put_blob(&digest(&third), body(&[&third]), Priority::Background).await.unwrap();
     assert_eq!(store.held_bytes(), 4 * B + d1 + d2);
     // `second`, read least recently, makes room, with the blob only it named.
-    store.put_blob(&digest(&fourth), body(&[&fourth])).await.unwrap();
+    store.put_blob(&digest(&fourth), body(&[&fourth]), Priority::Background).await.unwrap();
     assert_eq!(store.bundle_names(|_| true), ["first"]);
     assert!(store.blob(&digest(&second)).is_none(), "the blob only the evicted bundle named went with it");
     assert!(store.blob(&digest(&shared)).is_some() && store.blob(&digest(&first)).is_some());
@@ -154,7 +163,7 @@ async fn past_the_bound_the_least_recently_read_bundle_goes_with_the_blobs_only_
     let mut uploaded = vec![third, fourth];
     let full = loop {
         let fresh = blob(10 + uploaded.len() as u8);
-        match store.put_blob(&digest(&fresh), body(&[&fresh])).await {
+        match store.put_blob(&digest(&fresh), body(&[&fresh]), Priority::Background).await {
             Ok(_) => uploaded.push(fresh),
             Err(refused) => break refused,
         }
@@ -180,7 +189,7 @@ async fn an_upload_in_progress_counts_against_the_bound_until_it_ends() {
     let big = [9u8; 80];
     let upload = tokio::spawn({
         let (store, hex) = (Arc::clone(&store), digest(&big));
-        async move { store.put_blob(&hex, stream).await }
+        async move { store.put_blob(&hex, stream, Priority::Background).await }
     });
     sender.send(Ok(Bytes::copy_from_slice(&big[..60]))).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -189,7 +198,7 @@ async fn an_upload_in_progress_counts_against_the_bound_until_it_ends() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let other = [1u8; 50];
-    let full = store.put_blob(&digest(&other), body(&[&other])).await.unwrap_err();
+    let full = store.put_blob(&digest(&other), body(&[&other]), Priority::Background).await.unwrap_err();
     assert!(matches!(full, ArtifactError::Full { held: 60, max: 100 }), "{full}");
     assert_eq!(store.held_bytes(), 60, "a refused upload gives back what it counted");
     sender.send(Ok(Bytes::copy_from_slice(&big[60..]))).await.unwrap();
@@ -199,7 +208,10 @@ async fn an_upload_in_progress_counts_against_the_bound_until_it_ends() {
 
     // A cut upload gives back all it counted.
     let cut = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"0123456789")), Err(io::Error::other("reset"))]);
-    assert!(matches!(store.put_blob(&digest(b"x"), cut).await.unwrap_err(), ArtifactError::Cut(_)));
+    assert!(matches!(
+        store.put_blob(&digest(b"x"), cut, Priority::Background).await.unwrap_err(),
+        ArtifactError::Cut(_)
+    ));
     assert_eq!(store.held_bytes(), 80);
     assert_eq!(entries(&dir.path().join("tmp")), 0);
 }
@@ -267,4 +279,29 @@ fn a_signed_bundle_verifies_only_for_its_key_its_name_and_exactly_its_files() {
     partial.files.pop();
     assert_eq!(code(&partial, &trust), "signature_missing_file");
     assert_eq!(code(&Bundle { files, signature: None }, &trust), "unsigned");
+}
+
+#[tokio::test]
+async fn a_damaged_blob_goes_with_the_bundles_naming_it_and_the_name_is_free_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kernel, graph) = (b"kernel bytes".as_slice(), b"graph".as_slice());
+    let store = store_with(dir.path(), 1 << 20, &[kernel, graph]).await;
+    let both = bundle(vec![file("k", kernel), file("g", graph)]);
+    store.put_bundle("vllm/a", &both).unwrap();
+    store.put_bundle("vllm/b", &bundle(vec![file("g", graph)])).unwrap();
+    let b_document = document_len("vllm/b", &bundle(vec![file("g", graph)]));
+    // A byte rots on disk.
+    fs::write(store.blob(&digest(kernel)).unwrap().0, b"kernel bytez").unwrap();
+    assert!(store.checked_blob(&digest(kernel)).unwrap().is_none());
+    assert!(matches!(store.bundle("vllm/a").unwrap_err(), ArtifactError::NoBundle(_)), "it cannot be restored whole");
+    assert_eq!(store.bundle_names(|_| true), ["vllm/b"]);
+    assert!(store.checked_blob(&digest(graph)).unwrap().is_some(), "a blob another bundle names stays");
+    assert_eq!(store.held_bytes(), graph.len() as u64 + b_document);
+    // Published again, whole.
+    store.put_blob(&digest(kernel), body(&[kernel]), Priority::Background).await.unwrap();
+    store.put_bundle("vllm/a", &both).unwrap();
+    assert_eq!(store.bundle("vllm/a").unwrap(), both);
+    drop(store);
+    let reopened = ArtifactStore::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(reopened.bundle_names(|_| true), ["vllm/a", "vllm/b"]);
 }
