@@ -2,7 +2,8 @@
 //! and the fuzzer's seeds; and the element encodings they need (Q8_0 blocks, F16, strings).
 //! Kept apart from the reader, which never uses it.
 
-use super::{DEFAULT_ALIGNMENT, MAGIC, ggml_type};
+use super::limits::{DEFAULT_ALIGNMENT, MAGIC};
+use super::types::ggml_type;
 
 /// Writes GGUF files by hand, rule-breaking ones included: how the tests and the fuzzer's
 /// seeds build them. Fields are public so a test can break any of them.
