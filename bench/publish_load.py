@@ -25,6 +25,13 @@ def main():
     lock = threading.Lock()
 
     def publisher(index):
+        try:
+            publish(index)
+        except Exception as e:  # noqa: BLE001 - a publisher that fails is a failed run
+            with lock:
+                failures.append(repr(e))
+
+    def publish(index):
         connection = http.client.HTTPConnection(target.hostname, target.port, timeout=600)
         for blob in range(max_each):
             if os.path.exists(stop):

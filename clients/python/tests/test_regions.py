@@ -362,3 +362,41 @@ def test_closing_a_stream_ends_its_wait_for_a_server_gone(tmp_path):
     assert time.monotonic() - began < 60, "close() waited out the outage"
     assert not [t for t in threading.enumerate() if t.name.startswith("ztserve-regions-")]
     client.close()
+
+
+def test_a_kept_alive_connection_closed_while_idle_is_tried_again_at_the_same_replica(tmp_path):
+    import shutil
+    import time
+
+    from conftest import Server
+
+    models, copy = tmp_path / "models", tmp_path / "copy"
+    tensors = _many_tensors(models / "many", seed=1)
+    shutil.copytree(models, copy)
+    # The first closes a connection idle for 1 s; the second serves another version.
+    first, other = Server(models, env={"ZTSERVE_LIMITS__HEADER_TIMEOUT_SECS": "1"}), Server(copy)
+    client = Client([first.url, other.url], concurrency=1)
+    try:
+        snapshot = client.snapshot("many")
+        name = next(iter(tensors))
+        for _ in range(2):
+            assert snapshot.fetch([(name, None)], framework="numpy")[0].tobytes() == tensors[name].tobytes()
+            time.sleep(3)  # the first has closed the kept-alive connections by now
+            assert client.snapshot("many").version == snapshot.version
+        assert client.url == first.url, "an idle connection closed by the server is no outage"
+    finally:
+        client.close()
+        first.stop()
+        other.stop()
+
+
+def test_a_stream_closed_after_its_last_item_lets_the_pieces_still_arriving_land(server):
+    snapshot = Client(server.url).snapshot("tp/llama")
+    names = [name for name, obj in snapshot.objects.items() if ztserve_client._client._is_dense(obj)]
+    stream = snapshot.stream([(name, None) for name in names], framework="numpy", pieces=True,
+                             request_bytes=4096, ahead_bytes=1 << 30)
+    held = [pieces for pieces in (next(stream) for _ in names)]
+    stream.close()  # what a loader does once it has every item, before it reads the last pieces
+    for name, pieces in zip(names, held):
+        for box, pending in pieces:
+            assert pending.result().size > 0, name

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import tempfile
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -96,16 +97,20 @@ class ArtifactStore:
         while idle, or one that fails, is retried on a new connection (every call here may be
         repeated: blobs are named by their digest, and a bundle is published once)."""
         for attempt in range(3):
-            replica = self._connections.replica
+            conn, replica = self._connections.get()
+            # A kept-alive connection closed while idle is tried again there; a new one that
+            # fails (refused, timed out, a name that does not resolve) moves to the next replica.
+            fresh = conn.sock is None
             try:
-                return self._call_once(method, path, body, headers, on_response)
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
-                self._connections.failover(replica)
+                return self._call_once(conn, replica, method, path, body, headers, on_response)
+            except (ConnectionError, TimeoutError, socket.gaierror, http.client.RemoteDisconnected,
+                    http.client.BadStatusLine):
+                if fresh:
+                    self._connections.failover(replica)
                 if attempt == 2:
                     raise
 
-    def _call_once(self, method, path, body, headers, on_response):
-        conn, replica = self._connections.get()
+    def _call_once(self, conn, replica, method, path, body, headers, on_response):
         sent = {"User-Agent": "ztserve-client/0.1", **(headers or {})}
         if self.token:
             sent["Authorization"] = f"Bearer {self.token}"

@@ -229,11 +229,14 @@ class Client:
         patience = _Patience(self)
         while True:
             conn, replica = self._connections.get()
+            # A kept-alive connection the server closed while idle is tried again there, on a
+            # new one; a new one that fails means the replica cannot be reached.
+            fresh = conn.sock is None
             try:
                 conn.request("GET", replica.base + path, headers=self._headers(headers))
                 response = conn.getresponse()
                 if response.status >= 400:
-                    error = self._error(response, path)
+                    error = self._error(response, path, replica.url)
                     if response.status >= 500 or response.status in (408, 429):
                         raise _Retry(error, response.getheader("Retry-After"))
                     raise error
@@ -250,14 +253,16 @@ class Client:
                     raise retry.error from None
             except _TRANSIENT as e:
                 self._connections.drop()
-                self._connections.failover(replica)
+                if fresh:
+                    self._connections.failover(replica)
                 if not patience.wait(True, None):
                     raise TransferError(f"GET {replica.url}{path}: {e} ({patience.tried()})") from e
             except BaseException:
                 self._connections.drop()
                 raise
 
-    def _error(self, response, path):
+    def _error(self, response, path, url=None):
+        """The error `response` carries, for `path` at `url` (default: the replica in use)."""
         body = response.read(64 << 10)
         if (response.getheader("Content-Encoding") or "").strip().lower() == "gzip":
             import gzip
@@ -271,7 +276,7 @@ class Client:
             code, message = error["code"], error["message"]
         except (ValueError, KeyError, TypeError):
             code, message = "http_error", body[:200].decode("utf-8", "replace").strip() or response.reason
-        return error_for(response.status, code, message, self.url + path)
+        return error_for(response.status, code, message, (url or self.url) + path)
 
     def _json(self, path):
         return self._request(path, _JSON_CODING, _read_json)

@@ -239,8 +239,7 @@ class RegionStream:
         self.failure = None
         self.threads = [threading.Thread(target=self._work, name=f"ztserve-regions-{i}", daemon=True)
                         for i in range(min(concurrency, len(self.units)))]
-        for thread in self.threads:
-            thread.start()
+        self.started = False  # the workers start with the iteration, so an unread stream holds none
 
     def __enter__(self):
         return self
@@ -250,7 +249,7 @@ class RegionStream:
 
     def close(self):
         """Stops the fetching at once, a worker waiting out an outage or reading a region too,
-        and waits for the threads; a part handed out whose bytes had not arrived then raises."""
+        and waits for the threads; a piece handed out and not read yet then raises."""
         self._stop(cut=True)
 
     def _stop(self, cut):
@@ -259,15 +258,35 @@ class RegionStream:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-            wires = list(self.wires)
+            started = self.started
+        if not started:
+            return
         if cut:
             self.stopped.set()
-            for wire in wires:
-                wire.interrupt()
-        for thread in self.threads:
-            thread.join()
+        while any(thread.is_alive() for thread in self.threads):
+            if cut:
+                # Again until they end: a worker still connecting has no socket to cut yet.
+                with self.cond:
+                    wires = list(self.wires)
+                for wire in wires:
+                    wire.interrupt()
+            for thread in self.threads:
+                thread.join(0.1)
+        if cut:
+            # A piece handed out and not read yet raises rather than waits for bytes never coming.
+            with self.cond:
+                if self.failure is None:
+                    self.failure = ZtserveError(f"{self.path}: the stream was closed")
+            for item in self.items:
+                for part in item.parts:
+                    part.ready.set()
 
     def __iter__(self):
+        with self.cond:
+            start, self.started = not self.started and not self.closed, True
+        if start:
+            for thread in self.threads:
+                thread.start()
         passed, completed = 0, False
         try:
             for item in self.items:
@@ -288,11 +307,11 @@ class RegionStream:
                         self._give_back(unit)
                         passed += 1
                     self.cond.notify_all()
+                # Every item handed out: a close from here on lets the pieces still arriving land.
+                completed = item is self.items[-1]
                 yield pieces
                 del pieces
-            completed = True
         finally:
-            # Every item handed out: the parts still arriving are waited for, not cut.
             self._stop(cut=not completed)
 
     def _slab_of(self, part):
@@ -398,10 +417,13 @@ class RegionStream:
             body = json.dumps({"regions": [{"object": p.item.share["name"], **({"slice": p.spec()} if not p.whole else {})}
                                            for p in parts]}).encode()
             replica = client._connections.replica
+            # A kept-alive connection the server closed while idle is tried again there, on a
+            # new one; a new one that fails means the replica cannot be reached.
+            fresh = not wire.connected_to(replica)
             try:
                 response = wire.post(replica, replica.base + self.path, headers, body)
                 if response.status != 200:
-                    error = client._error(response, self.path)
+                    error = client._error(response, self.path, replica.url)
                     wire.close()
                     if response.status == 404 and error.code == "version_gone":
                         raise ModelChanged(f"{self.path}: the model changed on the server during the load ({error.message}); "
@@ -421,7 +443,7 @@ class RegionStream:
                 # A server gone (refused, broken, 502-504) is waited for up to outage_secs; a
                 # region that hashes wrong is asked for again only `retries` times.
                 outage = e.error.status in _OUTAGE_STATUSES if isinstance(e, _Transient) else not isinstance(e, DigestMismatch)
-                if outage:
+                if outage and (fresh or isinstance(e, _Transient)) and not self.stopped.is_set():
                     client._connections.failover(replica)
                 if not patience.wait(outage, e.retry_after if isinstance(e, _Transient) else None):
                     if isinstance(e, _Transient):

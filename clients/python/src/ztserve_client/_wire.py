@@ -62,6 +62,11 @@ class Wire:
                 self.sock = None
                 self.pending = b""
 
+    def connected_to(self, replica):
+        """Whether a connection to `replica` is open (kept alive from an earlier request)."""
+        port = replica.port or (443 if self.context is not None else 80)
+        return self.sock is not None and (replica.host, port) == (self.host, self.port)
+
     def interrupt(self):
         """Ends a request in progress from another thread: its send or receive fails at once."""
         sock = self.sock
