@@ -31,8 +31,9 @@ use std::sync::Arc;
 
 pub(crate) use companions::Companion;
 pub(crate) use model::{Model, StoredFile};
-pub(crate) use scan::ScanOptions;
-use scan::{Parsed, ParsedFile, directory, list, version_of};
+pub(crate) use read::ScanOptions;
+use read::{Parsed, ParsedFile};
+use scan::{directory, list, version_of};
 pub(crate) use signatures::SignedDirectory;
 pub(crate) use source::Source;
 

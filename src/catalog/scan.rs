@@ -8,67 +8,13 @@ use std::sync::Arc;
 
 use futures_util::StreamExt as _;
 
-use super::read::read_listed;
+use super::read::{ParsedFile, ScanOptions, read_listed};
 use super::{
     Catalog, CatalogError, Companion, Model, Source, StoredFile, checkpoints, companions, gguf_splits, ids, shards,
     signatures,
 };
-use crate::format::safetensors::Index;
-use crate::format::{FileKind, FormatError, Limits, Manifest};
+use crate::format::{FileKind, FormatError};
 use crate::storage::{Listed, ObjectVersion, StorageError};
-
-/// How the catalog reads manifests.
-#[derive(Debug, Clone)]
-pub(crate) struct ScanOptions {
-    pub limits: Limits,
-    /// Bytes read from the end of a remote object in the first request for its manifest.
-    pub manifest_suffix_bytes: u64,
-    /// Remote manifests read at once.
-    pub concurrent_reads: usize,
-    /// Whether a shard found by name must also match its whole-file digest (a shard found by
-    /// scanning the directory is always matched by digest).
-    pub check_shard_digests: bool,
-    /// The name of the signature file whose directories are found, when signatures are read.
-    pub signature_file: Option<String>,
-}
-
-/// One listed file's manifest (or a checkpoint's index), as read for one version of it.
-#[derive(Debug, Clone)]
-pub(super) struct ParsedFile {
-    pub(super) version: String,
-    pub(super) state: Result<Parsed, CatalogError>,
-}
-
-/// What a listed file holds.
-#[derive(Debug, Clone)]
-pub(super) enum Parsed {
-    /// A `.zt` manifest, or a safetensors file's header as one.
-    Manifest(Arc<Manifest>),
-    /// A sharded safetensors checkpoint's index.
-    Index(Arc<Index>),
-    /// A part of a split GGUF model (`name-00001-of-00003.gguf`): its header, read with the
-    /// other parts' into the model's manifest.
-    GgufPart(Arc<crate::format::gguf::Header>),
-}
-
-impl ParsedFile {
-    /// The manifest it holds, or why it holds none (an index holds none: it names files that do).
-    pub(super) fn manifest(&self) -> Result<&Arc<Manifest>, CatalogError> {
-        match &self.state {
-            Ok(Parsed::Manifest(manifest)) => Ok(manifest),
-            Ok(Parsed::Index(_)) => {
-                Err(FormatError::SafetensorsIndex { detail: "an index, where a tensor file belongs".into() }.into())
-            }
-            Ok(Parsed::GgufPart(_)) => Err(FormatError::Gguf {
-                code: "gguf_split",
-                at: 0,
-                detail: "a part of a split model, read with its other parts".into(),
-            }
-            .into()),
-            Err(e) => Err(e.clone()),
-        }
-    }
-}
 
 pub(super) type Listing = (
     Vec<Arc<Model>>,

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::mapped::MappedFile;
-use super::scan::FileIdentity;
+use super::scan::{FileIdentity, version_of};
 
 /// Records one blocking read from local storage (`kind`: what it was for) and its bytes.
 pub fn record_read(kind: &'static str, started: std::time::Instant, bytes: u64) {
@@ -27,37 +27,6 @@ pub fn record_mapped(purpose: &'static str, bytes: u64) {
 pub struct LocalStorage {
     name: String,
     root: std::path::PathBuf,
-}
-
-/// A file version as a string: its identity (device, inode, size, modification and change
-/// times).
-pub fn version_of(identity: &FileIdentity) -> String {
-    let FileIdentity { device, inode, size, mtime_ns, ctime_ns } = identity;
-    format!("{device:x}-{inode:x}-{size:x}-{mtime_ns:x}-{ctime_ns:x}")
-}
-
-/// The identity [`version_of`] wrote into `version`; `None` for a version it did not write.
-fn identity_in(version: &str) -> Option<FileIdentity> {
-    let mut fields = version.split('-').map(|field| u128::from_str_radix(field, 16).ok());
-    let mut next = || fields.next().flatten();
-    let (device, inode, size) =
-        (u64::try_from(next()?).ok()?, u64::try_from(next()?).ok()?, u64::try_from(next()?).ok()?);
-    // Times before 1970 are written as their two's complement.
-    let (mtime_ns, ctime_ns) = (next()? as i128, next()? as i128);
-    fields.next().is_none().then_some(FileIdentity { device, inode, size, mtime_ns, ctime_ns })
-}
-
-/// Whether the open `file` is still `version` (blocking: one `fstat`); a file written in
-/// place since is not, whatever times were restored. A file replaced by a rename (or removed)
-/// still is: the unlink changed its change time, and nothing can change its bytes through the
-/// path any more.
-pub fn is_version(file: &File, version: &str) -> io::Result<bool> {
-    use std::os::unix::fs::MetadataExt as _;
-    let metadata = file.metadata()?;
-    let now = FileIdentity::of(&metadata);
-    Ok(identity_in(version).is_some_and(|listed| {
-        now == listed || (metadata.nlink() == 0 && FileIdentity { ctime_ns: listed.ctime_ns, ..now } == listed)
-    }))
 }
 
 /// Largest piece a local read yields at once.
@@ -504,14 +473,5 @@ mod tests {
         assert_ne!(here, remounted);
         assert_eq!(storage.content_version(&here), storage.content_version(&remounted));
         assert_eq!(storage.content_version(&here), "7-9-b-d");
-    }
-
-    #[test]
-    fn a_version_names_the_identity_it_was_written_from() {
-        let identity = FileIdentity { device: 0xfd01, inode: 42, size: 1 << 40, mtime_ns: -1_500, ctime_ns: 1 << 62 };
-        assert_eq!(identity_in(&version_of(&identity)), Some(identity));
-        for foreign in ["", "1-2-3-4", "1-2-3-4-5-6", "1-2-x-4-5", "\"etag\""] {
-            assert_eq!(identity_in(foreign), None, "{foreign:?}");
-        }
     }
 }

@@ -13,8 +13,6 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use memmap2::Mmap;
 
-use super::local::record_read;
-
 /// A whole file, read-only and mapped (or empty: a zero-length file cannot be mapped), with
 /// its descriptor kept open so its current length can be checked before bytes are served.
 pub struct MappedFile {
@@ -65,7 +63,7 @@ impl MappedFile {
     pub fn open(path: &Path) -> io::Result<MappedFile> {
         let started = std::time::Instant::now();
         let mapped = Self::map(path);
-        record_read("map", started, 0);
+        super::record_read("local", "map", started, 0);
         mapped
     }
 
@@ -127,9 +125,9 @@ impl MappedFile {
     }
 
     /// Whether the file mapped is still the version its backend listed (one `fstat`,
-    /// blocking; see [`super::local::is_version`]); a failed `fstat` says it is not.
+    /// blocking; see [`super::scan::is_version`]); a failed `fstat` says it is not.
     pub fn is_version(&self, version: &str) -> bool {
-        super::local::is_version(&self.file, version).unwrap_or(false)
+        super::scan::is_version(&self.file, version).unwrap_or(false)
     }
 }
 

@@ -1,7 +1,9 @@
 //! Finding the files a local source lists (every regular file under its directory but hidden
 //! ones: model files, and the files beside them such as `config.json`), each keyed by its path
 //! relative to the source, `/`-separated. Symlinks are followed only while they stay inside the
-//! source; anything that would leave it is skipped and reported.
+//! source; anything that would leave it is skipped and reported. Each file's identity (device,
+//! inode, size, times) is its version, written as a string ([`version_of`]) and checked again
+//! against an open file ([`is_version`]).
 
 use std::fs;
 use std::io;
@@ -30,6 +32,36 @@ impl FileIdentity {
             device: metadata.dev(),
         }
     }
+}
+
+/// A file version as a string: its identity (device, inode, size, modification and change
+/// times).
+pub fn version_of(identity: &FileIdentity) -> String {
+    let FileIdentity { device, inode, size, mtime_ns, ctime_ns } = identity;
+    format!("{device:x}-{inode:x}-{size:x}-{mtime_ns:x}-{ctime_ns:x}")
+}
+
+/// The identity [`version_of`] wrote into `version`; `None` for a version it did not write.
+fn identity_in(version: &str) -> Option<FileIdentity> {
+    let mut fields = version.split('-').map(|field| u128::from_str_radix(field, 16).ok());
+    let mut next = || fields.next().flatten();
+    let (device, inode, size) =
+        (u64::try_from(next()?).ok()?, u64::try_from(next()?).ok()?, u64::try_from(next()?).ok()?);
+    // Times before 1970 are written as their two's complement.
+    let (mtime_ns, ctime_ns) = (next()? as i128, next()? as i128);
+    fields.next().is_none().then_some(FileIdentity { device, inode, size, mtime_ns, ctime_ns })
+}
+
+/// Whether the open `file` is still `version` (blocking: one `fstat`); a file written in
+/// place since is not, whatever times were restored. A file replaced by a rename (or removed)
+/// still is: the unlink changed its change time, and nothing can change its bytes through the
+/// path any more.
+pub fn is_version(file: &fs::File, version: &str) -> io::Result<bool> {
+    let metadata = file.metadata()?;
+    let now = FileIdentity::of(&metadata);
+    Ok(identity_in(version).is_some_and(|listed| {
+        now == listed || (metadata.nlink() == 0 && FileIdentity { ctime_ns: listed.ctime_ns, ..now } == listed)
+    }))
 }
 
 /// A file found under a source.
@@ -125,6 +157,15 @@ fn relative_key(root: &Path, path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_names_the_identity_it_was_written_from() {
+        let identity = FileIdentity { device: 0xfd01, inode: 42, size: 1 << 40, mtime_ns: -1_500, ctime_ns: 1 << 62 };
+        assert_eq!(identity_in(&version_of(&identity)), Some(identity));
+        for foreign in ["", "1-2-3-4", "1-2-3-4-5-6", "1-2-x-4-5", "\"etag\""] {
+            assert_eq!(identity_in(foreign), None, "{foreign:?}");
+        }
+    }
 
     #[test]
     fn keys_are_relative_paths_of_visible_files_and_symlinks_stay_inside() {
