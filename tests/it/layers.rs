@@ -3,7 +3,8 @@
 //! storage -> format, with api, config and telemetry beside them), no module imports one above
 //! it or beside it in its layer (so the wire protocols never name each other), the modules
 //! beside the layers import only format and each other, and nothing below the protocols reaches
-//! `api` (routes, URLs, header names: they know no HTTP), by any chain of imports.
+//! `api` (routes, URLs, header names: they know no HTTP), by any chain of imports. Inside every
+//! folder of both crates, no two rooms import each other by any chain.
 
 use std::fs;
 use std::path::Path;
@@ -190,36 +191,45 @@ fn nothing_below_the_protocols_reaches_api_by_any_chain_of_imports() {
     assert!(reaching.is_empty(), "modules below the protocols that reach api:\n{}", reaching.join("\n"));
 }
 
-/// The modules of `src/service` (a file, or a folder of files) and the siblings each names,
-/// outside its tests: `super::x` in a module's own file, `super::super::x` in a file of its
-/// folder, `crate::service::x` anywhere.
-fn service_imports(service: &Path) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let modules: Vec<String> = fs::read_dir(service)
+/// The modules of `folder` (each a file, or a folder of files) below a crate's `root`, and the
+/// siblings each names, outside its tests: `super::x` in a module's own file (one `super::`
+/// more for each folder deeper), or the folder's own path from `crate::`, anywhere.
+fn folder_imports(
+    root: &Path,
+    folder: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let modules: Vec<String> = fs::read_dir(folder)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter_map(|path| {
             let stem = path.file_stem()?.to_str()?.to_owned();
-            // `mod.rs` is the service's own; `fixture.rs` and `tests.rs` are its tests'.
+            // `mod.rs` is the folder's own; `fixture.rs` and `tests.rs` are its tests'.
             let module = path.is_dir() || path.extension().is_some_and(|e| e == "rs") && stem != "mod";
             (module && stem != "fixture" && stem != "tests").then_some(stem)
         })
         .collect();
+    let relative = folder.strip_prefix(root).unwrap();
+    let own_path: String = relative.components().map(|c| format!("{}::", c.as_os_str().to_str().unwrap())).collect();
     let sibling = "\u{1}";
     modules
         .iter()
         .map(|module| {
-            let named = files_of(service, module)
+            let named = files_of(folder, module)
                 .iter()
                 .filter(|file| file.file_name().is_some_and(|name| name != "tests.rs"))
                 .flat_map(|file| {
                     let code = fs::read_to_string(file).unwrap();
-                    let code = code.split("#[cfg(test)]").next().unwrap().replace("crate::service::", sibling);
-                    let code = code.replace("crate::", "elsewhere::");
-                    let nested = file.parent() != Some(service) && file.file_name().is_some_and(|n| n != "mod.rs");
-                    let code = match nested {
-                        true => code.replace("super::super::", sibling).replace("super::", "elsewhere::"),
-                        false => code.replace("super::", sibling),
-                    };
+                    let code =
+                        code.split("#[cfg(test)]").next().unwrap().replace(&format!("crate::{own_path}"), sibling);
+                    let mut code = code.replace("crate::", "elsewhere::");
+                    // How many folders below `folder` the file's module is: `x.rs` and
+                    // `x/mod.rs` none, `x/y.rs` one, and so on.
+                    let below = file.parent().unwrap().strip_prefix(folder).unwrap().components().count();
+                    let depth = below - usize::from(below > 0 && file.file_name().is_some_and(|n| n == "mod.rs"));
+                    for supers in (1..=depth + 6).rev() {
+                        let to = if supers == depth + 1 { sibling } else { "elsewhere::" };
+                        code = code.replace(&"super::".repeat(supers), to);
+                    }
                     named_modules(&code.replace(sibling, "crate::"))
                 })
                 .filter(|named| named != module && modules.contains(named))
@@ -229,13 +239,8 @@ fn service_imports(service: &Path) -> std::collections::BTreeMap<String, std::co
         .collect()
 }
 
-/// One type per concern needs one module per concern: no two modules of the service lean on
-/// each other, by any chain of imports.
-#[test]
-fn the_modules_of_the_service_import_each_other_without_a_cycle() {
-    let imports = service_imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service"));
-    assert!(imports.len() >= 15, "only {} modules were found in src/service", imports.len());
-    assert!(imports["hashing"].contains("published"), "the imports were not read: {imports:?}");
+/// The chains of imports by which a module of `imports` reaches itself.
+fn cycles_in(imports: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>) -> Vec<String> {
     let mut cycles = Vec::new();
     for start in imports.keys() {
         let mut chains = vec![vec![start.clone()]];
@@ -251,5 +256,53 @@ fn the_modules_of_the_service_import_each_other_without_a_cycle() {
             }
         }
     }
+    cycles
+}
+
+/// One type per concern needs one module per concern: no two modules of the service lean on
+/// each other, by any chain of imports.
+#[test]
+fn the_modules_of_the_service_import_each_other_without_a_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let imports = folder_imports(&src, &src.join("service"));
+    assert!(imports.len() >= 15, "only {} modules were found in src/service", imports.len());
+    assert!(imports["hashing"].contains("published"), "the imports were not read: {imports:?}");
+    let cycles = cycles_in(&imports);
     assert!(cycles.is_empty(), "modules of the service that import each other:\n{}", cycles.join("\n"));
+}
+
+/// The same in every folder of both crates, below their roots (the library's root is held by
+/// the layer rule): no two rooms of one folder lean on each other.
+#[test]
+fn the_rooms_of_every_folder_import_each_other_without_a_cycle() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut folders = 0;
+    let mut cycles = Vec::new();
+    for root in [manifest.join("src"), manifest.join("format/src")] {
+        let mut dirs: Vec<_> = fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+        while let Some(folder) = dirs.pop() {
+            dirs.extend(fs::read_dir(&folder).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()));
+            folders += 1;
+            let found = cycles_in(&folder_imports(&root, &folder));
+            cycles.extend(
+                found.into_iter().map(|cycle| format!("{}: {cycle}", folder.strip_prefix(manifest).unwrap().display())),
+            );
+        }
+    }
+    assert!(folders >= 20, "only {folders} folders were found");
+    assert!(cycles.is_empty(), "rooms of one folder that import each other:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_rule_finds_a_cycle_between_two_rooms() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("room");
+    fs::create_dir_all(folder.join("b")).unwrap();
+    fs::write(folder.join("a.rs"), "use super::b::Thing;\n").unwrap();
+    fs::write(folder.join("b/mod.rs"), "mod inner;\n").unwrap();
+    fs::write(folder.join("b/inner.rs"), "use crate::room::a::X;\nuse super::super::c::Y;\n").unwrap();
+    fs::write(folder.join("c.rs"), "use super::super::elsewhere::Z;\n").unwrap();
+    let imports = folder_imports(dir.path(), &folder);
+    assert_eq!(cycles_in(&imports), ["a -> b -> a", "b -> a -> b"], "{imports:?}");
+    assert!(imports["b"].contains("c") && imports["c"].is_empty(), "{imports:?}");
 }
