@@ -507,22 +507,26 @@ def restart(work):
         text = urllib.request.urlopen(url + "/metrics").read().decode()
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("ztserve_regions_total"))
 
-    with serving(work / "models", work / "ztserve-killed.log", ports=ports) as served:
-        hub = {"HF_ENDPOINT": served.url + "/hf", "ZTSERVE_URL": served.url, "HF_HOME": str(work / "hf"), **settings}
-
+    def load_and_kill(hub, log, victim):
+        """Starts the engine's load in a thread; once `victim` has sent a region, kills it (SIGKILL)."""
         def load():
             try:
-                outcome["run"] = engine(f"st/{size}", "ztserve", 2, hub, work / "engine-restart.log")
+                outcome["run"] = engine(f"st/{size}", "ztserve", 2, hub, log)
             except BaseException as e:  # noqa: BLE001 - reported below
                 outcome["error"] = e
 
         loading = threading.Thread(target=load)
         loading.start()
-        while regions(served.url) == 0:
+        while regions(victim.url) == 0:
             if not loading.is_alive():
                 raise SystemExit(f"vllm-check: the engine ended before it fetched a region: {outcome}")
             time.sleep(0.02)
-        os.kill(served.pid, signal.SIGKILL)
+        os.kill(victim.pid, signal.SIGKILL)
+        return loading
+
+    with serving(work / "models", work / "ztserve-killed.log", ports=ports) as served:
+        hub = {"HF_ENDPOINT": served.url + "/hf", "ZTSERVE_URL": served.url, "HF_HOME": str(work / "hf"), **settings}
+        loading = load_and_kill(hub, work / "engine-restart.log", served)
     time.sleep(3)
     with serving(work / "models", work / "ztserve-restarted.log", ports=ports) as served:
         loading.join()
@@ -541,20 +545,7 @@ def restart(work):
         with serving(work / "models", work / "ztserve-first.log") as first:
             hub = {"HF_ENDPOINT": survivor.url + "/hf", "ZTSERVE_URL": f"{first.url},{survivor.url}",
                    "HF_HOME": str(work / "hf"), **settings}
-
-            def load_replicas():
-                try:
-                    outcome["run"] = engine(f"st/{size}", "ztserve", 2, hub, work / "engine-failover.log")
-                except BaseException as e:  # noqa: BLE001 - reported below
-                    outcome["error"] = e
-
-            loading = threading.Thread(target=load_replicas)
-            loading.start()
-            while regions(first.url) == 0:
-                if not loading.is_alive():
-                    raise SystemExit(f"vllm-check: the engine ended before it fetched a region: {outcome}")
-                time.sleep(0.02)
-            os.kill(first.pid, signal.SIGKILL)
+            loading = load_and_kill(hub, work / "engine-failover.log", first)
         loading.join()
         served_by_survivor = regions(survivor.url)
     if "error" in outcome:
