@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::{FormatError, Result, safetensors, v2};
+use crate::{FormatError, Result};
 
 /// The magic of the 0.1 container (`ZTEN0001`): no footer, a CBOR array index.
 pub const LEGACY_MAGIC: &[u8; 8] = b"ZTEN0001";
@@ -16,6 +16,11 @@ pub const V2_MAGIC: &[u8; 8] = b"\x89ZT2\r\n\x1a\n";
 pub const HEADER_LEN: u64 = 8;
 /// Every component blob starts at a multiple of this.
 pub const ALIGNMENT: u64 = 64;
+/// v2's footer (manifest offset, length and hash, version, magic); here, with the other
+/// framing, so that the framing needs nothing of v2's parser, which re-exports it.
+pub const V2_FOOTER_LEN: u64 = 40;
+/// The little-endian u64 header length a safetensors file starts with (re-exported there).
+pub const SAFETENSORS_LENGTH_FIELD: u64 = 8;
 
 /// Which container generation a file uses. New generations add a variant here and a parser
 /// module producing the same [`Manifest`](crate::Manifest); callers do not change.
@@ -30,7 +35,7 @@ pub enum Container {
     /// blobs, optional shards.
     V2,
     /// A safetensors file, or a checkpoint of several under a `.safetensors.index.json`
-    /// ([`safetensors`]): no magic, found by its name.
+    /// ([`safetensors`](crate::safetensors)): no magic, found by its name.
     Safetensors,
     /// A GGUF file, or a split model of several ([`gguf`](crate::gguf)): found by its name.
     Gguf,
@@ -67,7 +72,7 @@ impl Container {
         match self {
             Container::Legacy01 => 8,
             Container::V1 => 16,
-            Container::V2 => v2::FOOTER_LEN,
+            Container::V2 => V2_FOOTER_LEN,
             Container::Safetensors | Container::Gguf => 0,
         }
     }
@@ -78,8 +83,8 @@ impl Container {
             // Header, at least one manifest byte, trailer.
             Container::Legacy01 | Container::V1 => HEADER_LEN + 1 + self.trailer_len(),
             // Header and footer: a data shard holds nothing else.
-            Container::V2 => HEADER_LEN + v2::FOOTER_LEN,
-            Container::Safetensors => safetensors::LENGTH_FIELD,
+            Container::V2 => HEADER_LEN + V2_FOOTER_LEN,
+            Container::Safetensors => SAFETENSORS_LENGTH_FIELD,
             // The magic, the version and the two counts.
             Container::Gguf => 24,
         }

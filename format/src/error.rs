@@ -155,7 +155,7 @@ pub enum FormatError {
     #[error("{at}: the unused high nibble of the last byte of packed 4-bit data is not zero")]
     PackedPadding { at: Location },
     #[error("{at}: seek table: {detail}")]
-    SeekTable { at: Location, fault: crate::seekable::SeekFault, detail: String },
+    SeekTable { at: Location, fault: SeekFault, detail: String },
 
     // --- decoding and digests -------------------------------------------------------------
     #[error("{at}: zstd data inflates past its declared {declared} bytes")]
@@ -279,3 +279,34 @@ impl FormatError {
 }
 
 pub type Result<T, E = FormatError> = std::result::Result<T, E>;
+
+/// Which rule of a seek table ([`seekable`](crate::seekable)) a stream breaks; each has its own
+/// error code. Here rather than in `seekable` because [`FormatError`] carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekFault {
+    /// Not a seek table: magic, descriptor, frame count or skippable length are wrong.
+    Malformed,
+    /// The decoded sizes do not sum to the part's `decoded_length`.
+    Total,
+    /// A frame decodes to more than 16 MiB (or to nothing).
+    FrameSize,
+    /// The compressed sizes do not cover the stream before the table exactly.
+    Coverage,
+    /// Non-final frames of different decoded sizes.
+    Unequal,
+    /// A frame without a content checksum, which the profile requires of every frame.
+    NoChecksum,
+}
+
+impl SeekFault {
+    pub fn code(self) -> &'static str {
+        match self {
+            SeekFault::Malformed => "seek_table_malformed",
+            SeekFault::Total => "seek_table_total",
+            SeekFault::FrameSize => "seek_frame_size",
+            SeekFault::Coverage => "seek_table_coverage",
+            SeekFault::Unequal => "seek_frames_unequal",
+            SeekFault::NoChecksum => "seek_frame_no_checksum",
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 
-use crate::{Container, FormatError, Result, Value, v2};
+use crate::{Container, FormatError, Result, Value};
 
 /// The storage types: v2's 12 primitives, and 1.x's `bool` (a logical type over `u8` in v2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,6 +107,9 @@ impl fmt::Display for DType {
 }
 
 /// How a component's bytes are stored.
+/// The name of v2's one registered encoding profile, [`Encoding::ZstdSeekable`] (v2 re-exports it).
+pub const ZSTD_SEEKABLE: &str = "zt.zstd-seekable/1";
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Encoding {
     Raw,
@@ -124,7 +127,7 @@ impl Encoding {
         match self {
             Encoding::Raw => "raw",
             Encoding::Zstd => "zstd",
-            Encoding::ZstdSeekable => v2::ZSTD_SEEKABLE,
+            Encoding::ZstdSeekable => ZSTD_SEEKABLE,
             Encoding::Unregistered(name) => name,
         }
     }
@@ -222,7 +225,7 @@ pub struct Shard {
 }
 
 /// The 1.x logical types whose size rule and storage dtype the spec defines. Any other `type`
-/// string is kept as is and its bytes are served by their dtype. (v2's: [`v2::logical_size`].)
+/// string is kept as is and its bytes are served by their dtype. (v2's: [`v2::logical_size`](crate::v2::logical_size).)
 pub fn known_logical_type(name: &str) -> Option<(DType, u64)> {
     match name {
         "f8_e4m3fn" | "f8_e5m2" | "f8_e4m3fnuz" | "f8_e5m2fnuz" => Some((DType::U8, 1)),
@@ -375,4 +378,16 @@ impl Manifest {
     pub fn object_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }
+}
+
+/// Where each blob of a planned file goes and what follows the last one: what the 1.2 writer's
+/// [`plan`](crate::write::plan) and v2's [`plan`](crate::v2::plan) both give, so it is neither's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// For each object, for each component, its offset in the file.
+    pub offsets: Vec<Vec<u64>>,
+    /// Where the tail starts; the file is `tail_offset + tail.len()` bytes.
+    pub tail_offset: u64,
+    /// What follows the blobs: the manifest and the generation's trailer.
+    pub tail: Vec<u8>,
 }

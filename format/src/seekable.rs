@@ -7,7 +7,8 @@
 
 use std::ops::Range;
 
-use super::{Component, Encoding, FormatError, Location, Result};
+pub use crate::error::SeekFault;
+use crate::{Component, Encoding, FormatError, Location, Result};
 
 /// Largest decoded size of one frame.
 pub const MAX_FRAME: u64 = 16 << 20;
@@ -25,36 +26,6 @@ const SKIPPABLE_HEADER_LEN: u64 = 8;
 
 fn fault(at: &Location, code: SeekFault, detail: impl Into<String>) -> FormatError {
     FormatError::SeekTable { at: at.clone(), fault: code, detail: detail.into() }
-}
-
-/// Which rule of the seek table a stream breaks; each has its own error code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeekFault {
-    /// Not a seek table: magic, descriptor, frame count or skippable length are wrong.
-    Malformed,
-    /// The decoded sizes do not sum to the part's `decoded_length`.
-    Total,
-    /// A frame decodes to more than 16 MiB (or to nothing).
-    FrameSize,
-    /// The compressed sizes do not cover the stream before the table exactly.
-    Coverage,
-    /// Non-final frames of different decoded sizes.
-    Unequal,
-    /// A frame without a content checksum, which the profile requires of every frame.
-    NoChecksum,
-}
-
-impl SeekFault {
-    pub fn code(self) -> &'static str {
-        match self {
-            SeekFault::Malformed => "seek_table_malformed",
-            SeekFault::Total => "seek_table_total",
-            SeekFault::FrameSize => "seek_frame_size",
-            SeekFault::Coverage => "seek_table_coverage",
-            SeekFault::Unequal => "seek_frames_unequal",
-            SeekFault::NoChecksum => "seek_frame_no_checksum",
-        }
-    }
 }
 
 /// The zstd frame magic, little-endian, which every frame of the stream opens with.

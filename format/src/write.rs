@@ -194,16 +194,7 @@ pub struct StoredObject<'a> {
     pub components: Vec<StoredComponent<'a>>,
 }
 
-/// Where each blob of a planned file goes and what follows the last one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
-    /// For each object, for each component, its offset in the file.
-    pub offsets: Vec<Vec<u64>>,
-    /// Where the tail starts; the file is `tail_offset + tail.len()` bytes.
-    pub tail_offset: u64,
-    /// The manifest, its size and the footer magic.
-    pub tail: Vec<u8>,
-}
+pub use crate::model::Plan;
 
 /// Lays out a 1.2 file whose blobs are written by someone else, in any order: the same layout
 /// [`Writer`] gives (header magic, blobs in order at 64-byte boundaries, zero padding, then

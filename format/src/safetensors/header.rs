@@ -8,7 +8,7 @@ use super::entries::json_entries;
 use crate::{Component, Container, FormatError, Location, Manifest, Object, Result, Value};
 
 /// Bytes of the header-length field that opens the file.
-pub const LENGTH_FIELD: u64 = 8;
+pub use crate::container::SAFETENSORS_LENGTH_FIELD as LENGTH_FIELD;
 
 /// The largest header the safetensors library reads (`MAX_HEADER_SIZE`).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;

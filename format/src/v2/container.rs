@@ -7,7 +7,7 @@ use std::ops::Range;
 use crate::{FormatError, Limits, Result, V2_MAGIC};
 
 /// Bytes of the footer: manifest offset, length and hash, version, reserved, magic.
-pub const FOOTER_LEN: u64 = 40;
+pub use crate::container::V2_FOOTER_LEN as FOOTER_LEN;
 /// Every blob (and the manifest) starts at a multiple of this, and never before it.
 pub const BLOB_ALIGNMENT: u64 = 4096;
 /// The footer version this reader understands.

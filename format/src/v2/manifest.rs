@@ -21,7 +21,7 @@ pub const MAX_RANK: usize = 64;
 /// Deepest CBOR nesting, counted from the manifest root.
 pub const MAX_DEPTH: usize = 32;
 /// The one encoding profile registered: independent zstd frames and a seek table.
-pub const ZSTD_SEEKABLE: &str = "zt.zstd-seekable/1";
+pub use crate::model::ZSTD_SEEKABLE;
 
 /// Builds the model of a decoded v2 manifest found at `span` in a root file of `file_len`
 /// bytes, and checks every metadata rule.

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::container::{BLOB_ALIGNMENT, footer};
+use crate::model::Plan;
 use crate::{Encoding, Object, Value};
 
 /// `value` in deterministic CBOR, as a v2 manifest must be (map keys sorted at every level,
@@ -19,7 +20,7 @@ pub fn deterministic_cbor(value: &Value) -> Vec<u8> {
 /// blobs (same file, offset and length: tied weights) sharing one, then the manifest at an
 /// aligned offset and the footer. A file created at `tail_offset + tail.len()` bytes is
 /// zero-filled, so writing the magic, every blob at its offset and the tail completes it.
-pub fn plan(objects: &[&Object], attributes: Option<&Value>, alignment: u64) -> crate::write::Plan {
+pub fn plan(objects: &[&Object], attributes: Option<&Value>, alignment: u64) -> Plan {
     debug_assert!(alignment.is_power_of_two() && alignment >= BLOB_ALIGNMENT);
     let text = |s: &str| Value::Text(s.to_owned());
     let uint = |n: u64| Value::Integer(n.into());
@@ -75,5 +76,5 @@ pub fn plan(objects: &[&Object], attributes: Option<&Value>, alignment: u64) -> 
     let tail_offset = position.next_multiple_of(BLOB_ALIGNMENT);
     let mut tail = manifest.clone();
     tail.extend_from_slice(&footer(tail_offset, &manifest));
-    crate::write::Plan { offsets, tail_offset, tail }
+    Plan { offsets, tail_offset, tail }
 }
