@@ -17,7 +17,6 @@ pub mod decode;
 mod error;
 pub mod gguf;
 pub mod json;
-mod legacy;
 mod model;
 pub mod model_signature;
 mod read;
@@ -25,12 +24,11 @@ pub mod safetensors;
 pub mod seekable;
 pub mod slice;
 pub mod sums;
-mod v1;
 pub mod v2;
 pub mod validate;
 pub mod verify;
 pub mod view;
-pub mod write;
+mod zt1;
 
 pub use ciborium::Value;
 pub(crate) use container::printable;
@@ -46,6 +44,8 @@ pub use model::{
     ByteOrder, Component, DType, Digest, DigestScope, Encoding, Manifest, Object, Shard, known_logical_type,
 };
 pub use read::{Located, MAX_TRAILER_LEN, ManifestReads, parse_file};
+/// The 1.2 writer, which lives with the rest of the zTensor 1.x container in `zt1`.
+pub use zt1::write;
 
 #[cfg(test)]
 mod tests;

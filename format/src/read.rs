@@ -4,9 +4,7 @@
 
 use std::ops::Range;
 
-use crate::{
-    Container, FormatError, HEADER_LEN, Limits, Manifest, Result, V1_MAGIC, cbor, legacy, printable, v1, v2, validate,
-};
+use crate::{Container, HEADER_LEN, Limits, Manifest, Result, cbor, v2, zt1};
 
 /// Finds the manifest from the file length and the file's last bytes (at least the trailer, or
 /// the whole file when shorter). Checks the footer, the size field and the size limit. Returns
@@ -21,31 +19,7 @@ fn manifest_span(
         let footer = v2::Footer::read(file_len, tail)?;
         return Ok((footer.manifest_span(file_len, limits)?, Some(footer.manifest_hash)));
     }
-    if file_len < container.min_file_len() {
-        return Err(FormatError::Truncated { len: file_len, min: container.min_file_len() });
-    }
-    let trailer_len = container.trailer_len() as usize;
-    let trailer = tail
-        .len()
-        .checked_sub(trailer_len)
-        .map(|start| &tail[start..])
-        .ok_or(FormatError::Truncated { len: tail.len() as u64, min: trailer_len as u64 })?;
-    if container == Container::V1 && &trailer[8..16] != V1_MAGIC {
-        return Err(FormatError::BadFooterMagic { found: printable(&trailer[8..16]) });
-    }
-    let size = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes"));
-    if size == 0 {
-        return Err(FormatError::ManifestEmpty);
-    }
-    if size > limits.max_manifest_bytes {
-        return Err(FormatError::ManifestTooLarge { size, limit: limits.max_manifest_bytes });
-    }
-    let available = file_len - HEADER_LEN - trailer_len as u64;
-    if size > available {
-        return Err(FormatError::ManifestBeyondFile { size, available });
-    }
-    let end = file_len - trailer_len as u64;
-    Ok((end - size..end, None))
+    Ok((zt1::manifest_span(container, file_len, tail, limits)?, None))
 }
 
 /// Decodes and structurally validates a manifest found at `span` in a file of `file_len` bytes.
@@ -61,13 +35,7 @@ fn parse_manifest(
         let value = cbor::decode(bytes, &strict, cbor::Rules::DETERMINISTIC)?;
         return v2::parse(value, span, file_len, limits);
     }
-    let value = cbor::decode(bytes, limits, cbor::Rules::ANY)?;
-    let manifest = match container {
-        Container::Legacy01 => legacy::parse(value, span, file_len)?,
-        _ => v1::parse(value, span, file_len)?,
-    };
-    validate::check_structure(&manifest, limits)?;
-    Ok(manifest)
+    zt1::parse(container, bytes, span, file_len, limits)
 }
 
 /// Parses and validates a whole file held in memory (or mapped).

@@ -4,8 +4,8 @@
 
 use std::ops::Range;
 
-use super::cbor::Fields;
-use super::{
+use crate::cbor::Fields;
+use crate::{
     ByteOrder, Component, Container, DType, Digest, DigestScope, Encoding, FormatError, Location, Manifest, Object,
     Result, Value,
 };

@@ -5,9 +5,9 @@
 
 use std::ops::Range;
 
-use super::cbor::Fields;
-use super::v1::decoded_length;
-use super::{
+use super::manifest::decoded_length;
+use crate::cbor::Fields;
+use crate::{
     ByteOrder, Component, Container, DType, Digest, DigestScope, Encoding, FormatError, Location, Manifest, Object,
     Result, Value,
 };

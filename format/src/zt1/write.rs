@@ -5,9 +5,9 @@
 use std::collections::HashSet;
 use std::io::Write;
 
-use super::decode::Hasher;
-use super::validate::{ComponentMeaning, check_meaning, check_roles};
-use super::{ALIGNMENT, DType, Digest, Encoding, FormatError, Location, Object, V1_MAGIC, Value};
+use crate::decode::Hasher;
+use crate::validate::{ComponentMeaning, check_meaning, check_roles};
+use crate::{ALIGNMENT, DType, Digest, Encoding, FormatError, Location, Object, V1_MAGIC, Value};
 
 /// The manifest version this writer emits.
 pub const WRITTEN_VERSION: &str = "1.2.0";
