@@ -23,7 +23,9 @@ pub const V2_FOOTER_LEN: u64 = 40;
 pub const SAFETENSORS_LENGTH_FIELD: u64 = 8;
 
 /// Which container generation a file uses. New generations add a variant here and a parser
-/// module producing the same [`Manifest`](crate::Manifest); callers do not change.
+/// module producing the same [`Manifest`](crate::Manifest); callers do not change. Not merged
+/// with [`FileKind`]: this is what a file's bytes are (one `.zt` name is any of three
+/// generations, told apart only by the magic), which a manifest records once the file is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Container {
@@ -114,7 +116,9 @@ impl fmt::Display for Container {
     }
 }
 
-/// What a stored file is, by its name: the kinds of file a source lists.
+/// What a stored file is, by its name: the kinds of file a source lists. Not merged with
+/// [`Container`]: this is known before a byte is read, and one kind is no container at all
+/// (a safetensors index only names the files that hold tensors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FileKind {
     /// `*.zt`: any zTensor generation, told apart by its magic.

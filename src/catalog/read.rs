@@ -34,7 +34,10 @@ pub(super) struct ParsedFile {
     pub(super) state: Result<Parsed, CatalogError>,
 }
 
-/// What a listed file holds.
+/// What a listed file holds. Not one of the format crate's kinds: those say what a file is by
+/// its name ([`FileKind`](crate::format::FileKind), which chose how this was read) or bytes
+/// ([`Container`](crate::format::Container), which a manifest records); this holds what the
+/// reading made of it.
 #[derive(Debug, Clone)]
 pub(super) enum Parsed {
     /// A `.zt` manifest, or a safetensors file's header as one.

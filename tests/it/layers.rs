@@ -4,7 +4,8 @@
 //! it or beside it in its layer (so the wire protocols never name each other), the modules
 //! beside the layers import only format and each other, and nothing below the protocols reaches
 //! `api` (routes, URLs, header names: they know no HTTP), by any chain of imports. Inside every
-//! folder of both crates, no two rooms import each other by any chain.
+//! folder of both crates, and among the format crate's top-level modules, no two rooms import
+//! each other by any chain.
 
 use std::fs;
 use std::path::Path;

@@ -5,7 +5,8 @@
 //! types, and the metadata rules of the layouts it interprets (`dense`, `zt.sparse_csr/1`,
 //! `zt.sparse_coo/1`, `zt.quant_group/1`). Other layouts, logical types and encodings are kept
 //! as declared and served structurally, never guessed at. Data rules (bool bytes, packed
-//! nibbles, sparse index structure) need the decoded bytes: [`check_content`].
+//! nibbles, sparse index structure) need the decoded bytes: they are checked here, through
+//! [`validate::check_content`](crate::validate::check_content).
 
 mod blobs;
 mod container;
