@@ -247,7 +247,7 @@ impl Decoded {
                 Ok(bytes) => Some(bytes),
                 Err(e) => return self.finish(Err(e.into())),
             },
-            Stored::Whole(_) | Stored::File { .. } => None,
+            Stored::Whole(_) | Stored::File(_) => None,
         };
         let permit = Arc::clone(&self.decoders).acquire_owned().await.expect("the decoder semaphore is never closed");
         let entry = Arc::clone(&self);

@@ -4,13 +4,13 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::Arc;
 
 use bytes::{Buf as _, Bytes};
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
-use crate::storage::{ObjectVersion, StorageError};
+use crate::storage::region::READ_PIECE;
+use crate::storage::{FileRegion, ObjectVersion, StorageError};
 
 /// Where a component's stored bytes come from.
 #[derive(Debug, Clone)]
@@ -19,10 +19,10 @@ pub(crate) enum Stored {
     /// the unit tests hold stored bytes in memory; every server path reads a file or an object.
     #[cfg_attr(not(test), expect(dead_code))]
     Whole(Bytes),
-    /// `range` of an open local file (`key` of `source_name`), copied out with `pread` as it
-    /// is consumed, never loaded from the file's mapping, so a file truncated in place fails
-    /// the read instead of raising SIGBUS (see `storage::mapped::MappedFile::open`).
-    File { file: Arc<std::fs::File>, source_name: String, key: String, range: Range<u64> },
+    /// A region of a local file, copied out with `pread` as it is consumed, never loaded from
+    /// the file's mapping, so a file truncated in place fails the read instead of raising
+    /// SIGBUS (see [`FileRegion`]).
+    File(FileRegion),
     /// `range` of an object version, read as the decoder consumes it.
     Remote { object: ObjectVersion, range: Range<u64> },
 }
@@ -31,7 +31,8 @@ impl Stored {
     pub(crate) fn len(&self) -> u64 {
         match self {
             Stored::Whole(bytes) => bytes.len() as u64,
-            Stored::File { range, .. } | Stored::Remote { range, .. } => range.end - range.start,
+            Stored::File(region) => region.len(),
+            Stored::Remote { range, .. } => range.end - range.start,
         }
     }
 
@@ -39,12 +40,7 @@ impl Stored {
     pub(crate) fn slice(&self, range: Range<u64>) -> Stored {
         match self {
             Stored::Whole(bytes) => Stored::Whole(bytes.slice(range.start as usize..range.end as usize)),
-            Stored::File { file, source_name, key, range: whole } => Stored::File {
-                file: Arc::clone(file),
-                source_name: source_name.clone(),
-                key: key.clone(),
-                range: whole.start + range.start..whole.start + range.end,
-            },
+            Stored::File(region) => Stored::File(region.slice(range)),
             Stored::Remote { object, range: whole } => {
                 Stored::Remote { object: object.clone(), range: whole.start + range.start..whole.start + range.end }
             }
@@ -69,11 +65,11 @@ impl Stored {
                 let rest = bytes.slice((from as usize).min(bytes.len())..);
                 futures_util::stream::iter((!rest.is_empty()).then_some(Ok(rest))).boxed()
             }
-            Stored::File { file, source_name, key, range } => {
-                crate::storage::local::pread_stream(Arc::clone(file), range.start + from..range.end, source_name, key)
-                    .inspect_ok(move |piece| crate::storage::record_bytes("local", purpose, piece.len() as u64))
-                    .boxed()
-            }
+            Stored::File(region) => region
+                .slice(from.min(region.len())..region.len())
+                .stream()
+                .inspect_ok(move |piece| crate::storage::record_bytes("local", purpose, piece.len() as u64))
+                .boxed(),
             Stored::Remote { object, range } => object.stream(range.start + from..range.end, purpose),
         }
     }
@@ -83,8 +79,8 @@ impl Stored {
     pub(super) fn read_blocking(&self) -> Result<Bytes, StorageError> {
         match self {
             Stored::Whole(bytes) => Ok(bytes.clone()),
-            Stored::File { file, source_name, key, range } => {
-                let read = crate::storage::local::pread_exact(file, range.clone(), source_name, key)?;
+            Stored::File(region) => {
+                let read = region.read_blocking()?;
                 crate::storage::record_bytes("local", "decode", read.len() as u64);
                 Ok(read)
             }
@@ -107,9 +103,8 @@ impl Stored {
                 }
                 Ok(out.freeze())
             }
-            Stored::File { file, source_name, key, range } => {
-                let at: Vec<Range<u64>> = runs.iter().map(|r| range.start + r.start..range.start + r.end).collect();
-                let (gathered, read) = crate::storage::local::pread_gather(file, &at, source_name, key)?;
+            Stored::File(region) => {
+                let (gathered, read) = region.gather(runs)?;
                 crate::storage::record_bytes("local", "slice", read);
                 Ok(gathered)
             }
@@ -121,7 +116,7 @@ impl Stored {
     pub(super) fn source_name(&self) -> &str {
         match self {
             Stored::Whole(_) => "memory",
-            Stored::File { source_name, .. } => source_name,
+            Stored::File(region) => region.source_name(),
             Stored::Remote { object, .. } => object.storage.name(),
         }
     }
@@ -155,7 +150,7 @@ impl Input {
                 total: bytes.len() as u64,
                 reading: None,
             },
-            Stored::File { .. } | Stored::Remote { .. } => Input { total: stored.len(), ..Input::empty() },
+            Stored::File(_) | Stored::Remote { .. } => Input { total: stored.len(), ..Input::empty() },
         }
     }
 
@@ -177,13 +172,12 @@ impl Input {
     /// Reads the next piece of a local file's stored bytes on the calling (blocking) thread;
     /// `None` where the bytes must be awaited with [`Input::fill`] instead (a remote object).
     pub(super) fn read_here(&mut self, stored: &Stored) -> Option<Result<(), StorageError>> {
-        use crate::storage::local::{READ_PIECE, pread_exact_into};
-        let Stored::File { file, source_name, key, range } = stored else { return None };
+        let Stored::File(region) = stored else { return None };
         let len = (self.total - self.received).min(READ_PIECE) as usize;
         if self.buffer.len() < len {
             self.buffer.resize(len, 0);
         }
-        let read = pread_exact_into(file, range.start + self.received, &mut self.buffer[..len], source_name, key);
+        let read = region.read_into(self.received, &mut self.buffer[..len]);
         if read.is_ok() {
             crate::storage::record_bytes("local", "decode", len as u64);
             self.received += len as u64;
@@ -196,7 +190,7 @@ impl Input {
     /// stands when none is open. Bytes in memory need no reading, and a local file is read on
     /// the decoder's thread ([`Input::read_here`]).
     pub(super) async fn fill(&mut self, stored: &Stored) -> Result<(), StorageError> {
-        if matches!(stored, Stored::Whole(_) | Stored::File { .. }) {
+        if matches!(stored, Stored::Whole(_) | Stored::File(_)) {
             return Ok(());
         }
         let reading = self.reading.get_or_insert_with(|| stored.stream(self.received, "decode"));

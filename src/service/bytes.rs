@@ -17,13 +17,13 @@ use crate::catalog::{Companion, Model, Source, StoredFile};
 use crate::decode::Stored;
 use crate::format::Manifest;
 use crate::storage::mapped::MappedFile;
-use crate::storage::{ObjectVersion, Readahead, StorageError};
+use crate::storage::{FileRegion, ObjectVersion, Readahead, StorageError};
 
 /// Where a model's stored bytes are read from for one response.
 pub(crate) enum ModelBytes {
-    /// The whole file, mapped (for sending only; see [`Stored::File`]), and the mapping,
-    /// whose open file the server's own reads go through.
-    Mapped { bytes: Bytes, mapping: Arc<MappedFile>, source_name: String, key: String, version: String },
+    /// The whole file, mapped (for sending only; see [`Stored::File`]), and the file as a
+    /// region, which the server's own reads go through.
+    Mapped { bytes: Bytes, file: FileRegion, version: String },
     /// The object version listed: every read of the response is bound to it.
     Remote { object: ObjectVersion, source: Arc<Source> },
 }
@@ -32,12 +32,7 @@ impl ModelBytes {
     /// The stored bytes at `range` of the file, for decoding or hashing.
     pub(crate) fn stored(&self, range: Range<u64>) -> Stored {
         match self {
-            ModelBytes::Mapped { mapping, source_name, key, .. } => Stored::File {
-                file: Arc::clone(mapping.file()),
-                source_name: source_name.clone(),
-                key: key.clone(),
-                range,
-            },
+            ModelBytes::Mapped { file, .. } => Stored::File(file.slice(range)),
             ModelBytes::Remote { object, .. } => Stored::Remote { object: object.clone(), range },
         }
     }
@@ -45,9 +40,9 @@ impl ModelBytes {
     /// The bytes at `range` of the file, served as they are.
     pub(crate) fn served(&self, readahead: &Readahead, model: &str, range: Range<u64>) -> Arc<dyn RangeSource> {
         match self {
-            ModelBytes::Mapped { bytes, mapping, version, .. } => Arc::new(MappedVersion {
+            ModelBytes::Mapped { bytes, file, version } => Arc::new(MappedVersion {
                 bytes: bytes.slice(range.start as usize..range.end as usize),
-                mapping: Arc::clone(mapping),
+                mapping: Arc::clone(file.mapping()),
                 version: version.clone(),
             }),
             ModelBytes::Remote { object, source } => Arc::new(RemoteRange {
@@ -194,9 +189,7 @@ pub(crate) async fn model_bytes(
     }
     Ok(ModelBytes::Mapped {
         bytes: Bytes::from_owner(ArcBytes(Arc::clone(&mapping))),
-        mapping,
-        source_name: model.source.name.clone(),
-        key: object.key.clone(),
+        file: FileRegion::whole(mapping, &model.source.name, &object.key),
         version: object.version.clone(),
     })
 }

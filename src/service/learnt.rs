@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use crate::catalog::{Catalog, Model};
 use crate::format::FormatError;
 use crate::format::view::View;
-use crate::storage::local::BlockSums;
+use crate::storage::BlockSums;
 
 /// A document rendered once per model version (the manifest as JSON) and its strong ETag.
 #[derive(Debug, Clone)]

@@ -247,16 +247,14 @@ async fn region_bytes(
         None => body,
     };
     let stored = component.stored_range();
-    let ModelBytes::Mapped { mapping, source_name, key, .. } = model_bytes(&model, &manifest, component.file).await?
-    else {
+    let ModelBytes::Mapped { file, .. } = model_bytes(&model, &manifest, component.file).await? else {
         return Ok(checksummed(body));
     };
     // Short runs are gathered into the process's memory: their bytes are checksummed there.
     if !component.is_verbatim() || region.slice.as_ref().is_some_and(|slice| !slice.sent_from_mapping()) {
         return Ok(checksummed(body));
     }
-    let file = Arc::clone(mapping.file());
-    let sums = representations.learnt.of(&model).block_sums(component.file, mapping.len() as u64);
+    let sums = representations.learnt.of(&model).block_sums(component.file, file.len());
     // A client gone before the trailer stops the read behind it, a piece at most later.
     let gone = Arc::new(AtomicBool::new(false));
     let (watching, left) = (Arc::clone(&gone), GoneOnDrop(gone));
@@ -264,11 +262,11 @@ async fn region_bytes(
         let at = |run: Range<u64>| stored.start + run.start..stored.start + run.end;
         let live = move |_: &Range<u64>| !watching.load(Ordering::Relaxed);
         match &region.slice {
-            Some(slice) => sums.crc32c_of_runs(&file, slice.runs().map(at).take_while(live), &source_name, &key),
+            Some(slice) => sums.crc32c_of_runs(&file, slice.runs().map(at).take_while(live)),
             None => {
                 let pieces = (stored.start..stored.end).step_by(CRC_PIECE as usize);
                 let pieces = pieces.map(|start| start..(start + CRC_PIECE).min(stored.end));
-                sums.crc32c_of_runs(&file, pieces.take_while(live), &source_name, &key)
+                sums.crc32c_of_runs(&file, pieces.take_while(live))
             }
         }
     });

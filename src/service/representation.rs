@@ -58,7 +58,7 @@ impl RangeSource for Bytes {
 
     fn open(&self, range: Range<u64>) -> ByteStream {
         let bytes = self.slice(range.start as usize..range.end as usize);
-        crate::storage::local::record_mapped("serve", bytes.len() as u64);
+        crate::storage::record_mapped("serve", bytes.len() as u64);
         let pieces = (0..bytes.len())
             .step_by(SLICE_PIECE)
             .map(move |at| Ok(bytes.slice(at..(at + SLICE_PIECE).min(bytes.len()))));

@@ -81,10 +81,9 @@ pub(crate) async fn sha256_of(
     let hashing = tokio::task::spawn_blocking(move || {
         let mut copy = Vec::new();
         while let Some(piece) = received.blocking_recv() {
-            match crate::storage::mapped::file_behind(&piece) {
-                Some(behind) => {
-                    copy.resize(piece.len(), 0);
-                    crate::storage::local::pread_exact_into(&behind.file, behind.offset, &mut copy, "", "")?;
+            match crate::storage::region::copy_of_mapped(&piece, &mut copy) {
+                Some(copied) => {
+                    copied?;
                     hasher.update(&copy);
                 }
                 None => hasher.update(&piece),

@@ -82,10 +82,10 @@ impl ResolvedSlice {
         whole: Arc<dyn RangeSource>,
     ) -> Arc<dyn RangeSource> {
         let cutter = match stored_in {
-            ModelBytes::Mapped { bytes: mapped, mapping, version, .. } if component.is_verbatim() => {
+            ModelBytes::Mapped { bytes: mapped, file, version } if component.is_verbatim() => {
                 let range = component.stored_range();
                 let sent = mapped.slice(range.start as usize..range.end as usize);
-                let (read, mapping, version) = (stored_in.stored(range), Arc::clone(mapping), version.clone());
+                let (read, mapping, version) = (stored_in.stored(range), Arc::clone(file.mapping()), version.clone());
                 Cutter::File(Arc::new(FileBytes { sent, read, mapping, version }))
             }
             _ => Cutter::Spans(whole),

@@ -82,7 +82,7 @@ impl MappedFile {
         //   slices; both are read by the kernel, which answers a vanished page with a short
         //   transfer or EFAULT (an error for that one connection), never a signal;
         // - bytes it reads itself (digest checks, decoding, content checks) are copied out with
-        //   `pread` ([`pread_stream`]), which reports a shrunk file as an error.
+        //   `pread` (`region.rs`), which reports a shrunk file as an error.
         // We chose this over a SIGBUS handler (async-signal-safe recovery that remaps zero pages
         // under a running thread, and must not misfire on other faults) and over size checks
         // before each load (always racy): it needs no signal code and has no window.
@@ -119,7 +119,7 @@ impl MappedFile {
         MappedFile { file, map: Some(map) }
     }
 
-    /// The open file mapped: what [`pread_stream`] reads the same bytes from.
+    /// The open file mapped: what a [`super::FileRegion`] reads the same bytes from.
     pub fn file(&self) -> &Arc<File> {
         &self.file
     }

@@ -12,12 +12,17 @@
 //! shared read-ahead budget. `tests/it/storage_conformance.rs` runs one suite against every
 //! backend.
 
+mod block_sums;
 pub mod cache;
 pub mod hub;
 pub mod local;
 pub mod mapped;
+pub mod region;
 pub mod s3;
 pub mod scan;
+
+pub(crate) use self::block_sums::BlockSums;
+pub use self::region::FileRegion;
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -45,7 +50,12 @@ pub fn record_bytes(backend: &'static str, purpose: &'static str, bytes: u64) {
     }
 }
 
-/// An error with its causes, which HTTP clients (reqwest) keep apart, in one message.
+/// Records bytes of local files taken from their mappings for `purpose`: the kernel reads them
+/// on first touch, so there is no read to time, only bytes to count.
+pub(crate) fn record_mapped(purpose: &'static str, bytes: u64) {
+    record_bytes("local", purpose, bytes);
+}
+
 /// The CA certificates of PEM bundle `file`, for a remote source's TLS client to trust beside
 /// the system's roots: each parsed by `parse` (the HTTP client's own certificate type), and at
 /// least one. Every error names the file.
@@ -61,6 +71,7 @@ pub(crate) fn ca_bundle<C, E: std::fmt::Display>(
     Ok(certs)
 }
 
+/// An error with its causes, which HTTP clients (reqwest) keep apart, in one message.
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -105,10 +116,8 @@ pub enum Payload {
     /// Bytes as they arrive.
     Stream(BoxStream<'static, Result<Bytes, StorageError>>),
     /// A region of a local file, mapped whole: a response sends it from the mapping with
-    /// `sendfile`, and the server reads it itself only with `pread` from the descriptor behind
-    /// the mapping ([`Read::into_stream`]), never by loading from the mapping, so a file
-    /// truncated in place fails a read instead of raising SIGBUS.
-    File { mapping: Arc<mapped::MappedFile>, source_name: String, key: String },
+    /// `sendfile`, and the server reads it itself only through [`FileRegion`]'s `pread`s.
+    File(FileRegion),
 }
 
 impl Read {
@@ -116,9 +125,7 @@ impl Read {
     pub fn into_stream(self) -> BoxStream<'static, Result<Bytes, StorageError>> {
         match self.payload {
             Payload::Stream(bytes) => bytes,
-            Payload::File { mapping, source_name, key } => {
-                local::pread_stream(Arc::clone(mapping.file()), self.range, &source_name, &key)
-            }
+            Payload::File(region) => region.stream(),
         }
     }
 
@@ -326,7 +333,7 @@ impl ObjectVersion {
         }
         let read = self.storage.read(&self.key, ByteRange::Bounded(0..self.size), &self.version).await?;
         Ok(match read.payload {
-            Payload::File { mapping, .. } => Some(mapping),
+            Payload::File(region) => Some(region.into_mapping()),
             Payload::Stream(_) => None,
         })
     }

@@ -172,7 +172,7 @@ async fn local_reads_are_file_regions_of_exactly_the_version_listed() {
     let object =
         ObjectVersion { storage: Arc::clone(&storage), key: listed.key, version: listed.version, size: listed.size };
     let read = storage.read(&object.key, ByteRange::Bounded(6..13), &object.version).await.unwrap();
-    assert!(matches!(read.payload, Payload::File { .. }), "a local read is a file region");
+    assert!(matches!(read.payload, Payload::File(_)), "a local read is a file region");
     let pieces: Vec<bytes::Bytes> = read.into_stream().try_collect().await.unwrap();
     assert_eq!(pieces.concat(), b"version", "read with pread");
     let mapping = object.mapping().await.unwrap().expect("a local file is mapped");

@@ -36,6 +36,7 @@ use crate::catalog::{Catalog, Model};
 use crate::digests::{FileDigests, FileIdentity, Queue, QueuedJob, Throughput};
 use crate::format::Manifest;
 use crate::format::view::ViewBytes;
+use crate::storage::FileRegion;
 use crate::telemetry::names;
 
 /// Which digest of a published file is asked for.
@@ -376,13 +377,13 @@ impl Hashing {
             }),
         };
         if let Some(index) = stored {
-            if let ModelBytes::Mapped { mapping, source_name, key, .. } = model_bytes(model, manifest, index).await? {
+            if let ModelBytes::Mapped { file: stored_file, .. } = model_bytes(model, manifest, index).await? {
                 let len = model.file_len(manifest, index);
                 let (buffer, spare) = (self.read_buffer, self.spare_page_cache);
                 let model_id = model.id.clone();
                 return tokio::task::spawn_blocking(move || {
                     let hasher = FileHasher::new(own, layer.as_ref());
-                    hash_local_file(hasher, mapping.file(), len, buffer, spare, &hashed, (&source_name, &key))
+                    hash_local_file(hasher, &stored_file.slice(0..len), buffer, spare, &hashed)
                         .map_err(|source| ServiceError::Storage { model: model_id, source })
                 })
                 .await
@@ -396,34 +397,24 @@ impl Hashing {
     }
 }
 
-/// The SHA-256 of the first `len` bytes of `file`, read with `pread` into one buffer of
-/// `buffer` bytes (blocking). With `spare_page_cache`, the pages read are dropped from the
-/// page cache behind the reads, so hashing a model larger than memory does not evict what is
-/// being served.
+/// The SHA-256 of `file`'s bytes, read a piece of `buffer` bytes at a time (blocking). With
+/// `spare_page_cache`, the pages read are dropped from the page cache behind the reads, so
+/// hashing a model larger than memory does not evict what is being served.
 fn hash_local_file(
     mut hasher: FileHasher,
-    file: &std::fs::File,
-    len: u64,
+    file: &FileRegion,
     buffer: usize,
     spare_page_cache: bool,
     hashed: &AtomicU64,
-    (source_name, key): (&str, &str),
 ) -> Result<FileSha256s, crate::storage::StorageError> {
-    let mut piece = vec![0u8; buffer.max(4096)];
     let counter = metrics::counter!(names::FILE_DIGEST_BYTES, "digest" => hasher.purpose());
     let pending = metrics::gauge!(names::DIGEST_PENDING_BYTES);
-    let mut at = 0u64;
-    while at < len {
-        let n = (len - at).min(piece.len() as u64) as usize;
-        crate::storage::local::pread_exact_into(file, at, &mut piece[..n], source_name, key)?;
-        hasher.update(&piece[..n]);
-        if spare_page_cache {
-            let _ = rustix::fs::fadvise(file, at, std::num::NonZeroU64::new(n as u64), rustix::fs::Advice::DontNeed);
-        }
-        at += n as u64;
-        hashed.fetch_add(n as u64, Ordering::Relaxed);
-        counter.increment(n as u64);
+    file.read_in_pieces(buffer, spare_page_cache, |piece| {
+        hasher.update(piece);
+        let n = piece.len() as u64;
+        hashed.fetch_add(n, Ordering::Relaxed);
+        counter.increment(n);
         pending.decrement(n as f64);
-    }
+    })?;
     Ok(hasher.finish())
 }
