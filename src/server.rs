@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::access::Tokens;
 use crate::artifacts::{ArtifactStore, Bucket, SharedStore};
+use crate::catalog::Source;
 use crate::config::{Config, OnUnreadableSource, SourceSpec};
 use crate::service::{Service, ServiceParts};
 use crate::signing::Trust;
@@ -142,25 +143,26 @@ fn service_parts(config: &Config) -> anyhow::Result<ServiceParts> {
         Some(dir) => Some(DiskCache::open(dir, config.cache.max_bytes, config.cache.block_bytes)?),
         None => None,
     };
-    let cached = |remote: Arc<dyn Storage>| -> Arc<dyn Storage> {
+    // A remote source read through the disk cache holds the cache's handle beside its storage.
+    let cached = |remote: Arc<dyn Storage>| -> Arc<Source> {
         match &disk_cache {
-            Some(cache) => Arc::new(CachedStorage::new(remote, Arc::clone(cache))),
-            None => remote,
+            Some(cache) => Source::cached(Arc::new(CachedStorage::new(remote, Arc::clone(cache)))),
+            None => Source::new(remote),
         }
     };
-    let mut storages = Vec::new();
+    let mut built_sources = Vec::new();
     for spec in &config.sources.paths {
         let name = spec.to_string();
-        storages.push(match spec {
+        built_sources.push(match spec {
             SourceSpec::S3 { bucket, prefix } => cached(Arc::new(S3Storage::new(&name, bucket, prefix, &s3)?)),
             SourceSpec::Hub { repo, revision } => {
                 cached(Arc::new(HubStorage::new(&name, repo, revision.as_deref(), &hub)?))
             }
-            SourceSpec::Local(path) => Arc::new(LocalStorage::new(&name, path)),
+            SourceSpec::Local(path) => Source::new(Arc::new(LocalStorage::new(&name, path))),
         });
     }
     Ok(ServiceParts {
-        storages,
+        built_sources,
         disk_cache,
         digest_store: crate::digests::FileDigests::open(config.digests.store.as_deref())?,
         sources: config.sources.clone(),

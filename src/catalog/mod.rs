@@ -131,7 +131,10 @@ impl Catalog {
                             catalog.signed.entry(model.id.clone()).or_insert_with(|| Arc::clone(dir));
                         }
                     }
-                    let from_disk = if kept.is_empty() { source.storage.kept_listing().await } else { None };
+                    let from_disk = match source.cache() {
+                        Some(cache) if kept.is_empty() => cache.kept_listing().await,
+                        _ => None,
+                    };
                     match from_disk {
                         // Nothing known yet (a start while the store is down): the listing the
                         // disk cache kept, whose manifests it holds.

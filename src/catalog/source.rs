@@ -1,9 +1,11 @@
-//! One configured source: its storage, and how it has been answering (a source that cannot
-//! be listed is reported degraded, with the failure, until it answers again).
+//! One configured source: its storage, the handle on the node's disk cache when its reads go
+//! through it, and how it has been answering (a source that cannot be listed is reported
+//! degraded, with the failure, until it answers again).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::storage::cache::CachedStorage;
 use crate::storage::{Storage, StorageError};
 
 /// One configured source and how it has been answering.
@@ -12,15 +14,33 @@ pub(crate) struct Source {
     /// As configured: `models`, `s3://bucket/prefix`.
     pub name: String,
     pub storage: Arc<dyn Storage>,
+    /// The disk cache `storage` reads through, when it does (then it is `storage` itself):
+    /// what only a cached source does (kept listings, pins, stated digests) is asked of it.
+    cache: Option<Arc<CachedStorage>>,
     degraded: AtomicBool,
     /// The last failure to list or read, while it lasts.
     failure: Mutex<Option<StorageError>>,
 }
 
 impl Source {
+    /// A source whose reads go straight to `storage`.
     pub(crate) fn new(storage: Arc<dyn Storage>) -> Arc<Source> {
+        Source::with(storage, None)
+    }
+
+    /// A source whose reads go through the node's disk cache.
+    pub(crate) fn cached(storage: Arc<CachedStorage>) -> Arc<Source> {
+        Source::with(Arc::clone(&storage) as Arc<dyn Storage>, Some(storage))
+    }
+
+    fn with(storage: Arc<dyn Storage>, cache: Option<Arc<CachedStorage>>) -> Arc<Source> {
         let name = storage.name().to_owned();
-        Arc::new(Source { name, storage, degraded: AtomicBool::new(false), failure: Mutex::new(None) })
+        Arc::new(Source { name, storage, cache, degraded: AtomicBool::new(false), failure: Mutex::new(None) })
+    }
+
+    /// The disk cache the source's reads go through; `None` when they go to the source.
+    pub(crate) fn cache(&self) -> Option<&Arc<CachedStorage>> {
+        self.cache.as_ref()
     }
 
     /// The backend's name (`local`, `s3`).

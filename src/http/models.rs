@@ -40,7 +40,7 @@ pub(super) async fn list(
             if let Some(container) = m.container {
                 entry["container"] = json!(container.id());
             }
-            if m.source.storage.is_cached() {
+            if m.source.cache().is_some() {
                 // Its stored files and the files beside it, as a prefetch fetches them.
                 let held = service::Held::of(&catalog, m);
                 entry["disk_cache"] = json!({ "bytes": held.bytes, "complete": held.bytes == held.total });
@@ -217,7 +217,7 @@ fn held_json(service: &service::Service, model: &Model) -> Value {
         "cached_bytes": held.bytes,
         "total_bytes": held.total,
         "complete": held.bytes == held.total,
-        "disk_cache": model.source.storage.is_cached(),
+        "disk_cache": model.source.cache().is_some(),
     })
 }
 
@@ -237,7 +237,7 @@ pub(super) async fn prefetch_progress(State(state): State<Arc<AppState>>, ready:
 pub(super) async fn prefetch(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
     let ReadyModel { model, .. } = ready;
     let service = Arc::clone(&state.service);
-    let running = model.source.storage.is_cached().then(|| service.prefetches().start(&service.catalog(), &model));
+    let running = model.source.cache().is_some().then(|| service.prefetches().start(&service.catalog(), &model));
     let lines = futures_util::stream::unfold(false, move |finished| {
         let (service, model, running) = (Arc::clone(&service), Arc::clone(&model), running.clone());
         async move {

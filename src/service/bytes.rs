@@ -74,7 +74,7 @@ pub(crate) fn storage_outcome<T>(
         Ok(value) => {
             // A read through the disk cache may not have reached the origin: a cached source
             // recovers at its next listing.
-            if !source.storage.is_cached() {
+            if source.cache().is_none() {
                 source.report_success();
             }
             Ok(value)
@@ -197,8 +197,10 @@ pub(crate) async fn model_bytes(
 /// Refuses at once, rather than partway through a body, an object its source cannot give now:
 /// the source is failing and its disk cache holds only part of the object.
 pub(super) fn servable(source: &Source, model: &str, object: &ObjectVersion) -> Result<(), ServiceError> {
-    if source.storage.is_cached() && source.failure().is_some() {
-        let cached = source.storage.cached_bytes(&object.key, &object.version, object.size);
+    if let Some(cache) = source.cache()
+        && source.failure().is_some()
+    {
+        let cached = cache.cached_bytes(&object.key, &object.version, object.size);
         if cached < object.size {
             return Err(ServiceError::NotCached {
                 model: model.to_owned(),

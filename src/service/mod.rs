@@ -54,8 +54,8 @@ pub(crate) use slices::{ResolvedSlice, SliceRequest};
 use crate::catalog::{Catalog, Model, ScanOptions, Source};
 use crate::decode::DecodeCache;
 use crate::format::{Limits, Manifest};
+use crate::storage::Readahead;
 use crate::storage::cache::DiskCache;
-use crate::storage::{Readahead, Storage};
 
 /// Models with at least this many objects have their manifest rendered ahead of need: about
 /// 100 ms of work and 5 MB of JSON.
@@ -91,12 +91,13 @@ pub(crate) struct Service {
     draining: std::sync::atomic::AtomicBool,
 }
 
-/// What a service is built from, by the composition root (`server`): each source's storage
-/// (a remote one already behind the node's disk cache), that cache, the digest store, and the
+/// What a service is built from, by the composition root (`server`): each source (a remote
+/// one's storage already behind the node's disk cache, the cache's handle set), that cache,
+/// the digest store, and the
 /// sections of the configuration its own components are built from. Nothing here reads the
 /// environment or holds the whole configuration.
 pub(crate) struct ServiceParts {
-    pub storages: Vec<Arc<dyn Storage>>,
+    pub built_sources: Vec<Arc<Source>>,
     pub disk_cache: Option<Arc<DiskCache>>,
     pub digest_store: crate::digests::FileDigests,
     pub sources: crate::config::Sources,
@@ -122,7 +123,7 @@ impl Service {
         // Installed before anything is recorded, so nothing is lost before the first scrape.
         crate::telemetry::metrics();
         let ServiceParts {
-            storages,
+            built_sources,
             disk_cache,
             digest_store,
             sources,
@@ -172,7 +173,7 @@ impl Service {
             digest_sync_interval: Duration::from_secs(digests.sync_interval_secs),
         };
         let hashing = Arc::new(Hashing::new(&digests, digest_store, Arc::clone(&publication), signing.clone(), waits));
-        let catalogs = Arc::new(catalogs::Catalogs::new(storages.into_iter().map(Source::new).collect(), options));
+        let catalogs = Arc::new(catalogs::Catalogs::new(built_sources, options));
         let admission = signatures::AdmissionParts {
             learnt: Arc::clone(&learnt),
             publication: Arc::clone(&publication),

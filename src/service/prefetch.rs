@@ -69,10 +69,8 @@ impl Held {
     pub(crate) fn of(catalog: &Catalog, model: &Model) -> Held {
         let objects = objects_of(catalog, model);
         let total = objects.iter().map(|o| o.size).sum();
-        if !model.source.storage.is_cached() {
-            return Held { bytes: total, total };
-        }
-        let bytes = objects.iter().map(|o| o.storage.cached_bytes(&o.key, &o.version, o.size)).sum();
+        let Some(cache) = model.source.cache() else { return Held { bytes: total, total } };
+        let bytes = objects.iter().map(|o| cache.cached_bytes(&o.key, &o.version, o.size)).sum();
         Held { bytes, total }
     }
 }
@@ -95,10 +93,11 @@ impl Prefetches {
         running.insert(key, Arc::clone(&prefetch));
         let objects = objects_of(catalog, model);
         let id = model.id.clone();
+        // Settled only after reads: one of no object waits for nothing of its own.
+        let cache = model.source.cache().filter(|_| !objects.is_empty()).cloned();
         tokio::spawn(async move {
             tracing::info!(model = %id, "prefetching into the disk cache");
             let mut failure = None;
-            let storage = objects.first().map(|o| Arc::clone(&o.storage));
             for object in objects {
                 let mut bytes = object.stream(0..object.size, "prefetch");
                 while let Some(piece) = bytes.next().await {
@@ -111,9 +110,9 @@ impl Prefetches {
                     break;
                 }
             }
-            if let Some(storage) = storage {
+            if let Some(cache) = cache {
                 // Done only once every block read is on disk.
-                storage.settled().await;
+                cache.settled().await;
             }
             match &failure {
                 None => tracing::info!(model = %id, "prefetched"),
@@ -132,7 +131,7 @@ impl Prefetches {
             catalog.get(id).is_some_and(|m| &m.version == version) && !matches!(prefetch.outcome(), Some(Err(_)))
         });
         let mut pinned = Vec::new();
-        for model in catalog.models().filter(|m| m.source.storage.is_cached() && m.state.is_ok()) {
+        for model in catalog.models().filter(|m| m.source.cache().is_some() && m.state.is_ok()) {
             if self.prefetched.contains(&model.id) {
                 self.start(catalog, model);
             }
@@ -146,7 +145,9 @@ impl Prefetches {
                 .filter(|o| o.storage.name() == source.name)
                 .map(|o| (o.key.clone(), o.version.clone()))
                 .collect();
-            source.storage.pin(&of_source);
+            if let Some(cache) = source.cache() {
+                cache.pin(&of_source);
+            }
         }
     }
 }

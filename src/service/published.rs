@@ -219,7 +219,7 @@ impl Publication {
     /// shard's digest, and a 700 GB model is not hashed again for a changed config), else the
     /// file built from the model's stored files (its name, size and layout, and every stored
     /// file's version). Versions are taken as the storage names content
-    /// ([`crate::storage::Storage::content_version`]), so a digest store kept on a volume still
+    /// ([`crate::storage::Content::version`]), so a digest store kept on a volume still
     /// serves a new container, whose overlay is a new device.
     pub(crate) fn digest_identity(
         &self,
@@ -230,8 +230,8 @@ impl Publication {
     ) -> FileIdentity {
         match self.object_behind(catalog, model, manifest, file) {
             Some(object) => {
-                let version = object.storage.content_version(&object.version);
-                file_identity(&model.source.name, "\0stored object", &object.key, version)
+                let version = object.content().version;
+                file_identity(&model.source.name, "\0stored object", &object.key, &version)
             }
             None => {
                 let layout = match &file.what {
@@ -244,7 +244,7 @@ impl Publication {
                 let mut built = format!("{}\0{layout}", file.size);
                 for stored in &model.files {
                     built.push('\0');
-                    built.push_str(stored.object.storage.content_version(&stored.object.version));
+                    built.push_str(&stored.object.content().version);
                 }
                 file_identity(&model.source.name, &model.id, &file.path, &built)
             }

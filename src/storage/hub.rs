@@ -23,7 +23,7 @@ use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 
-use super::{ByteRange, Listed, Payload, Read, Storage, StorageError, error_chain};
+use super::{ByteRange, Content, Listed, Payload, Read, ReadIntent, Storage, StorageError, error_chain};
 
 /// The public Hub, when neither the config nor `HF_ENDPOINT` names another.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -374,12 +374,24 @@ impl Storage for HubStorage {
 
     /// An LFS file's version is its oid, the SHA-256 of its content (64 hex digits); a small
     /// file's is its git blob id (40), which is not.
-    fn content_sha256(&self, _key: &str, version: &str) -> Option<[u8; 32]> {
+    fn content(&self, _key: &str, version: &str) -> Content {
         let mut digest = [0u8; 32];
-        (version.len() == 64).then(|| hex::decode_to_slice(version, &mut digest).ok()).flatten().map(|()| digest)
+        let sha256 =
+            (version.len() == 64).then(|| hex::decode_to_slice(version, &mut digest).ok()).flatten().map(|()| digest);
+        Content { version: version.to_owned(), sha256 }
     }
 
-    fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
+    fn maps_files(&self) -> bool {
+        false
+    }
+
+    fn read(
+        &self,
+        key: &str,
+        range: ByteRange,
+        version: &str,
+        _intent: ReadIntent,
+    ) -> BoxFuture<'_, Result<Read, StorageError>> {
         let key = key.to_owned();
         let version = version.to_owned();
         async move {

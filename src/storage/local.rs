@@ -38,8 +38,9 @@ impl super::Storage for LocalStorage {
 
     /// The version without its device: a container's overlay is a new device at every start,
     /// while the inode, size and times of an image's file stay what they were.
-    fn content_version<'v>(&self, version: &'v str) -> &'v str {
-        version.split_once('-').map_or(version, |(_device, rest)| rest)
+    fn content(&self, _key: &str, version: &str) -> super::Content {
+        let version = version.split_once('-').map_or(version, |(_device, rest)| rest);
+        super::Content { version: version.to_owned(), sha256: None }
     }
 
     fn list(&self) -> futures_util::future::BoxFuture<'_, Result<Vec<super::Listed>, super::StorageError>> {
@@ -69,6 +70,7 @@ impl super::Storage for LocalStorage {
         key: &str,
         range: super::ByteRange,
         version: &str,
+        _intent: super::ReadIntent,
     ) -> futures_util::future::BoxFuture<'_, Result<super::Read, super::StorageError>> {
         use futures_util::FutureExt as _;
         let (key, version) = (key.to_owned(), version.to_owned());
@@ -121,7 +123,7 @@ mod tests {
         let identity = |device| FileIdentity { device, inode: 7, size: 9, mtime_ns: 11, ctime_ns: 13 };
         let (here, remounted) = (version_of(&identity(1)), version_of(&identity(2)));
         assert_ne!(here, remounted);
-        assert_eq!(storage.content_version(&here), storage.content_version(&remounted));
-        assert_eq!(storage.content_version(&here), "7-9-b-d");
+        assert_eq!(storage.content("k", &here), storage.content("k", &remounted));
+        assert_eq!(storage.content("k", &here).version, "7-9-b-d");
     }
 }

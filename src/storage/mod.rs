@@ -186,72 +186,57 @@ impl StorageError {
     }
 }
 
-/// A place model files live.
+/// What a read is for: a backend that keeps only checked bytes (the disk cache) answers the
+/// catalog's parsing differently from bytes that may reach a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadIntent {
+    /// Bytes that may reach a client, as they are or decoded (serving, decoding, checking,
+    /// prefetching).
+    Serve,
+    /// The catalog's own parsing (a manifest, a header), never sent to a client as it is: the
+    /// disk cache, for an object whose digest is known, may read it from the origin without
+    /// keeping it, rather than bring the whole object to check a header.
+    Parse,
+}
+
+/// What a source knows of one object version's content without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Content {
+    /// What of the version names the object's bytes wherever the storage is mounted: what a
+    /// content digest is kept by, so that it outlives a remount (a container's new overlay).
+    pub version: String,
+    /// The SHA-256 of the whole object, when the source says it (a Hub file's LFS id is its
+    /// content's SHA-256).
+    pub sha256: Option<[u8; 32]>,
+}
+
+/// A place model files live. Every backend implements every method; what only the node's
+/// disk cache does is [`cache::CachedStorage`]'s own, reached through the handle a source
+/// holds, never through this trait.
 pub trait Storage: Send + Sync + std::fmt::Debug {
     /// The source as configured (`models`, `s3://bucket/prefix`).
     fn name(&self) -> &str;
-    /// Every model file under the root, in key order.
-    fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>>;
-    /// Reads `range` of `key`, only from the version `version`.
-    fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>>;
-    /// [`Storage::read`] for the catalog's own parsing (a manifest, a header), never sent to a
-    /// client as it is: a backend that keeps only checked bytes (the disk cache, for an object
-    /// whose digest is known) may read it from the origin without keeping it, rather than
-    /// bring the whole object to check a header.
-    fn read_to_parse(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
-        self.read(key, range, version)
-    }
     /// The backend's name in metrics (`local`, `s3`).
     fn backend(&self) -> &'static str;
+    /// Every model file under the root, in key order.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>>;
+    /// Reads `range` of `key`, only from the version `version`, for `intent`.
+    fn read(
+        &self,
+        key: &str,
+        range: ByteRange,
+        version: &str,
+        intent: ReadIntent,
+    ) -> BoxFuture<'_, Result<Read, StorageError>>;
+    /// What the source knows of the content of `key` at `version`.
+    fn content(&self, key: &str, version: &str) -> Content;
     /// Whether reads answer with file regions ([`Payload::File`]) that a response can send
     /// without copying: then a model's whole file is read once and its mapping kept.
-    fn maps_files(&self) -> bool {
-        false
-    }
-    /// Whether reads go through the node's disk cache (`cache/`).
-    fn is_cached(&self) -> bool {
-        false
-    }
-    /// The last listing the disk cache kept, for a start while the source cannot be listed;
-    /// `None` when none is kept (or the backend has no disk cache).
-    fn kept_listing(&self) -> BoxFuture<'_, Option<Vec<Listed>>> {
-        Box::pin(std::future::ready(None))
-    }
-    /// How many bytes of `key` at `version` (`size` bytes long) the disk cache holds (0 for a
-    /// backend without one).
-    fn cached_bytes(&self, _key: &str, _version: &str, _size: u64) -> u64 {
-        0
-    }
-    /// Keeps these objects (key and version) in the disk cache: eviction never takes their
-    /// blocks. Replaces the objects pinned before.
-    fn pin(&self, _objects: &[(String, String)]) {}
-    /// What of `version` names the object's bytes wherever the storage is mounted: what a
-    /// content digest is kept by, so that it outlives a remount (a container's new overlay).
-    fn content_version<'v>(&self, version: &'v str) -> &'v str {
-        version
-    }
-    /// The SHA-256 of the whole object at `version`, when the source says it (a Hub file's LFS
-    /// id is its content's SHA-256); `None` when it does not.
-    fn content_sha256(&self, _key: &str, _version: &str) -> Option<[u8; 32]> {
-        None
-    }
-    /// Says that the whole object at `version` has SHA-256 `digest` (a `SHA256SUMS` line): a
-    /// backend that keeps what it reads (the disk cache) keeps it only once it matches.
-    fn expect_sha256(&self, _key: &str, _version: &str, _digest: [u8; 32]) {}
-    /// Whether reads of the object at `version` are checked against a digest (its source's
-    /// own, or one [`Storage::expect_sha256`] handed down).
-    fn expects_sha256(&self, _key: &str, _version: &str) -> bool {
-        false
-    }
-    /// Waits until every byte read so far is kept in the disk cache (its blocks are written
-    /// while readers already have them).
-    fn settled(&self) -> BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
-    }
+    fn maps_files(&self) -> bool;
 }
 
-/// The purpose of the catalog's reads of what it parses (in metrics too): see
-/// [`Storage::read_to_parse`].
+/// The purpose of the catalog's reads of what it parses (in metrics too), read with
+/// [`ReadIntent::Parse`].
 pub const MANIFEST_READ: &str = "manifest";
 
 /// One version of one object: every read through it is bound to that version, so the reads
@@ -280,6 +265,11 @@ impl ObjectVersion {
         StorageError::Unavailable { source_name: self.storage.name().to_owned(), message }
     }
 
+    /// What the source knows of this version's content.
+    pub fn content(&self) -> Content {
+        self.storage.content(&self.key, &self.version)
+    }
+
     /// `range`'s bytes as they arrive, from one ranged read opened when first polled (for
     /// `purpose` in metrics). A read that ends early is an error, never a short success.
     pub fn stream(&self, range: Range<u64>, purpose: &'static str) -> BoxStream<'static, Result<Bytes, StorageError>> {
@@ -291,10 +281,8 @@ impl ObjectVersion {
         let opened = async move {
             let started = std::time::Instant::now();
             let range = ByteRange::Bounded(range);
-            let read = match purpose {
-                MANIFEST_READ => this.storage.read_to_parse(&this.key, range, &this.version).await,
-                _ => this.storage.read(&this.key, range, &this.version).await,
-            };
+            let intent = if purpose == MANIFEST_READ { ReadIntent::Parse } else { ReadIntent::Serve };
+            let read = this.storage.read(&this.key, range, &this.version, intent).await;
             record_read(this.storage.backend(), purpose, started, 0);
             read.map(|read| (this, read.into_stream()))
         };
@@ -331,7 +319,8 @@ impl ObjectVersion {
         if !self.storage.maps_files() {
             return Ok(None);
         }
-        let read = self.storage.read(&self.key, ByteRange::Bounded(0..self.size), &self.version).await?;
+        let whole = ByteRange::Bounded(0..self.size);
+        let read = self.storage.read(&self.key, whole, &self.version, ReadIntent::Serve).await?;
         Ok(match read.payload {
             Payload::File(region) => Some(region.into_mapping()),
             Payload::Stream(_) => None,

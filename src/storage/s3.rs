@@ -20,7 +20,7 @@ use object_store::path::Path;
 use object_store::signer::{HeaderName, HeaderValue, Method, SignedUrlOptions, Signer as _};
 use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 
-use super::{ByteRange, Listed, Payload, Read, Storage, StorageError};
+use super::{ByteRange, Content, Listed, Payload, Read, ReadIntent, Storage, StorageError};
 use crate::config::S3Source;
 
 /// S3 error codes that no retry will cure: credentials, permissions or a missing bucket.
@@ -320,12 +320,23 @@ impl Storage for S3Storage {
         .boxed()
     }
 
-    fn content_sha256(&self, key: &str, version: &str) -> Option<[u8; 32]> {
+    fn content(&self, key: &str, version: &str) -> Content {
         let known = self.checksums.lock().expect("never poisoned");
-        known.get(&(key.to_owned(), version.to_owned())).copied().flatten()
+        let sha256 = known.get(&(key.to_owned(), version.to_owned())).copied().flatten();
+        Content { version: version.to_owned(), sha256 }
     }
 
-    fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
+    fn maps_files(&self) -> bool {
+        false
+    }
+
+    fn read(
+        &self,
+        key: &str,
+        range: ByteRange,
+        version: &str,
+        _intent: ReadIntent,
+    ) -> BoxFuture<'_, Result<Read, StorageError>> {
         let key = key.to_owned();
         let version = version.to_owned();
         async move {

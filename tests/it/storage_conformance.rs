@@ -13,7 +13,7 @@ use object_store::{ObjectStoreExt as _, PutPayload};
 use ztserve::storage::hub::{HubOptions, HubStorage};
 use ztserve::storage::local::LocalStorage;
 use ztserve::storage::s3::S3Storage;
-use ztserve::storage::{ByteRange, ObjectVersion, Payload, Storage, StorageError};
+use ztserve::storage::{ByteRange, ObjectVersion, Payload, ReadIntent, Storage, StorageError};
 
 /// Where the suite puts and replaces objects, for each backend.
 trait Fixture {
@@ -92,7 +92,17 @@ async fn collect(
     range: ByteRange,
     version: &str,
 ) -> Result<(u64, Vec<u8>), StorageError> {
-    let (size, _, bytes) = storage.read(key, range, version).await?.collect(storage.name()).await?;
+    collect_for(storage, key, range, version, ReadIntent::Serve).await
+}
+
+async fn collect_for(
+    storage: &dyn Storage,
+    key: &str,
+    range: ByteRange,
+    version: &str,
+    intent: ReadIntent,
+) -> Result<(u64, Vec<u8>), StorageError> {
+    let (size, _, bytes) = storage.read(key, range, version, intent).await?.collect(storage.name()).await?;
     Ok((size, bytes))
 }
 
@@ -126,6 +136,9 @@ async fn suite(fixture: &impl Fixture) {
     let middle = (1 << 20) + 3..(3 << 20) - 5;
     let (_, got) = collect(storage, &big_key, ByteRange::Bounded(middle.clone()), &big_version).await.unwrap();
     assert!(got == big[middle.start as usize..middle.end as usize], "{}: large range differs", storage.name());
+    // A read for parsing answers the same bytes as one for serving, however it is had.
+    let parsed = collect_for(storage, &big_key, ByteRange::Suffix(100), &big_version, ReadIntent::Parse).await;
+    assert_eq!(parsed.unwrap(), (3 << 20, big[(3 << 20) - 100..].to_vec()), "{}", storage.name());
 
     // A replaced object is a new version: reads of the old one fail, never mix.
     fixture.put("a.bin", b"second version!").await;
@@ -171,7 +184,7 @@ async fn local_reads_are_file_regions_of_exactly_the_version_listed() {
     let listed = storage.list().await.unwrap().remove(0);
     let object =
         ObjectVersion { storage: Arc::clone(&storage), key: listed.key, version: listed.version, size: listed.size };
-    let read = storage.read(&object.key, ByteRange::Bounded(6..13), &object.version).await.unwrap();
+    let read = storage.read(&object.key, ByteRange::Bounded(6..13), &object.version, ReadIntent::Serve).await.unwrap();
     assert!(matches!(read.payload, Payload::File(_)), "a local read is a file region");
     let pieces: Vec<bytes::Bytes> = read.into_stream().try_collect().await.unwrap();
     assert_eq!(pieces.concat(), b"version", "read with pread");
@@ -245,9 +258,12 @@ async fn an_unreachable_store_fails_promptly_as_unavailable_and_a_missing_bucket
     drop(server);
     let gone = S3Storage::new("s3://models", "models", "", &options).unwrap();
     let started = std::time::Instant::now();
-    let read = tokio::time::timeout(Duration::from_secs(30), gone.read("a.zt", ByteRange::Bounded(0..1), "\"x\""))
-        .await
-        .expect("no hang");
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        gone.read("a.zt", ByteRange::Bounded(0..1), "\"x\"", ReadIntent::Serve),
+    )
+    .await
+    .expect("no hang");
     assert!(matches!(read, Err(StorageError::Unavailable { .. })), "{:?}", read.map(|r| r.size));
     assert!(started.elapsed() < Duration::from_secs(15), "gave up after {:?}", started.elapsed());
 }

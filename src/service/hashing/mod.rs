@@ -225,9 +225,7 @@ impl Hashing {
         manifest: &Arc<Manifest>,
         file: &PublishedFile,
     ) -> Option<[u8; 32]> {
-        self.publication
-            .object_behind(catalog, model, manifest, file)
-            .and_then(|object| object.storage.content_sha256(&object.key, &object.version))
+        self.publication.object_behind(catalog, model, manifest, file).and_then(|object| object.content().sha256)
     }
 
     /// Starts workers while files are queued and fewer than `hash_concurrency` run. A worker

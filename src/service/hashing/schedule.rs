@@ -63,7 +63,8 @@ impl Hashing {
             // and only a model with a SHA256SUMS has lines to hand down.
             let Ok(manifest) = &model.state else { continue };
             let has_sums = || catalog.companions(&model.id).iter().any(|c| c.name == crate::format::sums::SUMS_FILE);
-            if !model.source.storage.is_cached() || !has_sums() {
+            let Some(cache) = model.source.cache() else { continue };
+            if !has_sums() {
                 continue;
             }
             let untold: Vec<(String, ObjectVersion)> = self
@@ -73,7 +74,7 @@ impl Hashing {
                 .filter_map(|file| {
                     Some((file.path.clone(), self.publication.object_behind(catalog, model, manifest, &file)?))
                 })
-                .filter(|(_, o)| o.storage.is_cached() && !o.storage.expects_sha256(&o.key, &o.version))
+                .filter(|(_, o)| !cache.expects_sha256(&o.key, &o.version))
                 .collect();
             if untold.is_empty() {
                 continue;
@@ -81,7 +82,7 @@ impl Hashing {
             let sums = self.stated_sums(catalog, model).await;
             for (path, object) in untold {
                 if let Some(digest) = sums.get(&path) {
-                    object.storage.expect_sha256(&object.key, &object.version, *digest);
+                    cache.expect_sha256(&object.key, &object.version, *digest);
                 }
             }
             read.insert(model.id.clone(), sums);

@@ -12,7 +12,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::reading::Reading;
 use super::{BLOCKS_AHEAD, DiskCache, MAX_FILL_BYTES};
-use crate::storage::{ByteRange, Listed, Payload, Read, Storage, StorageError};
+use crate::storage::{ByteRange, Content, Listed, Payload, Read, ReadIntent, Storage, StorageError};
 
 /// A remote backend whose reads go through the node's [`DiskCache`].
 #[derive(Debug)]
@@ -41,7 +41,8 @@ impl CachedStorage {
     /// The best digest known of `key` at `version`: the source's own, else one stated.
     fn expected_sha256(&self, key: &str, version: &str) -> Option<[u8; 32]> {
         self.inner
-            .content_sha256(key, version)
+            .content(key, version)
+            .sha256
             .or_else(|| self.stated.lock().expect("never poisoned").get(&(key.to_owned(), version.to_owned())).copied())
     }
 
@@ -72,32 +73,81 @@ impl Storage for CachedStorage {
         .boxed()
     }
 
-    fn is_cached(&self) -> bool {
-        true
-    }
-
-    fn kept_listing(&self) -> BoxFuture<'_, Option<Vec<Listed>>> {
-        async move {
-            let (cache, source) = (Arc::clone(&self.cache), self.name().to_owned());
-            let listed = tokio::task::spawn_blocking(move || cache.kept_listing(&source)).await.ok()??;
-            self.remember(&listed);
-            Some(listed)
+    fn read(
+        &self,
+        key: &str,
+        range: ByteRange,
+        version: &str,
+        intent: ReadIntent,
+    ) -> BoxFuture<'_, Result<Read, StorageError>> {
+        match intent {
+            ReadIntent::Serve => self.read_to_serve(key, range, version),
+            ReadIntent::Parse => self.read_to_parse(key, range, version),
         }
-        .boxed()
     }
 
-    fn cached_bytes(&self, key: &str, version: &str, size: u64) -> u64 {
+    fn content(&self, key: &str, version: &str) -> Content {
+        self.inner.content(key, version)
+    }
+
+    fn maps_files(&self) -> bool {
+        false
+    }
+}
+
+/// The disk cache's own interface, for what only a cached source does: the composition root
+/// hands each cached source's handle to its `catalog::Source`, and the code that keeps,
+/// pins, checks or reports cached bytes reaches it there.
+impl CachedStorage {
+    /// The last listing the disk cache kept, for a start while the source cannot be listed;
+    /// `None` when none is kept.
+    pub async fn kept_listing(&self) -> Option<Vec<Listed>> {
+        let (cache, source) = (Arc::clone(&self.cache), self.name().to_owned());
+        let listed = tokio::task::spawn_blocking(move || cache.kept_listing(&source)).await.ok()??;
+        self.remember(&listed);
+        Some(listed)
+    }
+
+    /// How many bytes of `key` at `version` (`size` bytes long) the disk cache holds.
+    pub fn cached_bytes(&self, key: &str, version: &str, size: u64) -> u64 {
         let checked = self.expected_sha256(key, version).is_some();
         self.cache.held_of(self.name(), key, version, size, checked)
     }
 
+    /// Keeps these objects (key and version) in the disk cache: eviction never takes their
+    /// blocks. Replaces the objects pinned before.
+    pub fn pin(&self, objects: &[(String, String)]) {
+        self.cache.pin(self.name(), objects);
+    }
+
+    /// Says that the whole object at `version` has SHA-256 `digest` (a `SHA256SUMS` line): its
+    /// bytes are kept only once they match. A digest the source gives itself prevails.
+    pub fn expect_sha256(&self, key: &str, version: &str, digest: [u8; 32]) {
+        if self.inner.content(key, version).sha256.is_none() {
+            self.stated.lock().expect("never poisoned").insert((key.to_owned(), version.to_owned()), digest);
+        }
+    }
+
+    /// Whether reads of the object at `version` are checked against a digest (its source's
+    /// own, or one [`CachedStorage::expect_sha256`] handed down).
+    pub fn expects_sha256(&self, key: &str, version: &str) -> bool {
+        self.expected_sha256(key, version).is_some()
+    }
+
+    /// Waits until every byte read so far is kept on disk (blocks are written while readers
+    /// already have them).
+    pub async fn settled(&self) {
+        self.cache.settled().await;
+    }
+
+    /// A read for the catalog's parsing. An object not yet whole on disk whose digest is
+    /// known: a header is read from the origin and not kept (a block is kept only once the
+    /// whole object is checked). One the parse reads whole (a checkpoint's index), or of a
+    /// block at most, is brought onto disk checked as any read is: a node restarted while its
+    /// origin is down parses it again.
     fn read_to_parse(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
         let size = self.listed.lock().expect("never poisoned").get(key).filter(|(v, _)| v == version).map(|(_, s)| *s);
         let checked = self.expected_sha256(key, version).is_some();
-        // An object not yet whole on disk whose digest is known: a header is read from the
-        // origin and not kept (a block is kept only once the whole object is checked). One the
-        // parse reads whole (a checkpoint's index), or of a block at most, is brought onto disk
-        // checked as any read is: a node restarted while its origin is down parses it again.
         let whole = |size: u64| match &range {
             ByteRange::Bounded(r) => r.start == 0 && r.end >= size,
             ByteRange::Suffix(n) => *n >= size,
@@ -109,35 +159,14 @@ impl Storage for CachedStorage {
                     && size > self.cache.block_bytes
                     && self.cache.held_of(self.name(), key, version, size, true) < size =>
             {
-                self.inner.read(key, range, version)
+                self.inner.read(key, range, version, ReadIntent::Parse)
             }
-            _ => self.read(key, range, version),
+            _ => self.read_to_serve(key, range, version),
         }
     }
 
-    fn expect_sha256(&self, key: &str, version: &str, digest: [u8; 32]) {
-        if self.inner.content_sha256(key, version).is_none() {
-            self.stated.lock().expect("never poisoned").insert((key.to_owned(), version.to_owned()), digest);
-        }
-    }
-
-    fn expects_sha256(&self, key: &str, version: &str) -> bool {
-        self.expected_sha256(key, version).is_some()
-    }
-
-    fn pin(&self, objects: &[(String, String)]) {
-        self.cache.pin(self.name(), objects);
-    }
-
-    fn content_sha256(&self, key: &str, version: &str) -> Option<[u8; 32]> {
-        self.inner.content_sha256(key, version)
-    }
-
-    fn settled(&self) -> BoxFuture<'_, ()> {
-        self.cache.settled().boxed()
-    }
-
-    fn read(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
+    /// A read of bytes that may reach a client: block by block, through the disk.
+    fn read_to_serve(&self, key: &str, range: ByteRange, version: &str) -> BoxFuture<'_, Result<Read, StorageError>> {
         let size = match self.listed.lock().expect("never poisoned").get(key) {
             Some((listed, size)) if listed == version => Some(*size),
             _ => None,
@@ -145,7 +174,7 @@ impl Storage for CachedStorage {
         let (key, version) = (key.to_owned(), version.to_owned());
         async move {
             // An object not listed in this version is read from the source as it is.
-            let Some(size) = size else { return self.inner.read(&key, range, &version).await };
+            let Some(size) = size else { return self.inner.read(&key, range, &version, ReadIntent::Serve).await };
             let range = match range {
                 ByteRange::Suffix(n) => size - n.min(size)..size,
                 ByteRange::Bounded(r) if r.start <= r.end && r.end <= size => r,

@@ -11,7 +11,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use super::index::BlockId;
 use super::verify::{Verification, Verify};
 use super::{DiskCache, Fill, MAX_FILL_BYTES};
-use crate::storage::{ByteRange, Storage, StorageError};
+use crate::storage::{ByteRange, ReadIntent, Storage, StorageError};
 use crate::telemetry::names;
 
 /// One read through the cache.
@@ -199,7 +199,8 @@ impl FillRun {
         tracing::debug!(key = %self.key, start = span.start, end = span.end, "filling blocks from the source");
         let mut waiting = blocks.into_iter().peekable();
         let outcome = async {
-            let read = self.inner.read(&self.key, ByteRange::Bounded(span.clone()), &self.version).await?;
+            let read =
+                self.inner.read(&self.key, ByteRange::Bounded(span.clone()), &self.version, ReadIntent::Serve).await?;
             let mut pieces = read.into_stream();
             let mut buffer = Vec::new();
             while let Some(piece) = pieces.next().await {

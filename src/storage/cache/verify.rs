@@ -24,7 +24,7 @@ use sha2::Digest as _;
 
 use super::index::BlockId;
 use super::{DiskCache, MAX_FILL_BYTES};
-use crate::storage::{ByteRange, Storage, StorageError};
+use crate::storage::{ByteRange, ReadIntent, Storage, StorageError};
 use crate::telemetry::names;
 
 /// A run bringing one object onto disk, checked, for every reader waiting on it.
@@ -274,7 +274,8 @@ impl Verify {
         written: &mut Vec<(BlockId, PathBuf, u64)>,
     ) -> Result<(), Failure> {
         let span = self.span(blocks.start).start..self.span(blocks.end - 1).end;
-        let read = self.inner.read(&self.key, ByteRange::Bounded(span.clone()), &self.version).await?;
+        let read =
+            self.inner.read(&self.key, ByteRange::Bounded(span.clone()), &self.version, ReadIntent::Serve).await?;
         let mut pieces = read.into_stream();
         let (mut index, mut buffer) = (blocks.start, Vec::new());
         while let Some(piece) = pieces.next().await {
