@@ -72,3 +72,20 @@ impl Source {
         self.failure.lock().expect("never poisoned").clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_cached_source_holds_the_cache_and_reads_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let local: Arc<dyn Storage> = Arc::new(crate::storage::local::LocalStorage::new("models", dir.path()));
+        assert!(Source::new(Arc::clone(&local)).cache().is_none());
+        let cache = crate::storage::cache::DiskCache::open(&dir.path().join("cache"), 1 << 20, 4096).unwrap();
+        let source = Source::cached(Arc::new(CachedStorage::new(local, cache)));
+        let handle = source.cache().expect("a cached source holds its cache");
+        assert!(std::ptr::addr_eq(Arc::as_ptr(handle), Arc::as_ptr(&source.storage)), "its reads go through it");
+        assert_eq!(source.name, "models");
+    }
+}

@@ -1,23 +1,25 @@
-//! Where bytes come from: one object-safe async trait, [`Storage`], for every backend the
-//! server uses: a local directory (`local.rs`, whose reads are regions of files mapped whole,
-//! sent with `sendfile` and read by the server only with `pread`), an S3 bucket prefix
-//! (`s3.rs`, through `object_store`) and a Hub repository (`hub.rs`, by the Hub's read API),
-//! the remote ones read through the node's disk cache (`cache/`) when one is configured. A
-//! backend lists every file under its root but hidden ones (a path part starting with `.`),
-//! model files and the files beside them alike, and reads byte ranges of one object
-//! *version*: a read of an object that changed since it was listed fails with
-//! [`StorageError::Changed`] rather than mixing two versions.
-//! [`ObjectVersion`] binds the reads of one response to one version, checks that each read
-//! delivers exactly what was asked, and splits long reads into parallel ranged reads under a
-//! shared read-ahead budget. `tests/it/storage_conformance.rs` runs one suite against every
-//! backend.
+//! Where bytes come from: one small object-safe async trait, [`Storage`], whose six methods
+//! every backend implements: a local directory (`local.rs`, whose reads are [`FileRegion`]s of
+//! files mapped whole, sent with `sendfile` and read by the server only with `pread`,
+//! `region.rs`), an S3 bucket prefix (`s3.rs`, through `object_store`), a Hub repository
+//! (`hub.rs`, by the Hub's read API), and the node's disk cache (`cache/`), a wrapper around a
+//! remote backend whose own interface (kept listings, held bytes, pins, stated digests) is
+//! reached through the handle a cached source holds, never through the trait. A backend lists
+//! every file under its root but hidden ones (a path part starting with `.`), model files and
+//! the files beside them alike, reads byte ranges of one object *version* for a
+//! [`ReadIntent`] (a read of an object that changed since it was listed fails with
+//! [`StorageError::Changed`] rather than mixing two versions), and says what it knows of a
+//! version's [`Content`] without reading it. [`ObjectVersion`] binds the reads of one response
+//! to one version, checks that each read delivers exactly what was asked, and splits long
+//! reads into parallel ranged reads under a shared read-ahead budget.
+//! `tests/it/storage_conformance.rs` runs one suite against every backend.
 
 mod block_sums;
 pub mod cache;
 pub mod hub;
 pub mod local;
 pub mod mapped;
-pub mod region;
+pub(crate) mod region;
 pub mod s3;
 pub mod scan;
 

@@ -252,3 +252,48 @@ impl CachedStorage {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source that says the SHA-256 of `said` at any version, and of nothing else.
+    #[derive(Debug)]
+    struct Says;
+
+    impl Storage for Says {
+        fn name(&self) -> &str {
+            "says"
+        }
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, StorageError>> {
+            std::future::ready(Ok(Vec::new())).boxed()
+        }
+        fn read(&self, _: &str, _: ByteRange, _: &str, _: ReadIntent) -> BoxFuture<'_, Result<Read, StorageError>> {
+            let unread = StorageError::Unavailable { source_name: "says".into(), message: "never read".into() };
+            std::future::ready(Err(unread)).boxed()
+        }
+        fn content(&self, key: &str, version: &str) -> Content {
+            Content { version: version.to_owned(), sha256: (key == "said").then_some([1; 32]) }
+        }
+        fn maps_files(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_stated_digest_checks_one_version_and_never_overrides_the_sources_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let cached = CachedStorage::new(Arc::new(Says), DiskCache::open(dir.path(), 1 << 20, 4096).unwrap());
+        assert!(cached.expects_sha256("said", "v"), "the source's own digest checks its reads");
+        assert!(!cached.expects_sha256("other", "v"));
+        cached.expect_sha256("other", "v", [2; 32]);
+        assert!(cached.expects_sha256("other", "v"));
+        assert!(!cached.expects_sha256("other", "w"), "a stated digest is of one version");
+        cached.expect_sha256("said", "v", [3; 32]);
+        assert_eq!(cached.expected_sha256("said", "v"), Some([1; 32]));
+        assert_eq!(cached.content("other", "v").sha256, None, "content is what the source says, not what was stated");
+    }
+}
