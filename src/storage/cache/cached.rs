@@ -1,6 +1,8 @@
-//! The remote backend behind the disk cache: listings remembered (and kept for a start while
-//! the source cannot be listed), digests stated beside the source's, and each read turned into
-//! blocks, from disk or filled from the source, sequential reads filled ahead.
+//! The remote backend behind the disk cache, as a [`Storage`] wrapper: listings remembered
+//! (and kept for a start while the source cannot be listed), digests stated beside the
+//! source's, and each read turned into blocks, from disk or filled from the source, sequential
+//! reads filled ahead; beside the trait, the cache's own interface (the kept listing, bytes
+//! held, pins, stated digests, waiting for writes), which a cached source holds as a handle.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -139,7 +141,10 @@ impl CachedStorage {
     pub async fn settled(&self) {
         self.cache.settled().await;
     }
+}
 
+/// Reads, as the trait's [`ReadIntent`]s ask for them.
+impl CachedStorage {
     /// A read for the catalog's parsing. An object not yet whole on disk whose digest is
     /// known: a header is read from the origin and not kept (a block is kept only once the
     /// whole object is checked). One the parse reads whole (a checkpoint's index), or of a
@@ -197,9 +202,7 @@ impl CachedStorage {
         }
         .boxed()
     }
-}
 
-impl CachedStorage {
     /// `range` of the object, block by block: each from disk, or fetched from the source by a
     /// fill that reads every missing block from this one on, up to `fill_to`, in one request.
     fn blocks(
