@@ -12,16 +12,27 @@
 //! [`ArtifactStore::put_blob`] and the lookups blocks on the disk: callers on the runtime run
 //! them on the blocking pool.
 
+mod bundle;
+mod error;
+mod index;
 mod shared;
 mod signed;
 #[cfg(test)]
 mod tests;
+mod writer;
 
+pub(crate) use bundle::{Bundle, BundleFile, check_files, check_name, check_path};
+pub(crate) use error::ArtifactError;
 pub(crate) use shared::{Bucket, SharedStore};
 pub(crate) use signed::{sign_bundle, verify_bundle};
+pub(crate) use writer::Priority;
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
+use bundle::{StoredBundle, read_bundle_file};
+use error::io_at;
+use index::{HeldBlob, Index, Reservation};
+use writer::{spawn_writer, sync_dir};
+
+use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,7 +40,6 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt as _};
-use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use crate::digests::is_sha256_hex;
@@ -38,116 +48,11 @@ use crate::digests::is_sha256_hex;
 /// then the bundle that names them.
 const UNNAMED_BLOB_GRACE: Duration = Duration::from_secs(600);
 
-/// The niceness of the threads that write uploads: a publish is background work, and when the
-/// cores are short, requests go first (as databases lower their compaction threads).
-const WRITER_NICENESS: i32 = 10;
-
-/// The most files one bundle may name (a compile cache holds hundreds to thousands).
-pub(crate) const MAX_BUNDLE_FILES: usize = 100_000;
-
-/// The longest bundle name, and the longest path of a file in a bundle, in bytes.
-const MAX_NAME_BYTES: usize = 512;
-const MAX_PATH_BYTES: usize = 4096;
-
-/// What a publisher uploads under a name: the files, and its signature over them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Bundle {
-    pub files: Vec<BundleFile>,
-    /// The publisher's OpenSSF model signature (the Sigstore bundle) over the files, as its
-    /// publisher wrote it; absent when the bundle is unsigned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signature: Option<serde_json::Value>,
-}
-
-/// One file of a bundle: where it goes below the bundle's directory, and its blob.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct BundleFile {
-    pub path: String,
-    pub sha256: String,
-    pub size: u64,
-}
-
-/// What the store refuses, and why it failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ArtifactError {
-    #[error("{name:?} is not a bundle name: {reason}")]
-    BadName { name: String, reason: &'static str },
-    #[error("{0:?} is not a SHA-256 digest (64 lowercase hexadecimal digits)")]
-    BadDigest(String),
-    #[error("the bytes sent hash to sha256:{actual}, not to sha256:{named}")]
-    DigestMismatch { named: String, actual: String },
-    #[error("a blob of more than {max} bytes is over the store's bound ([artifacts] max_bytes)")]
-    TooLarge { max: u64 },
-    #[error(
-        "the store is full: {held} of its {max} bytes are bundles read more recently, blobs just uploaded, or uploads in progress"
-    )]
-    Full { held: u64, max: u64 },
-    #[error("the store's disk is full (writing {}): nothing was kept", path.display())]
-    DiskFull { path: PathBuf },
-    #[error("bundle {name:?}: {reason}")]
-    BadBundle { name: String, reason: String },
-    #[error("bundle {name:?} names sha256:{digest}, which the store does not hold with that size: upload it first")]
-    MissingBlob { name: String, digest: String },
-    #[error("bundle {0:?} exists: a bundle is published once, and another node published it first")]
-    Exists(String),
-    #[error("no bundle {0:?}")]
-    NoBundle(String),
-    #[error("bundle {0:?} is unsigned, and a signature is required")]
-    Unsigned(String),
-    #[error("bundle {name:?}: {refused}")]
-    Signature { name: String, refused: crate::signing::SignatureError },
-    #[error("the upload ended before its last byte: {0}")]
-    Cut(String),
-    #[error("the artifact store's bucket failed: {0}")]
-    Bucket(String),
-    #[error("{0}")]
-    Failed(String),
-    #[error("the artifact store failed at {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_at(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
-    move |source| match source.kind() {
-        // A disk smaller than the bound: refused as a full store, never torn (the temporary goes).
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => ArtifactError::DiskFull { path: path.to_owned() },
-        _ => ArtifactError::Io { path: path.to_owned(), source },
-    }
-}
-
 /// Whether a blob was new to the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BlobPut {
     Created,
     AlreadyHeld,
-}
-
-/// What the store holds, in memory: rebuilt from the directory at start.
-#[derive(Default)]
-struct Index {
-    bundles: HashMap<String, HeldBundle>,
-    blobs: HashMap<String, HeldBlob>,
-    /// Bytes of the blobs and bundle documents held, and of the files being written.
-    bytes: u64,
-}
-
-struct HeldBundle {
-    blobs: Vec<String>,
-    /// The bundle document's own bytes.
-    len: u64,
-    last_read: SystemTime,
-}
-
-struct HeldBlob {
-    len: u64,
-    /// How many bundles name it.
-    named_by: usize,
-    written: SystemTime,
 }
 
 /// The store under one directory.
@@ -160,59 +65,6 @@ pub(crate) struct ArtifactStore {
     /// as damaged), across its disk steps: they take turns, on the blocking pool, while lookups
     /// go on. Taken before `index`, never while holding it.
     changes: Mutex<()>,
-}
-
-/// Bytes of a file being written, counted against the bound (in steps of [`RESERVE_STEP`]
-/// while the bound is far, so an upload's pieces seldom take the index's lock); given back
-/// when dropped, unless the file was kept (then the bytes written are the held file's).
-struct Reservation<'a> {
-    store: &'a ArtifactStore,
-    /// Bytes counted in the index for this file.
-    counted: u64,
-    /// Bytes written to it.
-    used: u64,
-}
-
-/// How far ahead of its bytes an upload counts them, while that fits under the bound.
-const RESERVE_STEP: u64 = 8 << 20;
-
-impl Reservation<'_> {
-    fn new(store: &ArtifactStore) -> Reservation<'_> {
-        Reservation { store, counted: 0, used: 0 }
-    }
-
-    /// Counts `more` bytes, making room for them when the bound is reached.
-    fn grow(&mut self, more: u64) -> Result<(), ArtifactError> {
-        let needed = (self.used + more).saturating_sub(self.counted);
-        if needed > 0 {
-            let step = needed.max(RESERVE_STEP);
-            // A whole step only where it fits as things stand: never evict for bytes ahead.
-            let counted = (step > needed && self.store.count_if_fits(step)).then_some(step);
-            self.counted += match counted {
-                Some(step) => step,
-                None => {
-                    self.store.reserve(needed)?;
-                    needed
-                }
-            };
-        }
-        self.used += more;
-        Ok(())
-    }
-
-    /// The bytes written now count as the file kept in `index`; those counted ahead go back.
-    fn keep(mut self, index: &mut Index) {
-        index.bytes -= self.counted - self.used;
-        self.counted = 0;
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if self.counted > 0 {
-            self.store.index().bytes -= self.counted;
-        }
-    }
 }
 
 /// A piece of an upload, as the request's task hands it to the writing thread.
@@ -592,150 +444,4 @@ impl ArtifactStore {
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot evict an artifact blob"),
         }
     }
-}
-
-impl Index {
-    /// Refused when `name` is taken or a blob `bundle` names is not held with its size.
-    fn check_publishable(&self, name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
-        if self.bundles.contains_key(name) {
-            return Err(ArtifactError::Exists(name.to_owned()));
-        }
-        match bundle.files.iter().find(|file| self.blobs.get(&file.sha256).is_none_or(|blob| blob.len != file.size)) {
-            Some(file) => Err(ArtifactError::MissingBlob { name: name.to_owned(), digest: file.sha256.clone() }),
-            None => Ok(()),
-        }
-    }
-
-    /// Enters bundle `name`, its document `len` bytes (counted by the caller).
-    fn name(&mut self, name: String, bundle: &Bundle, len: u64, last_read: SystemTime) {
-        let mut blobs: Vec<String> = bundle.files.iter().map(|f| f.sha256.clone()).collect();
-        blobs.sort();
-        blobs.dedup();
-        for hex in &blobs {
-            self.blobs.get_mut(hex).expect("checked held").named_by += 1;
-        }
-        self.bundles.insert(name, HeldBundle { blobs, len, last_read });
-    }
-
-    /// Drops bundle `name`'s entry and its document's bytes: the blobs no other bundle names.
-    fn forget_bundle(&mut self, name: &str) -> Vec<String> {
-        let Some(held) = self.bundles.remove(name) else { return Vec::new() };
-        self.bytes -= held.len;
-        held.blobs
-            .into_iter()
-            .filter(|hex| {
-                // Every held bundle's blobs are held; were one not, it is nothing to remove.
-                let Some(blob) = self.blobs.get_mut(hex) else { return false };
-                blob.named_by = blob.named_by.saturating_sub(1);
-                blob.named_by == 0
-            })
-            .collect()
-    }
-}
-
-/// A bundle file: the name it was published under, and the bundle.
-#[derive(Serialize, Deserialize)]
-struct StoredBundle {
-    name: String,
-    bundle: Bundle,
-}
-
-fn read_bundle_file(path: &Path) -> Result<(String, Bundle), ArtifactError> {
-    let bytes = fs::read(path).map_err(io_at(path))?;
-    let stored: StoredBundle = serde_json::from_slice(&bytes)
-        .map_err(|e| ArtifactError::BadBundle { name: path.display().to_string(), reason: e.to_string() })?;
-    check_name(&stored.name)?;
-    check_files(&stored.name, &stored.bundle)?;
-    Ok((stored.name, stored.bundle))
-}
-
-/// Whose upload a blob is: a publisher's, which waits its turn behind requests, or the bytes
-/// a reader waits for (read through from the bucket).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Priority {
-    Background,
-    Reader,
-}
-
-/// Runs `write` on a thread of its own (the runtime's blocking pool serves requests, and must
-/// not be held by uploads), at [`WRITER_NICENESS`] for background work.
-fn spawn_writer<T: Send + 'static>(
-    priority: Priority,
-    write: impl FnOnce() -> T + Send + 'static,
-) -> Result<tokio::sync::oneshot::Receiver<T>, ArtifactError> {
-    let (sender, receiver) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("artifact-writer".into())
-        .spawn(move || {
-            // A thread's niceness on Linux; raising it needs no privilege.
-            let niced = priority == Priority::Background;
-            if let Err(e) = niced
-                .then(|| rustix::process::setpriority_process(Some(rustix::thread::gettid()), WRITER_NICENESS))
-                .transpose()
-            {
-                tracing::debug!(error = %e, "cannot lower an artifact writer's priority");
-            }
-            let _ = sender.send(write());
-        })
-        .map_err(|e| ArtifactError::Failed(format!("cannot start a thread to write the upload: {e}")))?;
-    Ok(receiver)
-}
-
-/// Makes a rename or link under `path`'s directory durable.
-fn sync_dir(path: &Path) -> Result<(), ArtifactError> {
-    let dir = path.parent().expect("a file in the store");
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_at(dir))
-}
-
-/// A bundle name: `/`-separated segments of `A-Z a-z 0-9 . _ -`, none `.` or `..`.
-pub(crate) fn check_name(name: &str) -> Result<(), ArtifactError> {
-    let bad = |reason| Err(ArtifactError::BadName { name: name.to_owned(), reason });
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return bad("a name is 1 to 512 bytes");
-    }
-    for segment in name.split('/') {
-        if segment.is_empty() || segment == "." || segment == ".." {
-            return bad("a segment is empty, `.` or `..`");
-        }
-        if !segment.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
-            return bad("a segment holds a character other than A-Z a-z 0-9 . _ -");
-        }
-    }
-    Ok(())
-}
-
-/// A bundle's files: relative paths that stay inside its directory, each once, each with a
-/// digest.
-pub(crate) fn check_files(name: &str, bundle: &Bundle) -> Result<(), ArtifactError> {
-    let bad = |reason: String| Err(ArtifactError::BadBundle { name: name.to_owned(), reason });
-    if bundle.files.is_empty() || bundle.files.len() > MAX_BUNDLE_FILES {
-        return bad(format!("a bundle names 1 to {MAX_BUNDLE_FILES} files"));
-    }
-    let mut seen = BTreeMap::new();
-    for file in &bundle.files {
-        if let Err(reason) = check_path(&file.path) {
-            return bad(format!("path {:?} {reason}", file.path));
-        }
-        if !is_sha256_hex(&file.sha256) {
-            return bad(format!("{:?} of {:?} is not a SHA-256 digest", file.sha256, file.path));
-        }
-        if seen.insert(file.path.as_str(), ()).is_some() {
-            return bad(format!("path {:?} is named twice", file.path));
-        }
-    }
-    Ok(())
-}
-
-/// A path below a bundle's directory: relative, `/`-separated, no segment empty, `.` or `..`.
-pub(crate) fn check_path(path: &str) -> Result<(), &'static str> {
-    if path.is_empty() || path.len() > MAX_PATH_BYTES {
-        return Err("is not 1 to 4096 bytes");
-    }
-    if path.contains(['\0', '\\']) {
-        return Err("holds a NUL or a backslash");
-    }
-    if path.split('/').any(|segment| segment.is_empty() || segment == "." || segment == "..") {
-        return Err("leaves its directory, or has an empty segment");
-    }
-    Ok(())
 }
