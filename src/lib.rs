@@ -1,9 +1,9 @@
 //! ztserve: serve tensors stored in zTensor (`.zt`) files, safetensors checkpoints and GGUF files.
 //!
 //! Module map. Layers run one way, server -> {http, s3, hf, oci} -> {transport, access} ->
-//! {service, artifacts} -> {catalog, decode, digests, signing} -> storage -> format, with `api`,
-//! `config` and `telemetry` beside them; no module imports one above it, and the wire protocols
-//! never name each other (`tests/it/layers.rs` keeps it so). `docs/architecture.md` says more.
+//! {service, artifacts} -> {catalog, decode, digests, signing, served} -> storage -> format,
+//! with `api`, `config` and `telemetry` beside them; no module imports one above it, and the
+//! wire protocols never name each other (`tests/it/layers.rs` keeps it so). `docs/architecture.md` says more.
 //! - [`api`]: what server and clients share: route templates, URL builders, header names.
 //! - [`config`]: the typed configuration: defaults < file < `ZTSERVE_<SECTION>__<KEY>` < flags.
 //! - [`format`]: the `ztserve-format` crate, pure byte layout: every `.zt` generation,
@@ -17,6 +17,8 @@
 //!   their signatures made and checked.
 //! - `digests`: where each published file's SHA-256 is kept and the queue that computes them.
 //! - `signing`: OpenSSF model signatures checked against trusted keys and CAs, and made with a key.
+//! - `served`: what the service makes and transport sends, below both: a representation's
+//!   bytes (`ByteSource`), the guard its last piece waits for, a failure as clients are told it.
 //! - `service`: the domain between the catalog and the protocols: the catalog swap, a model's
 //!   bytes, representations, views, slices, digests policy and signature verdicts.
 //! - `access`: who may read what: tokens, S3 signing keys, client certificate identities.
@@ -49,6 +51,7 @@ mod http;
 mod oci;
 pub mod pull;
 mod s3;
+mod served;
 pub mod server;
 mod service;
 mod signing;

@@ -44,7 +44,7 @@ pub(crate) enum HubError {
     #[error("internal error: {0}")]
     Internal(String),
     #[error(transparent)]
-    Bytes(#[from] ByteRefusal),
+    Bytes(#[from] ByteRefusal<ServiceError>),
     #[error(transparent)]
     Service(#[from] ServiceError),
 }

@@ -49,8 +49,8 @@ pub(crate) enum ApiError {
     NoSuchBlob(String),
 }
 
-impl From<ByteRefusal> for ApiError {
-    fn from(refusal: ByteRefusal) -> ApiError {
+impl From<ByteRefusal<ServiceError>> for ApiError {
+    fn from(refusal: ByteRefusal<ServiceError>) -> ApiError {
         match refusal {
             ByteRefusal::RangeNotSatisfiable { length } => ApiError::RangeNotSatisfiable { length },
             ByteRefusal::TooManyRanges { requested, limit, length } => {

@@ -37,7 +37,7 @@ pub(crate) enum OciError {
     #[error("internal error: {0}")]
     Internal(String),
     #[error(transparent)]
-    Bytes(#[from] ByteRefusal),
+    Bytes(#[from] ByteRefusal<ServiceError>),
     #[error(transparent)]
     Service(#[from] ServiceError),
 }

@@ -66,7 +66,7 @@ fn xml_escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::INTERNAL_MESSAGE;
+    use crate::served::INTERNAL_MESSAGE;
 
     #[test]
     fn each_kind_of_failure_has_its_s3_code_and_status() {

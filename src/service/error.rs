@@ -6,6 +6,7 @@
 
 use crate::catalog::CatalogError;
 use crate::format::FormatError;
+use crate::served::INTERNAL_MESSAGE;
 use crate::storage::StorageError;
 
 /// Why the service could not be set up.
@@ -229,8 +230,21 @@ impl ServiceError {
     }
 }
 
-/// What every protocol tells a client about an internal error, whose detail is in the log.
-pub(crate) const INTERNAL_MESSAGE: &str = "internal error; see the server log";
+impl crate::served::ClientFacing for ServiceError {
+    fn message_for_client(&self) -> String {
+        ServiceError::message_for_client(self)
+    }
+
+    fn retry_after_secs(&self) -> Option<u64> {
+        ServiceError::retry_after_secs(self)
+    }
+}
+
+impl crate::served::BodyAborted for ServiceError {
+    fn body_aborted(reason: String) -> ServiceError {
+        ServiceError::Internal(format!("response body aborted: {reason}"))
+    }
+}
 
 #[cfg(test)]
 mod tests {

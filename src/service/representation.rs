@@ -5,34 +5,25 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, Shared};
-use futures_util::stream::{self, BoxStream};
+use futures_util::future::BoxFuture;
+use futures_util::stream;
 use futures_util::{FutureExt as _, StreamExt as _};
 
 use super::ServiceError;
+pub(crate) use crate::served::{Guard, guard};
 
 /// Bytes of a representation as a stream of pieces.
-pub(crate) type ByteStream = BoxStream<'static, Result<Bytes, ServiceError>>;
+pub(crate) type ByteStream = crate::served::ByteStream<ServiceError>;
 
-/// A check running while a body streams (a digest over the stored bytes): the body's last
-/// piece is held back until it passes.
-pub(crate) type Guard = Shared<BoxFuture<'static, Result<(), String>>>;
-
-/// A guard from a check's future.
-pub(super) fn guard(check: impl std::future::Future<Output = Result<(), String>> + Send + 'static) -> Guard {
-    check.boxed().shared()
-}
-
-/// Holds each piece back until the next arrives, and the last until `guard` passes; a failed
-/// guard ends the body with an error instead, which aborts the response.
+/// Holds each piece back until the next arrives, and the last until `guard` passes
+/// ([`crate::served::guarded`]).
 pub(crate) fn guarded(body: ByteStream, guard: Guard) -> ByteStream {
-    let check =
-        async move { guard.await.map_err(|reason| ServiceError::Internal(format!("response body aborted: {reason}"))) };
-    crate::storage::last_held_until(body, check)
+    crate::served::guarded(body, guard)
 }
 
-/// Where a representation's bytes come from.
-pub(crate) trait RangeSource: Send + Sync + 'static {
+/// Where a representation's bytes come from; transport sends it as a
+/// [`crate::served::ByteSource`].
+pub(crate) trait RangeSource: crate::served::ByteSource<Error = ServiceError> {
     fn len(&self) -> u64;
     /// The bytes of `range` (within `0..len`). Called only when a body is sent, never for
     /// HEAD or 304, so opening may start work such as decoding.
@@ -43,6 +34,19 @@ pub(crate) trait RangeSource: Send + Sync + 'static {
     /// to decode) in bytes. By default none: each range is opened on its own.
     fn gap_worth_reading(&self) -> BoxFuture<'_, Result<u64, ServiceError>> {
         futures_util::future::ready(Ok(0)).boxed()
+    }
+}
+
+/// Every source of the service is one transport sends, failing as the service fails.
+impl<S: RangeSource> crate::served::ByteSource for S {
+    type Error = ServiceError;
+
+    fn byte_len(&self) -> u64 {
+        self.len()
+    }
+
+    fn open_range(&self, range: Range<u64>) -> ByteStream {
+        self.open(range)
     }
 }
 

@@ -8,13 +8,13 @@
 use axum::http::{HeaderMap, HeaderValue, header};
 
 use super::respond::ByteRefusal;
-use crate::service::{INTERNAL_MESSAGE, ServiceError};
+use crate::served::{ClientFacing, INTERNAL_MESSAGE};
 
 /// What an error is, as far as the parts every protocol shares go.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum ErrorClass<'e> {
     /// A failure the service classified: its words for clients, its retry time.
-    Service(&'e ServiceError),
+    Service(&'e dyn ClientFacing),
     /// The server's own fault: logged, never shown.
     Internal,
     /// The answer did not start within the request timeout: retry in a second.
@@ -71,7 +71,7 @@ impl ErrorParts {
     }
 }
 
-impl ByteRefusal {
+impl<E: ClientFacing> ByteRefusal<E> {
     /// What the refusal of a byte response is, for its protocol's error.
     pub(crate) fn class(&self) -> ErrorClass<'_> {
         match self {
@@ -118,12 +118,27 @@ mod tests {
         assert_eq!(Chain(&error).to_string(), "outer: disk on fire at /srv/x");
     }
 
+    /// A failure of a source that passes with time, as the service's `ChangedOnDisk` does.
+    #[derive(Debug, thiserror::Error)]
+    #[error("model \"m\" changed on disk")]
+    struct Busy;
+
+    impl ClientFacing for Busy {
+        fn message_for_client(&self) -> String {
+            self.to_string()
+        }
+
+        fn retry_after_secs(&self) -> Option<u64> {
+            Some(1)
+        }
+    }
+
     #[test]
     fn service_failures_say_when_to_retry_and_refused_ranges_their_length() {
-        let busy = ServiceError::ChangedOnDisk { model: "m".into() };
+        let busy = Busy;
         let parts = ErrorParts::of(&busy, ErrorClass::Service(&busy), "test");
         assert_eq!((parts.message.as_str(), parts.retry_after), (busy.to_string().as_str(), Some(1)));
-        let refusal = ByteRefusal::RangeNotSatisfiable { length: 10 };
+        let refusal = ByteRefusal::<Busy>::RangeNotSatisfiable { length: 10 };
         let parts = ErrorParts::of(&refusal, refusal.class(), "test");
         let mut headers = HeaderMap::new();
         parts.add_headers(&mut headers);

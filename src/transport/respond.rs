@@ -1,6 +1,6 @@
 //! Byte responses, shared by every protocol that answers plain HTTP GETs for bytes (the HTTP
 //! routes, the Hub API's `resolve`): applies the pure range and conditional decisions of
-//! [`super::range`] to one representation whose bytes come from a [`RangeSource`] (a slice of a
+//! [`super::range`] to one representation whose bytes come from a [`ByteSource`] (a slice of a
 //! file's mapping, or a decode), and builds 200, 206 (single or `multipart/byteranges`) and
 //! 304; what it refuses is a [`ByteRefusal`], which each protocol words in its own errors.
 //! Bodies stream: the first piece is taken before the headers are sent, so a source that
@@ -18,18 +18,18 @@ use futures_util::StreamExt as _;
 use futures_util::stream::{self};
 
 use super::range::{RangeDecision, evaluate, if_none_match_matches, if_range_allows};
-use crate::service::{ByteStream, Guard, RangeSource, ServiceError, guarded};
+use crate::served::{BodyAborted, ByteSource, ByteStream, Guard, guarded};
 
-/// Why a byte response could not be given.
+/// Why a byte response could not be given; `E` is how its source fails.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ByteRefusal {
+pub(crate) enum ByteRefusal<E> {
     #[error("range not satisfiable: the representation is {length} bytes")]
     RangeNotSatisfiable { length: u64 },
     #[error("{requested} ranges requested; at most {limit} are served per request")]
     TooManyRanges { requested: usize, limit: usize, length: u64 },
     /// The source failed before the first byte.
     #[error(transparent)]
-    Source(#[from] ServiceError),
+    Source(#[from] E),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -37,9 +37,9 @@ pub(crate) enum ByteRefusal {
 /// Headers every byte response carries besides the standard ones (`X-Zt-*`, `Vary`, …).
 pub(crate) type ExtraHeaders = Vec<(HeaderName, HeaderValue)>;
 
-/// One representation of a resource and how to answer for it.
-pub(crate) struct Representation {
-    pub source: Arc<dyn RangeSource>,
+/// One representation of a resource and how to answer for it, its bytes failing with `E`.
+pub(crate) struct Representation<E> {
+    pub source: Arc<dyn ByteSource<Error = E>>,
     pub etag: String,
     pub content_type: &'static str,
     pub headers: ExtraHeaders,
@@ -60,7 +60,7 @@ fn boundary() -> String {
 
 /// Takes the first piece before any header is sent, so a source that fails at once is
 /// answered with its error rather than a broken body.
-pub(crate) async fn primed(mut body: ByteStream) -> Result<ByteStream, ByteRefusal> {
+pub(crate) async fn primed<E: Send + 'static>(mut body: ByteStream<E>) -> Result<ByteStream<E>, ByteRefusal<E>> {
     match body.next().await {
         None => Ok(stream::empty().boxed()),
         Some(Err(e)) => Err(e.into()),
@@ -69,7 +69,7 @@ pub(crate) async fn primed(mut body: ByteStream) -> Result<ByteStream, ByteRefus
 }
 
 /// A body whose errors are logged and turned into the aborted connection hyper makes of them.
-pub(crate) fn body_of(stream: ByteStream) -> Body {
+pub(crate) fn body_of<E: std::fmt::Display + Send + 'static>(stream: ByteStream<E>) -> Body {
     Body::from_stream(stream.map(|piece| {
         piece.map_err(|e| {
             tracing::warn!(error = %e, "response body aborted");
@@ -84,14 +84,14 @@ pub(crate) fn body_of(stream: ByteStream) -> Body {
 pub(crate) const REVALIDATE: HeaderValue = HeaderValue::from_static("public, no-cache");
 
 /// Answers a GET (or, when `head`, a HEAD) for `representation`.
-pub(crate) async fn bytes_response(
+pub(crate) async fn bytes_response<E: BodyAborted + std::fmt::Display + Send + 'static>(
     request: &HeaderMap,
     head: bool,
-    representation: Representation,
+    representation: Representation<E>,
     max_ranges: usize,
-) -> Result<Response, ByteRefusal> {
+) -> Result<Response, ByteRefusal<E>> {
     let Representation { source, etag, content_type, headers: extra, guard } = representation;
-    let len = source.len();
+    let len = source.byte_len();
     let etag_value =
         HeaderValue::from_str(&etag).map_err(|e| ByteRefusal::Internal(format!("bad etag {etag:?}: {e}")))?;
     let mut builder = Response::builder().header(header::ETAG, etag_value).header(header::ACCEPT_RANGES, "bytes");
@@ -106,9 +106,9 @@ pub(crate) async fn bytes_response(
     }
     let range =
         header_str(request, &header::RANGE).filter(|_| if_range_allows(header_str(request, &header::IF_RANGE), &etag));
-    let (builder, content_length, body): (_, u64, Option<ByteStream>) = match evaluate(range, len, max_ranges) {
+    let (builder, content_length, body): (_, u64, Option<ByteStream<E>>) = match evaluate(range, len, max_ranges) {
         RangeDecision::Full => {
-            let body = if head { None } else { Some(primed(source.open(0..len)).await?) };
+            let body = if head { None } else { Some(primed(source.open_range(0..len)).await?) };
             (builder.status(StatusCode::OK).header(header::CONTENT_TYPE, content_type), len, body)
         }
         RangeDecision::Partial(ranges) if ranges.len() == 1 => {
@@ -117,7 +117,7 @@ pub(crate) async fn bytes_response(
                 .status(StatusCode::PARTIAL_CONTENT)
                 .header(header::CONTENT_TYPE, content_type)
                 .header(header::CONTENT_RANGE, format!("bytes {}-{}/{len}", r.start, r.end - 1));
-            let body = if head { None } else { Some(primed(source.open(r.clone())).await?) };
+            let body = if head { None } else { Some(primed(source.open_range(r.clone())).await?) };
             (builder, r.end - r.start, body)
         }
         RangeDecision::Partial(ranges) => {
@@ -143,7 +143,8 @@ pub(crate) async fn bytes_response(
                 // Each part is opened only when the previous one is sent.
                 let parts = heads.into_iter().zip(ranges).map(move |(head, r)| {
                     let source = Arc::clone(&source);
-                    stream::once(async move { Ok(head) }).chain(stream::once(async move { source.open(r) }).flatten())
+                    stream::once(async move { Ok(head) })
+                        .chain(stream::once(async move { source.open_range(r) }).flatten())
                 });
                 stream::iter(parts).flatten().chain(stream::once(async move { Ok(tail) })).boxed()
             });
