@@ -105,7 +105,7 @@ impl Server {
 
     /// The decoders' permits: a test holds them all to make decoders busy.
     pub fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
-        self.service.representations().decoders()
+        self.service.decoders()
     }
 
     /// The main listener's routes (a test may hand a request to them with `oneshot`): the Hub
@@ -280,7 +280,7 @@ pub async fn serve(
         if let Some(cache) = service.disk_cache() {
             cache.discard_temporaries();
         }
-        service.hashing().digests().sync();
+        service.sync_digests();
     })
     .await;
     Ok(())

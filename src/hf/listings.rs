@@ -14,8 +14,8 @@ use super::{
     original_path,
 };
 use crate::access::Access;
-use crate::catalog::{Catalog, Model};
-use crate::service::PublishedFile;
+use crate::catalog::Model;
+use crate::service::{Listing, PublishedFile};
 
 /// `GET /api/models/{repo}[/revision/{revision}]`: the repository's info; with `blobs`, each
 /// file's size and LFS digest.
@@ -202,8 +202,8 @@ pub(super) async fn list_models(
             .parse::<usize>()
             .map_err(|_| HubError::BadRequest(format!("cursor {cursor:?} is not one this listing gave")))?,
     };
-    let catalog = state.service.catalog();
-    let listed = repositories_listed(state, &catalog, &access, query);
+    let listing = state.service.listing();
+    let listed = repositories_listed(state, &listing, &access, query);
     let full = query.flag("full") || query.get("expand").is_some();
     let end = (start + limit).min(listed.len());
     let mut page = Vec::with_capacity(end.saturating_sub(start));
@@ -240,27 +240,27 @@ pub(super) async fn list_models(
 /// tags), each once, in the order `sort` and `direction` ask.
 fn repositories_listed(
     state: &HubState,
-    catalog: &Arc<Catalog>,
+    listing: &Listing,
     access: &Access,
     query: &Query,
 ) -> Vec<(String, Arc<Model>)> {
     let author = query.get("author");
     let search = query.get("search").map(str::to_lowercase);
     let tags: Vec<&str> = query.0.iter().filter(|(k, _)| k == "filter").map(|(_, v)| v.as_str()).collect();
-    let mut listed: Vec<(String, Arc<Model>)> = catalog
+    let mut listed: Vec<(String, Arc<Model>)> = listing
         .models()
         .filter(|m| m.state.is_ok() && access.allows(&m.id))
         // Not listed until its signature lets it be served: refused, or still being checked.
-        .filter(|m| state.service.signatures().refusal(catalog, m).is_none())
-        .filter(|m| !state.service.signatures().status(catalog, m).is_pending())
-        .filter_map(|m| Some((repos::repo_id_of(&catalog.repository_of(m), &state.namespace)?, Arc::clone(m))))
+        .filter(|m| listing.refusal(m).is_none())
+        .filter(|m| !listing.signature(m).is_pending())
+        .filter_map(|m| Some((repos::repo_id_of(&listing.repository_of(m), &state.namespace)?, Arc::clone(m))))
         .filter(|(repo, _)| author.is_none_or(|a| repo.split_once('/').is_some_and(|(namespace, _)| namespace == a)))
         .filter(|(repo, _)| search.as_ref().is_none_or(|s| repo.to_lowercase().contains(s.as_str())))
         .filter(|(_, model)| tags.iter().all(|t| repo_tags(model).contains(t)))
         .collect();
     // A repository of several models is listed once: as the model named after it, else as its
     // earliest (a directory of models published as their stored files).
-    let joins_another = |model: &Model| catalog.repository_of(model) != model.id;
+    let joins_another = |model: &Model| listing.repository_of(model) != model.id;
     listed.sort_by(|a, b| {
         a.0.cmp(&b.0)
             .then_with(|| joins_another(&a.1).cmp(&joins_another(&b.1)))

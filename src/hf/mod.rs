@@ -31,10 +31,9 @@ use self::listings::{list_models, model_info, paths_info, refs, tree};
 use self::repos::HubRoute;
 use crate::access::{Access, Tokens, Verdict};
 use crate::api::routes;
-use crate::catalog::{Catalog, Model};
+use crate::catalog::Model;
 use crate::config::Config;
-use crate::format::Manifest;
-use crate::service::{DigestOf, PublishedFile, Service};
+use crate::service::{DigestOf, Listing, OpenModel, PublishedFile, Service};
 use crate::transport::prefixed::{self, Grammar, PrefixedRequest};
 use crate::transport::respond::{Representation, bytes_response};
 
@@ -122,8 +121,8 @@ async fn answer(state: &Arc<HubState>, request: &PrefixedRequest, body: Body) ->
         .map(|s| percent_encoding::percent_decode_str(s).decode_utf8().map(|s| s.into_owned()))
         .collect::<Result<Vec<String>, _>>()
         .map_err(|e| HubError::BadRequest(format!("path is not valid percent-encoded UTF-8: {e}")))?;
-    let catalog = state.service.catalog();
-    let route = repos::route(&segments, |repo| state.model_id_of(&catalog, repo).is_some());
+    let listing = state.service.listing();
+    let route = repos::route(&segments, |repo| state.model_id_of(&listing, repo).is_some());
     let query = Query::of(uri);
     let caller = Caller::of(&state.tokens, headers, request.client_names())?;
     let only = |allowed| request.only(allowed, |method, allowed| HubError::MethodNotAllowed { method, allowed });
@@ -185,9 +184,9 @@ async fn answer(state: &Arc<HubState>, request: &PrefixedRequest, body: Body) ->
 /// A repository at the revision a request names.
 struct RepoAt {
     repo: String,
-    catalog: Arc<Catalog>,
-    /// The models whose files it holds ([`Catalog::members_of`]): one, or a directory's.
-    members: Vec<(Arc<Model>, Arc<Manifest>)>,
+    /// The models whose files it holds ([`Listing::members_of`]): one, or a directory's, each
+    /// opened for the request.
+    members: Vec<OpenModel>,
     /// Its files, sorted by path.
     files: Vec<PublishedFile>,
     /// The member each file is of.
@@ -211,29 +210,29 @@ impl RepoAt {
 
     /// The model the repository is named after, or the first model of its directory.
     fn model(&self) -> &Arc<Model> {
-        &self.members[0].0
+        self.members[0].model()
     }
 }
 
 impl HubState {
     /// The model id of repository `repo` in `catalog`, if a model or a directory's models are
     /// published under it: the first of its readings ([`repos::model_ids_of`]) that is.
-    fn model_id_of(&self, catalog: &Catalog, repo: &str) -> Option<String> {
+    fn model_id_of(&self, listing: &Listing, repo: &str) -> Option<String> {
         repos::model_ids_of(repo, &self.namespace)
             .into_iter()
-            .find(|id| catalog.get(id).is_some() || !catalog.members_of(id, |_| true).is_empty())
+            .find(|id| listing.get(id).is_some() || !listing.members_of(id, |_| true).is_empty())
     }
 
     /// Repository `repo` at `revision` (`None`: `main`), for `caller`.
     async fn repo_at(&self, caller: &Caller, repo: &str, revision: Option<&str>) -> Result<RepoAt, HubError> {
         let missing = || HubError::RepoNotFound { repo: repo.to_owned(), anonymous: caller.is_anonymous() };
         let access = caller.access().map_err(|_| missing())?;
-        let catalog = self.service.catalog();
+        let listing = self.service.listing();
         let id = self
-            .model_id_of(&catalog, repo)
+            .model_id_of(&listing, repo)
             .or_else(|| repos::model_ids_of(repo, &self.namespace).into_iter().next())
             .ok_or_else(missing)?;
-        let mut ids = catalog.members_of(&id, |m| access.allows(m));
+        let mut ids = listing.members_of(&id, |m| access.allows(m));
         if ids.is_empty() {
             if self.service.is_ready() || !access.allows(&id) {
                 return Err(missing());
@@ -246,15 +245,15 @@ impl HubState {
         let mut signature = None;
         let mut listed: Vec<(PublishedFile, usize)> = Vec::new();
         for member in &ids {
-            let (model, manifest, status) = self.service.servable_model(member).await?;
-            signature.get_or_insert(status);
-            let files = if catalog.shows_published_files(&id, &model) {
-                self.service.publication().repository_files(&catalog, &model, &manifest)
+            let open = listing.open(member).await?;
+            signature.get_or_insert_with(|| open.signature().clone());
+            let files = if listing.shows_published_files(&id, open.model()) {
+                open.repository_files()
             } else {
-                self.service.publication().files_as_stored(&catalog, &model, &manifest)
+                open.files_as_stored()
             };
             listed.extend(files.into_iter().map(|f| (f, members.len())));
-            members.push((model, manifest));
+            members.push(open);
         }
         // A file beside several models (a README) is listed once, as the first member's (the
         // model named after the directory, when there is one).
@@ -269,14 +268,12 @@ impl HubState {
                 return Err(HubError::RevisionNotFound { repo: repo.to_owned(), revision: other.to_owned() });
             }
         };
-        Ok(RepoAt { repo: repo.to_owned(), catalog, members, files, owners, commit, pinned, signature })
+        Ok(RepoAt { repo: repo.to_owned(), members, files, owners, commit, pinned, signature })
     }
 
     /// The first `len` bytes (at most) of file `index` of `at`.
     async fn published_prefix(&self, at: &RepoAt, index: usize, len: u64) -> Result<Vec<u8>, HubError> {
-        let (model, manifest) = &at.members[at.owners[index]];
-        let file = &at.files[index];
-        let bytes = self.service.publication().published_bytes(&at.catalog, model, manifest, &file.what).await?;
+        let bytes = at.members[at.owners[index]].published_bytes(&at.files[index]).await?;
         let end = len.min(bytes.source.len());
         let mut read = Vec::with_capacity(end as usize);
         let mut stream = bytes.source.open(0..end);
@@ -288,27 +285,20 @@ impl HubState {
 
     /// The SHA-256 of file `index` of `at`, waiting `digests.file_wait_ms` at most.
     async fn sha256(&self, at: &RepoAt, index: usize) -> Result<[u8; 32], HubError> {
-        let wait = self.service.hashing().wait(false);
-        let (model, manifest) = &at.members[at.owners[index]];
-        Ok(self.service.hashing().published_sha256(&at.catalog, model, manifest, &at.files[index], wait).await?)
+        Ok(at.members[at.owners[index]].sha256(&at.files[index]).await?)
     }
 
     /// The SHA-256 of each of the files `indices` of `at`, for a listing: waiting
     /// `digests.listing_wait_secs` at most.
     async fn sha256s(&self, at: &RepoAt, indices: &[usize]) -> Result<Vec<[u8; 32]>, HubError> {
-        let wait = self.service.hashing().wait(true);
         let mut digests = vec![[0u8; 32]; indices.len()];
-        for (member, (model, manifest)) in at.members.iter().enumerate() {
+        for (member, open) in at.members.iter().enumerate() {
             let mine: Vec<usize> = (0..indices.len()).filter(|&i| at.owners[indices[i]] == member).collect();
             if mine.is_empty() {
                 continue;
             }
             let files: Vec<&PublishedFile> = mine.iter().map(|&i| &at.files[indices[i]]).collect();
-            let found = self
-                .service
-                .hashing()
-                .published_sha256s(&at.catalog, model, manifest, &files, DigestOf::File, wait)
-                .await?;
+            let found = open.sha256s(&files, DigestOf::File).await?;
             for (i, digest) in mine.into_iter().zip(found) {
                 digests[i] = digest;
             }
@@ -470,8 +460,7 @@ async fn resolve(
             .into_response());
     }
     let digest = state.sha256(at, index).await?;
-    let (model, manifest) = &at.members[at.owners[index]];
-    let bytes = state.service.hashing().published_file_bytes(&at.catalog, model, manifest, file).await?;
+    let bytes = at.members[at.owners[index]].file_bytes(file).await?;
     let etag = format!("\"{}\"", hex::encode(digest));
     let representation = Representation {
         source: bytes.source,

@@ -1,6 +1,7 @@
 //! What handlers share before they answer: path parameters, and [`ReadyModel`], the extractor
-//! that gives a handler the model a request names (ready, known, allowed, at the version it
-//! pins) with its cache policy, or refuses the request.
+//! that opens the model a request names (ready, known, allowed, at the version it pins:
+//! opening is admission, so a handler then only asks the [`OpenModel`] it holds) with its
+//! cache policy, or refuses the request.
 
 use std::sync::Arc;
 
@@ -11,19 +12,15 @@ use axum::http::{HeaderName, HeaderValue};
 use super::{ApiError, AppState};
 use crate::access::Access;
 use crate::catalog::Model;
-use crate::format::Manifest;
-use crate::service::ServiceError;
+use crate::service::{OpenModel, ServiceError};
 use crate::transport::respond;
 
-/// The model a request names, ready to serve and allowed to the request, with the request's
-/// path parameters and the `Cache-Control` its answers carry.
+/// The model a request names, opened (ready to serve and allowed to the request), with the
+/// request's path parameters and the `Cache-Control` its answers carry.
 pub(crate) struct ReadyModel {
     pub params: Vec<(String, String)>,
-    pub model: Arc<Model>,
-    pub manifest: Arc<Manifest>,
+    pub open: OpenModel,
     pub cache: (HeaderName, HeaderValue),
-    /// Its signature, as its source's policy checked it.
-    pub signature: crate::service::SignatureStatus,
 }
 
 impl ReadyModel {
@@ -41,9 +38,9 @@ impl FromRequestParts<Arc<AppState>> for ReadyModel {
         // Recorded by `auth::require_token`, which every routed request passes first.
         let access = parts.extensions.get::<Access>().cloned().unwrap_or(Access::Under(Arc::from([])));
         let id = param(&params, "model");
-        let (model, manifest, signature) = ready_model(state, &access, id).await?;
-        let cache = cache_control(id, &model);
-        Ok(ReadyModel { params, model, manifest, cache, signature })
+        let open = ready_model(state, &access, id).await?;
+        let cache = cache_control(id, open.model());
+        Ok(ReadyModel { params, open, cache })
     }
 }
 
@@ -60,32 +57,29 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
     params.iter().find(|(k, _)| k == name).map_or("", |(_, v)| v.as_str())
 }
 
-/// Looks a model up, refusing when not ready, unknown, broken or refused by its signature. `id` may pin a version,
+/// Opens a model, refusing when not ready, unknown, broken or refused by its signature. `id` may pin a version,
 /// `{id}@{version}` (the `X-Zt-Model-Version` without its quotes), unless a model has that exact
 /// id: a version that is no longer the model's answers `version_gone`.
 /// A model outside the request's [`Access`] is answered exactly as an unknown one.
-async fn ready_model(
-    state: &AppState,
-    access: &Access,
-    id: &str,
-) -> Result<(Arc<Model>, Arc<crate::format::Manifest>, crate::service::SignatureStatus), ApiError> {
+async fn ready_model(state: &AppState, access: &Access, id: &str) -> Result<OpenModel, ApiError> {
     tracing::Span::current().record("model", id);
+    let listing = state.service.listing();
     let (base, pinned) = match crate::api::split_pinned(id) {
-        Some((base, version)) if state.service.catalog().get(id).is_none() => (base, Some(version)),
+        Some((base, version)) if listing.get(id).is_none() => (base, Some(version)),
         _ => (id, None),
     };
     if state.service.is_ready() && !access.allows(base) {
         return Err(ServiceError::ModelNotFound(id.to_owned()).into());
     }
-    let (model, manifest, signature) = state.service.servable_model(base).await?;
+    let open = listing.open(base).await?;
     match pinned {
-        Some(version) if version != crate::service::version_token(&model) => Err(ServiceError::VersionGone {
+        Some(version) if version != crate::service::version_token(open.model()) => Err(ServiceError::VersionGone {
             model: base.to_owned(),
             version: version.to_owned(),
-            current: crate::service::version_token(&model),
+            current: crate::service::version_token(open.model()),
         }
         .into()),
-        _ => Ok((model, manifest, signature)),
+        _ => Ok(open),
     }
 }
 

@@ -88,10 +88,10 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: Arc<Config
     // Natural ids (`/models/org/llama/...`) are rewritten before the routes match: the whole
     // router sits behind the rewrite, which middleware of its own would run too late for.
     let rewrite = tower::util::MapRequestLayer::new(move |request: Request| {
-        let catalog = state_for_ids.service.catalog();
+        let listing = state_for_ids.service.listing();
         let is_model = |id: &str| {
-            catalog.get(id).is_some()
-                || crate::api::split_pinned(id).is_some_and(|(base, _)| catalog.get(base).is_some())
+            listing.get(id).is_some()
+                || crate::api::split_pinned(id).is_some_and(|(base, _)| listing.get(base).is_some())
         };
         natural::rewrite_request(request, is_model)
     });

@@ -13,7 +13,7 @@ use super::{ApiError, AppState, ReadyModel, header_value};
 use crate::access::Access;
 use crate::api;
 use crate::catalog::Model;
-use crate::service::{self, ServiceError};
+use crate::service::{self, OpenModel, ServiceError};
 use crate::transport::range::if_none_match_matches;
 use crate::transport::respond::{Representation, bytes_response};
 
@@ -25,8 +25,8 @@ pub(super) async fn list(
     if !state.service.is_ready() {
         return Err(ServiceError::NotReady.into());
     }
-    let catalog = state.service.catalog();
-    let models: Vec<Value> = catalog
+    let listing = state.service.listing();
+    let models: Vec<Value> = listing
         .models()
         .filter(|m| access.allows(&m.id))
         .map(|m| {
@@ -42,17 +42,17 @@ pub(super) async fn list(
             }
             if m.source.cache().is_some() {
                 // Its stored files and the files beside it, as a prefetch fetches them.
-                let held = service::Held::of(&catalog, m);
+                let held = listing.held(m);
                 entry["disk_cache"] = json!({ "bytes": held.bytes, "complete": held.bytes == held.total });
                 if m.source.failure().is_some() {
                     entry["serving_from"] = json!("disk_cache");
                 }
             }
-            let signature = state.service.signatures().status(&catalog, m);
+            let signature = listing.signature(m);
             if let Some(json) = signature.to_json() {
                 entry["signature"] = json;
             }
-            match (&m.state, state.service.signatures().refusal(&catalog, m)) {
+            match (&m.state, listing.refusal(m)) {
                 (Ok(_), Some(refused)) => {
                     entry["status"] = json!("broken");
                     let code = refused.reason().unwrap_or(refused.code());
@@ -61,7 +61,7 @@ pub(super) async fn list(
                 (Ok(manifest), None) => {
                     entry["status"] = json!("ok");
                     entry["objects"] = json!(manifest.objects.len());
-                    entry["digests"] = state.service.hashing().digest_progress(m).to_json();
+                    entry["digests"] = listing.digest_progress(m).to_json();
                 }
                 (Err(e), _) => {
                     entry["status"] = json!("broken");
@@ -80,25 +80,21 @@ pub(crate) fn model_version(model: &Model) -> (HeaderName, HeaderValue) {
 }
 
 /// `GET /models/{m}`: the manifest with each component's URL, rendered once per manifest.
-pub(super) async fn manifest(
-    State(state): State<Arc<AppState>>,
-    ready: ReadyModel,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let ReadyModel { model, manifest, cache, signature, .. } = ready;
+pub(super) async fn manifest(ready: ReadyModel, headers: HeaderMap) -> Result<Response, ApiError> {
+    let ReadyModel { open, cache, .. } = ready;
     // Not yet rendered, it is rendered on the blocking pool: a model of 100k tensors is tens of
     // MB of JSON (usually rendered already, in the background after the scan that found it).
-    let rendered = match state.service.rendered_manifest_if_ready(&model) {
+    let rendered = match open.rendered_manifest_if_ready() {
         Some(rendered) => rendered,
         None => {
-            let service = Arc::clone(&state.service);
-            let (of, with) = (Arc::clone(&model), Arc::clone(&manifest));
-            tokio::task::spawn_blocking(move || service.rendered_manifest(&of, &with))
+            let open = open.clone();
+            tokio::task::spawn_blocking(move || open.rendered_manifest())
                 .await
                 .map_err(|e| ApiError::Internal(format!("rendering a manifest failed: {e}")))?
         }
     };
-    let (tag, body, len) = match signature.to_json() {
+    let model = open.model();
+    let (tag, body, len) = match open.signature().to_json() {
         Some(signature) => {
             let (tag, pieces) = super::manifest::with_signature(&rendered, &signature);
             let len = pieces.iter().map(|p| p.len()).sum::<usize>();
@@ -110,7 +106,7 @@ pub(super) async fn manifest(
     let etag = (header::ETAG, header_value(&tag));
     let if_none_match = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok());
     if if_none_match_matches(if_none_match, &tag) {
-        return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(&model)]).into_response());
+        return Ok((StatusCode::NOT_MODIFIED, [etag, cache, model_version(model)]).into_response());
     }
     // Two pieces have no length of their own: it is said, not chunked.
     let length = (header::CONTENT_LENGTH, HeaderValue::from(len));
@@ -119,7 +115,7 @@ pub(super) async fn manifest(
             (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
             etag,
             cache,
-            model_version(&model),
+            model_version(model),
             length,
         ],
         body,
@@ -138,11 +134,8 @@ pub(super) async fn file(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (file, kind) = match ready.params.iter().find(|(key, _)| key == "name") {
-        Some((_, name)) => state.service.file_named(&ready.model, &ready.manifest, name).await?,
-        None => (
-            state.service.representations().stored_file(&ready.model, &ready.manifest).await?,
-            service::FoundFile::Stored,
-        ),
+        Some((_, name)) => ready.open.file_named(name).await?,
+        None => (ready.open.stored_file().await?, service::FoundFile::Stored),
     };
     let cache = match kind {
         service::FoundFile::Stored => ready.cache.clone(),
@@ -181,7 +174,7 @@ pub(super) async fn view_file(
     method: axum::http::Method,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let file = state.service.publication().view_file(&ready.model, &ready.manifest, &name).await?;
+    let file = ready.open.view_file(&name).await?;
     let cache = ready.cache.clone();
     file_response(&state, &headers, &method, &ready, file, cache, crate::format::view::media_type(&name)).await
 }
@@ -201,7 +194,7 @@ async fn file_response(
         source: file.source,
         etag: file.etag,
         content_type,
-        headers: vec![model_version(&ready.model), cache],
+        headers: vec![model_version(ready.open.model()), cache],
         guard: None,
     };
     bytes_response(request, method == axum::http::Method::HEAD, representation, state.config().limits.max_ranges)
@@ -209,9 +202,9 @@ async fn file_response(
         .map_err(ApiError::from)
 }
 
-/// How much of `model` the disk cache holds, as JSON.
-fn held_json(service: &service::Service, model: &Model) -> Value {
-    let held = service::Held::of(&service.catalog(), model);
+/// How much of the model the disk cache holds, as JSON.
+fn held_json(open: &OpenModel) -> Value {
+    let (model, held) = (open.model(), open.held());
     json!({
         "model": model.id,
         "cached_bytes": held.bytes,
@@ -223,9 +216,8 @@ fn held_json(service: &service::Service, model: &Model) -> Value {
 
 /// `GET /models/{m}/prefetch`: how much of the model (stored files and the files beside it)
 /// the disk cache holds.
-pub(super) async fn prefetch_progress(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
-    let ReadyModel { model, .. } = ready;
-    let mut body = held_json(&state.service, &model);
+pub(super) async fn prefetch_progress(ready: ReadyModel) -> Response {
+    let mut body = held_json(&ready.open);
     body["done"] = json!(body["complete"]);
     (Json(body)).into_response()
 }
@@ -234,12 +226,11 @@ pub(super) async fn prefetch_progress(State(state): State<Arc<AppState>>, ready:
 /// fetch under way) and streams its progress as JSON lines, one every half second; the last
 /// has `done: true`, and `error` when the fetch failed. A model of a source without a disk
 /// cache is done at once.
-pub(super) async fn prefetch(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
-    let ReadyModel { model, .. } = ready;
-    let service = Arc::clone(&state.service);
-    let running = model.source.cache().is_some().then(|| service.prefetches().start(&service.catalog(), &model));
+pub(super) async fn prefetch(ready: ReadyModel) -> Response {
+    let ReadyModel { open, .. } = ready;
+    let running = open.model().source.cache().is_some().then(|| open.prefetch());
     let lines = futures_util::stream::unfold(false, move |finished| {
-        let (service, model, running) = (Arc::clone(&service), Arc::clone(&model), running.clone());
+        let (open, running) = (open.clone(), running.clone());
         async move {
             if finished {
                 return None;
@@ -251,7 +242,7 @@ pub(super) async fn prefetch(State(state): State<Arc<AppState>>, ready: ReadyMod
                     () = tokio::time::sleep(std::time::Duration::from_millis(500)) => None,
                 },
             };
-            let mut line = held_json(&service, &model);
+            let mut line = held_json(&open);
             line["done"] = json!(outcome.is_some());
             if let Some(Err(reason)) = &outcome {
                 line["error"] = json!(reason);

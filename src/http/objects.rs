@@ -16,8 +16,8 @@ use crate::api;
 use crate::catalog::Model;
 use crate::format::json::object_json;
 use crate::format::slice::SliceError;
-use crate::format::{Component, Manifest, Object};
-use crate::service::{self, ComponentRequest, Cut, ResolvedSlice, ServiceError, SliceRequest};
+use crate::format::{Component, Object};
+use crate::service::{self, ComponentRequest, Cut, OpenModel, ResolvedSlice, ServiceError, SliceRequest};
 use crate::transport::respond::{ExtraHeaders, Representation, bytes_response};
 
 type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
@@ -69,13 +69,14 @@ pub(super) async fn object(
     query: QueryPairs,
 ) -> Result<Response, ApiError> {
     let pairs = query_pairs(query)?;
-    let ReadyModel { model, manifest, .. } = &ready;
-    let object = find_object(model, manifest, ready.param("object"))?;
+    let open = &ready.open;
+    let model = open.model();
+    let object = find_object(open, ready.param("object"))?;
     let slice = slice_of(model, object, &pairs)?;
     match &object.components[..] {
         // A slice is only ever of a dense object's one component (`slice_of`).
         [only] => {
-            let part = Part { model, manifest, object, component: only };
+            let part = Part { open, object, component: only };
             component_bytes(&state, &method, &headers, ready.cache.clone(), part, slice.as_ref()).await
         }
         _ => {
@@ -95,17 +96,17 @@ pub(super) async fn component(
     query: QueryPairs,
 ) -> Result<Response, ApiError> {
     let pairs = query_pairs(query)?;
-    let ReadyModel { model, manifest, .. } = &ready;
-    let object = find_object(model, manifest, ready.param("object"))?;
-    let component = service::component(model, object, ready.param("role"))?;
-    let slice = slice_of(model, object, &pairs)?;
-    let part = Part { model, manifest, object, component };
+    let open = &ready.open;
+    let object = find_object(open, ready.param("object"))?;
+    let component = service::component(open.model(), object, ready.param("role"))?;
+    let slice = slice_of(open.model(), object, &pairs)?;
+    let part = Part { open, object, component };
     component_bytes(&state, &method, &headers, ready.cache.clone(), part, slice.as_ref()).await
 }
 
-fn find_object<'m>(model: &Model, manifest: &'m Manifest, name: &str) -> Result<&'m Object, ApiError> {
+fn find_object<'m>(open: &'m OpenModel, name: &str) -> Result<&'m Object, ApiError> {
     tracing::Span::current().record("object", name);
-    Ok(service::object(model, manifest, name)?)
+    Ok(open.object(name)?)
 }
 
 /// Whether the request accepts the `zstd` content coding (listed with a non-zero weight).
@@ -134,8 +135,7 @@ fn repr_digest(sha256: &[u8; 32]) -> HeaderValue {
 
 /// The component a request is for.
 struct Part<'a> {
-    model: &'a Arc<Model>,
-    manifest: &'a Manifest,
+    open: &'a OpenModel,
     object: &'a Object,
     component: &'a Component,
 }
@@ -146,7 +146,7 @@ async fn component_bytes(
     method: &Method,
     headers: &HeaderMap,
     cache: (HeaderName, HeaderValue),
-    Part { model, manifest, object, component }: Part<'_>,
+    Part { open, object, component }: Part<'_>,
     slice: Option<&ResolvedSlice>,
 ) -> Result<Response, ApiError> {
     let head = method == Method::HEAD;
@@ -156,7 +156,8 @@ async fn component_bytes(
         None => Cut::Whole,
     };
     let request = ComponentRequest { cut, head, accepts_zstd: accepts_zstd(headers) };
-    let bytes = state.service.representations().component_bytes(model, manifest, object, component, request).await?;
+    let bytes = open.component_bytes(object, component, request).await?;
+    let model = open.model();
     let shape = slice.map_or_else(|| object.shape.clone(), |s| s.slice.shape());
     let span = tracing::Span::current();
     if let Some(digest) = bytes.digest {

@@ -27,8 +27,8 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
     if !state.service.is_ready() {
         return (readiness_status(Readiness::Starting), Json(json!({ "status": "starting" })));
     }
-    let catalog = state.service.catalog();
-    let broken = catalog.models().filter(|m| m.state.is_err()).count();
+    let listing = state.service.listing();
+    let broken = listing.models().filter(|m| m.state.is_err()).count();
     let sources: Vec<Value> = state
         .service
         .sources()
@@ -58,10 +58,10 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
         _ => (Readiness::Unavailable, "unavailable"),
     };
     // Digests are computed in the background: readiness never waits for them.
-    let digests = state.service.hashing().digest_totals(&state.service.catalog()).to_json();
+    let digests = listing.digest_totals().to_json();
     let body = json!({
         "status": word,
-        "models": catalog.models().count(),
+        "models": listing.models().count(),
         "broken": broken,
         "sources": sources,
         "digests": digests,
@@ -71,7 +71,7 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
 
 /// Prometheus text exposition of every metric the process records.
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> impl axum::response::IntoResponse {
-    state.service.signatures().publish_gauge(&state.service.catalog());
+    state.service.listing().publish_signature_gauge();
     let handle = crate::telemetry::metrics();
     handle.run_upkeep();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())

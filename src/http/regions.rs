@@ -48,11 +48,10 @@ pub(super) async fn regions(
         ApiError::BadRequest(format!("the body is not a regions request ({{\"regions\": [...]}}): {e}"))
     })?;
     let limits = RegionLimits { max_regions: limits.max_regions, max_bytes: limits.max_regions_bytes };
-    let ReadyModel { model, manifest, .. } = &ready;
-    let answer = state.service.regions(model, manifest, request.regions, limits).await?;
+    let answer = ready.open.regions(request.regions, limits).await?;
     let body = primed(answer.body).await?;
     metrics::counter!(crate::telemetry::names::REGIONS).increment(answer.count as u64);
-    let (version_name, version) = model_version(model);
+    let (version_name, version) = model_version(ready.open.model());
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, REGIONS_TYPE)

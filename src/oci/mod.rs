@@ -32,10 +32,8 @@ use self::image::{IMAGE_TAG_SUFFIX, Image, ImageLayer};
 use self::names::OciRoute;
 use crate::access::{Access, Tokens};
 use crate::api::routes;
-use crate::catalog::{Catalog, Model};
 use crate::config::Config;
-use crate::format::Manifest;
-use crate::service::{DigestOf, LayerFraming, PublishedFile, Service, TarLayer, version_token};
+use crate::service::{DigestOf, LayerFraming, OpenModel, PublishedFile, Service, TarLayer, version_token};
 use crate::transport::prefixed::{self, Grammar, PrefixedRequest};
 use crate::transport::respond::{Representation, bytes_response};
 
@@ -172,7 +170,7 @@ async fn answer(state: &OciState, request: &PrefixedRequest) -> Result<Response,
 /// `GET /v2/{name}/tags/list` of repository `at`: the artifact's and the image's tags, `latest`
 /// and the version's, a page at a time.
 fn tags_list(at: &RepositoryAt, name: &str, query: &[(String, String)]) -> Result<Response, OciError> {
-    let version = version_token(&at.model);
+    let version = version_token(at.open.model());
     let tags =
         vec!["latest".to_owned(), format!("latest{IMAGE_TAG_SUFFIX}"), format!("{version}{IMAGE_TAG_SUFFIX}"), version];
     let (page, next) = page(tags, query)?;
@@ -191,7 +189,7 @@ async fn manifest(
     head: bool,
     headers: &HeaderMap,
 ) -> Result<Response, OciError> {
-    let version = version_token(&at.model);
+    let version = version_token(at.open.model());
     let image_tag = reference.strip_suffix(IMAGE_TAG_SUFFIX);
     if reference == "latest" || reference == version {
         let artifact = state.artifact(at).await?;
@@ -285,7 +283,7 @@ fn token(state: &OciState, headers: &HeaderMap) -> Result<Response, OciError> {
 fn catalog(state: &OciState, access: &Access, query: &[(String, String)]) -> Result<Response, OciError> {
     let repositories: Vec<String> = state
         .service
-        .catalog()
+        .listing()
         .models()
         .filter(|m| access.allows(&m.id))
         .map(|m| names::repository_of(&m.id))
@@ -336,12 +334,9 @@ fn json_response(value: &Value, head: bool) -> Response {
 
 /// A repository at its current version.
 struct RepositoryAt {
-    catalog: Arc<Catalog>,
-    model: Arc<Model>,
-    manifest: Arc<Manifest>,
+    /// The model, opened (so admitted) for the request.
+    open: OpenModel,
     files: Vec<PublishedFile>,
-    /// Its signature, as its source's policy checked it.
-    signature: crate::service::SignatureStatus,
 }
 
 /// The annotations of a model's signature on its artifact: its state and signer, not when it
@@ -366,11 +361,11 @@ impl OciState {
         if !names::is_repository_name(name) {
             return Err(unknown());
         }
-        let catalog = self.service.catalog();
+        let listing = self.service.listing();
         let model = if names::is_hashed(name) {
-            catalog.models().find(|m| names::names(name, &m.id)).cloned()
+            listing.models().find(|m| names::names(name, &m.id)).cloned()
         } else {
-            catalog.get(name).cloned()
+            listing.get(name).cloned()
         };
         let Some(model) = model else {
             return match access {
@@ -385,9 +380,9 @@ impl OciState {
             return Err(OciError::Denied { name: name.to_owned() });
         }
         tracing::Span::current().record("model", model.id.as_str());
-        let (model, manifest, signature) = self.service.servable_model(&model.id).await?;
-        let files = self.service.publication().repository_files(&catalog, &model, &manifest);
-        Ok(RepositoryAt { catalog, model, manifest, files, signature })
+        let open = listing.open(&model.id).await?;
+        let files = open.repository_files();
+        Ok(RepositoryAt { open, files })
     }
 
     /// The repository's artifact: its config and manifest, with every file's SHA-256.
@@ -399,8 +394,7 @@ impl OciState {
     /// those being computed as a listing does.
     async fn digests(&self, at: &RepositoryAt, of: DigestOf) -> Result<Vec<[u8; 32]>, OciError> {
         let files: Vec<&PublishedFile> = at.files.iter().collect();
-        let wait = self.service.hashing().wait(true);
-        Ok(self.service.hashing().published_sha256s(&at.catalog, &at.model, &at.manifest, &files, of, wait).await?)
+        Ok(at.open.sha256s(&files, of).await?)
     }
 
     /// The artifact, and its layers (in the order of `at.files`).
@@ -411,8 +405,9 @@ impl OciState {
             .zip(self.digests(at, DigestOf::File).await?)
             .map(|(file, sha256)| LayerFile { path: file.path.clone(), size: file.size, sha256 })
             .collect();
-        let annotations = signature_annotations(&at.signature);
-        Ok((artifact::build(&at.model.id, &version_token(&at.model), &at.manifest, &layers, &annotations), layers))
+        let (model, manifest) = (at.open.model(), at.open.manifest());
+        let annotations = signature_annotations(at.open.signature());
+        Ok((artifact::build(&model.id, &version_token(model), manifest, &layers, &annotations), layers))
     }
 
     /// The repository's image.
@@ -432,7 +427,8 @@ impl OciState {
                 ImageLayer { path: file.path.clone(), size: framing.len(), sha256 }
             })
             .collect();
-        Ok((image::build(&at.model.id, &version_token(&at.model), &layers), layers))
+        let model = at.open.model();
+        Ok((image::build(&model.id, &version_token(model), &layers), layers))
     }
 }
 
@@ -521,10 +517,7 @@ async fn blob(
         (Arc::new(bytes::Bytes::from(artifact.config)), artifact::CONFIG_MEDIA_TYPE)
     } else if let Some(index) = layers.iter().position(|layer| hex::encode(layer.sha256) == hex) {
         let file = &at.files[index];
-        (
-            state.service.hashing().published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?.source,
-            "application/octet-stream",
-        )
+        (at.open.file_bytes(file).await?.source, "application/octet-stream")
     } else {
         // Not the artifact's: the image's config or one of its layers.
         let (image, image_layers) = state.image_and_layers(at).await?;
@@ -536,8 +529,7 @@ async fn blob(
                 .position(|layer| hex::encode(layer.sha256) == hex)
                 .ok_or_else(|| OciError::BlobUnknown { name: name.to_owned(), digest: digest.to_owned() })?;
             let file = &at.files[index];
-            let bytes =
-                state.service.hashing().published_file_bytes(&at.catalog, &at.model, &at.manifest, file).await?;
+            let bytes = at.open.file_bytes(file).await?;
             let framing = LayerFraming::of(&file.path, file.size).expect("framed when its digest was computed");
             (Arc::new(TarLayer { framing, file: bytes.source }), image::LAYER_MEDIA_TYPE)
         }

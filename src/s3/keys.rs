@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::catalog::{Catalog, Model};
+use crate::catalog::Model;
 use crate::format::Manifest;
-use crate::service::{Published, PublishedFile, Service};
+use crate::service::{ListedFile, Listing, Published, PublishedFile};
 
 /// Which of a model's files a bucket holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,45 +44,48 @@ impl Key {
         let path = self.key[self.path_start..].to_owned();
         PublishedFile { path, what: self.target.clone(), size: self.size, etag: self.etag.clone() }
     }
+
+    /// The published file the key names, with the model version it is of.
+    pub(super) fn listed(&self) -> ListedFile {
+        ListedFile { model: Arc::clone(&self.model), manifest: Arc::clone(&self.manifest), file: self.published() }
+    }
 }
 
-/// Every key of one catalog, sorted.
+/// Every key of one catalog snapshot, sorted.
 pub(super) struct Keys {
-    catalog: Arc<Catalog>,
+    listing: Listing,
     sorted: Vec<Key>,
 }
 
 impl Keys {
-    /// The keys of what the bucket `holds` of every model of `catalog` that serves.
-    pub(super) fn build(service: &Service, catalog: Arc<Catalog>, holds: Holds) -> Keys {
+    /// The keys of what the bucket `holds` of every model of `listing` that serves.
+    pub(super) fn build(listing: Listing, holds: Holds) -> Keys {
         // Each repository's members, the model named after it first (`models()` is sorted).
         let mut repositories: BTreeMap<String, Vec<&Arc<Model>>> = BTreeMap::new();
-        for model in catalog.models().filter(|m| m.state.is_ok()) {
-            repositories.entry(catalog.repository_of(model)).or_default().push(model);
+        for model in listing.models().filter(|m| m.state.is_ok()) {
+            repositories.entry(listing.repository_of(model)).or_default().push(model);
         }
         let mut sorted = Vec::new();
         for (id, mut members) in repositories {
             // The Hub API refuses a repository whose named model is broken: so is it here.
-            if catalog.get(&id).is_some_and(|named| named.state.is_err()) {
+            if listing.get(&id).is_some_and(|named| named.state.is_err()) {
                 continue;
             }
             members.sort_by_key(|m| m.id != id);
             for model in members {
                 let Ok(manifest) = &model.state else { continue };
                 let files = match holds {
-                    Holds::Repository if catalog.shows_published_files(&id, model) => {
-                        service.publication().repository_files(&catalog, model, manifest)
+                    Holds::Repository if listing.shows_published_files(&id, model) => {
+                        listing.repository_files(model, manifest)
                     }
-                    Holds::Repository | Holds::Stored => {
-                        service.publication().files_as_stored(&catalog, model, manifest)
-                    }
+                    Holds::Repository | Holds::Stored => listing.files_as_stored(model, manifest),
                 };
-                for file in files {
+                for ListedFile { model, manifest, file } in files {
                     sorted.push(Key {
                         key: format!("{id}/{}", file.path),
                         path_start: id.len() + 1,
-                        model: Arc::clone(model),
-                        manifest: Arc::clone(manifest),
+                        model,
+                        manifest,
                         target: file.what,
                         size: file.size,
                         etag: file.etag,
@@ -102,17 +105,17 @@ impl Keys {
             }
             same
         });
-        Keys { catalog, sorted }
+        Keys { listing, sorted }
     }
 
-    /// Whether these are the keys of `catalog`.
-    pub(super) fn are_of(&self, catalog: &Arc<Catalog>) -> bool {
-        Arc::ptr_eq(&self.catalog, catalog)
+    /// Whether these are the keys of `listing`'s snapshot.
+    pub(super) fn are_of(&self, listing: &Listing) -> bool {
+        self.listing.is_same_snapshot(listing)
     }
 
-    /// The catalog these keys are of.
-    pub(super) fn catalog(&self) -> &Arc<Catalog> {
-        &self.catalog
+    /// The listing these keys are of.
+    pub(super) fn listing(&self) -> &Listing {
+        &self.listing
     }
 
     pub(super) fn index_of(&self, key: &str) -> Option<usize> {

@@ -33,7 +33,7 @@ use self::error::{internal_error, request_timeout, service_error};
 use self::keys::{After, Holds, Key, Keys, Query};
 use crate::access::{Access, Refused, Tokens, Verdict};
 use crate::config::Config;
-use crate::service::{PublishedFile, Service, ServiceError, StoredBytes};
+use crate::service::{ListedFile, PublishedFile, Service, ServiceError, StoredBytes};
 use crate::transport::ClientIdentity;
 
 /// The most keys one listing page holds, as on S3.
@@ -177,12 +177,12 @@ impl Endpoint {
 
     /// The current catalog's keys in `bucket`.
     fn keys(&self, bucket: &Bucket) -> Arc<Keys> {
-        let catalog = self.service.catalog();
+        let listing = self.service.listing();
         let mut cached = bucket.keys.lock().expect("never poisoned");
         match &*cached {
-            Some(keys) if keys.are_of(&catalog) => Arc::clone(keys),
+            Some(keys) if keys.are_of(&listing) => Arc::clone(keys),
             _ => {
-                let keys = Arc::new(Keys::build(&self.service, catalog, bucket.holds));
+                let keys = Arc::new(Keys::build(listing, bucket.holds));
                 *cached = Some(Arc::clone(&keys));
                 keys
             }
@@ -200,10 +200,9 @@ impl Endpoint {
     ) -> Listing {
         let url_encoded = encoding.is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
         let keys = self.keys(bucket);
-        let catalog = keys.catalog();
+        let listing = keys.listing();
         // A model its signature refuses is not listed, as a broken one is not.
-        let refused =
-            |id: &str| catalog.get(id).is_some_and(|m| self.service.signatures().refusal(catalog, m).is_some());
+        let refused = |id: &str| listing.get(id).is_some_and(|m| listing.refusal(m).is_some());
         let page = keys.list(query, |id| access.allows(id) && !refused(id));
         let encode = |text: &str| if url_encoded { url_encode(text) } else { text.to_owned() };
         let contents = page
@@ -230,18 +229,8 @@ impl Endpoint {
             return Err(s3_error!(NoSuchKey, "no key {key:?}"));
         };
         let found = keys.at(index);
-        let wait = self.service.hashing().wait(false);
-        self.service
-            .signatures()
-            .admit(keys.catalog(), &found.model, &found.manifest, wait)
-            .await
-            .map_err(service_error)?;
-        let bytes = self
-            .service
-            .hashing()
-            .published_file_bytes(keys.catalog(), &found.model, &found.manifest, &found.published())
-            .await
-            .map_err(service_error)?;
+        let open = keys.listing().open(&found.model.id).await.map_err(service_error)?;
+        let bytes = open.file_bytes(&found.published()).await.map_err(service_error)?;
         Ok((keys, index, bytes))
     }
 
@@ -260,8 +249,9 @@ impl Endpoint {
         if !enabled || answer.range.is_some() {
             return None;
         }
-        let file = PublishedFile { etag: etag.to_owned(), ..key.published() };
-        let digest = self.service.hashing().known_sha256(keys.catalog(), &key.model, &key.manifest, &file)?;
+        let listed = key.listed();
+        let listed = ListedFile { file: PublishedFile { etag: etag.to_owned(), ..listed.file }, ..listed };
+        let digest = keys.listing().known_sha256(&listed)?;
         Some(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, digest))
     }
 

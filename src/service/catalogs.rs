@@ -81,13 +81,20 @@ impl Catalogs {
         Some(catalog)
     }
 
-    /// The model `id` and its manifest: refused when the catalog is not ready, the model is
-    /// unknown or it is broken. Whoever asks has already checked that the caller may read it.
-    pub(crate) fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
+    /// The model `id` of the current catalog and its manifest, as [`Catalogs::model_in`].
+    #[cfg(test)]
+    fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
+        self.model_in(&self.current(), id)
+    }
+
+    /// The model `id` of `catalog` (a snapshot of these) and its manifest: refused when the
+    /// catalog is not ready, the model is unknown or it is broken. Whoever asks has already
+    /// checked that the caller may read it.
+    pub(crate) fn model_in(&self, catalog: &Catalog, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
         if !self.is_ready() {
             return Err(ServiceError::NotReady);
         }
-        let model = self.current().get(id).cloned().ok_or_else(|| ServiceError::ModelNotFound(id.to_owned()))?;
+        let model = catalog.get(id).cloned().ok_or_else(|| ServiceError::ModelNotFound(id.to_owned()))?;
         let manifest = match &model.state {
             Ok(manifest) => Arc::clone(manifest),
             Err(e) => return Err(ServiceError::BrokenModel { model: id.to_owned(), source: Box::new(e.clone()) }),

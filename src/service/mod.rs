@@ -5,13 +5,16 @@
 //! views ([`view`]), the files each model version publishes ([`published`]), their content
 //! digests ([`hashing`], over `crate::digests`), signature admission ([`signatures`]) and
 //! prefetches into the node's disk cache ([`prefetch`]). The facade keeps what they share:
-//! what is learnt per model version ([`learnt`]) and a rescan's upkeep.
+//! what is learnt per model version ([`learnt`]) and a rescan's upkeep, and hands out none of
+//! them: the protocols come in by one door ([`door`]), a `Listing` of one catalog snapshot
+//! and the `OpenModel` a request opens from it (opening is admission), which they then ask.
 //! Handlers of any protocol extract, ask, and set their own headers; nothing here knows HTTP.
 
 mod bytes;
 mod catalogs;
 mod components;
 mod decoded;
+mod door;
 mod error;
 mod files;
 #[cfg(test)]
@@ -34,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::bytes::{StoredBytes, companion_etag, model_version, stored_file_etag, version_token};
+pub(crate) use self::door::{ListedFile, Listing, OpenModel};
 pub(crate) use self::files::FoundFile;
 pub(crate) use self::view::view_file_etag;
 pub(crate) use catalogs::{component, object};
@@ -42,7 +46,6 @@ pub(crate) use error::{ErrorKind, ServiceError, SetupError};
 pub(crate) use hashing::{DigestOf, Hashing};
 pub(crate) use image_layer::{LayerFraming, MODELS_DIR, TarLayer};
 pub(crate) use learnt::Rendered;
-pub(crate) use prefetch::Held;
 pub(crate) use published::Publication;
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use regions::{RegionLimits, RegionRequest, RegionsBody};
@@ -266,15 +269,20 @@ impl Service {
         self.catalogs.sources()
     }
 
-    /// The representations of every model's bytes.
-    pub(crate) fn representations(&self) -> &components::Representations {
-        &self.representations
+    /// The decoders' permits (a test holds them all to make decoders busy).
+    pub(crate) fn decoders(&self) -> &Arc<tokio::sync::Semaphore> {
+        self.representations.decoders()
+    }
+
+    /// Syncs the digests appended to the store to disk now (blocking).
+    pub(crate) fn sync_digests(&self) {
+        self.hashing.digests().sync();
     }
 
     /// Regions of `model` (slices of dense tensors, whole components) in one body, each
     /// followed by its CRC32C: refused whole before any byte when `requests` asks what
     /// `limits` does not allow or names what cannot be cut (`regions`).
-    pub(crate) async fn regions(
+    async fn regions(
         &self,
         model: &Arc<Model>,
         manifest: &Arc<Manifest>,
@@ -284,59 +292,9 @@ impl Service {
         regions::regions(Arc::clone(&self.representations), model, manifest, requests, limits).await
     }
 
-    /// The model `id` and its manifest: refused when the catalog is not ready, the model is
-    /// unknown or it is broken. Whoever asks has already checked that the caller may read it.
-    pub(crate) fn model(&self, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
-        self.catalogs.model(id)
-    }
-
-    /// The files each model version publishes, its views and their bytes.
-    pub(crate) fn publication(&self) -> &Publication {
-        &self.publication
-    }
-
-    /// The digests of published files (known, stated, or computed in the background).
-    pub(crate) fn hashing(&self) -> &Arc<Hashing> {
-        &self.hashing
-    }
-
-    /// Models' signatures, and their admission under each source's policy.
-    pub(crate) fn signatures(&self) -> &Arc<SignatureAdmission> {
-        &self.signatures
-    }
-
-    /// Prefetches into the disk cache.
-    pub(crate) fn prefetches(&self) -> &prefetch::Prefetches {
-        &self.prefetches
-    }
-
-    /// The model `id` and its manifest, as [`Service::model`] gives them, once its signature
-    /// lets it be served (waiting for its digests as a request for one file does).
-    pub(crate) async fn servable_model(
-        &self,
-        id: &str,
-    ) -> Result<(Arc<Model>, Arc<Manifest>, SignatureStatus), ServiceError> {
-        let catalog = self.catalog();
-        let (model, manifest) = self.model(id)?;
-        let status = self.signatures.admit(&catalog, &model, &manifest, self.hashing.wait(false)).await?;
-        Ok((model, manifest, status))
-    }
-
-    /// The model's file `name`: one of its stored files, or else a file beside it by its path
-    /// below the model's directory (`config.json`, `tokenizer/vocab.txt`).
-    pub(crate) async fn file_named(
-        &self,
-        model: &Arc<Model>,
-        manifest: &Manifest,
-        name: &str,
-    ) -> Result<(StoredBytes, FoundFile), ServiceError> {
-        let catalog = self.catalog();
-        self.representations.file_named(model, manifest, catalog.companions(&model.id), name).await
-    }
-
     /// The manifest of `model` as the service's renderer renders it (`http::manifest`), once
     /// per model version.
-    pub(crate) fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
+    fn rendered_manifest(&self, model: &Model, manifest: &Manifest) -> Rendered {
         let learnt = self.learnt.of(model);
         let rendered = learnt
             .manifest_json
@@ -346,7 +304,7 @@ impl Service {
 
     /// The manifest as rendered, if it has been already: a request for it then needs no trip
     /// to the blocking pool, which at thousands of requests a second costs more than the answer.
-    pub(crate) fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
+    fn rendered_manifest_if_ready(&self, model: &Model) -> Option<Rendered> {
         self.learnt.of(model).manifest_json.get().cloned()
     }
 }

@@ -436,10 +436,9 @@ fn transport_files_naming_the_service(src: &Path) -> Vec<String> {
     naming
 }
 
-/// The protocols reach the service through one door (`Service::open`, `Service::models` and
+/// The protocols reach the service through one door (`Service::listing`, `Listing::open` and
 /// the facade's own methods): none reaches into its sub-services.
 #[test]
-#[ignore = "until the protocols use the one door"]
 fn nothing_outside_the_service_calls_its_sub_service_accessors() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let calls = sub_service_calls_outside_the_service(&src);
