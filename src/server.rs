@@ -224,10 +224,7 @@ pub async fn serve(
     let service = &server.service;
     service.rescan().await;
     if server.config().sources.on_unreadable == OnUnreadableSource::Fail {
-        let catalog = service.catalog();
-        // A source read from the listing its disk cache kept serves what the cache holds.
-        let unserved = catalog.unreadable_sources.iter().find(|(name, _)| !catalog.from_kept_listings.contains(name));
-        if let Some((source, reason)) = unserved {
+        if let Some((source, reason)) = service.unserved_source() {
             anyhow::bail!(
                 "source {source} cannot be listed: {reason} (set on_unreadable_source = \"degrade\" to start without it)"
             );

@@ -198,9 +198,12 @@ impl Service {
         }))
     }
 
-    /// The current catalog snapshot.
-    pub(crate) fn catalog(&self) -> Arc<Catalog> {
-        self.catalogs.current()
+    /// A source the last scan could not list and no listing kept by the disk cache stands in
+    /// for, with why: its models are not served.
+    pub(crate) fn unserved_source(&self) -> Option<(String, String)> {
+        let catalog = self.catalogs.current();
+        // A source read from the listing its disk cache kept serves what the cache holds.
+        catalog.unreadable_sources.iter().find(|(name, _)| !catalog.from_kept_listings.contains(name)).cloned()
     }
 
     /// Rescans every source and swaps in the new catalog (the first makes the service ready),
