@@ -17,7 +17,7 @@ use crate::catalog::Model;
 use crate::format::json::object_json;
 use crate::format::slice::SliceError;
 use crate::format::{Component, Object};
-use crate::service::{self, ComponentRequest, Cut, OpenModel, ResolvedSlice, ServiceError, SliceRequest};
+use crate::service::{ComponentRequest, Cut, OpenModel, ResolvedSlice, ServiceError, SliceRequest};
 use crate::transport::respond::{ExtraHeaders, Representation, bytes_response};
 
 type QueryPairs = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
@@ -98,7 +98,7 @@ pub(super) async fn component(
     let pairs = query_pairs(query)?;
     let open = &ready.open;
     let object = find_object(open, ready.param("object"))?;
-    let component = service::component(open.model(), object, ready.param("role"))?;
+    let component = open.component(object, ready.param("role"))?;
     let slice = slice_of(open.model(), object, &pairs)?;
     let part = Part { open, object, component };
     component_bytes(&state, &method, &headers, ready.cache.clone(), part, slice.as_ref()).await

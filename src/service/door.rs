@@ -179,6 +179,11 @@ impl OpenModel {
         super::object(&self.model, &self.manifest, name)
     }
 
+    /// The component `role` of its `object`.
+    pub(crate) fn component<'o>(&self, object: &'o Object, role: &str) -> Result<&'o Component, ServiceError> {
+        super::component(&self.model, object, role)
+    }
+
     /// The bytes of `component` of `object`, cut and coded as `request` asks.
     pub(crate) async fn component_bytes(
         &self,

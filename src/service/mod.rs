@@ -40,7 +40,7 @@ pub(crate) use self::bytes::{StoredBytes, companion_etag, model_version, stored_
 pub(crate) use self::door::{ListedFile, Listing, OpenModel};
 pub(crate) use self::files::FoundFile;
 pub(crate) use self::view::view_file_etag;
-pub(crate) use catalogs::{component, object};
+use catalogs::{component, object};
 pub(crate) use components::{ComponentRequest, Cut};
 pub(crate) use error::{ErrorKind, ServiceError, SetupError};
 pub(crate) use hashing::{DigestOf, Hashing};
