@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 
-use super::components::ComponentBytes;
-use super::components::ComponentRequest;
+use super::components::{ComponentBytes, ComponentRequest};
 use super::files::FoundFile;
 use super::hashing::DigestOf;
 use super::learnt::Rendered;
