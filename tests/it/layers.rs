@@ -1,11 +1,13 @@
 //! The layer rule of `src/lib.rs`'s module map, kept: layers import one way (server, tools and
 //! pull -> the protocols -> transport and access -> service and artifacts -> catalog, decode,
-//! digests, signing and served -> storage -> format, with api, config and telemetry beside them), no module imports one above
-//! it or beside it in its layer (so the wire protocols never name each other), the modules
-//! beside the layers import only format and each other, and nothing below the protocols reaches
-//! `api` (routes, URLs, header names: they know no HTTP), by any chain of imports. Inside every
-//! folder of both crates, and among the format crate's top-level modules, no two rooms import
-//! each other by any chain.
+//! digests, signing and served -> storage -> format, with api, config and telemetry beside
+//! them), no module imports one above it or beside it in its layer (so the wire protocols never
+//! name each other), the modules beside the layers import only format and each other, and
+//! nothing below the protocols reaches `api` (routes, URLs, header names: they know no HTTP),
+//! by any chain of imports. Inside every folder of both crates, and among the format crate's
+//! top-level modules, no two rooms import each other by any chain; the protocols reach the
+//! service only through its door, transport names nothing of the service, and no file is over
+//! 600 lines.
 
 use std::fs;
 use std::path::Path;
@@ -466,4 +468,31 @@ fn the_door_rules_see_what_they_forbid() {
     fs::write(src.join("transport/range.rs"), "// crate::service in a comment\n").unwrap();
     assert_eq!(sub_service_calls_outside_the_service(src), ["http/models.rs: publication()"]);
     assert_eq!(transport_files_naming_the_service(src), ["transport/respond.rs"]);
+}
+
+/// A room a newcomer can read whole: no file of either crate's sources is over 600 lines (a
+/// concern that grows past it becomes a folder of rooms).
+#[test]
+fn no_file_of_either_crate_is_over_600_lines() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut long = Vec::new();
+    let mut files = 0;
+    for root in [manifest.join("src"), manifest.join("format/src")] {
+        let mut dirs = vec![root];
+        while let Some(dir) = dirs.pop() {
+            for path in fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()) {
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files += 1;
+                    let lines = fs::read_to_string(&path).unwrap().lines().count();
+                    if lines > 600 {
+                        long.push(format!("{}: {lines} lines", path.strip_prefix(manifest).unwrap().display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(files >= 150, "only {files} files were found");
+    assert!(long.is_empty(), "files over 600 lines:\n{}", long.join("\n"));
 }
