@@ -194,6 +194,11 @@ pub enum FormatError {
     InShard { shard: String, error: Box<FormatError> },
     #[error("GGUF header, at byte {at}: {detail}")]
     Gguf { code: &'static str, at: u64, detail: String },
+
+    // --- refit deltas ----------------------------------------------------------------------
+    /// A refit delta ([`crate::delta`]) that breaks a rule; `code` names the rule.
+    #[error("refit delta: {detail}")]
+    Delta { code: &'static str, detail: String },
 }
 
 impl FormatError {
@@ -274,6 +279,7 @@ impl FormatError {
             TensorNotIndexed { .. } => "tensor_not_indexed",
             InShard { error, .. } => error.code(),
             Gguf { code, .. } => code,
+            Delta { code, .. } => code,
         }
     }
 }

@@ -14,6 +14,7 @@
 mod cbor;
 mod container;
 pub mod decode;
+pub mod delta;
 mod error;
 pub mod gguf;
 pub mod json;
