@@ -6,6 +6,7 @@
 
 from ._artifacts import ArtifactStore
 from ._client import TRANSFORMER_SHARD_DIMS, Client, Snapshot
+from ._delta import DeltaError, DeltaHeader, apply_delta, parse_delta_header
 from ._errors import (
     BrokenModel,
     ClientError,
@@ -40,4 +41,8 @@ __all__ = [
     "DigestMismatch",
     "ModelChanged",
     "TransferError",
+    "DeltaError",
+    "DeltaHeader",
+    "apply_delta",
+    "parse_delta_header",
 ]
