@@ -241,6 +241,16 @@ fn hostile_payloads_give_errors() {
     assert_eq!(bad(&frame(&[0x83, 0, 0xAA, 0xBB]), 2), "delta_indices", "gap not in shortest form");
     assert_eq!(bad(&frame(&[0x83, 0x80, 0xAA, 0xBB]), 2), "delta_indices", "gaps end inside a varint");
     assert_eq!(bad(&frame(&[3, 6, 0, 0xAA, 0xBB]), 2), "delta_indices", "bytes after the gaps");
+    // A frame whose header lies about its content size, within the bound either way.
+    let lying = |body: &[u8], declared: u8| {
+        let mut frame = frame(body);
+        // A small frame is one segment with a one-byte content size right after its descriptor.
+        assert_eq!((frame[4] & 0x20, frame[4] >> 6, frame[5] as usize), (0x20, 0, body.len()));
+        frame[5] = declared;
+        frame
+    };
+    assert_eq!(bad(&lying(&[3, 6, 0xAA, 0xBB, 0, 0], 4), 2), "delta_zstd", "inflates past its declared size");
+    assert_eq!(bad(&lying(&[3, 6, 0xAA, 0xBB], 6), 2), "delta_zstd", "inflates short of its declared size");
     // Lying counts over a big region: the bound follows the target, not the header.
     let huge = patch(1, 1 << 40, 1 << 39, &frame(&body), digest);
     assert_eq!(code_of(&huge, n), "delta_region_mismatch");

@@ -177,6 +177,15 @@ def test_hostile_frames_raise(payload, why):
     assert code_of(patch(payload)) == "delta_zstd", why
 
 
+@pytest.mark.parametrize("body, declared", [([3, 6, 0xAA, 0xBB, 0, 0], 4), ([3, 6, 0xAA, 0xBB], 6)])
+def test_a_frame_that_lies_about_its_size_raises(body, declared):
+    lying = bytearray(frame(body))
+    # A small frame is one segment with a one-byte content size right after its descriptor.
+    assert (lying[4] & 0x20, lying[4] >> 6, lying[5]) == (0x20, 0, len(body))
+    lying[5] = declared
+    assert code_of(patch(bytes(lying))) == "delta_zstd"
+
+
 def test_a_frame_without_its_size_raises():
     out = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(bytes([3, 6, 0xAA, 0xBB]))
     assert code_of(patch(out)) == "delta_zstd"
