@@ -323,7 +323,8 @@ fn decompress_body(payload: &[u8], changed: u64, elements: u64, width: usize) ->
     };
     let max_gap_len = (64 - (elements - 1).leading_zeros() as u64).div_ceil(7).clamp(1, MAX_VARINT_LEN);
     let width = width as u64;
-    let (least, most) = (changed * (1 + width), changed * (max_gap_len + width));
+    // Saturating: only a region near 2^64 bytes could overflow, and it cannot be in memory.
+    let (least, most) = (changed.saturating_mul(1 + width), changed.saturating_mul(max_gap_len + width));
     if declared < least || declared > most {
         return Err(zstd(format!(
             "the zstd frame declares {declared} bytes; {changed} changed elements of {width} bytes need {least} to {most}"
