@@ -131,6 +131,41 @@ fn every_v2_manifest_fuzz_input_is_handled_without_panic() {
 }
 
 #[test]
+fn every_delta_fuzz_input_is_handled_without_panic() {
+    use ztserve_format::delta::{apply, encode, parse_header};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut count = 0;
+    for dir in ["seeds-delta", "corpus/delta_apply", "regressions-delta"] {
+        for entry in fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n == "README.md") {
+                continue;
+            }
+            let bytes = fs::read(&path).unwrap();
+            // What the delta_apply fuzz target does with each input.
+            if let Ok(header) = parse_header(&bytes) {
+                let region = header.elements.saturating_mul(header.width as u64);
+                if region <= 1 << 20 {
+                    let _ = apply(&bytes, &mut vec![0u8; region as usize]);
+                }
+            }
+            let _ = apply(&bytes, &mut [0u8; 64]);
+            if let Some((&width, rest)) = bytes.split_first() {
+                let width = [1, 2, 4, 8][(width & 3) as usize];
+                let half = rest.len() / 2 / width * width;
+                let (old, new) = (&rest[..half], &rest[half..2 * half]);
+                let delta = encode(old, new, width, 1).unwrap();
+                let mut target = old.to_vec();
+                apply(&delta, &mut target).unwrap();
+                assert_eq!(target, new, "{}", path.display());
+            }
+            count += 1;
+        }
+    }
+    assert!(count >= 8, "fuzz/ lost its delta corpus: {count} inputs");
+}
+
+#[test]
 fn every_model_signature_fuzz_input_is_handled_without_panic() {
     use ztserve_format::model_signature::{Bundle, SignedModel};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
