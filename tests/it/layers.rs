@@ -77,7 +77,8 @@ fn files_of(src: &Path, module: &str) -> Vec<std::path::PathBuf> {
 }
 
 /// The top-level modules `code` names (`crate::x`, `crate::{x, y::Z}`), outside comments. (No
-/// module of the crate reaches the root by `super::`.)
+/// module of the crate reaches the root by `super::`: see
+/// `no_module_reaches_the_crate_root_by_super`.)
 fn named_modules(code: &str) -> Vec<String> {
     let mut named = Vec::new();
     // A `use` group spread over lines is read as one line, so that its later lines are seen.
@@ -249,8 +250,7 @@ fn imports_of_rooms(
                 .filter(|file| file.file_name().is_some_and(|name| name != "tests.rs"))
                 .flat_map(|file| {
                     let code = fs::read_to_string(file).unwrap();
-                    let code =
-                        code.split("#[cfg(test)]").next().unwrap().replace(&format!("crate::{own_path}"), sibling);
+                    let code = without_test_modules(&code).replace(&format!("crate::{own_path}"), sibling);
                     let mut code = code.replace("crate::", "elsewhere::");
                     // How many folders below `folder` the file's module is: `x.rs` and
                     // `x/mod.rs` none, `x/y.rs` one, and so on.
@@ -392,7 +392,8 @@ fn the_rule_finds_a_cycle_through_a_crate_root() {
 /// `src/service/`, as `file: accessor`: what the protocols and the server ask of the service
 /// they ask its facade, so no `.representations()` and the like run past it.
 fn sub_service_calls_outside_the_service(src: &Path) -> Vec<String> {
-    const ACCESSORS: [&str; 5] = ["representations", "publication", "hashing", "signatures", "prefetches"];
+    const ACCESSORS: [&str; 7] =
+        ["catalog", "catalogs", "representations", "publication", "hashing", "signatures", "prefetches"];
     let mut calls = Vec::new();
     let mut dirs = vec![src.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -495,4 +496,75 @@ fn no_file_of_either_crate_is_over_600_lines() {
     }
     assert!(files >= 150, "only {files} files were found");
     assert!(long.is_empty(), "files over 600 lines:\n{}", long.join("\n"));
+}
+
+/// `code` up to its first test module (`#[cfg(test)]` before a `mod`): a test-only item
+/// elsewhere in the file (`#[cfg(test)] fn`) does not hide the code after it.
+fn without_test_modules(code: &str) -> &str {
+    let mut at = 0;
+    while let Some(found) = code[at..].find("#[cfg(test)]") {
+        let start = at + found;
+        let rest = code[start + "#[cfg(test)]".len()..].trim_start();
+        let rest = rest.strip_prefix("pub(crate) ").or_else(|| rest.strip_prefix("pub ")).unwrap_or(rest);
+        if rest.starts_with("mod ") {
+            return &code[..start];
+        }
+        at = start + 1;
+    }
+    code
+}
+
+/// The files of `src` whose code climbs to the crate's root by `super::` (past their own
+/// top-level module), where the layer rules, which read `crate::` paths, would not see what it
+/// names.
+fn files_climbing_to_the_root(src: &Path) -> Vec<String> {
+    let mut climbing = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for path in fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()) {
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let relative = path.strip_prefix(src).unwrap();
+            if path.extension().is_none_or(|e| e != "rs")
+                || relative == Path::new("lib.rs")
+                || relative == Path::new("main.rs")
+            {
+                continue;
+            }
+            // How deep the file's module is: `x.rs` and `x/mod.rs` 1, `x/y.rs` 2.
+            let depth = relative.components().count() - usize::from(relative.ends_with("mod.rs"));
+            let code = fs::read_to_string(&path).unwrap();
+            let code = without_test_modules(&code);
+            let code: String = code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")).collect();
+            if code.contains(&"super::".repeat(depth)) {
+                climbing.push(relative.display().to_string());
+            }
+        }
+    }
+    climbing.sort();
+    climbing
+}
+
+#[test]
+fn no_module_reaches_the_crate_root_by_super() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let climbing = files_climbing_to_the_root(&src);
+    assert!(
+        climbing.is_empty(),
+        "files that reach the crate's root by super:: (name it crate::):\n{}",
+        climbing.join("\n")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("transport")).unwrap();
+    fs::write(dir.path().join("transport/respond.rs"), "use super::super::service::ServiceError;\n").unwrap();
+    fs::write(dir.path().join("transport/mod.rs"), "use super::service::Guard;\nmod respond;\n").unwrap();
+    fs::write(
+        dir.path().join("transport/range.rs"),
+        "use super::respond::Thing;\n#[cfg(test)]\nmod tests { use super::super::x; }\n",
+    )
+    .unwrap();
+    fs::write(dir.path().join("server.rs"), "#[cfg(test)]\nfn helper() {}\nuse super::http;\n").unwrap();
+    assert_eq!(files_climbing_to_the_root(dir.path()), ["server.rs", "transport/mod.rs", "transport/respond.rs"]);
 }
