@@ -68,8 +68,12 @@ async fn ready_model(state: &AppState, access: &Access, id: &str) -> Result<Open
         Some((base, version)) if listing.get(id).is_none() => (base, Some(version)),
         _ => (id, None),
     };
-    if state.service.is_ready() && !access.allows(base) {
-        return Err(ServiceError::ModelNotFound(id.to_owned()).into());
+    if !access.allows(base) {
+        // Not yet ready, every model is answered alike; then, as an unknown one. Decided here,
+        // not by the readiness `open` sees later, which a rescan may turn in between.
+        let refusal =
+            if state.service.is_ready() { ServiceError::ModelNotFound(id.to_owned()) } else { ServiceError::NotReady };
+        return Err(refusal.into());
     }
     let open = listing.open(base).await?;
     match pinned {
