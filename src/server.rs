@@ -19,7 +19,7 @@ use crate::config::{Config, OnUnreadableSource, SourceSpec};
 use crate::service::{Service, ServiceParts};
 use crate::signing::Trust;
 use crate::storage::Storage;
-use crate::storage::cache::{CachedStorage, DiskCache};
+use crate::storage::cache::DiskCache;
 use crate::storage::hub::{HubOptions, HubStorage};
 use crate::storage::local::LocalStorage;
 use crate::storage::s3::{S3Options, S3Storage};
@@ -146,7 +146,7 @@ fn service_parts(config: &Config) -> anyhow::Result<ServiceParts> {
     // A remote source read through the disk cache holds the cache's handle beside its storage.
     let cached = |remote: Arc<dyn Storage>| -> Arc<Source> {
         match &disk_cache {
-            Some(cache) => Source::cached(Arc::new(CachedStorage::new(remote, Arc::clone(cache)))),
+            Some(cache) => Source::cached(remote, Arc::clone(cache)),
             None => Source::new(remote),
         }
     };

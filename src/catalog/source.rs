@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::storage::cache::CachedStorage;
+use crate::storage::cache::{CachedStorage, DiskCache};
 use crate::storage::{Storage, StorageError};
 
 /// One configured source and how it has been answering.
@@ -28,8 +28,10 @@ impl Source {
         Source::with(storage, None)
     }
 
-    /// A source whose reads go through the node's disk cache.
-    pub(crate) fn cached(storage: Arc<CachedStorage>) -> Arc<Source> {
+    /// A source whose reads of `remote` go through the node's disk cache, `cache`. Built here,
+    /// so a cached source always holds the cache's handle beside it.
+    pub(crate) fn cached(remote: Arc<dyn Storage>, cache: Arc<DiskCache>) -> Arc<Source> {
+        let storage = Arc::new(CachedStorage::new(remote, cache));
         Source::with(Arc::clone(&storage) as Arc<dyn Storage>, Some(storage))
     }
 
@@ -41,6 +43,12 @@ impl Source {
     /// The disk cache the source's reads go through; `None` when they go to the source.
     pub(crate) fn cache(&self) -> Option<&Arc<CachedStorage>> {
         self.cache.as_ref()
+    }
+
+    /// Whether the source's reads go through the node's disk cache (what a protocol may ask;
+    /// the cache's own calls are the service's).
+    pub(crate) fn is_cached(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// The backend's name (`local`, `s3`).
@@ -83,7 +91,7 @@ mod tests {
         let local: Arc<dyn Storage> = Arc::new(crate::storage::local::LocalStorage::new("models", dir.path()));
         assert!(Source::new(Arc::clone(&local)).cache().is_none());
         let cache = crate::storage::cache::DiskCache::open(&dir.path().join("cache"), 1 << 20, 4096).unwrap();
-        let source = Source::cached(Arc::new(CachedStorage::new(local, cache)));
+        let source = Source::cached(local, cache);
         let handle = source.cache().expect("a cached source holds its cache");
         assert!(std::ptr::addr_eq(Arc::as_ptr(handle), Arc::as_ptr(&source.storage)), "its reads go through it");
         assert_eq!(source.name, "models");

@@ -13,7 +13,7 @@ use super::{ApiError, AppState, ReadyModel, header_value};
 use crate::access::Access;
 use crate::api;
 use crate::catalog::Model;
-use crate::service::{self, OpenModel, ServiceError};
+use crate::service::{self, Held, ServiceError};
 use crate::transport::range::if_none_match_matches;
 use crate::transport::respond::{Representation, bytes_response};
 
@@ -40,7 +40,7 @@ pub(super) async fn list(
             if let Some(container) = m.container {
                 entry["container"] = json!(container.id());
             }
-            if m.source.cache().is_some() {
+            if m.source.is_cached() {
                 // Its stored files and the files beside it, as a prefetch fetches them.
                 let held = listing.held(m);
                 entry["disk_cache"] = json!({ "bytes": held.bytes, "complete": held.bytes == held.total });
@@ -202,22 +202,21 @@ async fn file_response(
         .map_err(ApiError::from)
 }
 
-/// How much of the model the disk cache holds, as JSON.
-fn held_json(open: &OpenModel) -> Value {
-    let (model, held) = (open.model(), open.held());
+/// How much of `model` the disk cache holds, as JSON.
+fn held_json(model: &Model, held: Held) -> Value {
     json!({
         "model": model.id,
         "cached_bytes": held.bytes,
         "total_bytes": held.total,
         "complete": held.bytes == held.total,
-        "disk_cache": model.source.cache().is_some(),
+        "disk_cache": model.source.is_cached(),
     })
 }
 
 /// `GET /models/{m}/prefetch`: how much of the model (stored files and the files beside it)
 /// the disk cache holds.
 pub(super) async fn prefetch_progress(ready: ReadyModel) -> Response {
-    let mut body = held_json(&ready.open);
+    let mut body = held_json(ready.open.model(), ready.open.held());
     body["done"] = json!(body["complete"]);
     (Json(body)).into_response()
 }
@@ -226,11 +225,14 @@ pub(super) async fn prefetch_progress(ready: ReadyModel) -> Response {
 /// fetch under way) and streams its progress as JSON lines, one every half second; the last
 /// has `done: true`, and `error` when the fetch failed. A model of a source without a disk
 /// cache is done at once.
-pub(super) async fn prefetch(ready: ReadyModel) -> Response {
+pub(super) async fn prefetch(State(state): State<Arc<AppState>>, ready: ReadyModel) -> Response {
     let ReadyModel { open, .. } = ready;
-    let running = open.model().source.cache().is_some().then(|| open.prefetch());
+    let running = open.model().source.is_cached().then(|| open.prefetch());
+    // Each line reads the current catalog: a prefetch may outlast the snapshot it was opened at.
+    let (service, model) = (Arc::clone(&state.service), Arc::clone(open.model()));
+    drop(open);
     let lines = futures_util::stream::unfold(false, move |finished| {
-        let (open, running) = (open.clone(), running.clone());
+        let (service, model, running) = (Arc::clone(&service), Arc::clone(&model), running.clone());
         async move {
             if finished {
                 return None;
@@ -242,7 +244,7 @@ pub(super) async fn prefetch(ready: ReadyModel) -> Response {
                     () = tokio::time::sleep(std::time::Duration::from_millis(500)) => None,
                 },
             };
-            let mut line = held_json(&open);
+            let mut line = held_json(&model, service.listing().held(&model));
             line["done"] = json!(outcome.is_some());
             if let Some(Err(reason)) = &outcome {
                 line["error"] = json!(reason);

@@ -35,14 +35,14 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, J
         .iter()
         .map(|source| {
             let mut entry = json!({ "source": source.name, "backend": source.kind(), "status": "ok" });
-            if source.cache().is_some() {
+            if source.is_cached() {
                 entry["disk_cache"] = json!(true);
             }
             if let Some(failure) = source.failure() {
                 let status = if matches!(failure, StorageError::Refused { .. }) { "refused" } else { "unavailable" };
                 entry["status"] = json!(status);
                 entry["reason"] = json!(failure.to_string());
-                if source.cache().is_some() {
+                if source.is_cached() {
                     entry["serving_from"] = json!("disk_cache");
                 }
             }

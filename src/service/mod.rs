@@ -46,6 +46,7 @@ pub(crate) use error::{ErrorKind, ServiceError, SetupError};
 pub(crate) use hashing::{DigestOf, Hashing};
 pub(crate) use image_layer::{LayerFraming, MODELS_DIR, TarLayer};
 pub(crate) use learnt::Rendered;
+pub(crate) use prefetch::Held;
 pub(crate) use published::Publication;
 pub(crate) use published::{Published, PublishedFile};
 pub(crate) use regions::{RegionLimits, RegionRequest, RegionsBody};
