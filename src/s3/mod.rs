@@ -191,13 +191,13 @@ impl Endpoint {
 
     /// One page of the keys of `bucket` that `access` may read, as both listing operations
     /// answer it.
-    fn listing(
+    fn page(
         &self,
         bucket: &Bucket,
         query: &Query,
         access: &Access,
         encoding: Option<&s3s::dto::EncodingType>,
-    ) -> Listing {
+    ) -> ListedPage {
         let url_encoded = encoding.is_some_and(|e| e.as_str() == s3s::dto::EncodingType::URL);
         let keys = self.keys(bucket);
         let listing = keys.listing();
@@ -218,7 +218,7 @@ impl Endpoint {
             })
             .collect();
         let common_prefixes = page.common_prefixes.iter().map(|p| CommonPrefix { prefix: Some(encode(p)) }).collect();
-        Listing { contents, common_prefixes, next: page.next, url_encoded }
+        ListedPage { contents, common_prefixes, next: page.next, url_encoded }
     }
 
     /// The bytes `key` of `bucket` serves, for a request that may read `access`, and the key's
@@ -272,14 +272,14 @@ impl Endpoint {
 }
 
 /// A listing page in S3's types, and where the next page starts.
-struct Listing {
+struct ListedPage {
     contents: Vec<Object>,
     common_prefixes: Vec<CommonPrefix>,
     next: Option<After>,
     url_encoded: bool,
 }
 
-impl Listing {
+impl ListedPage {
     /// `text` as this listing writes keys and prefixes (`encoding-type=url` or as it is).
     fn encode(&self, text: &str) -> String {
         if self.url_encoded { url_encode(text) } else { text.to_owned() }
@@ -383,23 +383,23 @@ impl S3 for Endpoint {
             if rolled_up { After::Prefix(marker) } else { After::Key(marker) }
         });
         let query = Query { prefix, delimiter, after, max_keys: max_keys(input.max_keys)? };
-        let listing = self.listing(bucket, &query, &access, input.encoding_type.as_ref());
+        let page = self.page(bucket, &query, &access, input.encoding_type.as_ref());
         // Sent whenever the page is truncated (S3 sends it only with a delimiter; clients take
         // it when present, else the last key).
-        let next_marker = listing.next.as_ref().map(|next| match next {
-            After::Key(key) | After::Prefix(key) => listing.encode(key),
+        let next_marker = page.next.as_ref().map(|next| match next {
+            After::Key(key) | After::Prefix(key) => page.encode(key),
         });
         let output = ListObjectsOutput {
             name: Some(bucket.name.clone()),
-            prefix: Some(listing.encode(&query.prefix)),
-            delimiter: input.delimiter.as_deref().map(|d| listing.encode(d)),
-            marker: Some(input.marker.as_deref().map(|m| listing.encode(m)).unwrap_or_default()),
+            prefix: Some(page.encode(&query.prefix)),
+            delimiter: input.delimiter.as_deref().map(|d| page.encode(d)),
+            marker: Some(input.marker.as_deref().map(|m| page.encode(m)).unwrap_or_default()),
             encoding_type: input.encoding_type.clone(),
             max_keys: Some(query.max_keys as i32),
-            is_truncated: Some(listing.next.is_some()),
+            is_truncated: Some(page.next.is_some()),
             next_marker,
-            contents: Some(listing.contents),
-            common_prefixes: (!listing.common_prefixes.is_empty()).then_some(listing.common_prefixes),
+            contents: Some(page.contents),
+            common_prefixes: (!page.common_prefixes.is_empty()).then_some(page.common_prefixes),
             ..ListObjectsOutput::default()
         };
         Ok(S3Response::new(output))
@@ -425,20 +425,20 @@ impl S3 for Endpoint {
             after,
             max_keys: max_keys(input.max_keys)?,
         };
-        let listing = self.listing(bucket, &query, &access, input.encoding_type.as_ref());
+        let page = self.page(bucket, &query, &access, input.encoding_type.as_ref());
         let output = ListObjectsV2Output {
             name: Some(bucket.name.clone()),
-            prefix: Some(listing.encode(&query.prefix)),
-            delimiter: input.delimiter.as_deref().map(|d| listing.encode(d)),
-            start_after: input.start_after.as_deref().map(|s| listing.encode(s)),
+            prefix: Some(page.encode(&query.prefix)),
+            delimiter: input.delimiter.as_deref().map(|d| page.encode(d)),
+            start_after: input.start_after.as_deref().map(|s| page.encode(s)),
             encoding_type: input.encoding_type.clone(),
             max_keys: Some(query.max_keys as i32),
-            key_count: Some((listing.contents.len() + listing.common_prefixes.len()) as i32),
-            is_truncated: Some(listing.next.is_some()),
+            key_count: Some((page.contents.len() + page.common_prefixes.len()) as i32),
+            is_truncated: Some(page.next.is_some()),
             continuation_token: input.continuation_token.clone(),
-            next_continuation_token: listing.next.as_ref().map(After::token),
-            contents: Some(listing.contents),
-            common_prefixes: (!listing.common_prefixes.is_empty()).then_some(listing.common_prefixes),
+            next_continuation_token: page.next.as_ref().map(After::token),
+            contents: Some(page.contents),
+            common_prefixes: (!page.common_prefixes.is_empty()).then_some(page.common_prefixes),
             ..ListObjectsV2Output::default()
         };
         Ok(S3Response::new(output))
