@@ -205,6 +205,21 @@ def test_hostile_indices_raise(body, why):
     assert code_of(patch(frame(body))) == "delta_indices", why
 
 
+def test_gaps_decoded_a_few_varints_at_a_time_give_the_same_indices_and_refusals(monkeypatch):
+    from ztserve_client import _delta
+
+    monkeypatch.setattr(_delta, "_VARINTS_AT_ONCE", 2)
+    test_reference_patches_round_trip(2, 0.3)
+    test_varints_of_every_length_round_trip()
+    target = np.zeros(N, np.uint8)
+    apply_delta(patch(frame([1, 1, 0, 0xAA, 0xBB, 0xCC]), changed=3, digest=xxhash.xxh3_64_intdigest(
+        np.array([0, 0xAA, 0, 0xBB, 0xCC] + [0] * (N - 5), np.uint8))), target)
+    assert target[:5].tolist() == [0, 0xAA, 0, 0xBB, 0xCC]
+    # The third varint, in the second batch, runs past the end.
+    assert code_of(patch(frame([1, 1, 0xFF, 0x01, 0xAA, 0xBB, 0xCC]), changed=3)) == "delta_indices"
+    assert code_of(patch(frame([1, 1, 0x80, 0x00, 0xAA, 0xBB, 0xCC]), changed=3)) == "delta_indices"
+
+
 def test_lying_counts_over_a_huge_region_raise():
     assert code_of(patch(frame([3, 6, 0xAA, 0xBB]), changed=1 << 39, elements=1 << 40)) == "delta_region_mismatch"
     ten = [0xFF] * 9 + [0x7F]

@@ -18,6 +18,8 @@ _HEADER = struct.Struct("<8sBB6sQQQQ")
 HEADER_LEN = _HEADER.size  # 48
 PATCH, WHOLE = 0, 1
 _MAX_VARINT_LEN = 10
+# Varints decoded at once: a few MiB of temporaries, whatever a delta declares.
+_VARINTS_AT_ONCE = 1 << 18
 
 
 class DeltaError(ZtserveError):
@@ -154,27 +156,39 @@ def _inflate(frame, changed, elements, width):
 
 
 def _indices(gaps, changed, elements):
-    """The `changed` indices the LEB128 gaps encode, as int64, decoded without a Python loop:
-    a byte with its high bit clear ends each varint. Checks each is in shortest form and fits a
-    u64, that the indices stay below `elements`, and that the gaps hold nothing more."""
-    ends = np.flatnonzero(gaps < 0x80)
-    if len(ends) != changed or ends[-1] != len(gaps) - 1:
+    """The `changed` indices the LEB128 gaps encode, as int64, decoded without a Python loop
+    per varint: a byte with its high bit clear ends each one. Checks each is in shortest form
+    and fits a u64, that the indices stay below `elements`, and that the gaps hold nothing
+    more. Decoded `_VARINTS_AT_ONCE` varints at a time, so the temporaries stay bounded
+    however many gap bytes a delta declares."""
+    terminal = gaps < 0x80
+    if np.count_nonzero(terminal) != changed or not terminal[-1]:
         raise DeltaError("delta_indices", f"the gaps do not hold exactly {changed} varints")
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    lengths = ends - starts + 1
-    if lengths.max() > _MAX_VARINT_LEN or np.any(gaps[ends[lengths == _MAX_VARINT_LEN]] > 1):
-        raise DeltaError("delta_indices", "a gap is longer than a u64")
-    if np.any((lengths > 1) & (gaps[ends] == 0)):
-        raise DeltaError("delta_indices", "a gap is not in its shortest form")
-    position = np.arange(len(gaps)) - np.repeat(starts, lengths)
-    groups = (gaps & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
-    values = np.add.reduceat(groups, starts)  # the groups' bits never overlap: a sum is an or
-    if np.any(values >= elements):
-        raise DeltaError("delta_indices", f"a gap reaches past the {elements} elements")
-    # Each step is at most `elements`, so a running sum that wraps shows as a decrease.
-    indices = np.cumsum(values + np.uint64(1)) - np.uint64(1)
-    if indices[-1] >= elements or np.any(indices[1:] <= indices[:-1]):
-        raise DeltaError("delta_indices", f"an index is past the {elements} elements")
-    return indices.astype(np.int64)
+    indices = np.empty(changed, dtype=np.int64)
+    done, at, previous = 0, 0, -1
+    while done < changed:
+        window = slice(at, min(at + _VARINTS_AT_ONCE * _MAX_VARINT_LEN, len(gaps)))
+        ends = np.flatnonzero(terminal[window])[:_VARINTS_AT_ONCE]
+        if len(ends) == 0:
+            raise DeltaError("delta_indices", "a gap is longer than a u64")
+        chunk = gaps[at : at + int(ends[-1]) + 1]
+        starts = np.empty_like(ends)
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+        lengths = ends - starts + 1
+        if lengths.max() > _MAX_VARINT_LEN or np.any(chunk[ends[lengths == _MAX_VARINT_LEN]] > 1):
+            raise DeltaError("delta_indices", "a gap is longer than a u64")
+        if np.any((lengths > 1) & (chunk[ends] == 0)):
+            raise DeltaError("delta_indices", "a gap is not in its shortest form")
+        position = (np.arange(len(chunk)) - np.repeat(starts, lengths)).astype(np.uint8)
+        groups = (chunk & 0x7F).astype(np.uint64) << (np.uint64(7) * position.astype(np.uint64))
+        values = np.add.reduceat(groups, starts)  # the groups' bits never overlap: a sum is an or
+        if np.any(values >= elements):
+            raise DeltaError("delta_indices", f"a gap reaches past the {elements} elements")
+        # Each step is below `elements` (itself under 2**62, the target's length): no wrap.
+        found = previous + np.cumsum(values.astype(np.int64) + 1)
+        if found[-1] >= elements:
+            raise DeltaError("delta_indices", f"an index is past the {elements} elements")
+        indices[done : done + len(found)] = found
+        done, at, previous = done + len(found), at + len(chunk), int(found[-1])
+    return indices
