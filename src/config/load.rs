@@ -136,6 +136,7 @@ pub(super) fn shape() -> toml::Table {
             s3: Some(SourceSpec::S3 { bucket: String::new(), prefix: String::new() }),
             ..Artifacts::default()
         },
+        refits: Refits { delta_dir: Some(PathBuf::new()), ..Refits::default() },
         ..Config::default()
     };
     toml::Table::try_from(example).expect("the configuration serializes")

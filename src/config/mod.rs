@@ -48,6 +48,7 @@ pub struct Config {
     pub tls: Tls,
     pub signing: Signing,
     pub artifacts: Artifacts,
+    pub refits: Refits,
 }
 
 impl Config {
@@ -491,6 +492,39 @@ impl Default for Artifacts {
             require_signature: false,
             allow_unsigned: false,
             s3: None,
+        }
+    }
+}
+
+/// Refits: the versions a trainer publishes, and the deltas between them a fleet's ranks fetch
+/// (docs/refits.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Refits {
+    /// Model-id prefixes (`policy`, `org/policy`) whose sub-folders are a trainer's versions
+    /// (`policy/step-000120/`), each a model of its own.
+    pub lineages: Vec<String>,
+    /// How many versions of each lineage stay listed (the newest by name); an older one is gone.
+    pub keep_versions: usize,
+    /// The file a trainer writes into a version's folder last: the version is listed only then.
+    pub ready_marker: String,
+    /// The directory deltas are kept in (absent: a temporary one, removed at exit).
+    pub delta_dir: Option<PathBuf>,
+    /// The most bytes the kept deltas hold; the least recently read are evicted past it.
+    pub delta_cache_bytes: u64,
+    /// The most bytes of both versions' regions held in memory at once to compute deltas.
+    pub delta_memory_bytes: u64,
+}
+
+impl Default for Refits {
+    fn default() -> Refits {
+        Refits {
+            lineages: Vec::new(),
+            keep_versions: 4,
+            ready_marker: "READY".to_owned(),
+            delta_dir: None,
+            delta_cache_bytes: 10_000_000_000,
+            delta_memory_bytes: 4 << 30,
         }
     }
 }

@@ -17,7 +17,8 @@ impl Config {
         self.validate_sources(&fail)?;
         self.validate_access(&fail)?;
         self.validate_digests_and_cache(&fail)?;
-        self.validate_limits(&fail)
+        self.validate_limits(&fail)?;
+        self.validate_refits(&fail)
     }
 
     /// Sources, the stores they are read from, and the S3 endpoint's buckets.
@@ -235,6 +236,28 @@ impl Config {
 }
 
 /// Whether `name` is a valid S3 bucket name (the rules for new buckets).
+impl Config {
+    fn validate_refits(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
+        let refits = &self.refits;
+        if refits.keep_versions == 0 {
+            return Err(fail("refits.keep_versions", "must be at least 1".into()));
+        }
+        if let Some(bad) = refits.lineages.iter().find(|l| l.is_empty() || l.starts_with('/') || l.ends_with('/')) {
+            return Err(fail("refits.lineages", format!("{bad:?} is no model-id prefix (`policy`, `org/policy`)")));
+        }
+        if refits.ready_marker.is_empty() || refits.ready_marker.contains('/') {
+            return Err(fail("refits.ready_marker", "must be a file name, without a slash".into()));
+        }
+        if refits.delta_dir.as_deref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(fail("refits.delta_dir", "must not be empty: leave it out for a temporary one".into()));
+        }
+        if refits.delta_memory_bytes < 1 << 20 {
+            return Err(fail("refits.delta_memory_bytes", "must be at least 1048576 (1 MiB)".into()));
+        }
+        Ok(())
+    }
+}
+
 fn is_bucket_name(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     (3..=63).contains(&name.len())
