@@ -1,23 +1,25 @@
 //! One typed [`Config`] in sections (`[server]`, `[sources]`, `[remote]`, `[s3_source]`,
 //! `[hub_source]`, `[s3_endpoint]`, `[limits]`, `[decode]`, `[serving]`, `[digests]`, `[cache]`,
-//! `[auth]`): this file is the schema an operator reads, each key with what it means;
-//! [`load`] merges the layers in a fixed order (built-in defaults < the TOML file <
-//! `ZTSERVE_*` environment variables < command-line flags) and reads the names of earlier
-//! releases as deprecated aliases; [`validate`] refuses impossible values. A key has one name
-//! everywhere: `max_ranges` in `[limits]` is `ZTSERVE_LIMITS__MAX_RANGES` in the environment
-//! (section and key joined by a double underscore, since both hold single ones) and
+//! `[auth]`, `[tls]`, `[signing]`, `[artifacts]`, `[refits]`): this file (with the rooms
+//! `access` and `refits` for the larger sections) is the schema an operator reads, each key with
+//! what it means; [`load`] merges the layers in a fixed order (built-in defaults < the TOML
+//! file < `ZTSERVE_*` environment variables < command-line flags) and reads the names of
+//! earlier releases as deprecated aliases; [`validate`] refuses impossible values. A key has one
+//! name everywhere: `max_ranges` in `[limits]` is `ZTSERVE_LIMITS__MAX_RANGES` in the
+//! environment (section and key joined by a double underscore, since both hold single ones) and
 //! `limits.max_ranges` for flags. A setting that can be off is an `Option`, absent when off,
 //! and tokens are parsed and checked as the configuration loads. An unknown key, a value of the
 //! wrong type or an impossible value stops the start with a message naming the key and where
 //! it came from.
-
 mod access;
 mod load;
+mod refits;
 mod source_spec;
 mod validate;
 
 pub use access::{Auth, IdentityEntry, MIN_TOKEN_LEN, Signing, SigningPolicy, SourcePolicy, Tls, TokenEntry};
 pub use load::{ConfigError, Loaded, env_name};
+pub use refits::Refits;
 pub use source_spec::SourceSpec;
 
 use std::net::SocketAddr;
@@ -492,39 +494,6 @@ impl Default for Artifacts {
             require_signature: false,
             allow_unsigned: false,
             s3: None,
-        }
-    }
-}
-
-/// Refits: the versions a trainer publishes, and the deltas between them a fleet's ranks fetch
-/// (docs/refits.md).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Refits {
-    /// Model-id prefixes (`policy`, `org/policy`) whose sub-folders are a trainer's versions
-    /// (`policy/step-000120/`), each a model of its own.
-    pub lineages: Vec<String>,
-    /// How many versions of each lineage stay listed (the newest by name); an older one is gone.
-    pub keep_versions: usize,
-    /// The file a trainer writes into a version's folder last: the version is listed only then.
-    pub ready_marker: String,
-    /// The directory deltas are kept in (absent: a temporary one, removed at exit).
-    pub delta_dir: Option<PathBuf>,
-    /// The most bytes the kept deltas hold; the least recently read are evicted past it.
-    pub delta_cache_bytes: u64,
-    /// The most bytes of both versions' regions held in memory at once to compute deltas.
-    pub delta_memory_bytes: u64,
-}
-
-impl Default for Refits {
-    fn default() -> Refits {
-        Refits {
-            lineages: Vec::new(),
-            keep_versions: 4,
-            ready_marker: "READY".to_owned(),
-            delta_dir: None,
-            delta_cache_bytes: 10_000_000_000,
-            delta_memory_bytes: 4 << 30,
         }
     }
 }

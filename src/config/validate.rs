@@ -235,8 +235,8 @@ impl Config {
     }
 }
 
-/// Whether `name` is a valid S3 bucket name (the rules for new buckets).
 impl Config {
+    /// Lineages, their kept versions and ready marker, and the delta store.
     fn validate_refits(&self, fail: &Fail<'_>) -> Result<(), ConfigError> {
         let refits = &self.refits;
         if refits.keep_versions == 0 {
@@ -258,6 +258,7 @@ impl Config {
     }
 }
 
+/// Whether `name` is a valid S3 bucket name (the rules for new buckets).
 fn is_bucket_name(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     (3..=63).contains(&name.len())
