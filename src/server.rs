@@ -173,6 +173,7 @@ fn service_parts(config: &Config) -> anyhow::Result<ServiceParts> {
         digests: config.digests.clone(),
         cache: config.cache.clone(),
         signing: config.signing.clone(),
+        refits: config.refits.clone(),
     })
 }
 

@@ -12,12 +12,14 @@
 //! the models of the nearest directory above them that holds a model file ([`companions`]).
 //! One concern a file: the sources and their health ([`source`]), a model as its files say
 //! ([`model`]), listing a source into models ([`scan`]), reading what a listed file holds
-//! ([`read`]), and which models one repository publishes together ([`repositories`]).
+//! ([`read`]), which models one repository publishes together ([`repositories`]), and which
+//! versions of a trainer's lineage are listed ([`lineages`]).
 
 mod checkpoints;
 mod companions;
 mod gguf_splits;
 mod ids;
+mod lineages;
 mod model;
 mod read;
 mod repositories;
@@ -30,6 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 pub(crate) use companions::Companion;
+pub(crate) use lineages::{GoneVersion, LineageRules, Versions};
 pub(crate) use model::{Model, StoredFile};
 pub(crate) use read::ScanOptions;
 use read::{Parsed, ParsedFile};
@@ -90,6 +93,9 @@ pub(crate) struct Catalog {
     companions: BTreeMap<String, Arc<[Companion]>>,
     /// The directory each signed model's signature file covers, by model id.
     signed: BTreeMap<String, Arc<SignedDirectory>>,
+    /// The versions each lineage keeps and drops, by lineage (as the first source listing
+    /// versions of it lists them).
+    lineages: BTreeMap<String, Arc<Versions>>,
 }
 
 impl Catalog {
@@ -104,16 +110,9 @@ impl Catalog {
         for source in sources {
             let listed = list(source, previous, options, &catalog.digests).await;
             let models = match listed {
-                Ok((models, files, companions, signed)) => {
+                Ok(listing) => {
                     source.report_success();
-                    catalog.files.extend(files);
-                    for (id, files) in companions {
-                        catalog.companions.entry(id).or_insert(files);
-                    }
-                    for (id, dir) in signed {
-                        catalog.signed.entry(id).or_insert(dir);
-                    }
-                    models
+                    catalog.take(listing)
                 }
                 Err(e) => {
                     // Keep serving what was known: reads will say whether the objects answer.
@@ -123,6 +122,9 @@ impl Catalog {
                     catalog.files.extend(kept.map(|(key, parsed)| (key.clone(), parsed.clone())));
                     let kept: Vec<Arc<Model>> =
                         previous.models().filter(|m| Arc::ptr_eq(&m.source, source)).cloned().collect();
+                    for (lineage, versions) in previous.lineages.iter().filter(|(_, v)| v.source == source.name) {
+                        catalog.lineages.entry(lineage.clone()).or_insert_with(|| Arc::clone(versions));
+                    }
                     for model in &kept {
                         if let Some(files) = previous.companions.get(&model.id) {
                             catalog.companions.entry(model.id.clone()).or_insert_with(|| Arc::clone(files));
@@ -141,16 +143,8 @@ impl Catalog {
                         Some(listed) => {
                             catalog.from_kept_listings.push(source.name.clone());
                             tracing::warn!(source = %source.name, objects = listed.len(), "serving the listing kept in the disk cache");
-                            let (models, files, companions, signed) =
-                                scan::models_of(source, listed, previous, options, &catalog.digests).await;
-                            catalog.files.extend(files);
-                            for (id, files) in companions {
-                                catalog.companions.entry(id).or_insert(files);
-                            }
-                            for (id, dir) in signed {
-                                catalog.signed.entry(id).or_insert(dir);
-                            }
-                            models
+                            let listing = scan::models_of(source, listed, previous, options, &catalog.digests).await;
+                            catalog.take(listing)
                         }
                         None => kept,
                     }
@@ -172,8 +166,30 @@ impl Catalog {
         catalog
     }
 
+    /// What one source's listing adds: its files, companions, signed directories and
+    /// lineages (each kept from the first source that has it); its models are returned.
+    fn take(&mut self, (models, files, companions, signed, lineages): scan::Listing) -> Vec<Arc<Model>> {
+        self.files.extend(files);
+        for (id, files) in companions {
+            self.companions.entry(id).or_insert(files);
+        }
+        for (id, dir) in signed {
+            self.signed.entry(id).or_insert(dir);
+        }
+        for (lineage, versions) in lineages {
+            self.lineages.entry(lineage).or_insert(versions);
+        }
+        models
+    }
+
     pub(crate) fn get(&self, id: &str) -> Option<&Arc<Model>> {
         self.models.get(id)
+    }
+
+    /// Why model `id` is not listed, when it is a version of a lineage that its source lists
+    /// but that is not kept (older than those kept, or not ready).
+    pub(crate) fn gone_version(&self, id: &str) -> Option<GoneVersion> {
+        lineages::gone(&self.lineages, id)
     }
 
     /// Every model, ordered by id.
@@ -231,6 +247,7 @@ mod tests {
             concurrent_reads: 4,
             check_shard_digests: true,
             signature_file: None,
+            lineages: LineageRules::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         Arc::new(runtime.block_on(Catalog::build(sources, previous, &options)))

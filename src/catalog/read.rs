@@ -25,6 +25,8 @@ pub(crate) struct ScanOptions {
     pub check_shard_digests: bool,
     /// The name of the signature file whose directories are found, when signatures are read.
     pub signature_file: Option<String>,
+    /// Which prefixes are lineages, and which of their versions stay listed.
+    pub lineages: super::LineageRules,
 }
 
 /// One listed file's manifest (or a checkpoint's index), as read for one version of it.

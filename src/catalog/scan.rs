@@ -21,11 +21,13 @@ pub(super) type Listing = (
     Vec<((String, String), ParsedFile)>,
     BTreeMap<String, Arc<[Companion]>>,
     BTreeMap<String, Arc<super::SignedDirectory>>,
+    BTreeMap<String, Arc<super::Versions>>,
 );
 
 /// Lists a source; new and changed objects have their manifests read, several at once. Every
 /// file with a manifest is a model, and every index a checkpoint's; a root's shards are
-/// resolved among the files listed.
+/// resolved among the files listed. Every backend's listing passes here (and a listing the disk
+/// cache kept, through [`models_of`]).
 pub(super) async fn list(
     source: &Arc<Source>,
     previous: &Catalog,
@@ -36,7 +38,8 @@ pub(super) async fn list(
     Ok(models_of(source, listed, previous, options, digests).await)
 }
 
-/// The models of `listed`, a listing of `source` (as [`list`] makes them).
+/// The models of `listed`, a listing of `source` (as [`list`] makes them). The keys of the
+/// lineages' versions that are not kept are dropped first, before anything is read.
 pub(super) async fn models_of(
     source: &Arc<Source>,
     listed: Vec<Listed>,
@@ -44,6 +47,7 @@ pub(super) async fn models_of(
     options: &ScanOptions,
     digests: &shards::DigestMemo,
 ) -> Listing {
+    let (listed, lineages) = options.lineages.sift(&source.name, listed);
     let parsed = parse_listed(source, &listed, previous, options).await;
     let claimed = checkpoints::claimed_shards(&parsed);
     let ids = ids::assign(parsed.iter().filter_map(|(object, file)| {
@@ -110,7 +114,7 @@ pub(super) async fn models_of(
         None => BTreeMap::new(),
     };
     let files = parsed.into_iter().map(|(object, file)| ((source.name.clone(), object.key), file)).collect();
-    (models, files, companions, signed)
+    (models, files, companions, signed, lineages)
 }
 
 /// Whether `object` (a file of `kind`, read as `file`) is a model of its own rather than part of

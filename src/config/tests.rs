@@ -379,3 +379,18 @@ fn signing_is_set_from_the_environment_and_refused_without_trust_or_with_an_unkn
     let bad = refused(&[("ZTSERVE_SIGNING__SOURCE_POLICIES", "models=maybe")]);
     assert!(bad.contains("signing.source_policies") && bad.contains("maybe"), "{bad}");
 }
+
+#[test]
+fn lineages_are_a_list_in_the_environment_and_keeping_no_version_is_refused() {
+    let loaded =
+        load(None, &[("ZTSERVE_REFITS__LINEAGES", "a, org/b"), ("ZTSERVE_REFITS__KEEP_VERSIONS", "2")]).unwrap();
+    assert_eq!(loaded.config.refits.lineages, ["a", "org/b"]);
+    assert_eq!(loaded.config.refits.keep_versions, 2);
+    assert_eq!(loaded.config.refits.ready_marker, "READY");
+    let e = load(None, &[("ZTSERVE_REFITS__KEEP_VERSIONS", "0")]).unwrap_err().to_string();
+    assert!(e.contains("refits.keep_versions") && e.contains("at least 1"), "{e}");
+    let e = load(None, &[("ZTSERVE_REFITS__LINEAGES", "policy/")]).unwrap_err().to_string();
+    assert!(e.contains("refits.lineages"), "{e}");
+    let e = load(None, &[("ZTSERVE_REFITS__READY_MARKER", "a/READY")]).unwrap_err().to_string();
+    assert!(e.contains("refits.ready_marker"), "{e}");
+}

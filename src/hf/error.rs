@@ -53,7 +53,8 @@ pub(crate) enum HubError {
 /// met it.
 fn service_status(kind: ErrorKind) -> StatusCode {
     match kind {
-        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        // huggingface_hub knows no 410: a version no longer kept is a repository it cannot find.
+        ErrorKind::NotFound | ErrorKind::Gone => StatusCode::NOT_FOUND,
         ErrorKind::BadInput => StatusCode::BAD_REQUEST,
         ErrorKind::Refused => StatusCode::UNPROCESSABLE_ENTITY,
         // huggingface_hub retries a 503 (2.x after Retry-After plus a second); it sees no 429.

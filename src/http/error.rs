@@ -86,6 +86,7 @@ fn artifact_status(error: &ArtifactError) -> (StatusCode, &'static str) {
 fn service_status(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Gone => StatusCode::GONE,
         ErrorKind::BadInput => StatusCode::BAD_REQUEST,
         ErrorKind::Refused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Busy { .. } | ErrorKind::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,

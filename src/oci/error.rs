@@ -48,6 +48,8 @@ fn service_status(error: &ServiceError) -> (StatusCode, &'static str) {
         ErrorKind::NotFound if matches!(error, ServiceError::ModelNotFound(_) | ServiceError::VersionGone { .. }) => {
             (StatusCode::NOT_FOUND, "NAME_UNKNOWN")
         }
+        // The distribution API has no 410: a lineage's version no longer kept is a name unknown.
+        ErrorKind::Gone => (StatusCode::NOT_FOUND, "NAME_UNKNOWN"),
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, "BLOB_UNKNOWN"),
         ErrorKind::BadInput => (StatusCode::BAD_REQUEST, "UNSUPPORTED"),
         ErrorKind::Refused => (StatusCode::UNPROCESSABLE_ENTITY, "MANIFEST_INVALID"),

@@ -13,7 +13,8 @@ use crate::transport::error_parts::{ErrorClass, ErrorParts};
 /// S3's code for each kind of service failure.
 fn code_of(kind: ErrorKind) -> S3ErrorCode {
     match kind {
-        ErrorKind::NotFound => S3ErrorCode::NoSuchKey,
+        // S3 has no code for gone: a version no longer kept has no keys.
+        ErrorKind::NotFound | ErrorKind::Gone => S3ErrorCode::NoSuchKey,
         ErrorKind::BadInput => S3ErrorCode::InvalidArgument,
         ErrorKind::Refused => S3ErrorCode::InvalidObjectState,
         ErrorKind::Busy { .. } => S3ErrorCode::SlowDown,

@@ -88,13 +88,16 @@ impl Catalogs {
     }
 
     /// The model `id` of `catalog` (a snapshot of these) and its manifest: refused when the
-    /// catalog is not ready, the model is unknown or it is broken. Whoever asks has already
-    /// checked that the caller may read it.
+    /// catalog is not ready, the model is unknown (or a version of a lineage that is not kept)
+    /// or it is broken. Whoever asks has already checked that the caller may read it.
     pub(crate) fn model_in(&self, catalog: &Catalog, id: &str) -> Result<(Arc<Model>, Arc<Manifest>), ServiceError> {
         if !self.is_ready() {
             return Err(ServiceError::NotReady);
         }
-        let model = catalog.get(id).cloned().ok_or_else(|| ServiceError::ModelNotFound(id.to_owned()))?;
+        let model = catalog.get(id).cloned().ok_or_else(|| match catalog.gone_version(id) {
+            Some(gone) => ServiceError::LineageVersionGone { model: id.to_owned(), gone: Box::new(gone) },
+            None => ServiceError::ModelNotFound(id.to_owned()),
+        })?;
         let manifest = match &model.state {
             Ok(manifest) => Arc::clone(manifest),
             Err(e) => return Err(ServiceError::BrokenModel { model: id.to_owned(), source: Box::new(e.clone()) }),

@@ -31,6 +31,10 @@ pub(crate) enum ServiceError {
     /// A version-pinned URL whose version the model no longer has.
     #[error("model {model:?} is no longer at version {version}; it is at {current}")]
     VersionGone { model: String, version: String, current: String },
+    /// A version of a trainer's lineage (`[refits] lineages`) its source lists but that is not
+    /// listed: older than the versions kept, or without its ready marker.
+    #[error("{gone}")]
+    LineageVersionGone { model: String, gone: Box<crate::catalog::GoneVersion> },
     #[error("model {model:?} has no object {object:?}")]
     ObjectNotFound { model: String, object: String },
     #[error("object {object:?} of model {model:?} has no component {role:?}; its components are {available}")]
@@ -106,6 +110,9 @@ fn human_bytes(bytes: u64) -> String {
 pub(crate) enum ErrorKind {
     /// What the request names does not exist: a model, version, object, component or file.
     NotFound,
+    /// What the request names existed, or will, but is not served: a version of a trainer's
+    /// lineage older than those kept, or not yet ready. A client falls back to a version kept.
+    Gone,
     /// The request cannot be answered as written (a slice that cannot be cut).
     BadInput,
     /// What the request names exists but cannot be served (a broken model, an invalid
@@ -126,7 +133,9 @@ impl ErrorKind {
             ErrorKind::Busy { retry_after_secs } | ErrorKind::Unavailable { retry_after_secs } => {
                 Some(retry_after_secs)
             }
-            ErrorKind::NotFound | ErrorKind::BadInput | ErrorKind::Refused | ErrorKind::Internal => None,
+            ErrorKind::NotFound | ErrorKind::Gone | ErrorKind::BadInput | ErrorKind::Refused | ErrorKind::Internal => {
+                None
+            }
         }
     }
 }
@@ -143,6 +152,7 @@ impl ServiceError {
             | S::FileNotFound { .. }
             | S::ViewFileNotFound { .. }
             | S::SeveralFiles { .. } => ErrorKind::NotFound,
+            S::LineageVersionGone { .. } => ErrorKind::Gone,
             S::BadSlice { .. } | S::BadRegions { .. } => ErrorKind::BadInput,
             S::BrokenModel { .. }
             | S::InvalidComponent { .. }
@@ -165,7 +175,7 @@ impl ServiceError {
         match self {
             S::NotReady => "not_ready",
             S::ModelNotFound(_) => "model_not_found",
-            S::VersionGone { .. } => "version_gone",
+            S::VersionGone { .. } | S::LineageVersionGone { .. } => "version_gone",
             S::ObjectNotFound { .. } => "object_not_found",
             S::ComponentNotFound { .. } => "component_not_found",
             S::BrokenModel { .. } => "broken_model",

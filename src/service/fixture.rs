@@ -33,6 +33,7 @@ pub(super) fn catalogs_of(dir: &Path, signature_file: Option<&str>) -> Arc<Catal
         concurrent_reads: 2,
         check_shard_digests: true,
         signature_file: signature_file.map(str::to_owned),
+        lineages: crate::catalog::LineageRules::default(),
     };
     Arc::new(Catalogs::new(vec![source], options))
 }

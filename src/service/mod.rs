@@ -55,7 +55,7 @@ pub(crate) use signatures::SignatureAdmission;
 pub(crate) use signatures::SignatureStatus;
 pub(crate) use slices::{ResolvedSlice, SliceRequest};
 
-use crate::catalog::{Catalog, Model, ScanOptions, Source};
+use crate::catalog::{Catalog, LineageRules, Model, ScanOptions, Source};
 use crate::decode::DecodeCache;
 use crate::format::{Limits, Manifest};
 use crate::storage::Readahead;
@@ -112,6 +112,7 @@ pub(crate) struct ServiceParts {
     pub digests: crate::config::Digests,
     pub cache: crate::config::Cache,
     pub signing: crate::config::Signing,
+    pub refits: crate::config::Refits,
 }
 
 /// The settings the facade itself reads after it is built.
@@ -138,6 +139,7 @@ impl Service {
             digests,
             cache,
             signing,
+            refits,
         } = parts;
         let decoders = match decode.max_concurrent {
             None => std::thread::available_parallelism().map_or(1, usize::from),
@@ -156,6 +158,7 @@ impl Service {
             concurrent_reads: sources.scan_concurrency,
             check_shard_digests: serving.verify != crate::config::VerifyPolicy::Never,
             signature_file: enforced.then(|| signing.signature_file.clone()),
+            lineages: LineageRules::new(&refits.lineages, refits.keep_versions, &refits.ready_marker),
         };
         let learnt = Arc::new(learnt::LearntByVersion::default());
         let representations = Arc::new(components::Representations::new(

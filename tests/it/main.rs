@@ -30,6 +30,7 @@ mod interop_safetensors;
 mod interop_v2;
 mod layers;
 mod limits;
+mod lineages;
 mod load;
 mod oci_registry;
 mod openapi_conformance;
