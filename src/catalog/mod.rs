@@ -192,6 +192,11 @@ impl Catalog {
         lineages::gone(&self.lineages, id)
     }
 
+    /// Whether model `id` is a kept version of a lineage (or a model in one's folder).
+    pub(crate) fn is_kept_version(&self, id: &str) -> bool {
+        lineages::version_of(&self.lineages, id).is_some_and(|(versions, v)| versions.kept.iter().any(|k| k == v))
+    }
+
     /// Every model, ordered by id.
     pub(crate) fn models(&self) -> impl Iterator<Item = &Arc<Model>> {
         self.models.values()

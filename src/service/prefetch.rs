@@ -3,7 +3,7 @@
 //! of it; one runs per model version however many ask, its progress is what the cache holds,
 //! and its outcome is kept for whoever waits. Models listed in `[cache] prefetch` are fetched
 //! after each rescan that finds a new version of them, and the blocks of models listed in
-//! `[cache] pinned` are never evicted.
+//! `[cache] pinned`, and of the versions each lineage keeps (`[refits]`), are never evicted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -125,20 +125,17 @@ impl Prefetches {
 
     /// After a rescan: forgets the prefetches of versions no longer listed (a failed one is
     /// tried again when asked), starts those `[cache] prefetch` names, and tells the disk cache
-    /// which objects `[cache] pinned` names.
+    /// which objects `[cache] pinned` names and the lineages' kept versions hold.
     pub(crate) fn upkeep(&self, catalog: &Catalog, sources: &[Arc<Source>]) {
         self.running.lock().expect("never poisoned").retain(|(id, version), prefetch| {
             catalog.get(id).is_some_and(|m| &m.version == version) && !matches!(prefetch.outcome(), Some(Err(_)))
         });
-        let mut pinned = Vec::new();
         for model in catalog.models().filter(|m| m.source.cache().is_some() && m.state.is_ok()) {
             if self.prefetched.contains(&model.id) {
                 self.start(catalog, model);
             }
-            if self.pinned.contains(&model.id) {
-                pinned.extend(objects_of(catalog, model));
-            }
         }
+        let pinned = self.pinned_objects(catalog);
         for source in sources {
             let of_source: Vec<(String, String)> = pinned
                 .iter()
@@ -149,5 +146,55 @@ impl Prefetches {
                 cache.pin(&of_source);
             }
         }
+    }
+
+    /// The objects of cached sources the disk cache never evicts: those of the models
+    /// `[cache] pinned` names, and of the versions each lineage keeps (a fleet may still be
+    /// loading any of them, and the next delta is computed from them).
+    fn pinned_objects(&self, catalog: &Catalog) -> Vec<ObjectVersion> {
+        catalog
+            .models()
+            .filter(|m| m.source.cache().is_some() && m.state.is_ok())
+            .filter(|m| self.pinned.contains(&m.id) || catalog.is_kept_version(&m.id))
+            .flat_map(|m| objects_of(catalog, m))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{LineageRules, ScanOptions};
+    use crate::storage::local::LocalStorage;
+
+    #[tokio::test]
+    async fn the_kept_versions_of_a_lineage_are_pinned_beside_the_models_cache_pinned_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models");
+        let weights = crate::service::fixture::one_tensor_safetensors(&[1.0]);
+        for (step, ready) in [("step-1", true), ("step-2", true), ("step-3", false)] {
+            std::fs::create_dir_all(models.join("policy").join(step)).unwrap();
+            std::fs::write(models.join("policy").join(step).join("model.safetensors"), &weights).unwrap();
+            if ready {
+                std::fs::write(models.join("policy").join(step).join("READY"), b"").unwrap();
+            }
+        }
+        std::fs::write(models.join("solo.safetensors"), &weights).unwrap();
+        std::fs::write(models.join("other.safetensors"), &weights).unwrap();
+        let cache = crate::storage::cache::DiskCache::open(&dir.path().join("cache"), 1 << 20, 4096).unwrap();
+        let source = Source::cached(Arc::new(LocalStorage::new("models", &models)), cache);
+        let options = ScanOptions {
+            limits: crate::format::Limits::default(),
+            manifest_suffix_bytes: 64 << 10,
+            concurrent_reads: 2,
+            check_shard_digests: true,
+            signature_file: None,
+            lineages: LineageRules::new(&["policy".into()], 1, "READY"),
+        };
+        let catalog = Catalog::build(&[source], &Arc::default(), &options).await;
+        let prefetches = Prefetches::new(crate::config::Cache { pinned: vec!["solo".into()], ..Default::default() });
+        let mut pinned: Vec<String> = prefetches.pinned_objects(&catalog).into_iter().map(|o| o.key).collect();
+        pinned.sort();
+        assert_eq!(pinned, ["policy/step-2/READY", "policy/step-2/model.safetensors", "solo.safetensors"]);
     }
 }
