@@ -1,7 +1,7 @@
 //! `ServiceError`: why the domain could not give a request what it asked for, each variant
 //! naming the model (and object, component) it concerns and keeping its cause, and classified
-//! here once ([`ErrorKind`]: not found, bad input, refused, busy, unavailable, internal) with its
-//! code, its retry time and what a client may read of it. Each wire protocol maps the kinds to
+//! here once ([`ErrorKind`]: not found, gone, bad input, refused, busy, unavailable, internal)
+//! with its code, its retry time and what a client may read of it. Each wire protocol maps the kinds to
 //! its own statuses and codes in one exhaustive match; nothing here knows HTTP.
 
 use crate::catalog::CatalogError;

@@ -94,6 +94,9 @@ async fn a_lineage_lists_its_newest_ready_versions_and_a_version_not_kept_is_gon
     assert_eq!(hub.status, 404, "{}", String::from_utf8_lossy(&hub.body));
     let s3 = request_async(&s3_address, "/models/policy/step-000001/model.safetensors", &[]).await;
     assert_eq!(s3.status, 404, "{}", String::from_utf8_lossy(&s3.body));
+    let registry = request_async(&address, "/v2/policy/step-000001/manifests/latest", &[]).await;
+    assert_eq!(registry.status, 404, "{}", String::from_utf8_lossy(&registry.body));
+    assert!(String::from_utf8_lossy(&registry.body).contains("NAME_UNKNOWN"));
 
     // The trainer finishes step 6: the rescan lists it and retires step 2, the oldest kept.
     fs::write(dir.path().join("policy/step-000006/READY"), b"").unwrap();
