@@ -123,6 +123,27 @@ pub fn encode(old: &[u8], new: &[u8], width: usize, level: i32) -> Result<Vec<u8
     Ok(out)
 }
 
+/// The delta that carries `new` whole, regions of `width`-byte elements: what a sender sends
+/// when the receiver's old region cannot be the base (another dtype, shape or length, or none).
+pub fn whole(new: &[u8], width: usize) -> Result<Vec<u8>> {
+    check_width(width)?;
+    if new.len() % width != 0 {
+        return Err(fault("delta_input", format!("region of {} bytes is not whole {width}-byte elements", new.len())));
+    }
+    let elements = (new.len() / width) as u64;
+    let header = Header {
+        kind: Kind::Whole,
+        width,
+        elements,
+        changed: elements,
+        payload_len: new.len() as u64,
+        new_xxh3: xxh3_64(new),
+    };
+    let mut out = write_header(&header);
+    out.extend_from_slice(new);
+    Ok(out)
+}
+
 /// The changed elements of a region, as the patch payload lists them before compression.
 struct Changes {
     count: u64,

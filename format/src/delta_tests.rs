@@ -371,3 +371,15 @@ fn speed_and_planes() {
         );
     }
 }
+
+#[test]
+fn a_whole_delta_applies_to_any_target_of_its_length() {
+    let new: Vec<u8> = (0..64u8).collect();
+    let delta = whole(&new, 2).unwrap();
+    let header = parse_header(&delta).unwrap();
+    assert_eq!((header.kind, header.elements, header.changed), (Kind::Whole, 32, 32));
+    let mut target = vec![0xaa; 64];
+    apply(&delta, &mut target).unwrap();
+    assert_eq!(target, new);
+    assert!(whole(&new[..63], 2).is_err());
+}
