@@ -23,6 +23,9 @@ pub mod routes {
     pub const PREFETCH: &str = "/models/{model}/prefetch";
     /// Many regions of the model's tensors in one body (POST), each followed by its CRC32C.
     pub const REGIONS: &str = "/models/{model}/regions";
+    /// The deltas from another model version of many regions in one body (POST), each
+    /// followed by its CRC32C.
+    pub const DELTAS: &str = "/models/{model}/deltas";
     pub const OBJECT: &str = "/models/{model}/objects/{object}";
     pub const COMPONENT: &str = "/models/{model}/objects/{object}/components/{role}";
     /// An object may be named "" (the official 1.2.3 writer allows it): an empty segment.
@@ -67,6 +70,7 @@ pub mod routes {
         VIEW_FILE,
         PREFETCH,
         REGIONS,
+        DELTAS,
         OBJECT,
         COMPONENT,
         UNNAMED_OBJECT,
@@ -98,6 +102,10 @@ pub mod headers {
     pub const REPR_DIGEST: &str = "repr-digest";
     /// On a regions body: how many regions it holds.
     pub const REGIONS: &str = "x-zt-regions";
+    /// On a deltas body: how many regions it holds (the refits contract's name).
+    pub const DELTA_REGIONS: &str = "x-ztserve-regions";
+    /// On a deltas body: the version token of the model the deltas are from.
+    pub const FROM_VERSION: &str = "x-ztserve-from-version";
 }
 
 /// Characters left as they are in a path segment (unreserved ones, and `@`, which a path may
@@ -111,7 +119,7 @@ pub fn segment(text: &str) -> String {
 }
 
 /// Whether `rest` (the path segments after a model id, as written) is one of the model routes:
-/// the manifest (nothing), `file`, `files/{name}`, `prefetch`, `regions`, `objects/{object}`,
+/// the manifest (nothing), `file`, `files/{name}`, `prefetch`, `regions`, `deltas`, `objects/{object}`,
 /// `objects/{object}/components/{role}`, or a file of the safetensors view.
 pub fn is_model_route(rest: &[&str]) -> bool {
     match rest {
@@ -120,6 +128,7 @@ pub fn is_model_route(rest: &[&str]) -> bool {
         | ["files", _]
         | ["prefetch"]
         | ["regions"]
+        | ["deltas"]
         | ["objects", _]
         | ["objects", _, "components", _] => true,
         [name] => crate::format::view::is_view_file_name(name),

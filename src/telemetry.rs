@@ -72,6 +72,10 @@ pub mod names {
     pub const STORAGE_READ_BYTES: &str = "ztserve_storage_read_bytes_total";
     pub const SENDFILE_BYTES: &str = "ztserve_sendfile_bytes_total";
     pub const REGIONS: &str = "ztserve_regions_total";
+    pub const DELTAS: &str = "ztserve_deltas_total";
+    pub const DELTA_BYTES: &str = "ztserve_delta_bytes_total";
+    pub const DELTA_COMPUTE: &str = "ztserve_delta_compute_seconds";
+    pub const DELTA_STORE_DAMAGED: &str = "ztserve_delta_store_damaged_total";
     pub const ARTIFACT_BLOBS_DAMAGED: &str = "ztserve_artifact_blobs_damaged_total";
     pub const HTTP_CONNECTIONS: &str = "ztserve_http_connections";
     pub const HTTP_IDLE_TIMEOUTS: &str = "ztserve_http_idle_timeouts_total";
@@ -146,6 +150,20 @@ fn describe_requests() {
     describe_counter!(
         REGIONS,
         "Regions answered by POST /models/{m}/regions (each sent with the 4 bytes of its CRC32C)."
+    );
+    describe_counter!(
+        DELTAS,
+        "Region deltas answered by POST /models/{m}/deltas, by outcome (kept: read from the store; computed)."
+    );
+    describe_counter!(
+        DELTA_BYTES,
+        Unit::Bytes,
+        "Delta bytes sent by POST /models/{m}/deltas, CRC32C trailers included."
+    );
+    describe_histogram!(DELTA_COMPUTE, Unit::Seconds, "Time to compute one region's delta from both versions' bytes.");
+    describe_counter!(
+        DELTA_STORE_DAMAGED,
+        "Kept deltas that failed their CRC32C when read: removed and computed again."
     );
 }
 
@@ -265,6 +283,8 @@ fn register_at_zero() {
         DISK_CACHE_SCRUBBED_BYTES,
         SENDFILE_BYTES,
         REGIONS,
+        DELTA_BYTES,
+        DELTA_STORE_DAMAGED,
         ARTIFACT_BLOBS_DAMAGED,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,
@@ -274,6 +294,9 @@ fn register_at_zero() {
     for encoding in ["zstd", "byteswap"] {
         counter!(DECODES_STARTED, "encoding" => encoding).absolute(0);
         counter!(DECODED_BYTES, "encoding" => encoding).absolute(0);
+    }
+    for outcome in ["kept", "computed"] {
+        counter!(DELTAS, "outcome" => outcome).absolute(0);
     }
     for outcome in ["ok", "mismatch"] {
         counter!(DIGEST_CHECKS, "outcome" => outcome).absolute(0);

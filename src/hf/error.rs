@@ -60,6 +60,7 @@ fn service_status(kind: ErrorKind) -> StatusCode {
         // huggingface_hub retries a 503 (2.x after Retry-After plus a second); it sees no 429.
         ErrorKind::Busy { .. } | ErrorKind::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
     }
 }
 

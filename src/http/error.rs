@@ -91,6 +91,7 @@ fn service_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Refused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Busy { .. } | ErrorKind::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
     }
 }
 

@@ -21,6 +21,8 @@ pub(crate) struct ReadyModel {
     pub params: Vec<(String, String)>,
     pub open: OpenModel,
     pub cache: (HeaderName, HeaderValue),
+    /// What the request may read: a handler that opens another model checks it the same way.
+    pub access: Access,
 }
 
 impl ReadyModel {
@@ -40,7 +42,7 @@ impl FromRequestParts<Arc<AppState>> for ReadyModel {
         let id = param(&params, "model");
         let open = ready_model(state, &access, id).await?;
         let cache = cache_control(id, open.model());
-        Ok(ReadyModel { params, open, cache })
+        Ok(ReadyModel { params, open, cache, access })
     }
 }
 
@@ -61,7 +63,7 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
 /// `{id}@{version}` (the `X-Zt-Model-Version` without its quotes), unless a model has that exact
 /// id: a version that is no longer the model's answers `version_gone`.
 /// A model outside the request's [`Access`] is answered exactly as an unknown one.
-async fn ready_model(state: &AppState, access: &Access, id: &str) -> Result<OpenModel, ApiError> {
+pub(super) async fn ready_model(state: &AppState, access: &Access, id: &str) -> Result<OpenModel, ApiError> {
     tracing::Span::current().record("model", id);
     let listing = state.service.listing();
     let (base, pinned) = match crate::api::split_pinned(id) {

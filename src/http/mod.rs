@@ -1,6 +1,6 @@
 //! The HTTP contract (`openapi.yaml`) over the service: the router, its bearer-token check
 //! ([`auth`]) and the layers of its JSON routes ([`coding`]: compression, coded ETags), the
-//! handlers (models, objects, regions, operations), the lookups they share ([`lookup`]), and errors (the only place HTTP statuses are chosen). Handlers extract typed
+//! handlers (models, objects, regions, deltas, operations), the lookups they share ([`lookup`]), and errors (the only place HTTP statuses are chosen). Handlers extract typed
 //! paths, ask the service, evaluate ranges and conditionals, and set headers. Natural model ids
 //! (`/models/org/llama/...`) are rewritten to the one-segment form before routing
 //! ([`natural`]). The connection loop and the layers every protocol shares are
@@ -9,6 +9,7 @@
 pub(crate) mod artifacts;
 mod auth;
 mod coding;
+mod deltas;
 mod error;
 mod lookup;
 mod manifest;
@@ -70,6 +71,7 @@ pub(crate) fn app(service: Arc<Service>, tokens: Arc<Tokens>, config: Arc<Config
         .route(routes::VIEW_FILE, get(models::view_file))
         .route(routes::PREFETCH, get(models::prefetch_progress).post(models::prefetch))
         .route(routes::REGIONS, axum::routing::post(regions::regions))
+        .route(routes::DELTAS, axum::routing::post(deltas::deltas))
         .route(routes::OBJECT, get(objects::object))
         .route(routes::COMPONENT, get(objects::component))
         .route(routes::UNNAMED_OBJECT, get(objects::object))

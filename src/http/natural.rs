@@ -3,7 +3,7 @@
 //! is written with `/` is rewritten to the one-segment form the routes match. The rule, pure
 //! and table-tested here: a first segment that is itself a known id, followed by a model route
 //! (nothing, `file`, `files/{name}`, `objects/{object}`, `objects/{object}/components/{role}`,
-//! `prefetch`, `regions`),
+//! `prefetch`, `regions`, `deltas`),
 //! is taken as it is, so the `%2F` form always means exactly its id; otherwise the longest known
 //! id whose rest is a model route wins (with models `org` and `org/llama`,
 //! `/models/org/llama/file` is `org/llama`'s file and `/models/org/file` is `org`'s). Object

@@ -30,23 +30,32 @@ struct RegionsJson {
     regions: Vec<RegionRequest>,
 }
 
-/// `POST /models/{m}/regions`.
-pub(super) async fn regions(
-    State(state): State<Arc<AppState>>,
-    ready: ReadyModel,
+/// The JSON body of a request for at most `max_regions` regions (1 KiB each at most, on
+/// average), read whole and parsed as `T`, whose shape `expected` shows.
+pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
     body: Body,
-) -> Result<Response, ApiError> {
-    let limits = &state.config().limits;
-    let allowed = limits.max_regions.saturating_mul(BODY_BYTES_PER_REGION);
+    max_regions: usize,
+    expected: &str,
+) -> Result<T, ApiError> {
+    let allowed = max_regions.saturating_mul(BODY_BYTES_PER_REGION);
     let bytes = axum::body::to_bytes(body, allowed).await.map_err(|e| match e.into_inner() {
         cause if cause.is::<http_body_util::LengthLimitError>() => {
             ApiError::RequestTooLarge(format!("a regions request body may hold at most {allowed} bytes"))
         }
         cause => ApiError::BadRequest(format!("the request body could not be read: {cause}")),
     })?;
-    let request: RegionsJson = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::BadRequest(format!("the body is not a regions request ({{\"regions\": [...]}}): {e}"))
-    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("the body is not a request of the form {expected}: {e}")))
+}
+
+/// `POST /models/{m}/regions`.
+pub(super) async fn regions(
+    State(state): State<Arc<AppState>>,
+    ready: ReadyModel,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request: RegionsJson = json_body(body, state.config().limits.max_regions, "{\"regions\": [...]}").await?;
+    let limits = &state.config().limits;
     let limits = RegionLimits { max_regions: limits.max_regions, max_bytes: limits.max_regions_bytes };
     let answer = ready.open.regions(request.regions, limits).await?;
     let body = primed(answer.body).await?;

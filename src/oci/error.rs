@@ -58,6 +58,7 @@ fn service_status(error: &ServiceError) -> (StatusCode, &'static str) {
         ErrorKind::Busy { .. } => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
         ErrorKind::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
+        ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "SIZE_INVALID"),
     }
 }
 

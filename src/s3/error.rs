@@ -20,6 +20,7 @@ fn code_of(kind: ErrorKind) -> S3ErrorCode {
         ErrorKind::Busy { .. } => S3ErrorCode::SlowDown,
         ErrorKind::Unavailable { .. } => S3ErrorCode::ServiceUnavailable,
         ErrorKind::Internal => S3ErrorCode::InternalError,
+        ErrorKind::TooLarge => S3ErrorCode::EntityTooLarge,
     }
 }
 

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use super::components::{ComponentBytes, ComponentRequest};
+use super::deltas::DeltasBody;
 use super::files::FoundFile;
 use super::hashing::DigestOf;
 use super::learnt::Rendered;
@@ -218,6 +219,19 @@ impl OpenModel {
         limits: RegionLimits,
     ) -> Result<RegionsBody, ServiceError> {
         self.service().regions(&self.model, &self.manifest, requests, limits).await
+    }
+
+    /// The deltas from `base` (another model, or another version, the request may read) to it
+    /// of the regions `requests` asks of it ([`Service::deltas`]).
+    pub(crate) async fn deltas(
+        &self,
+        base: &OpenModel,
+        requests: Vec<RegionRequest>,
+        limits: RegionLimits,
+    ) -> Result<DeltasBody, ServiceError> {
+        let base_pair = (Arc::clone(&base.model), Arc::clone(&base.manifest));
+        let target = (Arc::clone(&self.model), Arc::clone(&self.manifest));
+        self.service().deltas(base_pair, target, requests, limits).await
     }
 
     /// Its manifest as rendered, if it has been already (no trip to the blocking pool).

@@ -20,6 +20,8 @@ pub(crate) enum SetupError {
     Cache(#[from] crate::storage::cache::CacheError),
     #[error("signing: {0}")]
     Trust(#[from] crate::signing::TrustError),
+    #[error("the delta store (refits.delta_dir): {0}")]
+    DeltaStore(std::io::Error),
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -87,6 +89,11 @@ pub(crate) enum ServiceError {
         "model {model:?} is not served: it is unsigned (no {signature_file} in its directory or above it) and its source requires a signature"
     )]
     Unsigned { model: String, signature_file: String },
+    /// A delta whose two regions together need more memory than `refits.delta_memory_bytes`.
+    #[error(
+        "model {model:?}, object {object:?}: the delta of this region holds {need} bytes of both versions at once; at most {limit} are held (refits.delta_memory_bytes): ask for smaller slices"
+    )]
+    DeltaRegionTooLarge { model: String, object: String, need: u64, limit: u64 },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -124,6 +131,9 @@ pub(crate) enum ErrorKind {
     Unavailable { retry_after_secs: u64 },
     /// A defect of ours: its detail goes to the log, never to the client.
     Internal,
+    /// The request asks for more than a bound lets one answer hold: asking again as written
+    /// gives the same answer.
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -133,9 +143,12 @@ impl ErrorKind {
             ErrorKind::Busy { retry_after_secs } | ErrorKind::Unavailable { retry_after_secs } => {
                 Some(retry_after_secs)
             }
-            ErrorKind::NotFound | ErrorKind::Gone | ErrorKind::BadInput | ErrorKind::Refused | ErrorKind::Internal => {
-                None
-            }
+            ErrorKind::NotFound
+            | ErrorKind::Gone
+            | ErrorKind::BadInput
+            | ErrorKind::Refused
+            | ErrorKind::Internal
+            | ErrorKind::TooLarge => None,
         }
     }
 }
@@ -165,6 +178,7 @@ impl ServiceError {
             // A changed object is listed again at the next rescan; an unreachable store takes longer.
             S::Storage { source, .. } if source.is_about_the_object() => ErrorKind::Unavailable { retry_after_secs: 1 },
             S::Storage { .. } | S::NotCached { .. } => ErrorKind::Unavailable { retry_after_secs: 5 },
+            S::DeltaRegionTooLarge { .. } => ErrorKind::TooLarge,
             S::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -195,6 +209,7 @@ impl ServiceError {
             S::NoImageLayer { .. } => "no_image_layer",
             S::SignatureFailed { .. } => "signature_failed",
             S::Unsigned { .. } => "unsigned_model",
+            S::DeltaRegionTooLarge { .. } => "delta_region_too_large",
             S::Internal(_) => "internal",
         }
     }

@@ -14,6 +14,8 @@ mod bytes;
 mod catalogs;
 mod components;
 mod decoded;
+mod delta_store;
+mod deltas;
 mod door;
 mod error;
 mod files;
@@ -37,6 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::bytes::{StoredBytes, companion_etag, model_version, stored_file_etag, version_token};
+pub(crate) use self::deltas::DeltasBody;
 pub(crate) use self::door::{ListedFile, Listing, OpenModel};
 pub(crate) use self::files::FoundFile;
 pub(crate) use self::view::view_file_etag;
@@ -93,6 +96,8 @@ pub(crate) struct Service {
     disk_cache: Option<Arc<DiskCache>>,
     /// Set when shutdown begins: readiness answers 503 while requests in flight finish.
     draining: std::sync::atomic::AtomicBool,
+    /// Deltas between model versions: their store, memory budget and computations under way.
+    deltas: Arc<deltas::Deltas>,
 }
 
 /// What a service is built from, by the composition root (`server`): each source (a remote
@@ -194,6 +199,7 @@ impl Service {
             prefetches: prefetch::Prefetches::new(cache),
             disk_cache,
             draining: std::sync::atomic::AtomicBool::new(false),
+            deltas: Arc::new(deltas::Deltas::new(&refits).map_err(SetupError::DeltaStore)?),
             catalogs,
             publication,
             representations,
@@ -297,6 +303,20 @@ impl Service {
         limits: RegionLimits,
     ) -> Result<RegionsBody, ServiceError> {
         regions::regions(Arc::clone(&self.representations), model, manifest, requests, limits).await
+    }
+
+    /// The deltas from `base` to `target` of the regions `requests` asks of `target`, each
+    /// followed by its CRC32C: refused whole before any byte as [`Service::regions`] refuses,
+    /// and when a region's two versions need more than the delta memory budget.
+    async fn deltas(
+        &self,
+        base: (Arc<Model>, Arc<Manifest>),
+        target: (Arc<Model>, Arc<Manifest>),
+        requests: Vec<RegionRequest>,
+        limits: RegionLimits,
+    ) -> Result<DeltasBody, ServiceError> {
+        let representations = Arc::clone(&self.representations);
+        self.deltas.deltas(representations, base, target, requests, limits).await
     }
 
     /// The manifest of `model` as the service's renderer renders it (`http::manifest`), once

@@ -31,7 +31,7 @@ const CHECKSUM_OFF_RUNTIME: usize = 64 << 10;
 
 /// Regions opened ahead of the one being sent, so a region's setup (a digest verdict, the
 /// first read) overlaps the body before it.
-const REGIONS_AHEAD: usize = 2;
+pub(super) const REGIONS_AHEAD: usize = 2;
 
 /// One region a request asks for: a component of an object (its only one when `component` is
 /// not given), whole or cut by `slice` (`start:stop` per dimension, as `?slice=` takes it).
@@ -82,11 +82,11 @@ impl RegionsRefusal {
 
 /// A region checked against the manifest: where it is and how long its bytes are.
 #[derive(Debug, Clone)]
-struct Planned {
-    object: usize,
-    component: usize,
-    slice: Option<ResolvedSlice>,
-    len: u64,
+pub(super) struct Planned {
+    pub object: usize,
+    pub component: usize,
+    pub slice: Option<ResolvedSlice>,
+    pub len: u64,
 }
 
 /// A regions body: its length (every region and its checksum) and its pieces.
@@ -195,16 +195,16 @@ fn refuse_overlaps(manifest: &Manifest, planned: &[Planned]) -> Result<(), Regio
     Ok(())
 }
 
-/// The body of `requests` of `model`: planned and refused whole here, off the async runtime
-/// (a hostile request's overlap check is quadratic in its regions); then each region opened
-/// as the body reaches it and sent as its own route would send it, followed by its CRC32C.
-pub(super) async fn regions(
-    representations: Arc<Representations>,
+/// The regions of `requests` of `model`, planned and refused whole here, off the async runtime
+/// (a hostile request's overlap check is quadratic in its regions), each admitted as its own
+/// route would admit it before its first byte.
+pub(super) async fn planned(
+    representations: &Representations,
     model: &Arc<Model>,
     manifest: &Arc<Manifest>,
     requests: Vec<RegionRequest>,
     limits: RegionLimits,
-) -> Result<RegionsBody, ServiceError> {
+) -> Result<Vec<Planned>, ServiceError> {
     let (planning_model, planning_manifest) = (Arc::clone(model), Arc::clone(manifest));
     let planned = tokio::task::spawn_blocking(move || plan(&planning_model, &planning_manifest, &requests, limits))
         .await
@@ -213,6 +213,20 @@ pub(super) async fn regions(
         let object = &manifest.objects[region.object];
         representations.admit(model, manifest, object, &object.components[region.component]).await?;
     }
+    Ok(planned)
+}
+
+/// The body of `requests` of `model`: planned and refused whole ([`planned`]); then each
+/// region opened as the body reaches it and sent as its own route would send it, followed by
+/// its CRC32C.
+pub(super) async fn regions(
+    representations: Arc<Representations>,
+    model: &Arc<Model>,
+    manifest: &Arc<Manifest>,
+    requests: Vec<RegionRequest>,
+    limits: RegionLimits,
+) -> Result<RegionsBody, ServiceError> {
+    let planned = planned(&representations, model, manifest, requests, limits).await?;
     let len = planned.iter().map(|r| r.len + CHECKSUM_BYTES).sum();
     let count = planned.len();
     let (model, manifest) = (Arc::clone(model), Arc::clone(manifest));
@@ -224,6 +238,35 @@ pub(super) async fn regions(
         .try_flatten()
         .boxed();
     Ok(RegionsBody { len, count, body })
+}
+
+/// The bytes of `region` as its own route serves them (behind its digest guard), gathered into
+/// one buffer of exactly the region's length.
+pub(super) async fn region_buffer(
+    representations: &Representations,
+    model: &Arc<Model>,
+    manifest: &Manifest,
+    region: &Planned,
+) -> Result<Vec<u8>, ServiceError> {
+    let object = &manifest.objects[region.object];
+    let component = &object.components[region.component];
+    let cut = region.slice.as_ref().map_or(Cut::Whole, Cut::Slice);
+    let request = ComponentRequest { cut, head: false, accepts_zstd: false };
+    let bytes = representations.component_bytes(model, manifest, object, component, request).await?;
+    let body = bytes.source.open(0..region.len);
+    let mut body = match bytes.guard {
+        Some(guard) => guarded(body, guard),
+        None => body,
+    };
+    let len = usize::try_from(region.len).map_err(|e| ServiceError::Internal(e.to_string()))?;
+    let mut buffer = Vec::with_capacity(len);
+    while let Some(piece) = body.next().await {
+        buffer.extend_from_slice(&piece?);
+    }
+    if buffer.len() != len {
+        return Err(ServiceError::Internal(format!("a region of {len} bytes read as {}", buffer.len())));
+    }
+    Ok(buffer)
 }
 
 /// One region's bytes, as its own route serves them, then their CRC32C. Bytes of a local file
