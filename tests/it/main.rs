@@ -9,6 +9,7 @@ mod artifacts;
 mod cli;
 mod crashes;
 mod decoding;
+mod deltas;
 mod digests_ahead;
 mod directories;
 mod disk_cache;
