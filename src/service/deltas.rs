@@ -93,7 +93,8 @@ impl Deltas {
         Ok(Deltas {
             store: Arc::new(store),
             memory: Arc::new(Semaphore::new(permits)),
-            memory_limit: refits.delta_memory_bytes.min(permits as u64 * PERMIT_BYTES),
+            // Whole permits: a region within the limit never asks for more than there are.
+            memory_limit: permits as u64 * PERMIT_BYTES,
             in_flight: Mutex::new(HashMap::new()),
         })
     }
@@ -196,14 +197,8 @@ impl Deltas {
     async fn one(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {
         let name = job.name.clone();
         let cell = Arc::clone(self.in_flight.lock().expect("in-flight lock").entry(name.clone()).or_default());
-        let result = cell.get_or_try_init(|| Arc::clone(&self).kept_or_computed(pair, job)).await.cloned();
-        if cell.initialized() {
-            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
-            if in_flight.get(&name).is_some_and(|held| Arc::ptr_eq(held, &cell)) {
-                in_flight.remove(&name);
-            }
-        }
-        result
+        let waiting = Waiting { deltas: Arc::clone(&self), name, cell };
+        waiting.cell.get_or_try_init(|| Arc::clone(&self).kept_or_computed(pair, job)).await.cloned()
     }
 
     async fn kept_or_computed(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {
@@ -243,6 +238,25 @@ impl Deltas {
         })
         .await
         .map_err(internal)?
+    }
+}
+
+/// A request waiting for the delta of `name`: when it stops waiting (answered, failed, or gone
+/// with its client), the key's entry goes once its delta is known or nobody else waits.
+struct Waiting {
+    deltas: Arc<Deltas>,
+    name: String,
+    cell: Arc<OnceCell<Delta>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut in_flight = self.deltas.in_flight.lock().expect("in-flight lock");
+        let held = in_flight.get(&self.name).is_some_and(|held| Arc::ptr_eq(held, &self.cell));
+        // Two holders left: the map and this waiter.
+        if held && (self.cell.initialized() || Arc::strong_count(&self.cell) <= 2) {
+            in_flight.remove(&self.name);
+        }
     }
 }
 
