@@ -41,6 +41,8 @@ pub(super) async fn deltas(
     let request: DeltasJson =
         json_body(body, limits.max_regions, "{\"from\": \"model[@version]\", \"regions\": [...]}").await?;
     let base = ready_model(&state, &ready.access, &request.from).await?;
+    // Opening `from` named it in the request's span; the request is still B's.
+    tracing::Span::current().record("model", ready.param("model"));
     let limits = RegionLimits { max_regions: limits.max_regions, max_bytes: limits.max_regions_bytes };
     let answer = ready.open.deltas(&base, request.regions, limits).await?;
     let body = primed(answer.body).await?;
