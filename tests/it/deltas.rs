@@ -346,3 +346,40 @@ async fn a_request_may_only_diff_from_a_model_it_may_read() {
     let from_b = authorized(r#"{"from":"b","regions":[{"object":"w","slice":"0:1"}]}"#).await.unwrap();
     assert_eq!(from_b.status, 200, "{}", String::from_utf8_lossy(&from_b.body));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_stops_the_deltas_its_body_has_not_reached() {
+    // 16 regions of 4 MiB that the base lacks, each sent whole: far more than the socket holds.
+    let dir = tempfile::tempdir().unwrap();
+    let big = common::noise(16 << 22, 9);
+    std::fs::write(
+        dir.path().join("a.zt"),
+        model(&[("w", &[4], "dense", false, vec![("data", DType::U8, vec![0; 4])])]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.zt"),
+        model(&[("big", &[16, 4 << 20], "dense", false, vec![("data", DType::U8, big)])]),
+    )
+    .unwrap();
+    let (address, _server) = serve(Config::serving(vec![SourceSpec::local(dir.path())])).await;
+    let regions: Vec<String> = (0..16).map(|i| format!(r#"{{"object":"big","slice":"{i}:{}"}}"#, i + 1)).collect();
+    let body = format!(r#"{{"from":"a","regions":[{}]}}"#, regions.join(","));
+    let request = format!(
+        "POST /models/b/deltas HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut head = [0u8; 64];
+        let n = stream.read(&mut head).unwrap();
+        assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let computed = metric("ztserve_delta_compute_seconds_count", &[]);
+    assert!((1.0..16.0).contains(&computed), "{computed} of 16 deltas computed after the client left");
+}
