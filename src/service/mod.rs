@@ -1,7 +1,8 @@
 //! The domain between the catalog and the wire protocols, as a facade (`Service`) over one
 //! type per concern: the catalogs and their versions ([`catalogs`]), a model's bytes as each
 //! request gets them (components, stored files and companions: [`components`], [`files`],
-//! [`bytes`], decoded by [`decoded`] and [`seekable`]), slices ([`slices`]) and many regions in one body ([`regions`]), the safetensors
+//! [`bytes`], decoded by [`decoded`] and [`seekable`]), slices ([`slices`]), many regions in one body ([`regions`]) and their deltas between
+//! versions ([`deltas`], kept by [`delta_store`]), the safetensors
 //! views ([`view`]), the files each model version publishes ([`published`]), their content
 //! digests ([`hashing`], over `crate::digests`), signature admission ([`signatures`]) and
 //! prefetches into the node's disk cache ([`prefetch`]). The facade keeps what they share:
