@@ -102,10 +102,8 @@ pub mod headers {
     pub const REPR_DIGEST: &str = "repr-digest";
     /// On a regions body: how many regions it holds.
     pub const REGIONS: &str = "x-zt-regions";
-    /// On a deltas body: how many regions it holds (the refits contract's name).
-    pub const DELTA_REGIONS: &str = "x-ztserve-regions";
     /// On a deltas body: the version token of the model the deltas are from.
-    pub const FROM_VERSION: &str = "x-ztserve-from-version";
+    pub const FROM_VERSION: &str = "x-zt-from-version";
 }
 
 /// Characters left as they are in a path segment (unreserved ones, and `@`, which a path may

@@ -298,6 +298,7 @@ fn register_at_zero() {
     for outcome in ["kept", "computed"] {
         counter!(DELTAS, "outcome" => outcome).absolute(0);
     }
+    let _ = histogram!(DELTA_COMPUTE);
     for outcome in ["ok", "mismatch"] {
         counter!(DIGEST_CHECKS, "outcome" => outcome).absolute(0);
     }

@@ -53,7 +53,6 @@ pub(super) async fn deltas(
         .header(header::CONTENT_TYPE, DELTAS_TYPE)
         .header(header::CACHE_CONTROL, "no-store")
         .header(version_name, version)
-        .header(HeaderName::from_static(api::headers::DELTA_REGIONS), HeaderValue::from(answer.count))
         .header(HeaderName::from_static(api::headers::REGIONS), HeaderValue::from(answer.count))
         .header(HeaderName::from_static(api::headers::FROM_VERSION), header_value(&from_version))
         .body(body_of(body))

@@ -114,20 +114,13 @@ impl Deltas {
         let planned = regions::planned(&representations, &target.0, &target.1, requests, limits).await?;
         let mut jobs = Vec::with_capacity(planned.len());
         for (request, region) in asked.iter().zip(planned) {
-            let base_region = match counterpart(&base.0, &base.1, &target.1, &region, request) {
-                Some(found) => {
-                    let object = &base.1.objects[found.object];
-                    let component = &object.components[found.component];
-                    match representations.admit(&base.0, &base.1, object, component).await {
-                        Ok(()) => Some(found),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "the base region is not served: the region goes whole");
-                            None
-                        }
-                    }
-                }
-                None => None,
-            };
+            let base_region = counterpart(&base.0, &base.1, &target.1, &region, request);
+            // A base region that is not served now (its digest pending, its signature refused)
+            // fails the request as its own route would: sent whole, it would be kept whole.
+            if let Some(found) = &base_region {
+                let object = &base.1.objects[found.object];
+                representations.admit(&base.0, &base.1, object, &object.components[found.component]).await?;
+            }
             let job = self.job(&base, &target, region, base_region)?;
             jobs.push(job);
         }

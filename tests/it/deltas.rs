@@ -188,11 +188,11 @@ async fn every_delta_applied_to_the_base_region_gives_the_new_region_and_the_sec
     assert!(reply.complete);
     assert_eq!(reply.header("content-type"), Some("application/vnd.ztserve.deltas"));
     assert_eq!(reply.header("content-length"), None);
-    assert_eq!(reply.header("x-ztserve-regions"), Some("8"));
+    assert_eq!(reply.header("x-zt-regions"), Some("8"));
     let b_version = request_async(&address, "/models/b", &[]).await.header("x-zt-model-version").unwrap().to_owned();
     let a_version = request_async(&address, "/models/a", &[]).await.header("x-zt-model-version").unwrap().to_owned();
     assert_eq!(reply.header("x-zt-model-version"), Some(b_version.as_str()));
-    assert_eq!(reply.header("x-ztserve-from-version"), Some(a_version.trim_matches('"')));
+    assert_eq!(reply.header("x-zt-from-version"), Some(a_version.trim_matches('"')));
     let deltas = split_deltas(&reply.body);
     assert_eq!(deltas.len(), ASKED.len());
     for (delta_bytes, &region) in deltas.iter().zip(ASKED) {
