@@ -492,6 +492,11 @@ def gb(n):
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
+def cpu(seconds):
+    """CPU seconds from /proc's clock ticks (10 ms): below one tick reads as such."""
+    return f"{seconds:.2f}" if seconds >= 0.01 else "< 0.01"
+
+
 def table(root, paths):
     truth = json.loads((root / "truth.json").read_text())
     rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
@@ -509,7 +514,7 @@ def table(root, paths):
             f"{gb(r['deltas_sent'])} | {ratio:.1f}x | ≥ {target}x {'PASS' if ratio >= target else 'MISS'} | "
             f"{r['cold_s']:.3f} s | {r['warm_s']:.3f} s | {r['regions_s']:.3f} s | "
             f"{r['regions_s'] / r['cold_s']:.2f}x | {r['regions_s'] / r['warm_s']:.2f}x | "
-            f"{r['cold_cpu']:.2f} / {r['warm_cpu']:.2f} / {r['regions_cpu']:.2f} s | {store} |")
+            f"{cpu(r['cold_cpu'])} / {cpu(r['warm_cpu'])} / {cpu(r['regions_cpu'])} s | {store} |")
     return "\n".join(out), rows
 
 
