@@ -220,12 +220,11 @@ def fetch_share(conn, model, regions, buffers):
     return sum(len(b) + 4 for b in buffers)
 
 
-def update(conn, base, target, regions, kept):
-    """The rank's update: each region's delta, CRC-checked, applied to its kept buffer. The
-    bytes sent and the changed elements the deltas declare."""
+def deltas(conn, base, target, regions):
+    """Each region's delta from `POST /models/{target}/deltas`, CRC-checked, in order; then
+    checks the body ends there."""
     response = post(conn, f"/models/{segment(target)}/deltas", {"from": base, "regions": request(regions)})
-    sent = changed = 0
-    for buffer in kept:
+    for _ in regions:
         head = bytearray(HEADER.size)
         read_into(response, memoryview(head))
         payload_len = HEADER.unpack(head)[6]
@@ -233,11 +232,19 @@ def update(conn, base, target, regions, kept):
         delta[:HEADER.size] = head
         read_into(response, memoryview(delta)[HEADER.size:])
         check_crc(response, delta)
-        changed += apply_delta(delta, buffer).changed
-        sent += len(delta) + 4
+        yield delta
     rest = response.read()
     if rest:
         raise RuntimeError(f"{len(rest)} bytes after the last delta")
+
+
+def update(conn, base, target, regions, kept):
+    """The rank's update: each region's delta applied to its kept buffer as it arrives. The
+    bytes sent (with each CRC32C) and the changed elements the deltas declare."""
+    sent = changed = 0
+    for delta, buffer in zip(deltas(conn, base, target, regions), kept):
+        changed += apply_delta(delta, buffer).changed
+        sent += len(delta) + 4
     return sent, changed
 
 
@@ -293,6 +300,13 @@ def measure(root, url, pid, tp, store, rounds=2):
         for (name, region, _), k in zip(regions, kept):
             if not np.array_equal(k, expected.region(name, region)):
                 raise RuntimeError(f"{name} {region}: the share applied warm differs from {b}'s")
+        # This script's encoder (`encode`, for the FP8 figures) gives the server's bytes.
+        size = lambda r: np.prod([s.stop - s.start for s in box(r[1], r[2])])  # noqa: E731
+        cut = [r for r in regions if r[1] and len(r[1]) > 1 and r[1][1][1] < r[2][1]]  # by columns
+        sample = list({(r[0], str(r[1])): r for r in [max(regions, key=size), *cut[:1], regions[-1]]}.values())
+        got = list(zip(deltas(conn, A, b, sample), sample))  # the whole body read, the connection reusable
+        row["encoder_matches"] = all(encode(a.region(name, region), expected.region(name, region), 2) == delta
+                                     for delta, (name, region, _) in got)
         row.update(regions_s=float(np.median(times["regions"])), regions_cpu=float(np.median(cpu["regions"])),
                    warm_s=float(np.median(times["warm"])), warm_cpu=float(np.median(cpu["warm"])), rounds=rounds)
         # The other ranks' updates, untimed: what the store keeps for the whole version.
@@ -515,6 +529,9 @@ def table(root, paths):
             f"{r['cold_s']:.3f} s | {r['warm_s']:.3f} s | {r['regions_s']:.3f} s | "
             f"{r['regions_s'] / r['cold_s']:.2f}x | {r['regions_s'] / r['warm_s']:.2f}x | "
             f"{cpu(r['cold_cpu'])} / {cpu(r['warm_cpu'])} / {cpu(r['regions_cpu'])} s | {store} |")
+    matches = [r["encoder_matches"] for r in rows if "encoder_matches" in r]
+    out += ["", f"`refits.py encode` (the FP8 figures below) gave the server's deltas byte for byte on the "
+            f"regions sampled (the largest, one cut by columns, the last: {sum(matches)} of {len(matches)} updates)."]
     return "\n".join(out), rows
 
 
