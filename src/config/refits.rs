@@ -24,6 +24,10 @@ pub struct Refits {
     pub delta_cache_bytes: u64,
     /// The most bytes of both versions' regions held in memory at once to compute deltas.
     pub delta_memory_bytes: u64,
+    /// Whether, after a rescan lists a lineage's new version, the deltas from the version
+    /// before it of the regions recent deltas requests of the lineage asked are computed in
+    /// the background, so a fleet's first request finds them kept.
+    pub deltas_ahead: bool,
 }
 
 impl Default for Refits {
@@ -35,6 +39,7 @@ impl Default for Refits {
             delta_dir: None,
             delta_cache_bytes: 10_000_000_000,
             delta_memory_bytes: 4 << 30,
+            deltas_ahead: true,
         }
     }
 }
