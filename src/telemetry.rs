@@ -76,6 +76,7 @@ pub mod names {
     pub const DELTA_BYTES: &str = "ztserve_delta_bytes_total";
     pub const DELTA_COMPUTE: &str = "ztserve_delta_compute_seconds";
     pub const DELTA_STORE_DAMAGED: &str = "ztserve_delta_store_damaged_total";
+    pub const DELTAS_AHEAD: &str = "ztserve_deltas_ahead_total";
     pub const ARTIFACT_BLOBS_DAMAGED: &str = "ztserve_artifact_blobs_damaged_total";
     pub const HTTP_CONNECTIONS: &str = "ztserve_http_connections";
     pub const HTTP_IDLE_TIMEOUTS: &str = "ztserve_http_idle_timeouts_total";
@@ -164,6 +165,10 @@ fn describe_requests() {
     describe_counter!(
         DELTA_STORE_DAMAGED,
         "Kept deltas that failed their CRC32C when read: removed and computed again."
+    );
+    describe_counter!(
+        DELTAS_AHEAD,
+        "Region deltas computed in the background after a rescan listed a lineage's new version."
     );
 }
 
@@ -285,6 +290,7 @@ fn register_at_zero() {
         REGIONS,
         DELTA_BYTES,
         DELTA_STORE_DAMAGED,
+        DELTAS_AHEAD,
         ARTIFACT_BLOBS_DAMAGED,
         HTTP_IDLE_TIMEOUTS,
         DECODE_REFUSALS,
