@@ -197,6 +197,19 @@ impl Catalog {
         lineages::version_of(&self.lineages, id).is_some_and(|(versions, v)| versions.kept.iter().any(|k| k == v))
     }
 
+    /// The lineage model `id` is a version of, that version, and the rest of the id after it
+    /// (empty, or `/weights` for a model deeper in the version's folder).
+    pub(crate) fn lineage_version(&self, id: &str) -> Option<(Arc<Versions>, String, String)> {
+        let (versions, version) = lineages::version_of(&self.lineages, id)?;
+        let rest = &id[versions.lineage.len() + 1 + version.len()..];
+        Some((Arc::clone(versions), version.to_owned(), rest.to_owned()))
+    }
+
+    /// What each lineage keeps and drops, by lineage.
+    pub(crate) fn lineages(&self) -> impl Iterator<Item = &Arc<Versions>> {
+        self.lineages.values()
+    }
+
     /// Every model, ordered by id.
     pub(crate) fn models(&self) -> impl Iterator<Item = &Arc<Model>> {
         self.models.values()

@@ -110,20 +110,7 @@ impl Deltas {
         requests: Vec<RegionRequest>,
         limits: RegionLimits,
     ) -> Result<DeltasBody, ServiceError> {
-        let asked = requests.clone();
-        let planned = regions::planned(&representations, &target.0, &target.1, requests, limits).await?;
-        let mut jobs = Vec::with_capacity(planned.len());
-        for (request, region) in asked.iter().zip(planned) {
-            let base_region = counterpart(&base.0, &base.1, &target.1, &region, request);
-            // A base region that is not served now (its digest pending, its signature refused)
-            // fails the request as its own route would: sent whole, it would be kept whole.
-            if let Some(found) = &base_region {
-                let object = &base.1.objects[found.object];
-                representations.admit(&base.0, &base.1, object, &object.components[found.component]).await?;
-            }
-            let job = self.job(&base, &target, region, base_region)?;
-            jobs.push(job);
-        }
+        let jobs = self.jobs(&representations, &base, &target, requests, limits).await?;
         let count = jobs.len();
         let pair = Arc::new(Pair { representations, base, target });
         let deltas = Arc::clone(self);
@@ -144,6 +131,57 @@ impl Deltas {
             .try_flatten()
             .boxed();
         Ok(DeltasBody { count, body })
+    }
+
+    /// The delta from `base` to `target` of the one region `request` asks, as a request for it
+    /// would have it (the same key, computation under way, memory budget and store), for a
+    /// computation ahead of need: whether this call computed it (not kept, nor computed by
+    /// another).
+    pub(super) async fn ahead(
+        self: &Arc<Self>,
+        representations: Arc<Representations>,
+        base: (Arc<Model>, Arc<Manifest>),
+        target: (Arc<Model>, Arc<Manifest>),
+        request: RegionRequest,
+        limits: RegionLimits,
+    ) -> Result<bool, ServiceError> {
+        let mut jobs = self.jobs(&representations, &base, &target, vec![request], limits).await?;
+        let Some(job) = jobs.pop() else { return Ok(false) };
+        let pair = Arc::new(Pair { representations, base, target });
+        let mut ran = false;
+        let delta = Arc::clone(self)
+            .one_with(job, |deltas, job| {
+                ran = true;
+                deltas.kept_or_computed(pair, job)
+            })
+            .await?;
+        Ok(ran && matches!(delta.outcome, Outcome::Computed))
+    }
+
+    /// The jobs of the regions `requests` asks of `target`, each paired with its region of
+    /// `base`: planned and refused whole as `/regions` refuses, and a region over the budget.
+    async fn jobs(
+        &self,
+        representations: &Representations,
+        base: &(Arc<Model>, Arc<Manifest>),
+        target: &(Arc<Model>, Arc<Manifest>),
+        requests: Vec<RegionRequest>,
+        limits: RegionLimits,
+    ) -> Result<Vec<Job>, ServiceError> {
+        let asked = requests.clone();
+        let planned = regions::planned(representations, &target.0, &target.1, requests, limits).await?;
+        let mut jobs = Vec::with_capacity(planned.len());
+        for (request, region) in asked.iter().zip(planned) {
+            let base_region = counterpart(&base.0, &base.1, &target.1, &region, request);
+            // A base region that is not served now (its digest pending, its signature refused)
+            // fails the request as its own route would: sent whole, it would be kept whole.
+            if let Some(found) = &base_region {
+                let object = &base.1.objects[found.object];
+                representations.admit(&base.0, &base.1, object, &object.components[found.component]).await?;
+            }
+            jobs.push(self.job(base, target, region, base_region)?);
+        }
+        Ok(jobs)
     }
 
     /// The job of `region` of `target`, paired with `base_region`: its key, element width and
@@ -188,10 +226,22 @@ impl Deltas {
     /// The delta of `job`: the computation under way for its key, or the one kept, or a new
     /// one (in a task of its own, so it finishes and is kept if this request goes).
     async fn one(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {
+        self.one_with(job, |deltas, job| deltas.kept_or_computed(pair, job)).await
+    }
+
+    /// The delta of `job`: the computation under way for its key, or the one `start` begins.
+    async fn one_with<F>(
+        self: Arc<Self>,
+        job: Job,
+        start: impl FnOnce(Arc<Self>, Job) -> F,
+    ) -> Result<Delta, ServiceError>
+    where
+        F: Future<Output = Result<Delta, ServiceError>>,
+    {
         let name = job.name.clone();
         let cell = Arc::clone(self.in_flight.lock().expect("in-flight lock").entry(name.clone()).or_default());
         let waiting = Waiting { deltas: Arc::clone(&self), name, cell };
-        waiting.cell.get_or_try_init(|| Arc::clone(&self).kept_or_computed(pair, job)).await.cloned()
+        waiting.cell.get_or_try_init(|| start(Arc::clone(&self), job)).await.cloned()
     }
 
     async fn kept_or_computed(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {

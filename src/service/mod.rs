@@ -17,6 +17,7 @@ mod components;
 mod decoded;
 mod delta_store;
 mod deltas;
+mod deltas_ahead;
 mod door;
 mod error;
 mod files;
@@ -99,6 +100,8 @@ pub(crate) struct Service {
     draining: std::sync::atomic::AtomicBool,
     /// Deltas between model versions: their store, memory budget and computations under way.
     deltas: Arc<deltas::Deltas>,
+    /// Deltas computed after a rescan lists a lineage's new version, of the regions asked.
+    deltas_ahead: Arc<deltas_ahead::DeltasAhead>,
 }
 
 /// What a service is built from, by the composition root (`server`): each source (a remote
@@ -193,6 +196,14 @@ impl Service {
             hashing: Arc::clone(&hashing),
             catalogs: Arc::clone(&catalogs),
         };
+        let deltas = Arc::new(deltas::Deltas::new(&refits).map_err(SetupError::DeltaStore)?);
+        let deltas_ahead = Arc::new(deltas_ahead::DeltasAhead::new(
+            refits.deltas_ahead,
+            RegionLimits { max_regions: limits.max_regions, max_bytes: limits.max_regions_bytes },
+            Arc::clone(&deltas),
+            Arc::clone(&representations),
+            Arc::clone(&catalogs),
+        ));
         Ok(Arc::new(Service {
             render_manifest,
             signatures: Arc::new(SignatureAdmission::new(signing, admission)?),
@@ -200,7 +211,8 @@ impl Service {
             prefetches: prefetch::Prefetches::new(cache),
             disk_cache,
             draining: std::sync::atomic::AtomicBool::new(false),
-            deltas: Arc::new(deltas::Deltas::new(&refits).map_err(SetupError::DeltaStore)?),
+            deltas,
+            deltas_ahead,
             catalogs,
             publication,
             representations,
@@ -236,6 +248,7 @@ impl Service {
             render_manifests_ahead(self, &catalog);
             self.hashing.schedule(&catalog, stated).await;
             self.signatures.verify_ahead(&catalog);
+            self.deltas_ahead.upkeep(&catalog);
         }
     }
 
@@ -317,7 +330,12 @@ impl Service {
         limits: RegionLimits,
     ) -> Result<DeltasBody, ServiceError> {
         let representations = Arc::clone(&self.representations);
-        self.deltas.deltas(representations, base, target, requests, limits).await
+        let (base_id, target_id) = (base.0.id.clone(), target.0.id.clone());
+        let asked = requests.clone();
+        let body = self.deltas.deltas(representations, base, target, requests, limits).await?;
+        // Planned and admitted: the regions a fleet will ask of the lineage's next version.
+        self.deltas_ahead.remember(&base_id, &target_id, &asked);
+        Ok(body)
     }
 
     /// The manifest of `model` as the service's renderer renders it (`http::manifest`), once

@@ -35,7 +35,7 @@ pub(super) const REGIONS_AHEAD: usize = 2;
 
 /// One region a request asks for: a component of an object (its only one when `component` is
 /// not given), whole or cut by `slice` (`start:stop` per dimension, as `?slice=` takes it).
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RegionRequest {
     pub object: String,
