@@ -80,7 +80,7 @@ fn two_versions() -> tempfile::TempDir {
 
 /// A POST of `body` to `path`, off the test's runtime; a chunked body comes back decoded, and
 /// `complete` when it ended with its last chunk.
-async fn post(address: &str, path: &str, body: &str) -> common::Reply {
+pub(crate) async fn post(address: &str, path: &str, body: &str) -> common::Reply {
     let (address, path, body) = (address.to_owned(), path.to_owned(), body.to_owned());
     let mut reply = tokio::task::spawn_blocking(move || {
         send(&address, "POST", &path, &[("Content-Type", "application/json")], body.as_bytes())
@@ -116,7 +116,7 @@ fn dechunked(mut raw: &[u8]) -> (Vec<u8>, bool) {
 
 /// The deltas of a body, each checked against its CRC32C and its header; the body holds exactly
 /// them.
-fn split_deltas(body: &[u8]) -> Vec<Vec<u8>> {
+pub(crate) fn split_deltas(body: &[u8]) -> Vec<Vec<u8>> {
     let mut at = 0;
     let mut out = Vec::new();
     while at < body.len() {

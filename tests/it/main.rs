@@ -10,6 +10,7 @@ mod cli;
 mod crashes;
 mod decoding;
 mod deltas;
+mod deltas_ahead;
 mod digests_ahead;
 mod directories;
 mod disk_cache;
