@@ -1,7 +1,7 @@
 //! Deltas computed ahead of need (`refits.deltas_ahead`): a fleet asks the deltas between two
 //! versions of a lineage for the same regions at every step, so the regions those requests
-//! asked are remembered per lineage (the most recent, at most `limits.max_regions` distinct
-//! ones), and after a rescan that lists a lineage's new newest version V, the deltas from the
+//! asked are remembered per lineage (the most recent, at most [`MOST_REMEMBERED`] distinct
+//! ones: every rank's plan of a DeepSeek-sized model at TP=8), and after a rescan that lists a lineage's new newest version V, the deltas from the
 //! version kept before it, P, of those regions are computed in the background, as a request
 //! for them would compute them (the same keys, computations under way, memory budget and
 //! store): a request arriving meanwhile waits for the same computation, and the fleet's first
@@ -20,6 +20,10 @@ use super::deltas::Deltas;
 use super::regions::{RegionLimits, RegionRequest};
 use crate::catalog::{Catalog, Model};
 use crate::format::Manifest;
+
+/// The most distinct regions remembered per lineage: a TP=8 engine's ranks of a 700 GB model
+/// ask about 720,000 (each remembered in about a hundred bytes).
+const MOST_REMEMBERED: usize = 1 << 20;
 
 /// What the service computes ahead with, and what it remembers of the requests.
 pub(super) struct DeltasAhead {
@@ -69,7 +73,7 @@ impl DeltasAhead {
     /// Remembers the regions a deltas request from model `base` to model `target` asked, when
     /// both are versions of one lineage (the same model within two version folders).
     pub(super) fn remember(&self, base: &str, target: &str, requests: &[RegionRequest]) {
-        if !self.enabled || self.limits.max_regions == 0 {
+        if !self.enabled {
             return;
         }
         let catalog = self.catalogs.current();
@@ -83,7 +87,7 @@ impl DeltasAhead {
         }
         let mut remembered = self.remembered.lock().expect("never poisoned");
         let asked = remembered.entry(lineage.lineage.clone()).or_default();
-        asked.remember(&rest, requests, self.limits.max_regions);
+        asked.remember(&rest, requests, MOST_REMEMBERED);
     }
 
     /// After a rescan: for each lineage whose newest kept version is new since the last one,
@@ -175,8 +179,8 @@ impl Asked {
         }
         if self.regions.len() > most {
             let mut stamps: Vec<u64> = self.regions.values().copied().collect();
-            stamps.sort_unstable();
-            let oldest_kept = stamps[stamps.len() - most];
+            let at = stamps.len() - most;
+            let oldest_kept = *stamps.select_nth_unstable(at).1;
             self.regions.retain(|_, stamp| *stamp >= oldest_kept);
         }
     }
