@@ -19,6 +19,7 @@ from ._errors import (
     TransferError,
     Unauthorized,
     Unavailable,
+    VersionGone,
     ZtserveError,
 )
 from ._signing import BundleRefused
@@ -41,6 +42,7 @@ __all__ = [
     "DigestMismatch",
     "ModelChanged",
     "TransferError",
+    "VersionGone",
     "DeltaError",
     "DeltaHeader",
     "apply_delta",

@@ -325,6 +325,19 @@ class Client:
 
         return self._request(path, _JSON_CODING, read)
 
+    def deltas(self, model, base, regions):
+        """Each of `regions` of `model` (B; may be pinned `id@version`) as a delta from `base`
+        (A, `id` or `id@version`): an iterator of one checked delta (bytes-like, header and
+        payload, for `apply_delta`) per region, in order, by `POST /models/{B}/deltas`. A region
+        is a dict (`object`, `component`?, `slice`?) or a `(name, box)` pair. A body cut short
+        or a CRC32C that does not match is asked for again from the first delta not yet handed
+        out, then raised as TransferError; a version no longer served raises `VersionGone` (a
+        `ModelChanged`), a model not there `NotFound`. The iterator's `version`,
+        `from_version` and `received` (bytes read) are set as it goes."""
+        from ._deltas import DeltaStream
+
+        return DeltaStream(self, model, base, regions)
+
     # ---------------------------------------------------------------- loading
 
     def load(self, model, names=None, device="cpu", framework="numpy", *, tp_rank=None, tp_size=None, shard_dims=None):
@@ -576,6 +589,13 @@ class Snapshot:
             return iter(fetched)
         return (_joined(item.box(), [(box, piece.result()) for box, piece in tiles], framework)
                 for item, tiles in zip(items, fetched))
+
+    def deltas(self, base, regions):
+        """`Client.deltas` of this snapshot's model pinned to its version (B), from `base`."""
+        from ._deltas import DeltaStream
+
+        pinned = f"{self.model}@{self.version.strip(chr(34))}"
+        return DeltaStream(self.client, pinned, base, regions, pinned_version=self.version)
 
     def _object(self, name):
         if name not in self.objects:

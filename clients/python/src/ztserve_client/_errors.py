@@ -57,7 +57,16 @@ class TransferError(ZtserveError):
     """The connection failed, or a body ended early, after every retry."""
 
 
-_BY_STATUS = {401: Unauthorized, 404: NotFound, 416: RangeNotSatisfiable, 422: BrokenModel, 503: Unavailable}
+class VersionGone(ModelChanged, ClientError):
+    """410 `version_gone`: the version asked for (pinned `id@version`, or a lineage's version
+    no longer kept) is not served any more. A `ModelChanged` and a `ClientError` both."""
+
+    def __init__(self, status, code, message, url):
+        ClientError.__init__(self, status, code, message, url)
+
+
+_BY_STATUS = {401: Unauthorized, 404: NotFound, 410: VersionGone, 416: RangeNotSatisfiable, 422: BrokenModel,
+              503: Unavailable}
 
 
 def error_for(status, code, message, url):
