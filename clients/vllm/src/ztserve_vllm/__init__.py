@@ -11,14 +11,27 @@ cache through the server's artifact store (`compile_cache`), whatever the load f
 
 
 def register():
-    """Registers the `ztserve` load format with vLLM's model-loader registry (called by vLLM
-    in every process it starts), and the compile cache the environment asks for."""
+    """Registers the `ztserve` load format with vLLM's model-loader registry and the `ztserve`
+    weight-transfer backend (refits, `refit`) with its factory (called by vLLM in every process
+    it starts), and the compile cache the environment asks for."""
     from vllm.model_executor.model_loader import register_model_loader
 
     from .loader import ZtserveModelLoader
 
     register_model_loader("ztserve")(ZtserveModelLoader)
+    _register_weight_transfer()
 
     from . import compile_cache
 
     compile_cache.install_from_environment()
+
+
+def _register_weight_transfer():
+    """The `ztserve` weight-transfer backend (`refit`), once per process (vLLM's factory
+    refuses a name registered twice); nothing on a vLLM without the framework."""
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:
+        return
+    if "ztserve" not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine("ztserve", "ztserve_vllm.refit", "ZtserveWeightTransferEngine")

@@ -16,7 +16,7 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from ztserve_client import Client, NotFound, ZtserveError
 
-from . import settings, weights
+from . import refit, settings, weights
 from .remote import Misses
 
 # A child of vLLM's logger, so its lines go where vLLM's go, formatted alike.
@@ -59,7 +59,10 @@ class ZtserveModelLoader(BaseModelLoader):
         with self._client() as client:
             model_id = self.model_id(model_config, client)
             snapshot = client.snapshot(model_id)
-            plans = weights.plan_model(model, snapshot)
+            plan = weights.planner(model)
+            plans = weights.plan_model(model, snapshot, plan)
+            # The ztserve weight-transfer backend refits from the regions this rank holds: keep them.
+            kept = {} if refit.wants_keeping() else None
             summary = weights.summary(snapshot, plans)
             logger.info("ztserve: %s", summary["line"])
             for line in weights.warnings(summary["whole"]):
@@ -77,7 +80,7 @@ class ZtserveModelLoader(BaseModelLoader):
             # the weights may run on any core this process is allowed, beside its loaders.
             cpus = range(os.cpu_count() or 1)
             stream = weights.stream(snapshot, plans, misses, self.settings["prefetch_bytes"], self.settings["request_bytes"],
-                                    self.settings["concurrency"], cpus)
+                                    self.settings["concurrency"], cpus, keep=kept)
             try:
                 loaded = model.load_weights(stream)
             except ZtserveError as e:
@@ -85,6 +88,12 @@ class ZtserveModelLoader(BaseModelLoader):
                 raise
             finally:
                 stream.close()
+        if kept is not None:
+            held = refit.Kept(self.settings["url"], self.settings.get("token"), model_id, snapshot.version, plans,
+                              snapshot.objects, kept, plan, self.settings)
+            refit.keep(model, held)
+            logger.info("ztserve: kept this rank's %d regions (%.1f MB) for refits", sum(len(v) for v in kept.values()),
+                        held.nbytes() / 1e6)
         quantized = model_config.quantization is not None
         if loaded is not None and not quantized:
             # vLLM's own check that every parameter was filled from the checkpoint.

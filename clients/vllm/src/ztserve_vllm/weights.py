@@ -238,21 +238,73 @@ def absence(model):
     return absent
 
 
+def planner(model):
+    """A function of checkpoint tensors (name -> (shape, why the server cannot cut it)) to
+    their `shares.Plan`s for this rank of `model`, its layers described once, now: it plans
+    another version of the checkpoint later without looking at the model again (a refit
+    plans while vLLM's layerwise reload holds the layers on the meta device)."""
+    modules, params = layers(model)
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    rename, absent = renamer(model), absence(model)
+    return lambda tensors: shares.plan(tensors, modules, packed, params, rename, absent, complete=True)
+
+
 def plan_tensors(model, tensors):
     """The `shares.Plan` of every checkpoint tensor (name -> (shape, why the server cannot cut
     it)) for this rank of `model`."""
-    modules, params = layers(model)
-    packed = getattr(model, "packed_modules_mapping", {}) or {}
-    return shares.plan(tensors, modules, packed, params, renamer(model), absence(model), complete=True)
+    return planner(model)(tensors)
 
 
-def plan_model(model, snapshot):
-    """The `shares.Plan` of every object of `snapshot` for this rank of `model`."""
+def snapshot_tensors(snapshot):
+    """What `planner` takes of every object of `snapshot` (checked dense)."""
     check_dense(snapshot)
-    return plan_tensors(model, {name: (obj["shape"], _uncuttable(obj)) for name, obj in snapshot.objects.items()})
+    return {name: (obj["shape"], _uncuttable(obj)) for name, obj in snapshot.objects.items()}
 
 
-def stream(snapshot, plans, misses, prefetch_bytes, request_bytes=None, concurrency=None, cpus=None):
+def plan_model(model, snapshot, plan=None):
+    """The `shares.Plan` of every object of `snapshot` for this rank of `model` (by `plan`, a
+    `planner` of it, when given)."""
+    return (plan or planner(model))(snapshot_tensors(snapshot))
+
+
+def wanted(one):
+    """The regions `one` fetches: its regions, or [None] for the whole tensor."""
+    return [None] if one.regions is None else one.regions
+
+
+def box(shape, region):
+    """`region` (None: the whole tensor; else `(start, stop)` per leading dimension) as one
+    `(start, stop)` per dimension of a tensor of `shape`."""
+    region = region or ()
+    return tuple(tuple(region[d]) if d < len(region) else (0, n) for d, n in enumerate(shape))
+
+
+def joined(full_box, tiles, dtype):
+    """A new contiguous tensor of `full_box` from the `(box, pending or tensor)` tiles that
+    cover it: the kept copy of a region, which outlives the stream's reused buffers."""
+    import torch
+
+    out = torch.empty([stop - start for start, stop in full_box], dtype=dtype)
+    for tile_box, tile in tiles:
+        value = tile.result() if hasattr(tile, "result") and not isinstance(tile, torch.Tensor) else tile
+        out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(tile_box, full_box))] = value
+    return out
+
+
+def kept_tensor(snapshot, one, kept, misses):
+    """What vLLM's `load_weights` is handed for `one` from its kept regions (`kept`: a list of
+    `(box, tensor)`, one per region of the plan): the tensor itself when whole, else a
+    RemoteTensor over them."""
+    if one.regions is None and len(kept) == 1:
+        return kept[0][1]
+    obj = snapshot.objects[one.name]
+    meta = obj["components"][0]
+    return RemoteTensor(
+        one.name, obj["shape"], torch_dtype(meta["dtype"], meta.get("type")), list(kept),
+        lambda region, name=one.name: snapshot.fetch([(name, region)], framework="torch")[0], misses)
+
+
+def stream(snapshot, plans, misses, prefetch_bytes, request_bytes=None, concurrency=None, cpus=None, keep=None):
     """(name, tensor) for every checkpoint tensor, in the manifest's order: a plain tensor for
     one fetched whole in one piece, a RemoteTensor over the pieces fetched for it otherwise
     (none for a tensor this rank does not load). Every planned region is fetched ahead
@@ -260,10 +312,11 @@ def stream(snapshot, plans, misses, prefetch_bytes, request_bytes=None, concurre
     larger than a request in several pieces, never copied into one, each copied by vLLM's
     loader as it arrives while the next is still on its way) with at most about
     `prefetch_bytes` fetched and not yet handed to vLLM, on threads confined to `cpus` when
-    given; the buffers are reused once vLLM has copied them."""
-    def wanted(one):
-        return [None] if one.regions is None else one.regions
+    given; the buffers are reused once vLLM has copied them.
 
+    With `keep` (a dict), each tensor's regions are first copied into tensors of their own,
+    kept as `keep[name] = [(box, tensor), ...]` (one per region of its plan, in order), and
+    vLLM reads those: a refit (`refit`) applies the next version's deltas to them."""
     requests = [(one.name, region) for one in plans for region in wanted(one)]
     options = {"ahead_bytes": prefetch_bytes, "pieces": True, "cpus": cpus}
     if request_bytes is not None:
@@ -273,6 +326,16 @@ def stream(snapshot, plans, misses, prefetch_bytes, request_bytes=None, concurre
     fetched = snapshot.stream(requests, framework="torch", **options) if requests else iter(())
     try:
         for one in plans:
+            if keep is not None:
+                obj = snapshot.objects[one.name]
+                meta = obj["components"][0]
+                dtype = torch_dtype(meta["dtype"], meta.get("type"))
+                kept = keep[one.name] = []
+                for region in wanted(one):
+                    full = box(obj["shape"], region)
+                    kept.append((full, joined(full, next(fetched), dtype)))
+                yield one.name, kept_tensor(snapshot, one, kept, misses)
+                continue
             pieces = [piece for _ in wanted(one) for piece in next(fetched)]
             if one.regions is None and len(pieces) == 1:
                 yield one.name, pieces[0][1].result()
