@@ -58,7 +58,7 @@ class TransferError(ZtserveError):
 
 
 class VersionGone(ModelChanged, ClientError):
-    """410 `version_gone`: the version asked for (pinned `id@version`, or a lineage's version
+    """410 (or a 404 of code) `version_gone`: the version asked for (pinned `id@version`, or a lineage's version
     no longer kept) is not served any more. A `ModelChanged` and a `ClientError` both."""
 
     def __init__(self, status, code, message, url):
@@ -70,5 +70,7 @@ _BY_STATUS = {401: Unauthorized, 404: NotFound, 410: VersionGone, 416: RangeNotS
 
 
 def error_for(status, code, message, url):
+    if code == "version_gone" and 400 <= status < 500:
+        return VersionGone(status, code, message, url)
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ClientError)
     return cls(status, code, message, url)

@@ -105,14 +105,23 @@ def _same(obj_a, obj_b):
         and obj_a["components"][0].get("type") == obj_b["components"][0].get("type")
 
 
+def _overlap(a, b):
+    return all(x < w and v < y for (x, y), (v, w) in zip(a or (), b or ()))
+
+
 def _batches(requests, sizes):
-    """`requests` in order, in batches of at most MAX_REGIONS and about MAX_REQUEST_BYTES."""
-    batch, total = [], 0
+    """`requests` (name, index, region) in order, in batches of at most MAX_REGIONS and about
+    MAX_REQUEST_BYTES, no two regions of one tensor overlapping (the server refuses a request
+    that asks for a byte twice)."""
+    batch, total, seen = [], 0, {}
     for request, size in zip(requests, sizes):
-        if batch and (len(batch) >= MAX_REGIONS or total + size > MAX_REQUEST_BYTES):
+        name, _, region = request
+        clash = any(_overlap(region, other) for other in seen.get(name, ()))
+        if batch and (len(batch) >= MAX_REGIONS or total + size > MAX_REQUEST_BYTES or clash):
             yield batch
-            batch, total = [], 0
+            batch, total, seen = [], 0, {}
         batch.append(request)
+        seen.setdefault(name, []).append(region)
         total += size
     if batch:
         yield batch
