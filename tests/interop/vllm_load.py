@@ -19,6 +19,17 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
         complete with the folder's token ids, part of it served by the restarted server; then
         with two replicas in ZTSERVE_URL, the first killed mid-load and left down: the load
         completes at the second, with the folder's token ids
+    vllm_load.py check-refit WORK [SIZE]
+        refits (clients/vllm/src/ztserve_vllm/refit.py) on the large model (SIZE, default large):
+        versions A, B, C, D written as the lineage policy/step-000001..4 (each the one before with
+        2% of the elements of every weight set to new random values of its scale, seeded; a
+        READY file each), served with `[refits] lineages = ["policy"]`. An engine at TP=2 loads
+        A through the load format with the ztserve weight-transfer backend, then moves to B, C
+        and D by `update_weights` (each rank fetching its regions' deltas); after each its
+        token ids must equal vLLM's from that version's folder (each version's must differ from the
+        one before's). A
+        late joiner loads B and moves to C. Each update must cost the server less than a
+        quarter of what a reload of the shares does; prints the bytes per update against that
     vllm_load.py bench WORK
         the large model (1.13 GB of weights), loaded at TP=1 and TP=2 from the folder, through the
         Hub API (HF_ENDPOINT, a fresh cache), by Run:ai through the S3 endpoint and through
@@ -557,6 +568,180 @@ def restart(work):
     return served_after, served_by_survivor
 
 
+LINEAGE = "policy"
+
+
+def step(n):
+    return f"step-{n:06d}"
+
+
+def write_versions(work, size, count=4, fraction=0.02, seed=20261129):
+    """The lineage `work/models/policy/step-000001..count`: the first the model `write` makes,
+    each next the one before with `fraction` of the elements of every tensor set to new random
+    values at the tensor's scale (its mean plus its standard deviation times a normal draw),
+    seeded; each folder a checkpoint with its config and tokenizer and, last, a READY file."""
+    import torch
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    work = Path(work)
+    root = work / "models" / LINEAGE
+    first = root / step(1)
+    if not (first / "READY").exists():
+        shutil.rmtree(work / "gen", ignore_errors=True)
+        subprocess.run([sys.executable, __file__, "write", str(work / "gen"), "--size", size], check=True, stdout=sys.stderr)
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(first, ignore_errors=True)
+        shutil.move(str(work / "gen" / "folder"), first)
+        (first / "READY").touch()
+    generator = torch.Generator().manual_seed(seed)
+    for n in range(2, count + 1):
+        folder = root / step(n)
+        if (folder / "READY").exists():
+            continue
+        previous = root / step(n - 1)
+        state = {}
+        for shard in sorted(previous.glob("*.safetensors")):
+            state.update(load_file(shard))
+        for name in sorted(state):
+            tensor = state[name]
+            flat = tensor.reshape(-1).clone()
+            values = flat.float()
+            scale = float(values.std()) if flat.numel() > 1 else 0.0
+            scale = scale or 0.1 * max(abs(float(values.mean())), 0.2)
+            picked = torch.randperm(flat.numel(), generator=generator)[: max(1, int(fraction * flat.numel()))]
+            flat[picked] = (float(values.mean()) + scale * torch.randn(len(picked), generator=generator)).to(flat.dtype)
+            state[name] = flat.reshape(tensor.shape)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        save_torch_state_dict(state, str(folder), max_shard_size=max(total // 3, 1 << 20))
+        for extra in previous.iterdir():
+            if extra.suffix != ".safetensors" and extra.name not in ("model.safetensors.index.json", "READY"):
+                shutil.copy(extra, folder / extra.name)
+        del state
+        (folder / "READY").touch()
+    return root
+
+
+def refit_run(first, tp, targets):
+    """One engine through the load format with the ztserve weight-transfer backend: loads
+    `first` (a version of the lineage), generates, then for each of `targets` updates to it
+    and generates again; a RESULT line per version with its ids, the update's seconds and the
+    bytes the server sent during it (its metrics at ZTSERVE_URL)."""
+    from vllm import LLM, SamplingParams
+
+    url = os.environ["ZTSERVE_URL"]
+    started = time.perf_counter()
+    llm = LLM(model=f"{LINEAGE}/{first}", load_format="ztserve", tensor_parallel_size=tp, dtype="bfloat16", max_model_len=128,
+              enforce_eager=True, seed=0, gpu_memory_utilization=float(os.environ.get("VLLM_CHECK_MEMORY", "0.15")),
+              weight_transfer_config={"backend": "ztserve"})
+    loaded = time.perf_counter() - started
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def ids():
+        return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+
+    print("RESULT " + json.dumps({"version": first, "ids": ids(), "engine_start_s": round(loaded, 2)}), flush=True)
+    llm.init_weight_transfer_engine({"init_info": {"url": url, "model": LINEAGE}})
+    base = first
+    for target in targets:
+        before = sent(url)
+        began = time.perf_counter()
+        llm.start_weight_update()
+        llm.update_weights({"update_info": {"base": base, "target": target}})
+        llm.finish_weight_update(weight_version=target)
+        took = time.perf_counter() - began
+        update_sent = sent(url) - before
+        print("RESULT " + json.dumps({"version": target, "ids": ids(), "update_s": round(took, 2), "sent": update_sent}), flush=True)
+        base = target
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+
+
+def refit_engine(first, targets, tp, env, log):
+    """`refit_run` in a session of its own (as `engine`), its RESULT lines and each rank's refit
+    log lines (`ztserve: refit ...`)."""
+    env = {**os.environ, **env}
+    if tp > 1:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % os.cpu_count()) for i in range(tp)))
+    with open(log, "w+") as out:
+        process = subprocess.Popen([sys.executable, __file__, "refit-run", first, str(tp), *targets], env=env,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=int(os.environ.get("VLLM_CHECK_TIMEOUT", "1800")))
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(1)
+            process.wait()
+        out.seek(0)
+        text = out.read()
+    results = [json.loads(line[len("RESULT "):]) for line in text.splitlines() if line.startswith("RESULT ")]
+    refits = [line[line.index("refit "):] for line in text.splitlines() if "ztserve: refit " in line]
+    if process.returncode != 0 or len(results) != 1 + len(targets):
+        raise RuntimeError(f"vLLM refit engine ({first} -> {targets}) failed (exit {process.returncode}):\n{text[-6000:]}")
+    return results, refits
+
+
+def check_refit(work, size="large"):
+    """check-refit (module docstring): returns the lines it prints."""
+    import re
+
+    work = Path(work)
+    tp = 2
+    root = write_versions(work, size)
+    versions = [step(n) for n in range(1, 5)]
+    lines = []
+    settings = {"ZTSERVE_REFITS__LINEAGES": json.dumps([LINEAGE])}
+    reference = {}
+    for version in versions:  # vLLM from each version's folder, one engine at a time
+        began = time.perf_counter()
+        reference[version] = engine(str(root / version), "auto", tp, {"HF_HUB_OFFLINE": "1"}, work / f"engine-{version}.log").ids
+        print(f"vllm-check: refit: the folder of {version} at TP={tp} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    for older, newer in zip(versions, versions[1:]):
+        if reference[older] == reference[newer]:
+            raise SystemExit(f"vllm-check: refit: {older} and {newer} generate the same token ids, so an update to {newer} "
+                             "could not be told from none; change more")
+    with serving(work / "models", work / "ztserve.log", settings=settings) as served:
+        hub = {"HF_ENDPOINT": served.url + "/hf", "ZTSERVE_URL": served.url, "HF_HOME": str(work / "hf")}
+        share, _ = planned(served.url, f"{LINEAGE}/{versions[0]}", tp)
+        runs = [("engine 1", versions[0], versions[1:]), ("late joiner", versions[1], versions[2:3])]
+        for label, first, targets in runs:
+            shutil.rmtree(work / "hf", ignore_errors=True)
+            began = time.perf_counter()
+            results, refits = refit_engine(first, targets, tp, hub, work / f"engine-refit-{first}.log")
+            print(f"vllm-check: refit: {label} ran in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+            for result in results:
+                version = result["version"]
+                if result["ids"] != reference[version]:
+                    raise SystemExit(f"vllm-check: refit: {label} at {version} generated {result['ids']}, its folder "
+                                     f"{reference[version]}")
+                if "sent" not in result:
+                    lines.append(f"TP={tp} {label}: loaded {version} through the load format: same token ids as its folder")
+                    continue
+                ranks = [r for r in refits if f" -> {LINEAGE}/{version}:" in r]
+                received = [int(re.search(r"received (\d+) bytes", r).group(1)) for r in ranks]
+                shares = [int(re.search(r"share of (\d+) bytes", r).group(1)) for r in ranks]
+                if len(ranks) != tp:
+                    raise SystemExit(f"vllm-check: refit: {label}: {len(ranks)} rank(s) logged the update to {version}, not {tp}")
+                for got, whole in zip(received, shares):
+                    if got * 4 > whole:
+                        raise SystemExit(f"vllm-check: refit: {label}: a rank received {got} bytes for its share of {whole}")
+                if result["sent"] * 4 > share:
+                    raise SystemExit(f"vllm-check: refit: {label}: the update to {version} cost the server {result['sent']:.0f} "
+                                     f"bytes, a reload of the shares {share}")
+                lines.append(f"TP={tp} {label}: updated to {version} in {result['update_s']:.2f} s: same token ids as its folder; "
+                             f"server sent {result['sent'] / 1e6:.1f} MB against {share / 1e6:.1f} MB for a reload "
+                             f"({share / result['sent']:.1f}x fewer); ranks received "
+                             + ", ".join(f"{g / 1e6:.1f} of {w / 1e6:.1f} MB" for g, w in zip(received, shares)))
+    return lines
+
+
 def check_ways(folder, url, s3, size):
     hub = {"HF_ENDPOINT": url + "/hf", "ZTSERVE_URL": url, "HF_HOME": str(folder.parent / "hf")}
     return [
@@ -678,6 +863,11 @@ if __name__ == "__main__":
               f"{after:.0f} regions served by the restarted server")
         print(f"TP=2 the first of two replicas killed mid-load: same token ids as the folder; "
               f"{survivor:.0f} regions served by the second")
+    elif sys.argv[1] == "refit-run":
+        refit_run(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    elif sys.argv[1] == "check-refit":
+        for line in check_refit(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "large"):
+            print(line)
     elif sys.argv[1] == "bench":
         bench(Path(sys.argv[2]), int(os.environ.get("BENCH_ROUNDS", "2")), os.environ.get("BENCH_LINK_RATE", "10gbit"))
     else:
