@@ -232,3 +232,50 @@ def test_model_ids_of_a_lineage():
     assert refit.model_id("policy", "step-2") == "policy/step-2"
     assert refit.model_id("policy", "policy/step-2") == "policy/step-2"
     assert refit.model_id(None, "org/m") == "org/m"
+
+
+def test_a_batch_refused_as_too_large_to_diff_comes_whole(versions, monkeypatch):
+    server, (_, b, _) = versions
+    stand_in = StandIn(monkeypatch)
+    original = _Deltas.__iter__
+
+    def refuse(self):
+        if stand_in.mode == "too large":
+            raise ztserve_client.ClientError(413, "delta_region_too_large", "both versions of a region need too much", "x")
+        return original(self)
+
+    monkeypatch.setattr(_Deltas, "__iter__", refuse)
+    stand_in.mode = "too large"
+    model, client, held = load_kept(server.url, "policy/step-1", 1, 2)
+    stats = refit.refit(client, held, "policy", "step-1", "step-2", model.load_weights)
+    assert_holds(model, b, 1, 2)
+    assert stats.patched == 0 and stats.fallback == stats.regions
+    assert stats.fallback_reasons == ("deltas refused: delta_region_too_large",)
+
+
+def test_the_engine_registers_once_and_updates_without_an_accelerator(versions, monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    import ztserve_vllm
+
+    ztserve_vllm._register_weight_transfer()
+    ztserve_vllm._register_weight_transfer()  # a second call in one process is a no-op
+    engine_cls = WeightTransferEngineFactory._registry["ztserve"]()
+    assert engine_cls is refit.ZtserveWeightTransferEngine
+    server, (_, b, _) = versions
+    StandIn(monkeypatch)
+    model, _, _ = load_kept(server.url, "policy/step-1", 0, 2)
+    config = SimpleNamespace(parallel_config=None, model_config=None)
+    engine = engine_cls(SimpleNamespace(backend="ztserve"), config, torch.device("cpu"), model)
+    engine.init_transfer_engine(engine.parse_init_info({"url": server.url, "model": "policy"}))
+    # The base's update_weights would call torch.accelerator.synchronize(), which raises with no GPU.
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: (_ for _ in ()).throw(RuntimeError("no accelerator")))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    engine.update_weights({"base": "step-1", "target": "step-2"})
+    assert_holds(model, b, 0, 2)
+    assert engine.stats.target == "policy/step-2" and engine.history == [engine.stats]
+    with pytest.raises(ValueError, match="Invalid update_info"):
+        engine.update_weights({"from": "step-2"})
+    engine.shutdown()

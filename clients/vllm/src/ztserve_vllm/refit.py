@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from ztserve_client import Client, DeltaError, ModelChanged, NotFound, TransferError, apply_delta
+from ztserve_client import Client, ClientError, DeltaError, ModelChanged, NotFound, TransferError, apply_delta
 from ztserve_client._dtypes import torch_dtype
 
 from . import shares, weights
@@ -212,6 +212,13 @@ def refit(client, kept, lineage, base, target, load_weights):
             break
         except (TransferError, DeltaError) as e:
             reasons.append(f"deltas cut short or malformed: {e}")
+            failed.extend(batch[at:])
+        except ClientError as e:
+            if e.status != 413:
+                raise
+            # A region too large for the server to diff (`refits.delta_memory_bytes`): refused
+            # before any byte, so the batch comes whole.
+            reasons.append(f"deltas refused: {e.code}")
             failed.extend(batch[at:])
         stats.delta_bytes += stream.received
         done += len(batch)
