@@ -279,3 +279,19 @@ def test_the_engine_registers_once_and_updates_without_an_accelerator(versions, 
     with pytest.raises(ValueError, match="Invalid update_info"):
         engine.update_weights({"from": "step-2"})
     engine.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["ok", "gone", "corrupt lm_head.weight"])
+def test_deltas_asked_in_several_requests_at_once_give_the_same(versions, monkeypatch, mode):
+    server, (_, b, _) = versions
+    monkeypatch.setattr(refit, "MIN_REQUEST_BYTES", 1)
+    stand_in = StandIn(monkeypatch)
+    stand_in.mode = mode
+    model, client, held = load_kept(server.url, "policy/step-1", 1, 2)
+    stats = refit.refit(client, held, "policy", "step-1", "step-2", model.load_weights)
+    assert_holds(model, b, 1, 2)
+    assert len(stand_in.asked) >= refit.REQUESTS_AT_ONCE, "the regions split among several requests"
+    assert stats.patched + stats.fallback == stats.regions
+    assert stats.fallback == {"ok": 0, "gone": stats.regions, "corrupt lm_head.weight": 1}[mode]
+    if mode == "gone":
+        assert len(stats.fallback_reasons) == 1, "one reason, however many requests met it"

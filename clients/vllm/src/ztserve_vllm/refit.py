@@ -23,6 +23,7 @@ their own when they already begin with `model/` (or `model` is not given)."""
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,10 @@ except ImportError:  # pragma: no cover
 # (`limits.max_regions_bytes` defaults to 16 GiB; a batch this size keeps each request short).
 MAX_REGIONS = 1024
 MAX_REQUEST_BYTES = 1 << 30
+# Deltas requests a rank has in flight at once (at most the client's concurrency), each of at
+# least MIN_REQUEST_BYTES of regions.
+REQUESTS_AT_ONCE = 4
+MIN_REQUEST_BYTES = 16 << 20
 ATTRIBUTE = "_ztserve_refit"
 
 
@@ -109,15 +114,15 @@ def _overlap(a, b):
     return all(x < w and v < y for (x, y), (v, w) in zip(a or (), b or ()))
 
 
-def _batches(requests, sizes):
+def _batches(requests, sizes, limit=MAX_REQUEST_BYTES):
     """`requests` (name, index, region) in order, in batches of at most MAX_REGIONS and about
-    MAX_REQUEST_BYTES, no two regions of one tensor overlapping (the server refuses a request
-    that asks for a byte twice)."""
+    `limit` bytes of regions, no two regions of one tensor overlapping (the server refuses a
+    request that asks for a byte twice)."""
     batch, total, seen = [], 0, {}
     for request, size in zip(requests, sizes):
         name, _, region = request
         clash = any(_overlap(region, other) for other in seen.get(name, ()))
-        if batch and (len(batch) >= MAX_REGIONS or total + size > MAX_REQUEST_BYTES or clash):
+        if batch and (len(batch) >= MAX_REGIONS or total + size > limit or clash):
             yield batch
             batch, total, seen = [], 0, {}
         batch.append(request)
@@ -187,29 +192,31 @@ def refit(client, kept, lineage, base, target, load_weights):
     buffers = {name: list(kept.buffers[name]) for name in kept.buffers}
     kept.broken = f"a refit to {target_id} began and did not end"
     base_pinned = f"{kept.model_id}@{kept.version.strip(chr(34))}"
-    failed = []
     sizes = [buffers[name][index][1].numel() * buffers[name][index][1].element_size() for name, index, _ in patchable]
-    done = 0
-    for batch in _batches(patchable, sizes):
+    # Several requests at once, so a server computing deltas (each region's on its blocking
+    # pool, one after another within a request) works on as many regions at once.
+    ways = max(1, min(REQUESTS_AT_ONCE, client.concurrency))
+    per_request = min(MAX_REQUEST_BYTES, max(MIN_REQUEST_BYTES, -(-sum(sizes) // ways)))
+    batches = list(_batches(patchable, sizes, per_request))
+
+    def patch(batch):
+        """The batch's deltas applied: (patched, failed, reasons, bytes received)."""
         stream = snapshot.deltas(base_pinned, [(name, region) for name, _, region in batch])
-        at = 0
+        at, patched, failed, reasons = 0, 0, [], []
         try:
             for delta in stream:
                 name, index, _ = batch[at]
                 at += 1
                 try:
                     apply_delta(delta, _as_bytes(buffers[name][index][1]))
-                    stats.patched += 1
+                    patched += 1
                 except DeltaError as e:
                     failed.append(batch[at - 1])
                     reasons.append(f"{name}: {e.code}")
         except (ModelChanged, NotFound) as e:
-            # The base is gone (410) or not there (404): everything not yet patched comes whole.
+            # The base is gone (410) or not there (404): what is not yet patched comes whole.
             reasons.append(f"base {base_pinned} not served: {getattr(e, 'code', type(e).__name__)}")
             failed.extend(batch[at:])
-            failed.extend(patchable[done + len(batch):])
-            stats.delta_bytes += stream.received
-            break
         except (TransferError, DeltaError) as e:
             reasons.append(f"deltas cut short or malformed: {e}")
             failed.extend(batch[at:])
@@ -220,8 +227,16 @@ def refit(client, kept, lineage, base, target, load_weights):
             # before any byte, so the batch comes whole.
             reasons.append(f"deltas refused: {e.code}")
             failed.extend(batch[at:])
-        stats.delta_bytes += stream.received
-        done += len(batch)
+        return patched, failed, reasons, stream.received
+
+    failed = []
+    if batches:
+        with ThreadPoolExecutor(max_workers=min(ways, len(batches)), thread_name_prefix="ztserve-refit") as pool:
+            for patched, batch_failed, batch_reasons, received in pool.map(patch, batches):
+                stats.patched += patched
+                stats.delta_bytes += received
+                failed += batch_failed
+                reasons += [r for r in batch_reasons if r not in reasons]
     whole += failed
     if whole:
         stats.whole_bytes = _fetch_whole(snapshot, plans, whole, buffers)
