@@ -295,3 +295,20 @@ def test_deltas_asked_in_several_requests_at_once_give_the_same(versions, monkey
     assert stats.fallback == {"ok": 0, "gone": stats.regions, "corrupt lm_head.weight": 1}[mode]
     if mode == "gone":
         assert len(stats.fallback_reasons) == 1, "one reason, however many requests met it"
+
+
+def test_the_load_format_keeps_regions_only_for_the_ztserve_backend():
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    assert not refit.wants_keeping()
+    with set_current_vllm_config(VllmConfig()):
+        assert not refit.wants_keeping()
+    for backend, keeps in (("ztserve", True), ("nccl", False)):
+        with set_current_vllm_config(VllmConfig(weight_transfer_config=WeightTransferConfig(backend=backend))):
+            assert refit.wants_keeping() is keeps
+
+
+def test_a_model_loaded_without_keeping_is_refused_with_a_clear_error():
+    with pytest.raises(RuntimeError, match="load_format='ztserve'"):
+        refit.kept_of(Llama(0, 1))
