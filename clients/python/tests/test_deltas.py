@@ -82,7 +82,25 @@ def test_a_base_pinned_at_a_version_the_server_does_not_have_is_version_gone(lin
     server, _, _ = lineage
     with pytest.raises(ztserve_client.VersionGone) as raised:
         list(Client(server.url).deltas("policy/step-2", "policy/step-1@0123456789abcdef", REGIONS[:1]))
-    assert raised.value.status == 410 and isinstance(raised.value, ztserve_client.ModelChanged)
+    assert raised.value.status == 404 and isinstance(raised.value, ztserve_client.ModelChanged)
+
+
+def test_a_version_its_lineage_no_longer_keeps_is_version_gone(tmp_path):
+    models = tmp_path / "models"
+    a, b = _versions()
+    for step, state in ((1, a), (2, b)):
+        (models / "policy" / f"step-{step}").mkdir(parents=True)
+        save_file(state, str(models / "policy" / f"step-{step}" / "model.safetensors"))
+        (models / "policy" / f"step-{step}" / "READY").write_bytes(b"")
+    server = Server(models, env={"ZTSERVE_REFITS__LINEAGES": "policy", "ZTSERVE_REFITS__KEEP_VERSIONS": "1"})
+    try:
+        client = Client(server.url)
+        assert [m["id"] for m in client.models()] == ["policy/step-2"]
+        with pytest.raises(ztserve_client.VersionGone) as raised:
+            list(client.deltas("policy/step-2", "policy/step-1", REGIONS[:1]))
+        assert raised.value.status == 410 and "keeps step-2" in str(raised.value)
+    finally:
+        server.stop()
 
 
 def test_a_base_that_is_not_there_is_not_found(lineage):

@@ -58,8 +58,8 @@ class _Stub:
                 self.send_header("Content-Type", "application/vnd.ztserve.deltas")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.send_header("X-Zt-Model-Version", '"v2"')
-                self.send_header("x-ztserve-from-version", '"v1"')
-                self.send_header("x-ztserve-regions", str(len(request["regions"])))
+                self.send_header("x-zt-from-version", '"v1"')
+                self.send_header("x-zt-regions", str(len(request["regions"])))
                 self.end_headers()
                 for start in range(0, len(body), 100):
                     chunk = bytes(body[start:start + 100])

@@ -109,8 +109,8 @@ class DeltaStream:
 
             raise ModelChanged(f"{self.path}: the model changed on the server between two requests ({self.version}, then {version})")
         self.version = version
-        self.from_version = response.getheader("x-ztserve-from-version")
-        regions = response.getheader("x-ztserve-regions")
+        self.from_version = response.getheader("x-zt-from-version")
+        regions = response.getheader("x-zt-regions")
         if regions is not None and regions.strip() != str(count):
             raise ZtserveError(f"{self.path}: asked for {count} deltas, the server answers {regions}")
 
