@@ -22,7 +22,8 @@ pub struct Refits {
     pub delta_dir: Option<PathBuf>,
     /// The most bytes the kept deltas hold; the least recently read are evicted past it.
     pub delta_cache_bytes: u64,
-    /// The most bytes of both versions' regions held in memory at once to compute deltas.
+    /// The most bytes held in memory for deltas at once: both versions' regions while one is
+    /// computed, and each delta until it is sent.
     pub delta_memory_bytes: u64,
     /// Whether, after a rescan lists a lineage's new version, the deltas from the version
     /// before it of the regions recent deltas requests of the lineage asked are computed in

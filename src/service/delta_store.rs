@@ -6,7 +6,9 @@
 //! file is the delta's bytes followed by their CRC32C (four bytes, big-endian), checked on
 //! every read: a file that fails is removed, logged and counted, and the delta is computed
 //! again. The files together hold at most `refits.delta_cache_bytes`; past it, the least
-//! recently read (or written) are removed. On start the files already in the directory are
+//! recently read (or written) are removed, each file counted as at least a filesystem block. One
+//! server to a directory: a second would count its own files only, and remove the first's
+//! temporary files at start. On start the files already in the directory are
 //! indexed (by their modification time, oldest first) and checked only when read; leftover
 //! temporary files are removed. Every method does file I/O: call them off the async runtime.
 //! The index's lock is never held across I/O.
@@ -24,6 +26,15 @@ const TMP_PREFIX: &str = ".tmp-";
 
 /// The bytes a kept file adds after the delta: its CRC32C, big-endian.
 const TRAILER: usize = 4;
+
+/// The least a file is counted as against the bound: a filesystem block and an inode, so many
+/// tiny deltas cannot hold more disk than the bound says.
+const FILE_AT_LEAST: u64 = 4096;
+
+/// What a file of `len` bytes counts against the bound.
+fn charged(len: u64) -> u64 {
+    len.max(FILE_AT_LEAST)
+}
 
 /// A bounded store of deltas on disk, by key.
 pub(super) struct DeltaStore {
@@ -132,7 +143,7 @@ impl DeltaStore {
         found.sort();
         let mut index = Index::default();
         for (_, name, len) in found {
-            index.insert(name, len);
+            index.insert(name, charged(len));
         }
         let store = DeltaStore { dir, _temp: temp, bound, index: Mutex::new(index) };
         let evicted = store.index.lock().expect("index lock").evict_to(bound);
@@ -176,10 +187,13 @@ impl DeltaStore {
     /// Keeps `delta` as `name` with `crc`, its CRC32C, then evicts the least recently used past the
     /// bound. A delta larger than the whole bound is not kept; a failure to write is logged.
     pub(super) fn put(&self, name: &str, delta: &[u8], crc: u32) {
-        let len = (delta.len() + TRAILER) as u64;
+        let len = charged((delta.len() + TRAILER) as u64);
         if len > self.bound {
             return;
         }
+        // Room first, so the files never hold more than the bound, even for a moment.
+        let evicted = self.index.lock().expect("index lock").evict_to(self.bound - len);
+        self.remove_files(&evicted);
         if let Err(e) = self.write(name, delta, crc) {
             tracing::warn!(error = %e, dir = %self.dir.display(), "a delta could not be kept");
             return;
@@ -237,20 +251,20 @@ mod tests {
     #[test]
     fn the_least_recently_read_are_evicted_past_the_bound_and_files_found_at_start_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let store = DeltaStore::open(Some(dir.path()), 3 * 104).unwrap();
+        let store = DeltaStore::open(Some(dir.path()), 3 * FILE_AT_LEAST).unwrap();
         let names: Vec<String> = (0..4).map(|i| file_name(&[&i.to_string()])).collect();
         for name in &names[..3] {
             store.put(name, &[7; 100], crc32c::crc32c(&[7; 100]));
         }
         assert!(store.get(&names[0]).is_some());
         store.put(&names[3], &[8; 100], crc32c::crc32c(&[8; 100]));
-        assert!(store.total() <= 3 * 104);
+        assert!(store.total() <= 3 * FILE_AT_LEAST);
         assert!(store.get(&names[1]).is_none(), "the least recently read is evicted");
         assert!(store.get(&names[0]).is_some() && store.get(&names[3]).is_some());
         std::fs::write(dir.path().join(".tmp-left"), b"x").unwrap();
         drop(store);
-        let again = DeltaStore::open(Some(dir.path()), 3 * 104).unwrap();
-        assert_eq!(again.total(), 3 * 104);
+        let again = DeltaStore::open(Some(dir.path()), 3 * FILE_AT_LEAST).unwrap();
+        assert_eq!(again.total(), 3 * FILE_AT_LEAST, "each file counts at least a block");
         assert!(again.get(&names[2]).is_some());
         assert!(!dir.path().join(".tmp-left").exists());
         assert_ne!(file_name(&["ab", "c"]), file_name(&["a", "bc"]));

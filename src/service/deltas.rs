@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use super::ServiceError;
 use super::components::Representations;
@@ -66,12 +66,14 @@ enum Outcome {
     Computed,
 }
 
-/// A delta and the CRC32C of its bytes.
+/// A delta and the CRC32C of its bytes, holding its share of the memory budget until every
+/// request that waits for it has passed its bytes on.
 #[derive(Clone)]
 struct Delta {
     bytes: Bytes,
     crc: u32,
     outcome: Outcome,
+    _held: Arc<OwnedSemaphorePermit>,
 }
 
 /// The deltas of every request: their store, the memory budget their computations share, and
@@ -126,7 +128,12 @@ impl Deltas {
                 metrics::counter!(crate::telemetry::names::DELTAS, "outcome" => outcome).increment(1);
                 metrics::counter!(crate::telemetry::names::DELTA_BYTES).increment(sent);
                 let crc = Bytes::copy_from_slice(&delta.crc.to_be_bytes());
-                stream::iter([Ok(delta.bytes), Ok(crc)])
+                let pieces = [Ok(delta.bytes.clone()), Ok(crc)];
+                // The delta (and its permits) goes with the stream of its pieces, once both are sent.
+                stream::iter(pieces).map(move |piece| {
+                    let _held = &delta;
+                    piece
+                })
             })
             .try_flatten()
             .boxed();
@@ -197,7 +204,8 @@ impl Deltas {
         let component = &object.components[region.component];
         let width = usize::try_from(component.dtype.width()).unwrap_or(1);
         let width = if matches!(width, 1 | 2 | 4 | 8) && region.len.is_multiple_of(width as u64) { width } else { 1 };
-        let need = region.len + base_region.as_ref().map_or(0, |r| r.len);
+        // Both regions while a patch is encoded; a whole delta copies its region after a header.
+        let need = region.len + base_region.as_ref().map_or(region.len + delta::HEADER_LEN as u64, |r| r.len);
         if need > self.memory_limit {
             return Err(ServiceError::DeltaRegionTooLarge {
                 model: target.0.id.clone(),
@@ -245,19 +253,29 @@ impl Deltas {
     }
 
     async fn kept_or_computed(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {
+        // A kept delta is at most its region whole, after a header.
+        let most = job.target.len + delta::HEADER_LEN as u64;
+        let mut held = self.held(most).await?;
         let (store, name) = (Arc::clone(&self.store), job.name.clone());
         let kept = tokio::task::spawn_blocking(move || store.get(&name)).await.map_err(internal)?;
         if let Some((bytes, crc)) = kept {
-            return Ok(Delta { bytes, crc, outcome: Outcome::Kept });
+            let _unused = held.split(held.num_permits().saturating_sub(units(bytes.len() as u64)));
+            return Ok(Delta { bytes, crc, outcome: Outcome::Kept, _held: Arc::new(held) });
         }
+        drop(held);
         tokio::spawn(self.computed(pair, job)).await.map_err(internal)?
+    }
+
+    /// `bytes` of the memory budget, waited for.
+    async fn held(&self, bytes: u64) -> Result<OwnedSemaphorePermit, ServiceError> {
+        let units = u32::try_from(units(bytes)).map_err(internal)?;
+        Arc::clone(&self.memory).acquire_many_owned(units).await.map_err(internal)
     }
 
     /// Reads both regions under the memory budget and computes their delta on the blocking
     /// pool, then keeps it.
     async fn computed(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {
-        let units = u32::try_from(job.need.div_ceil(PERMIT_BYTES)).map_err(internal)?;
-        let permits = Arc::clone(&self.memory).acquire_many_owned(units).await.map_err(internal)?;
+        let mut permits = self.held(job.need).await?;
         let Pair { representations, base, target } = &*pair;
         let new = regions::region_buffer(representations, &target.0, &target.1, &job.target).await?;
         let old = match &job.base {
@@ -272,12 +290,14 @@ impl Deltas {
                 Some(old) => delta::encode(old, &new, width, ZSTD_LEVEL),
                 None => delta::whole(&new, width),
             };
-            drop((old, new, permits));
+            drop((old, new));
             let bytes = encoded.map_err(|e| ServiceError::Internal(format!("encoding a delta: {e}")))?;
+            // What the delta's bytes hold stays counted until they are sent; the rest goes now.
+            let _unused = permits.split(permits.num_permits().saturating_sub(units(bytes.len() as u64)));
             metrics::histogram!(crate::telemetry::names::DELTA_COMPUTE).record(started.elapsed().as_secs_f64());
             let crc = crc32c::crc32c(&bytes);
             store.put(&name, &bytes, crc);
-            Ok(Delta { bytes: Bytes::from(bytes), crc, outcome: Outcome::Computed })
+            Ok(Delta { bytes: Bytes::from(bytes), crc, outcome: Outcome::Computed, _held: Arc::new(permits) })
         })
         .await
         .map_err(internal)?
@@ -301,6 +321,11 @@ impl Drop for Waiting {
             in_flight.remove(&self.name);
         }
     }
+}
+
+/// The permits `bytes` of the memory budget take.
+fn units(bytes: u64) -> usize {
+    usize::try_from(bytes.div_ceil(PERMIT_BYTES)).unwrap_or(usize::MAX)
 }
 
 fn internal(e: impl std::fmt::Display) -> ServiceError {
