@@ -23,9 +23,12 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
         refits (clients/vllm/src/ztserve_vllm/refit.py) on the large model (SIZE, default large):
         versions A, B, C, D written as the lineage policy/step-000001..4 (each the one before with
         2% of the elements of every weight set to new random values of its scale, seeded; a
-        READY file each), served with `[refits] lineages = ["policy"]`. An engine at TP=2 loads
-        A through the load format with the ztserve weight-transfer backend, then moves to B, C
-        and D by `update_weights` (each rank fetching its regions' deltas); after each its
+        READY file each), served with `[refits] lineages = ["policy"]`, A alone published at
+        first. An engine at TP=2 loads A through the load format with the ztserve
+        weight-transfer backend, then publishes B, C and D in turn as a trainer does (its READY
+        file last, then waits until the server lists it: the server computes the next deltas
+        ahead from the regions asked for the last) and moves to each by `update_weights` (each
+        rank fetching its regions' deltas); after each its
         token ids must equal vLLM's from that version's folder (each version's must differ from the
         one before's). A
         late joiner loads B and moves to C. Each update must cost the server less than a
@@ -624,11 +627,33 @@ def write_versions(work, size, count=4, fraction=0.02, seed=20261129):
     return root
 
 
+def metric(url, name, labels=""):
+    """The sum of the series of metric `name` (whose labels contain `labels`) at `url`."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.split("{")[0].split(" ")[0] == name and labels in line)
+
+
+def publish(url, root, version, within=300):
+    """Publishes `version` of the lineage at `root` as a trainer does (its READY file, last) and
+    waits until the server at `url` lists it (its rescan)."""
+    (Path(root) / version / "READY").touch()
+    deadline = time.monotonic() + within
+    while True:
+        listed = json.load(urllib.request.urlopen(url + "/models"))["models"]
+        if any(m["id"] == f"{LINEAGE}/{version}" for m in listed):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"vllm-check: refit: the server did not list {LINEAGE}/{version} within {within} s of its READY file")
+        time.sleep(0.2)
+
+
 def refit_run(first, tp, targets):
     """One engine through the load format with the ztserve weight-transfer backend: loads
-    `first` (a version of the lineage), generates, then for each of `targets` updates to it
-    and generates again; a RESULT line per version with its ids, the update's seconds and the
-    bytes the server sent during it (its metrics at ZTSERVE_URL)."""
+    `first` (a version of the lineage), generates, then for each of `targets` publishes it when
+    REFIT_PUBLISH names the lineage's folder, updates to it and generates again; a RESULT line
+    per version with its ids, the update's seconds, the bytes the server sent during it and the
+    deltas it found kept (its metrics at ZTSERVE_URL)."""
     from vllm import LLM, SamplingParams
 
     url = os.environ["ZTSERVE_URL"]
@@ -646,14 +671,18 @@ def refit_run(first, tp, targets):
     llm.init_weight_transfer_engine({"init_info": {"url": url, "model": LINEAGE}})
     base = first
     for target in targets:
-        before = sent(url)
+        if os.environ.get("REFIT_PUBLISH"):
+            publish(url, os.environ["REFIT_PUBLISH"], target)
+        before, kept = sent(url), metric(url, "ztserve_deltas_total", 'outcome="kept"')
         began = time.perf_counter()
         llm.start_weight_update()
         llm.update_weights({"update_info": {"base": base, "target": target}})
         llm.finish_weight_update(weight_version=target)
         took = time.perf_counter() - began
         update_sent = sent(url) - before
-        print("RESULT " + json.dumps({"version": target, "ids": ids(), "update_s": round(took, 2), "sent": update_sent}), flush=True)
+        kept = metric(url, "ztserve_deltas_total", 'outcome="kept"') - kept
+        print("RESULT " + json.dumps({"version": target, "ids": ids(), "update_s": round(took, 2), "sent": update_sent,
+                                      "kept": kept}), flush=True)
         base = target
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None:
@@ -697,7 +726,8 @@ def check_refit(work, size="large"):
     root = write_versions(work, size)
     versions = [step(n) for n in range(1, 5)]
     lines = []
-    settings = {"ZTSERVE_REFITS__LINEAGES": json.dumps([LINEAGE])}
+    # A rescan a second: a version is listed within about a second of its READY file.
+    settings = {"ZTSERVE_REFITS__LINEAGES": json.dumps([LINEAGE]), "ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS": "1"}
     reference = {}
     for version in versions:  # vLLM from each version's folder, one engine at a time
         began = time.perf_counter()
@@ -707,14 +737,17 @@ def check_refit(work, size="large"):
         if reference[older] == reference[newer]:
             raise SystemExit(f"vllm-check: refit: {older} and {newer} generate the same token ids, so an update to {newer} "
                              "could not be told from none; change more")
+    for version in versions[1:]:  # published one by one, by engine 1, as a trainer would
+        (root / version / "READY").unlink(missing_ok=True)
     with serving(work / "models", work / "ztserve.log", settings=settings) as served:
         hub = {"HF_ENDPOINT": served.url + "/hf", "ZTSERVE_URL": served.url, "HF_HOME": str(work / "hf")}
         share, _ = planned(served.url, f"{LINEAGE}/{versions[0]}", tp)
-        runs = [("engine 1", versions[0], versions[1:]), ("late joiner", versions[1], versions[2:3])]
-        for label, first, targets in runs:
+        runs = [("engine 1", versions[0], versions[1:], {"REFIT_PUBLISH": str(root)}),
+                ("late joiner", versions[1], versions[2:3], {})]
+        for label, first, targets, publishing in runs:
             shutil.rmtree(work / "hf", ignore_errors=True)
             began = time.perf_counter()
-            results, refits = refit_engine(first, targets, tp, hub, work / f"engine-refit-{first}.log")
+            results, refits = refit_engine(first, targets, tp, {**hub, **publishing}, work / f"engine-refit-{first}.log")
             print(f"vllm-check: refit: {label} ran in {time.perf_counter() - began:.0f} s", file=sys.stderr)
             for result in results:
                 version = result["version"]
@@ -735,7 +768,9 @@ def check_refit(work, size="large"):
                 if result["sent"] * 4 > share:
                     raise SystemExit(f"vllm-check: refit: {label}: the update to {version} cost the server {result['sent']:.0f} "
                                      f"bytes, a reload of the shares {share}")
-                lines.append(f"TP={tp} {label}: updated to {version} in {result['update_s']:.2f} s: same token ids as its folder; "
+                asked = sum(int(re.search(r"of (\d+) regions by delta", r).group(1)) for r in ranks)
+                lines.append(f"TP={tp} {label}: updated to {version} in {result['update_s']:.2f} s ({result['kept']:.0f} of "
+                             f"{asked} deltas found kept); same token ids as its folder; "
                              f"server sent {result['sent'] / 1e6:.1f} MB against {share / 1e6:.1f} MB for a reload "
                              f"({share / result['sent']:.1f}x fewer); ranks received "
                              + ", ".join(f"{g / 1e6:.1f} of {w / 1e6:.1f} MB" for g, w in zip(received, shares)))

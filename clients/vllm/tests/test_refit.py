@@ -256,6 +256,21 @@ def test_a_batch_refused_as_too_large_to_diff_comes_whole(versions, monkeypatch)
     assert stats.fallback_reasons == ("deltas refused: delta_region_too_large",)
 
 
+def test_a_batch_the_server_cannot_diff_comes_whole(versions, monkeypatch):
+    server, (_, b, _) = versions
+    StandIn(monkeypatch)
+
+    def fail(self):
+        raise ztserve_client.ServerError(500, "internal", "the base's bytes failed their digest", "x")
+
+    monkeypatch.setattr(_Deltas, "__iter__", fail)
+    model, client, held = load_kept(server.url, "policy/step-1", 1, 2)
+    stats = refit.refit(client, held, "policy", "step-1", "step-2", model.load_weights)
+    assert_holds(model, b, 1, 2)
+    assert stats.patched == 0 and stats.fallback == stats.regions
+    assert stats.fallback_reasons == ("deltas not served: internal",)
+
+
 def test_the_engine_registers_once_and_updates_without_an_accelerator(versions, monkeypatch):
     from types import SimpleNamespace
 

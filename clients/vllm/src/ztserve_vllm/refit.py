@@ -27,7 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from ztserve_client import Client, ClientError, DeltaError, ModelChanged, NotFound, TransferError, apply_delta
+from ztserve_client import (
+    Client,
+    ClientError,
+    DeltaError,
+    ModelChanged,
+    NotFound,
+    ServerError,
+    TransferError,
+    Unavailable,
+    apply_delta,
+)
 from ztserve_client._dtypes import torch_dtype
 
 from . import shares, weights
@@ -220,6 +230,11 @@ def refit(client, kept, lineage, base, target, load_weights):
         except (TransferError, DeltaError) as e:
             reasons.append(f"deltas cut short or malformed: {e}")
             failed.extend(batch[at:])
+        except (ServerError, Unavailable) as e:
+            # The server could not diff them (a version's bytes failing their digest, a store
+            # unreachable): they come whole, where the same failure, if lasting, is raised.
+            reasons.append(f"deltas not served: {getattr(e, 'code', None) or e}")
+            failed.extend(batch[at:])
         except ClientError as e:
             if e.status != 413:
                 raise
@@ -244,7 +259,8 @@ def refit(client, kept, lineage, base, target, load_weights):
     stats.fallback_reasons = tuple(reasons)
     stats.fetch_s = time.perf_counter() - started
     # The kept buffers now hold the target's share: hand them to the model's loaders.
-    kept.buffers = {one.name: buffers[one.name] for one in plans}
+    # A tensor new in the target that this rank does not load has no regions, so none kept.
+    kept.buffers = {one.name: buffers.get(one.name, []) for one in plans}
     kept.plans, kept.objects = plans, snapshot.objects
     kept.model_id, kept.version = target_id, snapshot.version
     loading = time.perf_counter()
