@@ -109,7 +109,14 @@ class DeltaStream:
 
             raise ModelChanged(f"{self.path}: the model changed on the server between two requests ({self.version}, then {version})")
         self.version = version
-        self.from_version = response.getheader("x-zt-from-version")
+        from_version = response.getheader("x-zt-from-version")
+        if self.from_version is not None and from_version != self.from_version:
+            from ._errors import ModelChanged
+
+            # A retry's deltas would apply to another base than the first answer's.
+            raise ModelChanged(f"{self.path}: the base {self.base} changed on the server between two requests "
+                               f"({self.from_version}, then {from_version}); pin it (`{self.base}@VERSION`)")
+        self.from_version = from_version
         regions = response.getheader("x-zt-regions")
         if regions is not None and regions.strip() != str(count):
             raise ZtserveError(f"{self.path}: asked for {count} deltas, the server answers {regions}")
