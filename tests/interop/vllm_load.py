@@ -26,8 +26,8 @@ through the load format must fetch exactly the tensor bytes `python -m ztserve_v
         READY file each), served with `[refits] lineages = ["policy"]`, A alone published at
         first. An engine at TP=2 loads A through the load format with the ztserve
         weight-transfer backend, then publishes B, C and D in turn as a trainer does (its READY
-        file last, then waits until the server lists it: the server computes the next deltas
-        ahead from the regions asked for the last) and moves to each by `update_weights` (each
+        file last, then waits until the server lists it and has computed ahead the deltas of the
+        regions the last update asked) and moves to each by `update_weights` (each
         rank fetching its regions' deltas); after each its
         token ids must equal vLLM's from that version's folder (each version's must differ from the
         one before's). A
@@ -634,17 +634,21 @@ def metric(url, name, labels=""):
                if line.split("{")[0].split(" ")[0] == name and labels in line)
 
 
-def publish(url, root, version, within=300):
+def publish(url, root, version, ahead=0, within=300):
     """Publishes `version` of the lineage at `root` as a trainer does (its READY file, last) and
-    waits until the server at `url` lists it (its rescan)."""
+    waits until the server at `url` lists it (its rescan) and has computed `ahead` deltas to it
+    in the background (those of the regions the last update asked, before anyone asks again)."""
+    before = metric(url, "ztserve_deltas_ahead_total")
     (Path(root) / version / "READY").touch()
     deadline = time.monotonic() + within
     while True:
         listed = json.load(urllib.request.urlopen(url + "/models"))["models"]
-        if any(m["id"] == f"{LINEAGE}/{version}" for m in listed):
+        done = metric(url, "ztserve_deltas_ahead_total") - before
+        if any(m["id"] == f"{LINEAGE}/{version}" for m in listed) and done >= ahead:
             return
         if time.monotonic() > deadline:
-            raise SystemExit(f"vllm-check: refit: the server did not list {LINEAGE}/{version} within {within} s of its READY file")
+            raise SystemExit(f"vllm-check: refit: {within} s after {LINEAGE}/{version}'s READY file the server had "
+                             f"computed {done:.0f} of its {ahead} deltas ahead")
         time.sleep(0.2)
 
 
@@ -670,9 +674,11 @@ def refit_run(first, tp, targets):
     print("RESULT " + json.dumps({"version": first, "ids": ids(), "engine_start_s": round(loaded, 2)}), flush=True)
     llm.init_weight_transfer_engine({"init_info": {"url": url, "model": LINEAGE}})
     base = first
+    asked = 0  # the distinct deltas the last update asked for: the next version's are computed ahead
     for target in targets:
+        computing = metric(url, "ztserve_delta_compute_seconds_count")
         if os.environ.get("REFIT_PUBLISH"):
-            publish(url, os.environ["REFIT_PUBLISH"], target)
+            publish(url, os.environ["REFIT_PUBLISH"], target, ahead=asked)
         before, kept = sent(url), metric(url, "ztserve_deltas_total", 'outcome="kept"')
         began = time.perf_counter()
         llm.start_weight_update()
@@ -681,6 +687,8 @@ def refit_run(first, tp, targets):
         took = time.perf_counter() - began
         update_sent = sent(url) - before
         kept = metric(url, "ztserve_deltas_total", 'outcome="kept"') - kept
+        # Each distinct delta is computed once: ahead (`publish` waited for them) or on request.
+        asked = metric(url, "ztserve_delta_compute_seconds_count") - computing
         print("RESULT " + json.dumps({"version": target, "ids": ids(), "update_s": round(took, 2), "sent": update_sent,
                                       "kept": kept}), flush=True)
         base = target
@@ -769,6 +777,9 @@ def check_refit(work, size="large"):
                     raise SystemExit(f"vllm-check: refit: {label}: the update to {version} cost the server {result['sent']:.0f} "
                                      f"bytes, a reload of the shares {share}")
                 asked = sum(int(re.search(r"of (\d+) regions by delta", r).group(1)) for r in ranks)
+                if label == "engine 1" and version != versions[1] and result["kept"] != asked:
+                    raise SystemExit(f"vllm-check: refit: {label}: {result['kept']:.0f} of the {asked} deltas to {version} "
+                                     "were kept; the server was to compute them ahead, after it listed the version")
                 lines.append(f"TP={tp} {label}: updated to {version} in {result['update_s']:.2f} s ({result['kept']:.0f} of "
                              f"{asked} deltas found kept); same token ids as its folder; "
                              f"server sent {result['sent'] / 1e6:.1f} MB against {share / 1e6:.1f} MB for a reload "
