@@ -341,7 +341,8 @@ fn invalid_as_a_whole(error: toml::de::Error) -> ConfigError {
 }
 
 /// Parses an environment value as the type `typed` has: integers (or `none` where a key takes
-/// it), booleans, strings, and comma-separated lists for arrays.
+/// it), booleans, strings, and for arrays comma-separated lists or a TOML array of strings
+/// (`["a", "b"]`, as a JSON list is written too, never taken as one odd entry).
 fn parse_env(typed: &toml::Value, text: &str) -> Result<toml::Value, String> {
     match typed {
         toml::Value::Integer(_) if text.trim() == "none" => Ok(toml::Value::String("none".into())),
@@ -350,6 +351,14 @@ fn parse_env(typed: &toml::Value, text: &str) -> Result<toml::Value, String> {
         }
         toml::Value::Boolean(_) => {
             text.trim().parse::<bool>().map(toml::Value::Boolean).map_err(|_| "expected true or false".into())
+        }
+        toml::Value::Array(_) if text.trim_start().starts_with('[') => {
+            let written: toml::Table = toml::from_str(&format!("list = {text}"))
+                .map_err(|e| format!("expected a comma-separated list or an array of strings: {e}"))?;
+            match &written["list"] {
+                toml::Value::Array(items) if items.iter().all(toml::Value::is_str) => Ok(written["list"].clone()),
+                _ => Err("expected a comma-separated list or an array of strings".into()),
+            }
         }
         toml::Value::Array(_) => Ok(toml::Value::Array(
             text.split(',')

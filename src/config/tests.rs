@@ -385,6 +385,10 @@ fn lineages_are_a_list_in_the_environment_and_keeping_no_version_is_refused() {
     let loaded =
         load(None, &[("ZTSERVE_REFITS__LINEAGES", "a, org/b"), ("ZTSERVE_REFITS__KEEP_VERSIONS", "2")]).unwrap();
     assert_eq!(loaded.config.refits.lineages, ["a", "org/b"]);
+    let written_as_an_array = load(None, &[("ZTSERVE_REFITS__LINEAGES", r#"["a", "org/b"]"#)]).unwrap();
+    assert_eq!(written_as_an_array.config.refits.lineages, ["a", "org/b"]);
+    let e = load(None, &[("ZTSERVE_REFITS__LINEAGES", "[1, 2]")]).unwrap_err().to_string();
+    assert!(e.contains("ZTSERVE_REFITS__LINEAGES") && e.contains("array of strings"), "{e}");
     assert_eq!(loaded.config.refits.keep_versions, 2);
     assert_eq!(loaded.config.refits.ready_marker, "READY");
     let e = load(None, &[("ZTSERVE_REFITS__KEEP_VERSIONS", "0")]).unwrap_err().to_string();

@@ -735,7 +735,7 @@ def check_refit(work, size="large"):
     versions = [step(n) for n in range(1, 5)]
     lines = []
     # A rescan a second: a version is listed within about a second of its READY file.
-    settings = {"ZTSERVE_REFITS__LINEAGES": json.dumps([LINEAGE]), "ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS": "1"}
+    settings = {"ZTSERVE_REFITS__LINEAGES": LINEAGE, "ZTSERVE_SOURCES__RESCAN_INTERVAL_SECS": "1"}
     reference = {}
     for version in versions:  # vLLM from each version's folder, one engine at a time
         began = time.perf_counter()
@@ -749,6 +749,9 @@ def check_refit(work, size="large"):
         (root / version / "READY").unlink(missing_ok=True)
     with serving(work / "models", work / "ztserve.log", settings=settings) as served:
         hub = {"HF_ENDPOINT": served.url + "/hf", "ZTSERVE_URL": served.url, "HF_HOME": str(work / "hf")}
+        listed = [m["id"] for m in json.load(urllib.request.urlopen(served.url + "/models"))["models"]]
+        if listed != [f"{LINEAGE}/{versions[0]}"]:
+            raise SystemExit(f"vllm-check: refit: the server lists {listed}, not the one version published")
         share, _ = planned(served.url, f"{LINEAGE}/{versions[0]}", tp)
         runs = [("engine 1", versions[0], versions[1:], {"REFIT_PUBLISH": str(root)}),
                 ("late joiner", versions[1], versions[2:3], {})]
