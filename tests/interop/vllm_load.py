@@ -597,11 +597,12 @@ def write_versions(work, size, count=4, fraction=0.02, seed=20261129):
         shutil.rmtree(first, ignore_errors=True)
         shutil.move(str(work / "gen" / "folder"), first)
         (first / "READY").touch()
-    generator = torch.Generator().manual_seed(seed)
     for n in range(2, count + 1):
         folder = root / step(n)
-        if (folder / "READY").exists():
+        if (folder / "config.json").exists():
             continue
+        # Seeded per version, so a version written again (its folder left half-written) is the same.
+        generator = torch.Generator().manual_seed(seed + n)
         previous = root / step(n - 1)
         state = {}
         for shard in sorted(previous.glob("*.safetensors")):
@@ -619,7 +620,8 @@ def write_versions(work, size, count=4, fraction=0.02, seed=20261129):
         folder.mkdir()
         total = sum(t.numel() * t.element_size() for t in state.values())
         save_torch_state_dict(state, str(folder), max_shard_size=max(total // 3, 1 << 20))
-        for extra in previous.iterdir():
+        # config.json last: a folder that has it is whole (check-refit takes READY files away).
+        for extra in sorted(previous.iterdir(), key=lambda p: (p.name == "config.json", p.name)):
             if extra.suffix != ".safetensors" and extra.name not in ("model.safetensors.index.json", "READY"):
                 shutil.copy(extra, folder / extra.name)
         del state
