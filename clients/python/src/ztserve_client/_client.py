@@ -720,13 +720,19 @@ def _check_version(component, response, path):
                            f"{component.version}, this response from {found}); load it again")
 
 
-def _read_exactly(response, view):
+def _fill(response, view):
+    """Reads the next `len(view)` bytes of the body into `view`; a body that ends first raises
+    `IncompleteRead`."""
     got = 0
     while got < len(view):
         n = response.readinto(view[got:])
         if not n:
             raise http.client.IncompleteRead(bytes(), len(view) - got)
         got += n
+
+
+def _read_exactly(response, view):
+    _fill(response, view)
     # The server promised exactly this many bytes; anything more is a protocol error.
     if response.read(1):
         raise ZtserveError(f"the body is longer than the {len(view)} bytes expected")

@@ -10,6 +10,7 @@ import urllib.parse
 
 import crc32c
 
+from ._client import _fill
 from ._delta import HEADER_LEN, MAGIC, DeltaError, parse_delta_header
 from ._errors import TransferError, ZtserveError
 from ._retry import _OUTAGE_STATUSES, _Patience
@@ -135,7 +136,7 @@ class DeltaStream:
             raise DeltaError("delta_counts", f"{self.path}: a delta of {elements} elements declares a {payload_len}-byte payload")
         delta = bytearray(HEADER_LEN + payload_len)
         delta[:HEADER_LEN] = header
-        _read_into(response, memoryview(delta)[HEADER_LEN:])
+        _fill(response, memoryview(delta)[HEADER_LEN:])
         trailer = _read(response, CHECKSUM_BYTES)
         self.received += len(delta) + CHECKSUM_BYTES
         found, expected = crc32c.crc32c(delta), int.from_bytes(trailer, "big")
@@ -147,17 +148,8 @@ class DeltaStream:
 
 def _read(response, n):
     out = bytearray(n)
-    _read_into(response, memoryview(out))
+    _fill(response, memoryview(out))
     return out
-
-
-def _read_into(response, view):
-    got = 0
-    while got < len(view):
-        n = response.readinto(view[got:])
-        if not n:
-            raise http.client.IncompleteRead(bytes(), len(view) - got)
-        got += n
 
 
 class _BadCrc(Exception):
