@@ -191,7 +191,7 @@ impl DeltaStore {
         if len > self.bound {
             return;
         }
-        // Room first, so the files never hold more than the bound, even for a moment.
+        // Room first, so a write does not take the files past the bound (short of two at once).
         let evicted = self.index.lock().expect("index lock").evict_to(self.bound - len);
         self.remove_files(&evicted);
         if let Err(e) = self.write(name, delta, crc) {

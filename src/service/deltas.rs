@@ -9,9 +9,11 @@
 //! versions, the object, component and slice): concurrent requests for one key wait for one
 //! computation, which runs in a task of its own (a client that leaves stops the regions it
 //! has not reached; one already under way finishes and is kept), and the result is kept in
-//! the [`DeltaStore`]. The bytes both regions need are held under one budget
-//! (`refits.delta_memory_bytes`); a region needing more than all of it is refused before any
-//! byte.
+//! the [`DeltaStore`]. The memory deltas take is held under one budget
+//! (`refits.delta_memory_bytes`): both regions while one is computed, then the delta until its
+//! bytes go to the body; a region needing more than all of it is refused before any byte, and a
+//! request asks for its next delta only once the last has gone, so it never waits on memory it
+//! holds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,7 +26,7 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 use super::ServiceError;
 use super::components::Representations;
 use super::delta_store::{DeltaStore, file_name};
-use super::regions::{self, Planned, REGIONS_AHEAD, RegionLimits, RegionRequest};
+use super::regions::{self, Planned, RegionLimits, RegionRequest};
 use super::representation::ByteStream;
 use super::slices::{ResolvedSlice, SliceRequest};
 use crate::catalog::Model;
@@ -118,7 +120,10 @@ impl Deltas {
         let deltas = Arc::clone(self);
         let body = stream::iter(jobs)
             .map(move |job| Arc::clone(&deltas).one(Arc::clone(&pair), job))
-            .buffered(REGIONS_AHEAD)
+            // One at a time: a request holds one delta's memory, and waits for the next only once
+            // that delta has gone to the body, so it never waits on memory it holds itself
+            // (requests in parallel are what keeps the blocking pool busy).
+            .buffered(1)
             .map_ok(|delta| {
                 let sent = delta.bytes.len() as u64 + 4;
                 let outcome = match delta.outcome {
@@ -205,7 +210,9 @@ impl Deltas {
         let width = usize::try_from(component.dtype.width()).unwrap_or(1);
         let width = if matches!(width, 1 | 2 | 4 | 8) && region.len.is_multiple_of(width as u64) { width } else { 1 };
         // Both regions while a patch is encoded; a whole delta copies its region after a header.
-        let need = region.len + base_region.as_ref().map_or(region.len + delta::HEADER_LEN as u64, |r| r.len);
+        let need = region.len.saturating_add(
+            base_region.as_ref().map_or(region.len.saturating_add(delta::HEADER_LEN as u64), |r| r.len),
+        );
         if need > self.memory_limit {
             return Err(ServiceError::DeltaRegionTooLarge {
                 model: target.0.id.clone(),
@@ -254,12 +261,12 @@ impl Deltas {
 
     async fn kept_or_computed(self: Arc<Self>, pair: Arc<Pair>, job: Job) -> Result<Delta, ServiceError> {
         // A kept delta is at most its region whole, after a header.
-        let most = job.target.len + delta::HEADER_LEN as u64;
+        let most = job.target.len.saturating_add(delta::HEADER_LEN as u64);
         let mut held = self.held(most).await?;
         let (store, name) = (Arc::clone(&self.store), job.name.clone());
         let kept = tokio::task::spawn_blocking(move || store.get(&name)).await.map_err(internal)?;
         if let Some((bytes, crc)) = kept {
-            let _unused = held.split(held.num_permits().saturating_sub(units(bytes.len() as u64)));
+            drop(held.split(held.num_permits().saturating_sub(units(bytes.len() as u64))));
             return Ok(Delta { bytes, crc, outcome: Outcome::Kept, _held: Arc::new(held) });
         }
         drop(held);
@@ -293,7 +300,7 @@ impl Deltas {
             drop((old, new));
             let bytes = encoded.map_err(|e| ServiceError::Internal(format!("encoding a delta: {e}")))?;
             // What the delta's bytes hold stays counted until they are sent; the rest goes now.
-            let _unused = permits.split(permits.num_permits().saturating_sub(units(bytes.len() as u64)));
+            drop(permits.split(permits.num_permits().saturating_sub(units(bytes.len() as u64))));
             metrics::histogram!(crate::telemetry::names::DELTA_COMPUTE).record(started.elapsed().as_secs_f64());
             let crc = crc32c::crc32c(&bytes);
             store.put(&name, &bytes, crc);

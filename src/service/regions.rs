@@ -31,7 +31,7 @@ const CHECKSUM_OFF_RUNTIME: usize = 64 << 10;
 
 /// Regions opened ahead of the one being sent, so a region's setup (a digest verdict, the
 /// first read) overlaps the body before it.
-pub(super) const REGIONS_AHEAD: usize = 2;
+const REGIONS_AHEAD: usize = 2;
 
 /// One region a request asks for: a component of an object (its only one when `component` is
 /// not given), whole or cut by `slice` (`start:stop` per dimension, as `?slice=` takes it).
