@@ -391,19 +391,18 @@ class Run(NamedTuple):
     weights_s: float
 
 
-def engine(model, load_format, tp, env, log):
-    """One vLLM engine in a session of its own: a `Run`. The weight load is each load format's
-    `load_weights` (the folder's includes listing its files, the Hub's its download, the load
-    format's its manifest and plan). Every process of the session is killed after it, as vLLM's
-    workers outlive a killed parent."""
-    env = {**os.environ, "VLLM_LOAD_TIMING": "1", **env}
+def session(args, tp, env, log, timeout):
+    """This script run with `args` in a session of its own, its output into `log`: its exit
+    status and output. Every process of the session is killed after it (vLLM's workers outlive
+    a killed parent); VLLM_CHECK_TIMEOUT overrides `timeout` (seconds)."""
+    env = {**os.environ, **env}
     if tp > 1:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % os.cpu_count()) for i in range(tp)))
     with open(log, "w+") as out:
-        process = subprocess.Popen([sys.executable, __file__, "generate", model, load_format, str(tp)], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([sys.executable, __file__, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         try:
-            process.wait(timeout=int(os.environ.get("VLLM_CHECK_TIMEOUT", "900")))
+            process.wait(timeout=int(os.environ.get("VLLM_CHECK_TIMEOUT", str(timeout))))
         finally:
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
@@ -413,12 +412,20 @@ def engine(model, load_format, tp, env, log):
                 time.sleep(1)
             process.wait()
         out.seek(0)
-        text = out.read()
+        return process.returncode, out.read()
+
+
+def engine(model, load_format, tp, env, log):
+    """One vLLM engine in a session of its own: a `Run`. The weight load is each load format's
+    `load_weights` (the folder's includes listing its files, the Hub's its download, the load
+    format's its manifest and plan). Every process of the session is killed after it, as vLLM's
+    workers outlive a killed parent."""
+    returncode, text = session(["generate", model, load_format, str(tp)], tp, {"VLLM_LOAD_TIMING": "1", **env}, log, 900)
     results = [json.loads(line[len("RESULT "):]) for line in text.splitlines() if line.startswith("RESULT ")]
     loads = [float(line.split()[1]) for line in text.splitlines() if line.startswith("LOAD_SECONDS ")]
     weights = [float(line.split()[1]) for line in text.splitlines() if line.startswith("WEIGHTS_SECONDS ")]
-    if process.returncode != 0 or not results:
-        raise RuntimeError(f"vLLM ({model}, --load-format {load_format}, TP={tp}) failed (exit {process.returncode}):\n{text[-4000:]}")
+    if returncode != 0 or not results:
+        raise RuntimeError(f"vLLM ({model}, --load-format {load_format}, TP={tp}) failed (exit {returncode}):\n{text[-4000:]}")
     return Run(results[0]["ids"], max(loads, default=float("nan")), max(weights, default=float("nan")))
 
 
@@ -702,28 +709,11 @@ def refit_run(first, tp, targets):
 def refit_engine(first, targets, tp, env, log):
     """`refit_run` in a session of its own (as `engine`), its RESULT lines and each rank's refit
     log lines (`ztserve: refit ...`)."""
-    env = {**os.environ, **env}
-    if tp > 1:
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % os.cpu_count()) for i in range(tp)))
-    with open(log, "w+") as out:
-        process = subprocess.Popen([sys.executable, __file__, "refit-run", first, str(tp), *targets], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            process.wait(timeout=int(os.environ.get("VLLM_CHECK_TIMEOUT", "1800")))
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(process.pid, sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(1)
-            process.wait()
-        out.seek(0)
-        text = out.read()
+    returncode, text = session(["refit-run", first, str(tp), *targets], tp, env, log, 1800)
     results = [json.loads(line[len("RESULT "):]) for line in text.splitlines() if line.startswith("RESULT ")]
     refits = [line[line.index("refit "):] for line in text.splitlines() if "ztserve: refit " in line]
-    if process.returncode != 0 or len(results) != 1 + len(targets):
-        raise RuntimeError(f"vLLM refit engine ({first} -> {targets}) failed (exit {process.returncode}):\n{text[-6000:]}")
+    if returncode != 0 or len(results) != 1 + len(targets):
+        raise RuntimeError(f"vLLM refit engine ({first} -> {targets}) failed (exit {returncode}):\n{text[-6000:]}")
     return results, refits
 
 
